@@ -1,0 +1,140 @@
+"""Text corpora for language-model pretraining, all loaded through ``datasets.load_dataset``.
+
+:func:`load_text_corpus` turns ``data.source`` into a DatasetDict with "train" and "validation" splits
+and a single column "text":
+
+- ``embedded``: the movie reviews' train/validation splits (see :mod:`datamodules.embedded`);
+- ``stdlib-code``: the Python standard library's ``.py`` files, one document per file, split by the
+  hash of the path relative to the stdlib root (stable across machines);
+- a local file or glob (``.txt`` one example per line, ``.csv``, ``.json``/``.jsonl``, ``.parquet``);
+- anything else is given to ``load_dataset(source, data.subset)``: a hub id such as
+  ``Salesforce/wikitext`` or a local directory laid out like a hub repository.
+
+A corpus without its own "validation" split holds out ``data.val_fraction`` of its texts by the hash of
+the text. Empty and whitespace-only texts are dropped; ``data.max_texts`` then keeps that many training
+texts, evenly spaced through the corpus (deterministic, order-preserving, mixes the corpus' parts).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sysconfig
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from datasets import Dataset, DatasetDict, load_dataset
+
+from datamodules.cache import rule_kwargs, unit_hash
+from datamodules.embedded import load_embedded
+from experiments.config import ConfigError
+
+FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+_GLOB_CHARS = "*?["
+
+
+def load_text_corpus(data_cfg) -> DatasetDict:
+    """"train" and "validation" splits with one non-empty "text" column for ``data_cfg.source``."""
+    source = data_cfg.source
+    if source == "embedded":
+        corpus = load_embedded()
+    elif source == "stdlib-code":
+        corpus = _stdlib_code(data_cfg.val_fraction)
+    elif _is_file_spec(source):
+        corpus = _local_files(source)
+    else:
+        corpus = _hub(source, data_cfg.subset)
+    if "train" not in corpus:
+        raise ConfigError(f"data.source: {source!r} has no 'train' split (splits: {', '.join(corpus)})")
+    train = _texts_only(corpus["train"], data_cfg.text_column)
+    if "validation" in corpus:
+        val = _texts_only(corpus["validation"], data_cfg.text_column)
+    else:
+        fraction = data_cfg.val_fraction
+        train, val = (train.filter(_held_out, batched=True, fn_kwargs=rule_kwargs(fraction=fraction, want=want))
+                      for want in (False, True))
+    if len(train) == 0:
+        raise ConfigError(f"data.source: {source!r} has no non-empty texts in its training split")
+    if len(val) == 0:
+        raise ConfigError(f"data.val_fraction: {source!r} has no non-empty validation texts "
+                          f"(val_fraction={data_cfg.val_fraction})")
+    return DatasetDict(train=_cap(train, data_cfg.max_texts), validation=val)
+
+
+def iter_texts(ds: Dataset, batch_size: int = 1000) -> Iterator[str]:
+    """The "text" column in order, read in Arrow batches (much faster than iterating ``ds["text"]``)."""
+    for batch in ds.iter(batch_size=batch_size):
+        yield from batch["text"]
+
+
+# ------------------------------------------------------------------------------------- sources
+def _stdlib_code(val_fraction: float) -> DatasetDict:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.parts))
+    held_out = {p: unit_hash(p.relative_to(root).as_posix()) < val_fraction for p in files}
+    data_files = {"train": [str(p) for p in files if not held_out[p]],
+                  "validation": [str(p) for p in files if held_out[p]]}
+    if not data_files["validation"]:
+        raise ConfigError(f"data.val_fraction: {val_fraction} holds out no file of 'stdlib-code'")
+    # A few test modules are deliberately not UTF-8; decode them leniently rather than fail.
+    return load_dataset("text", data_files=data_files, sample_by="document", encoding_errors="replace")
+
+
+def _is_file_spec(source: str) -> bool:
+    return (Path(source).suffix.lower() in FILE_BUILDERS or any(c in source for c in _GLOB_CHARS)
+            or os.path.isfile(source))
+
+
+def _local_files(source: str) -> DatasetDict:
+    pattern = os.path.expanduser(source)
+    if any(c in pattern for c in _GLOB_CHARS):
+        files = sorted(f for f in glob.glob(pattern, recursive=True) if os.path.isfile(f))
+    else:
+        files = [pattern] if os.path.isfile(pattern) else []
+    if not files:
+        raise ConfigError(f"data.source: file {source!r} not found")
+    builders = {FILE_BUILDERS.get(Path(f).suffix.lower()) for f in files}
+    if None in builders or len(builders) > 1:
+        raise ConfigError(f"data.source: {source!r} must name files of one type among "
+                          f"{', '.join(FILE_BUILDERS)}")
+    return load_dataset(builders.pop(), data_files=files)
+
+
+def _hub(source: str, subset: str | None) -> DatasetDict:
+    try:
+        return load_dataset(source, subset)
+    except (OSError, ValueError) as err:  # offline/unknown id (ConnectionError, FileNotFoundError), bad subset
+        what = f"{source!r}" + (f" (subset {subset!r})" if subset else "")
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"data.source: cannot load {what}: {reason}") from err
+
+
+# ------------------------------------------------------------------------------------- shaping
+def _texts_only(ds: Dataset, column: str) -> Dataset:
+    """The non-empty texts of ``column``, as the single column "text"."""
+    if column not in ds.column_names:
+        raise ConfigError(f"data.text_column: {column!r} not in columns [{', '.join(ds.column_names)}]")
+    dtype = getattr(ds.features[column], "dtype", None)
+    if dtype not in ("string", "large_string"):
+        raise ConfigError(f"data.text_column: {column!r} holds {dtype or ds.features[column]}, not text")
+    ds = ds.select_columns([column])
+    if column != "text":
+        ds = ds.rename_column(column, "text")
+    return ds.filter(_non_empty, batched=True, fn_kwargs=rule_kwargs())
+
+
+def _non_empty(batch: dict, **_) -> list[bool]:
+    return [bool(t) and not t.isspace() for t in batch["text"]]
+
+
+def _held_out(batch: dict, fraction: float, want: bool, **_) -> list[bool]:
+    return [(unit_hash(t) < fraction) == want for t in batch["text"]]
+
+
+def _cap(ds: Dataset, max_texts: int | None) -> Dataset:
+    if max_texts is not None and max_texts < 1:
+        raise ConfigError(f"data.max_texts: must be >= 1 or null, got {max_texts}")
+    if max_texts is None or len(ds) <= max_texts:
+        return ds
+    return ds.select((np.arange(max_texts) * len(ds)) // max_texts)

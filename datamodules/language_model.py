@@ -1,0 +1,194 @@
+"""Packed-text data modules for masked (MLM) and causal (CLM) language-model pretraining.
+
+Every document of a split is tokenized (no special tokens), followed by [SEP], and all of them are
+concatenated in corpus order and cut into blocks of exactly ``max_len`` tokens; the incomplete last block
+is dropped, so no batch needs padding. Blocks are cached as ``<cache_dir>/blocks/<key>.npy`` (int32) with
+key = hash(tokenizer JSON, fingerprint of the split's texts, max_len, split): a second run only loads the
+corpus from the ``datasets`` cache, checks fingerprints and reads the arrays.
+
+Lightning contract: ``prepare_data`` (one process per node) builds the caches and keeps no state;
+``setup`` (every process) loads them, building whatever is missing, and is idempotent.
+
+Batches are dicts of ``input_ids`` (long, B x T), ``labels`` (long, B x T, -100 where nothing is
+predicted) and ``attention_mask`` (bool, B x T, True at real tokens). Subclasses differ only in
+:meth:`PackedTextDataModule.make_inputs_labels`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import lightning as L
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from torch.utils.data import DataLoader, TensorDataset
+
+from datamodules.cache import atomic_write, cache_key, fingerprint
+from datamodules.corpus import iter_texts, load_text_corpus
+from datamodules.tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID, build_tokenizer
+from experiments.config import ConfigError
+
+IGNORE_INDEX = -100
+VAL_MASK_SEED = 1234  # fixed on purpose: the same validation masks for every run, seed and epoch
+_ENCODE_BATCH = 1000
+_BASELINE_CHUNK = 4096  # training blocks per pass when counting targets (bounds memory)
+
+
+class PackedTextDataModule(L.LightningDataModule):
+    """Shared corpus -> tokenizer -> packed blocks pipeline and data loaders.
+
+    ``data_cfg`` is ``RunConfig.data``; ``max_len`` the block length (``model.max_len``); ``seed`` seeds
+    the training shuffle, so compared runs see batches in the same order whatever else uses the RNG.
+    """
+
+    pad_id = PAD_ID
+    mask_id = MASK_ID
+
+    def __init__(self, data_cfg, max_len: int, seed: int = 0):
+        super().__init__()
+        self.data_cfg, self.max_len, self.seed = data_cfg, max_len, seed
+        self.tokenizer: Optional[Tokenizer] = None
+        self.train_blocks: Optional[torch.Tensor] = None
+        self.val_set: Optional[TensorDataset] = None
+
+    # ----------------------------------------------------------------------------- subclass hook
+    def make_inputs_labels(self, ids: torch.Tensor, generator: Optional[torch.Generator]):
+        """(input_ids, labels) for a long (B, T) batch of blocks; ``generator`` None = torch's global RNG."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------------------- Lightning hooks
+    def prepare_data(self) -> None:
+        self._load()
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.tokenizer is not None:
+            return
+        tokenizer, train, val = self._load()
+        self.tokenizer = tokenizer
+        self.train_blocks = torch.from_numpy(train)
+        val_ids = torch.from_numpy(val).long()
+        self.val_set = TensorDataset(*self.make_inputs_labels(val_ids, torch.Generator().manual_seed(VAL_MASK_SEED)))
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_blocks, self._train_batch, shuffle=True,
+                            generator=torch.Generator().manual_seed(self.seed))
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, self._val_batch, shuffle=False)
+
+    # ----------------------------------------------------------------------------- properties
+    @property
+    def vocab_size(self) -> int:
+        return self._ready().get_vocab_size()
+
+    def trivial_baseline(self) -> dict[str, float]:
+        """Loss and accuracy of the best context-free predictor: the validation targets scored under the
+        unigram distribution of the training targets (see :func:`unigram_baseline`)."""
+        self._ready()
+        counts = torch.zeros(self.vocab_size, dtype=torch.long)
+        generator = torch.Generator().manual_seed(VAL_MASK_SEED)
+        for chunk in self.train_blocks.split(_BASELINE_CHUNK):
+            labels = self.make_inputs_labels(chunk.long(), generator)[1]
+            counts += torch.bincount(labels[labels != IGNORE_INDEX], minlength=self.vocab_size)
+        val_labels = self.val_set.tensors[1]
+        return unigram_baseline(counts, val_labels[val_labels != IGNORE_INDEX])
+
+    @property
+    def num_train_blocks(self) -> int:
+        self._ready()
+        return len(self.train_blocks)
+
+    # ----------------------------------------------------------------------------- internals
+    def _ready(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() has not run yet")
+        return self.tokenizer
+
+    def _load(self) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
+        corpus = load_text_corpus(self.data_cfg)
+        train_texts = list(iter_texts(corpus["train"]))
+        tokenizer = build_tokenizer(self.data_cfg.tokenizer, train_texts, self.data_cfg.cache_dir)
+        train = self._blocks(tokenizer, train_texts, "train")
+        val = self._blocks(tokenizer, list(iter_texts(corpus["validation"])), "validation")
+        return tokenizer, train, val
+
+    def _blocks(self, tokenizer: Tokenizer, texts: list[str], split: str) -> np.ndarray:
+        key = cache_key(tokenizer.to_str(), fingerprint(texts), self.max_len, split)
+        path = Path(self.data_cfg.cache_dir) / "blocks" / f"{key}.npy"
+        if path.is_file():
+            return np.load(path)
+        blocks = pack(encode_documents(tokenizer, texts), self.max_len)
+        if len(blocks) == 0:
+            raise ConfigError(f"data.source: the {split} split of {self.data_cfg.source!r} is shorter than one "
+                              f"block of model.max_len={self.max_len} tokens")
+        atomic_write(path, lambda f: np.save(f, blocks))
+        return blocks
+
+    def _loader(self, dataset, collate_fn, shuffle: bool, generator=None) -> DataLoader:
+        workers = self.data_cfg.num_workers
+        return DataLoader(dataset, batch_size=self.data_cfg.batch_size, shuffle=shuffle, collate_fn=collate_fn,
+                          num_workers=workers, persistent_workers=workers > 0, generator=generator)
+
+    def _train_batch(self, rows: list[torch.Tensor]) -> dict:
+        return _as_batch(*self.make_inputs_labels(torch.stack(rows).long(), None))
+
+    def _val_batch(self, items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+        inputs, labels = (torch.stack(column) for column in zip(*items))
+        return _as_batch(inputs, labels)
+
+
+class MLMDataModule(PackedTextDataModule):
+    """BERT-style dynamic masking: each training batch draws new masks from torch's global RNG (so
+    ``seed_everything`` reproduces them; in a DataLoader worker, the worker's RNG, which the loader seeds);
+    validation masks are drawn once, in ``setup``, with a fixed generator."""
+
+    def make_inputs_labels(self, ids, generator):
+        selected = (torch.rand(ids.shape, generator=generator) < self.data_cfg.mask_prob) & (ids >= NUM_SPECIAL)
+        action = torch.rand(ids.shape, generator=generator)  # < 0.8: [MASK], < 0.9: random token, else keep
+        random_ids = torch.randint(NUM_SPECIAL, self.vocab_size, ids.shape, generator=generator)
+        inputs = torch.where(selected & (action < 0.8), MASK_ID, ids)
+        inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
+        return inputs, torch.where(selected, ids, IGNORE_INDEX)
+
+
+class CausalLMDataModule(PackedTextDataModule):
+    """Next-token prediction: labels[t] = input_ids[t + 1]; the last position predicts nothing."""
+
+    def make_inputs_labels(self, ids, generator):
+        labels = torch.full_like(ids, IGNORE_INDEX)
+        labels[:, :-1] = ids[:, 1:]
+        return ids, labels
+
+
+def unigram_baseline(train_counts: torch.Tensor, val_targets: torch.Tensor) -> dict[str, float]:
+    """Cross-entropy and accuracy of a model that ignores its input and always predicts p(v) ∝ c_v + 1
+    (the training targets' counts ``train_counts`` (V,), add-one smoothed so that every id has mass):
+
+        trivial_loss = -mean_j log p(y_j)        trivial_accuracy = mean_j [y_j = argmax_v c_v]
+
+    over the validation targets ``val_targets`` (M,)."""
+    log_p = torch.log((train_counts.double() + 1) / (train_counts.sum() + len(train_counts)))
+    return {"trivial_loss": float(-log_p[val_targets].mean()),
+            "trivial_accuracy": float((val_targets == train_counts.argmax()).double().mean())}
+
+
+def encode_documents(tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
+    """Token ids of all ``texts`` in order, each document followed by [SEP], as one int32 array."""
+    ids: list[int] = []
+    for start in range(0, len(texts), _ENCODE_BATCH):
+        for encoding in tokenizer.encode_batch_fast(texts[start:start + _ENCODE_BATCH], add_special_tokens=False):
+            ids.extend(encoding.ids)
+            ids.append(SEP_ID)
+    return np.asarray(ids, dtype=np.int32)
+
+
+def pack(ids: np.ndarray, max_len: int) -> np.ndarray:
+    """Cut a 1-D token stream into (n, max_len) blocks, dropping the incomplete tail."""
+    n = len(ids) // max_len
+    return ids[: n * max_len].reshape(n, max_len)
+
+
+def _as_batch(inputs: torch.Tensor, labels: torch.Tensor) -> dict:
+    return {"input_ids": inputs, "labels": labels, "attention_mask": inputs != PAD_ID}

@@ -1,0 +1,43 @@
+"""``linformer-lab COMMAND ...``: the single console entry point.
+
+Exit codes: 0 success; 2 a configuration or input problem (one line on stderr, nothing written);
+1 an unexpected error (with its traceback); 130 interrupted.
+Each command lives in its own module exposing ``add_arguments(parser)`` and ``main(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from experiments.config import ConfigError
+
+COMMANDS = {
+    "train": ("experiments.train", "train one model from a YAML experiment file"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # Import only the chosen command's module (torch and friends are slow to import).
+    chosen = {k: v for k, v in COMMANDS.items() if argv and argv[0] == k} or COMMANDS
+    parser = argparse.ArgumentParser(prog="linformer-lab", description="Linformer ablations with Lightning and Optuna")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name in chosen and len(chosen) == 1:
+            importlib.import_module(module).add_arguments(p)
+    args = parser.parse_args(argv)
+    try:
+        return importlib.import_module(COMMANDS[args.command][0]).main(args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Run directories and atomic files.
+
+A run directory ``<output_dir>/<experiment>/version_<i>/`` holds ``config.yaml`` (the resolved
+config), TensorBoard event files, ``checkpoints/last.ckpt`` and ``metrics.json``. A new run takes
+the next free version, so nothing of an earlier run is overwritten; ``resume=true`` reopens the
+newest version that has a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from experiments.config import ConfigError
+
+CHECKPOINT = Path("checkpoints") / "last.ckpt"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary file in the same folder, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf; keep them visible as strings
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def write_json(path: Path, data: dict) -> None:
+    atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
+
+
+def _versions(root: Path) -> list[Path]:
+    found = [p for p in root.glob("version_*") if p.name.removeprefix("version_").isdigit()]
+    return sorted(found, key=lambda p: int(p.name.removeprefix("version_")))
+
+
+def choose_run_dir(output_dir: str, experiment: str, run_dir: Optional[str], resume: bool) -> Path:
+    """The directory this run writes to (not created here)."""
+    if run_dir is not None:
+        path = Path(run_dir)
+        if resume or not path.exists() or not any(path.iterdir()):
+            return path
+        raise ConfigError(f"run_dir: {path} already holds a run (set resume=true to continue it)")
+    root = Path(output_dir) / experiment
+    versions = _versions(root)
+    if resume:
+        with_ckpt = [v for v in versions if (v / CHECKPOINT).is_file()]
+        if not with_ckpt:
+            raise ConfigError(f"resume: no {CHECKPOINT} under {root}/version_* to resume from")
+        return with_ckpt[-1]
+    nxt = int(versions[-1].name.removeprefix("version_")) + 1 if versions else 0
+    return root / f"version_{nxt}"

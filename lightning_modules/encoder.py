@@ -1,0 +1,89 @@
+"""A Transformer encoder with pluggable self-attention (full or Linformer).
+
+Token + learned position embeddings, L blocks, then (pre-LN) a final LayerNorm. A block is
+
+* ``pre``  (default): x ← x + Attn(LN(x));  x ← x + FFN(LN(x))   — trains without LR tricks;
+* ``post`` (BERT/RoBERTa, the paper's setting): x ← LN(x + Attn(x));  x ← LN(x + FFN(x)).
+
+FFN(x) = W₂ GELU(W₁ x + b₁) + b₂ with W₁ ∈ R^{d_ff×d}. All Linformer projections of the model live
+in one :class:`ProjectionBank` registered here once, whatever the sharing mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+from torch import Tensor, nn
+
+from experiments.config import ModelConfig, layer_ks
+from lightning_modules.attention import SelfAttention
+from lightning_modules.projections import ProjectionBank
+
+
+def model_config(cfg: Any) -> Any:
+    """A validated, attribute-accessible ModelConfig from a dict, DictConfig or dataclass."""
+    return OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg)
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, dropout: float, norm: str, attention: SelfAttention) -> None:
+        super().__init__()
+        self.norm = norm
+        self.attn = attention
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        if self.norm == "pre":
+            x = x + self.drop(self.attn(self.ln1(x), mask))
+            return x + self.drop(self.ffn(self.ln2(x)))
+        x = self.ln1(x + self.drop(self.attn(x, mask)))
+        return self.ln2(x + self.drop(self.ffn(x)))
+
+
+class TransformerEncoder(nn.Module):
+    """input_ids (B, T) [+ mask (B, T) bool, True at real tokens] → hidden states (B, T, d)."""
+
+    def __init__(self, cfg: Any, vocab_size: int) -> None:
+        super().__init__()
+        cfg = model_config(cfg)
+        att = cfg.attention
+        self.max_len, self.vocab_size = cfg.max_len, vocab_size
+        self.tok = nn.Embedding(vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.bank = None
+        if att.kind == "linformer":
+            self.bank = ProjectionBank(layer_ks(cfg), cfg.max_len, cfg.n_heads, att.share,
+                                       att.projection, att.init, att.delta)
+        self.blocks = nn.ModuleList(
+            Block(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.norm,
+                  SelfAttention(cfg.d_model, cfg.n_heads, att.kind, att.causal, i, self.bank,
+                                att.path, att.dropout))
+            for i in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.apply(_init_weights)
+
+    def forward(self, input_ids: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        t = input_ids.shape[1]
+        if t > self.max_len:
+            raise ValueError(f"sequence length {t} exceeds model.max_len={self.max_len}")
+        x = self.tok(input_ids) + self.pos.weight[:t]                     # (B, T, d)
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.ln_f(x)
+
+
+def _init_weights(module: nn.Module) -> None:
+    """BERT-style N(0, 0.02) for linear and embedding weights; zero biases. E/F keep their own."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def count_parameters(module: nn.Module, trainable_only: bool = True) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)

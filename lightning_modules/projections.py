@@ -1,0 +1,237 @@
+"""Sequence-axis projections of Linformer (E for keys, F for values), their variants and their sharing.
+
+A :class:`ProjectionBank` owns every distinct projection of a model and applies it. Notation: n =
+``max_len``, T ≤ n the input length, k_l the projected length of layer l, h heads of width d_h, G ∈
+{1, h} distinct matrices per layer and side, S ∈ {1, 2} sides (2: E ≠ F).
+
+Kinds (``projection``), all producing slots s_j from the rows x_t of a (T, C) sequence:
+
+* ``learned`` / ``random`` (dense, Eq. 7): s_j = Σ_t E_jt x_t with E ∈ R^{k×n} cut to its first T
+  columns. ``random`` draws E exactly like ``learned`` (same ``init``, same RNG calls) and freezes it
+  as a *buffer*: checkpoints carry it and a reload never redraws it.
+* ``conv``: a depthwise convolution along the sequence, kernel = stride = w = ⌈n/k⌉, per-channel
+  weights c ∈ R^{C×w} shared by all positions: s_j = Σ_{r<w} c_{·,r} ⊙ x_{jw+r}, i.e.
+  ``F.conv1d(xᵀ, c[:, None, :], stride=w, groups=C)``. The sequence is zero-padded at the end to a
+  multiple of w, so ⌈T/w⌉ slots come out (⌈n/w⌉ = k when k divides n; otherwise ⌈n/w⌉ ≤ k and the
+  k − ⌈n/w⌉ slots a k·w padding would add hold nothing but padding and are dropped).
+* ``pool``: the parameter-free mean over the same windows with a *fixed* divisor w,
+  s_j = (1/w) Σ_{r<w} x_{jw+r} (a partly padded window is not re-normalised, so padding never
+  changes a slot). ``share`` and ``init`` do not apply (no parameters).
+
+Padding: rows of x at padded positions are zeroed before any compression, so a padded position adds
+nothing to any slot. Windowed kinds can produce a slot whose window holds no real token;
+:meth:`ProjectionBank.nonempty_slots` reports them so attention can mask them out of the softmax.
+
+Causal variant (``causal=True``, blockwise, see ``attention.py``): every kind compresses only within
+blocks of w = ⌈n/k⌉ tokens; a dense E becomes block-diagonal, stored as per-slot weights
+e_j ∈ R^w: s_j = Σ_r e_{j,r} x_{jw+r}. The last block is never compressed (no query comes after it),
+so a dense causal matrix holds (⌈n/w⌉ − 1)·w ≈ n parameters instead of k·n.
+
+Sharing modes (paper §4), parameters per stored matrix P_l = k_l·n (dense), (⌈n/w_l⌉ − 1)·w_l
+(dense causal), w_l·d_h (conv, per head; ×h channels under ``none``), 0 (pool):
+
+====================  =========================================  ==================================
+share                 distinct matrices                          parameters (uniform k, dense)
+====================  =========================================  ==================================
+``none``              E_{l,h}, F_{l,h} per layer l and head h    2·L·h·n·k
+``headwise``          E_l, F_l per layer, shared by its heads    2·L·n·k
+``kv``                E_l = F_l per layer                        L·n·k
+``layerwise``         one E = F for every layer, head and side   n·k
+====================  =========================================  ==================================
+
+For ``conv`` the same modes mean: ``none`` a different kernel per channel of every head and side
+(c ∈ R^{d×w} per layer and side), ``headwise`` one kernel bank c ∈ R^{d_h×w} per layer and side
+shared by the heads, ``kv`` the same for keys and values, ``layerwise`` one c ∈ R^{d_h×w} for all.
+``project: k | v`` compresses one side only, so only E is stored (S = 1, counts halve).
+
+Nonuniform k (one k_l per layer) works with every mode; under ``layerwise`` layer l uses the first
+k_l rows of the single k_max × n matrix (count n·k_max). Blockwise kinds have one window per matrix,
+so layerwise sharing with per-layer k is refused for ``conv`` and for causal dense projections
+(the config check says so; ``pool`` has nothing to share and allows it).
+
+Initialisation sets the attention temperature (a slot is a weighted sum of its window's rows), so
+it is a named option applied identically to learned and random arms; ``fan_in`` is the number of
+positions a slot sums (n dense, w windowed):
+
+* ``jl``: entries ~ N(0, 1/k), the Johnson–Lindenstrauss scale of the paper's Theorem 1;
+* ``uniform``: U(−1/√fan_in, 1/√fan_in), the default of ``nn.Linear(fan_in, k)``;
+* ``theorem2``: R ~ N(0, 1/k), E = δR and F = e^{−δ}R, the scaling in the proof of Theorem 2
+  (needs two stored sides).
+
+Lifting back (``project: k | v``, :meth:`ProjectionBank.lift`): P x with P = E_m⁺E_m the orthogonal
+projector onto the row space of E restricted to the real positions (E_m = E diag(m)).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+def _draw(shape: tuple[int, ...], init: str, fan_in: int, k: int) -> Tensor:
+    if init == "uniform":
+        bound = 1.0 / math.sqrt(fan_in)
+        return torch.empty(shape).uniform_(-bound, bound)
+    return torch.randn(shape) / math.sqrt(k)  # jl, and R of theorem2
+
+
+def blocks(x: Tensor, w: int) -> Tensor:
+    """(…, T, C) → (…, ⌈T/w⌉, w, C): consecutive windows of w rows, zero-padded at the end."""
+    t = x.shape[-2]
+    nb = -(-t // w)
+    x = nn.functional.pad(x, (0, 0, 0, nb * w - t))
+    return x.unflatten(-2, (nb, w))
+
+
+class ProjectionBank(nn.Module):
+    """All E/F projections of a model (see the module docstring for the maths).
+
+    Storage, one tensor ``weight_i`` per stored matrix group (``weight_0`` only under ``layerwise``):
+
+    * dense: (S, G, k_l, n);
+    * dense causal: (S, G, ⌈n/w_l⌉ − 1, w_l, 1), per-slot weights of the block-diagonal E;
+    * conv: (S, G, 1, w_l, d_h), per-channel weights shared by all slots;
+    * pool: nothing (weights 1/w are built on the fly).
+
+    Args:
+        ks: k_l for each layer.
+        max_len: n, the longest sequence; shorter inputs use the first T columns / windows.
+        n_heads: h.
+        share: none | headwise | kv | layerwise.
+        projection: learned (parameters) | random (frozen buffers) | conv | pool.
+        init: jl | uniform | theorem2; delta is δ of theorem2.
+        project: kv (Eq. 7) | k | v (one side only: a single stored side).
+        causal: blockwise, block-diagonal storage (see ``attention.py``).
+        d_head: d_h, the channels of a conv kernel bank (needed for conv only).
+    """
+
+    def __init__(self, ks: Sequence[int], max_len: int, n_heads: int, share: str = "none",
+                 projection: str = "learned", init: str = "jl", delta: float = 1.0, project: str = "kv",
+                 causal: bool = False, d_head: Optional[int] = None) -> None:
+        super().__init__()
+        self.ks, self.max_len, self.share = list(ks), max_len, share
+        self.projection, self.project, self.causal = projection, project, causal
+        self.blockwise = causal or projection in ("conv", "pool")
+        self.windows = [math.ceil(max_len / k) for k in self.ks]
+        self.sides = 2 if share in ("none", "headwise") and project == "kv" else 1
+        self.groups = n_heads if share == "none" else 1
+        if projection == "conv" and d_head is None:
+            raise ValueError("a conv projection needs d_head (its channels)")
+        if init == "theorem2" and self.sides != 2 and projection != "pool":
+            raise ValueError("init 'theorem2' needs distinct E and F (share none or headwise, project kv)")
+        if share == "layerwise" and self.blockwise and projection != "pool" and len(set(self.ks)) > 1:
+            raise ValueError("layerwise sharing of a windowed projection needs the same k in every layer")
+        if projection == "pool":
+            return
+        layers = [0] if share == "layerwise" else range(len(self.ks))
+        for i in layers:
+            k = max(self.ks) if share == "layerwise" else self.ks[i]
+            w = self.windows[i]
+            if projection == "conv":
+                shape, fan_in = (self.sides, self.groups, 1, w, d_head), w
+            elif causal:
+                shape, fan_in = (self.sides, self.groups, self.slots(i), w, 1), w
+            else:
+                shape, fan_in = (self.sides, self.groups, k, max_len), max_len
+            weight = _draw(shape, init, fan_in, k)
+            if init == "theorem2":  # E = δR, F = e^{-δ}R
+                weight = weight * torch.tensor([delta, math.exp(-delta)]).view(2, *[1] * (len(shape) - 1))
+            if projection == "random":
+                self.register_buffer(f"weight_{i}", weight)
+            else:
+                self.register_parameter(f"weight_{i}", nn.Parameter(weight))
+
+    # ------------------------------------------------------------------------------ geometry
+    def window(self, layer: int) -> int:
+        """w_l = ⌈n/k_l⌉, the block length of windowed and causal kinds."""
+        return self.windows[layer]
+
+    def slots(self, layer: int) -> int:
+        """Slots at full length: k_l (dense), ⌈n/w_l⌉ (windowed), ⌈n/w_l⌉ − 1 (causal)."""
+        if not self.blockwise:
+            return self.ks[layer]
+        return math.ceil(self.max_len / self.windows[layer]) - (1 if self.causal else 0)
+
+    def _stored(self, layer: int) -> Tensor:
+        return self.weight_0 if self.share == "layerwise" else getattr(self, f"weight_{layer}")
+
+    def matrices(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
+        """Dense (E, F) of a layer for a length-T input, each (G, k_l, T); F is E when shared."""
+        w = self._stored(layer)
+        if self.share == "layerwise":
+            w = w[:, :, : self.ks[layer]]
+        w = w[..., :length]
+        return w[0], w[-1]
+
+    def block_weights(self, layer: int, side: int, like: Tensor) -> Tensor:
+        """Windowed weights of one side, (G, S', w, C') with S' ∈ {1, slots} and C' ∈ {1, d_h}."""
+        if self.projection == "pool":
+            return like.new_full((1, 1, self.windows[layer], 1), 1.0 / self.windows[layer])
+        return self._stored(layer)[min(side, self.sides - 1)]
+
+    # ------------------------------------------------------------------------------ operators
+    def compress(self, layer: int, side: int, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """E x: (B, H, T, C) → (B, max(H, G), k', C), padded rows of x zeroed first.
+
+        k' = k_l (dense) or ⌈T/w_l⌉ (windowed). H ∈ {1, h} broadcasts against G: x may be the layer
+        input (H = 1, C = d) or per-head keys/values (H = h, C = d_h). Cost O(k'·T·C) dense, O(T·C)
+        windowed.
+        """
+        if mask is not None:
+            x = x * mask[:, None, :, None].to(x.dtype)
+        if not self.blockwise:
+            e = self.matrices(layer, x.shape[-2])[min(side, 1)]            # (G, k, T)
+            return e.unsqueeze(0) @ x
+        xb = blocks(x, self.windows[layer])                                # (B, H, k', w, C)
+        weight = self.block_weights(layer, side, x)[:, : xb.shape[-3]]     # (G, S', w, C')
+        return (xb * weight).sum(-2)
+
+    def compress_block(self, layer: int, side: int, block: Tensor, j: int) -> Tensor:
+        """Slot j from its complete block: (B, H, w, C) → (B, max(H, G), C) (incremental decoding)."""
+        weight = self.block_weights(layer, side, block)                    # (G, S', w, C')
+        return (block * weight[:, j if weight.shape[1] > 1 else 0]).sum(-2)
+
+    def nonempty_slots(self, layer: int, mask: Optional[Tensor]) -> Optional[Tensor]:
+        """(B, T) real-token mask → (B, ⌈T/w⌉) True where a window holds a real token (windowed
+        kinds); None when every slot is non-empty (dense E, or no padding)."""
+        if mask is None or not self.blockwise:
+            return None
+        return blocks(mask[..., None], self.windows[layer]).any(-2)[..., 0]
+
+    def lift(self, layer: int, side: int, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """P x with P = E_m⁺ E_m, the orthogonal projector onto the row space of E_m = E diag(m).
+
+        x: (B, H, T, C) → (B, H, T, C). Rank-k sequence bottleneck followed by the lift back to T rows.
+
+        * dense: P = Q Qᵀ with Q (T, k) from a reduced QR of E_mᵀ. A sequence with ≤ k real tokens
+          has E_m of full column rank on its real positions (generic E), so P = diag(m) there; the
+          QR then runs on a well-conditioned stand-in whose result is discarded (no NaN gradients).
+          Cost O(T·k²) per distinct (mask, E).
+        * windowed: E_m is block-diagonal per channel with one row c_m (c restricted to the window's
+          real positions) per block, so per block P = c_m c_mᵀ / ‖c_m‖² (0 for an all-padding
+          window): x̂_{jw+r} = c_{m,r} (Σ_r' c_{m,r'} x_{jw+r'}) / ‖c_m‖². For pool this is the mean of
+          the window's real rows. Cost O(T·C).
+        """
+        t = x.shape[-2]
+        m = (torch.ones(1, t, device=x.device) if mask is None else mask.float())   # (B', T)
+        x = x * m[:, None, :, None].to(x.dtype)
+        if self.blockwise:
+            c = self.block_weights(layer, side, x) * blocks(m[:, None, :, None], self.windows[layer])
+            xb = blocks(x, self.windows[layer])                            # (B, H, k', w, C)
+            norm = (c * c).sum(-2, keepdim=True)                           # (B', G, k', 1, C')
+            lifted = c * (c * xb).sum(-2, keepdim=True) / norm.clamp_min(torch.finfo(norm.dtype).tiny)
+            return lifted.flatten(-3, -2)[..., :t, :].to(x.dtype)
+        e = self.matrices(layer, t)[min(side, 1)]                          # (G, k, T)
+        k = e.shape[-2]
+        bottleneck = m.sum(-1) > k                                         # (B',): rank-k P needed
+        if not bool(bottleneck.any()):
+            return x
+        a = (e.unsqueeze(0) * m[:, None, None, :]).transpose(-1, -2)       # (B', G, T, k) = E_mᵀ
+        stand_in = torch.eye(t, k, device=a.device, dtype=a.dtype)
+        a = torch.where(bottleneck[:, None, None, None], a, stand_in)
+        q = torch.linalg.qr(a.float())[0].to(x.dtype)                      # (B', G, T, k)
+        projected = q @ (q.transpose(-1, -2) @ x)                          # (B, H, T, C)
+        return torch.where(bottleneck[:, None, None, None], projected, x)

@@ -1,0 +1,112 @@
+"""The attention maths: Linformer's limits, padding, lengths, sharing counts and exact paths."""
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_modules.attention import SelfAttention
+from lightning_modules.encoder import TransformerEncoder, count_parameters
+from lightning_modules.projections import ProjectionBank
+
+D, H, N = 32, 4, 16
+
+
+def _pair(k=N, share="none", path="projected", groups_identity=True):
+    """A full-attention layer and a Linformer layer with the same Q/K/V/O weights."""
+    torch.manual_seed(0)
+    full = SelfAttention(D, H, "full")
+    bank = ProjectionBank([k], N, H, share)
+    lin = SelfAttention(D, H, "linformer", layer=0, bank=bank, path=path)
+    lin.load_state_dict(full.state_dict())
+    return full, lin, bank
+
+
+@pytest.mark.parametrize("share", ["none", "headwise", "kv", "layerwise"])
+@pytest.mark.parametrize("path", ["projected", "input"])
+def test_identity_projection_with_k_equal_n_is_full_attention(share, path):
+    full, lin, bank = _pair(share=share, path=path)
+    with torch.no_grad():
+        bank.weight_0.copy_(torch.eye(N).expand_as(bank.weight_0))
+    x = torch.randn(3, N, D)
+    torch.testing.assert_close(lin(x), full(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("share", ["none", "headwise", "kv", "layerwise"])
+def test_input_path_equals_projected_path(share):
+    _, projected, bank = _pair(k=5, share=share, path="projected")
+    first = SelfAttention(D, H, "linformer", layer=0, bank=bank, path="input")
+    first.load_state_dict(projected.state_dict())
+    with torch.no_grad():
+        for lin in (projected, first):
+            for p in (lin.k_proj.bias, lin.v_proj.bias):
+                p.normal_()  # a non-zero bias exercises the (E m) bᵀ term
+        first.load_state_dict(projected.state_dict())
+    x = torch.randn(2, 11, D)
+    mask = torch.ones(2, 11, dtype=torch.bool)
+    mask[1, 7:] = False
+    torch.testing.assert_close(first(x, mask), projected(x, mask), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(first(x), projected(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["full", "linformer"])
+@pytest.mark.parametrize("path", ["projected", "input"])
+def test_padding_never_changes_real_token_outputs(kind, path):
+    torch.manual_seed(1)
+    enc = TransformerEncoder({"max_len": N, "d_model": D, "n_heads": H, "n_layers": 2, "d_ff": 64, "dropout": 0.0,
+                              "attention": {"kind": kind, "k": 4, "path": path}}, vocab_size=50).eval()
+    with torch.no_grad():
+        for name, p in enc.named_parameters():
+            if name.endswith("bias"):
+                p.normal_()
+    ids = torch.randint(5, 50, (2, 9))
+    base = enc(ids, torch.ones(2, 9, dtype=torch.bool))
+    padded = torch.cat([ids, torch.randint(5, 50, (2, 5))], dim=1)  # arbitrary ids under the padding
+    mask = torch.zeros(2, 14, dtype=torch.bool)
+    mask[:, :9] = True
+    torch.testing.assert_close(enc(padded, mask)[:, :9], base, atol=1e-5, rtol=1e-5)
+
+
+def test_short_sequence_uses_first_columns_of_e():
+    _, lin, bank = _pair(k=4, share="headwise")
+    x = torch.randn(1, 6, D)
+    e, f = bank.matrices(0, 6)
+    assert e.shape == (1, 4, 6)
+    torch.testing.assert_close(e, bank.weight_0[0, :, :, :6])
+    assert lin(x).shape == (1, 6, D)
+
+
+def test_longer_than_max_len_is_an_error():
+    enc = TransformerEncoder({"max_len": 8, "d_model": D, "n_heads": H, "n_layers": 1, "d_ff": 64}, vocab_size=20)
+    with pytest.raises(ValueError, match="exceeds model.max_len=8"):
+        enc(torch.zeros(1, 9, dtype=torch.long))
+
+
+@pytest.mark.parametrize("share,expected", [("none", lambda L, h, n, k: 2 * L * h * n * k),
+                                            ("headwise", lambda L, h, n, k: 2 * L * n * k),
+                                            ("kv", lambda L, h, n, k: L * n * k),
+                                            ("layerwise", lambda L, h, n, k: n * k)])
+def test_projection_parameter_counts_match_the_paper(share, expected):
+    L_, n, k = 3, 64, 16
+    enc = TransformerEncoder({"max_len": n, "d_model": D, "n_heads": H, "n_layers": L_, "d_ff": 64,
+                              "attention": {"kind": "linformer", "k": k, "share": share}}, vocab_size=20)
+    assert count_parameters(enc.bank) == expected(L_, H, n, k)
+    full = TransformerEncoder({"max_len": n, "d_model": D, "n_heads": H, "n_layers": L_, "d_ff": 64,
+                               "attention": {"kind": "full"}}, vocab_size=20)
+    # The bank is registered once: the model's total is the baseline plus exactly the projections.
+    assert count_parameters(enc) == count_parameters(full) + expected(L_, H, n, k)
+
+
+@pytest.mark.parametrize("share", ["none", "headwise", "kv", "layerwise"])
+def test_every_parameter_gets_a_gradient(share):
+    enc = TransformerEncoder({"max_len": N, "d_model": D, "n_heads": H, "n_layers": 2, "d_ff": 64,
+                              "attention": {"kind": "linformer", "k": 4, "share": share}}, vocab_size=20)
+    enc(torch.randint(0, 20, (2, N))).sum().backward()
+    missing = [name for name, p in enc.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert missing == []
+
+
+def test_auto_path_prefers_input_when_heads_share_e():
+    bank_shared = ProjectionBank([16], 512, 4, "headwise")
+    bank_per_head = ProjectionBank([256], 512, 4, "none")
+    assert SelfAttention(64, 4, "linformer", bank=bank_shared).path == "input"
+    assert SelfAttention(64, 4, "linformer", bank=bank_per_head).path == "projected"

@@ -1,0 +1,65 @@
+"""`linformer-lab train` end to end on a tiny model: run directory, TensorBoard, metrics, resume."""
+
+import json
+import math
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from experiments import cli
+
+EXPECTED_SCALARS = {"train/loss", "train/ppl", "val/loss", "val/ppl", "val/accuracy", "perf/tokens_per_sec",
+                    "perf/step_time_s", "perf/peak_mem_mb", "train/lr", "hp/val_loss", "hp/val_ppl",
+                    "val/ppl_vs_wallclock"}
+
+
+def _events(run_dir):
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def _hparams(run_dir):
+    """Hyper-parameter names and metric tags of the HPARAMS plugin's session-start record."""
+    acc = _events(run_dir)
+    content = acc.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    exp = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"])
+    return dict(start.session_start_info.hparams), {m.name.tag for m in exp.experiment.metric_infos}
+
+
+@pytest.mark.parametrize("kind", ["linformer", "full"])
+def test_train_writes_run_dir_tensorboard_and_metrics(tiny_overrides, tmp_path, kind):
+    assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, f"model.attention.kind={kind}"]) == 0
+    run = tmp_path / "runs" / "tiny" / "version_0"
+    assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
+    metrics = json.loads((run / "metrics.json").read_text())
+    for key in ("val/loss", "val/ppl", "parameters", "wall_time_s", "tokens_per_sec", "peak_mem_mb"):
+        assert isinstance(metrics[key], (int, float)) and math.isfinite(metrics[key]), key
+    assert metrics["global_step"] == 6
+    assert (metrics["projection_parameters"] > 0) == (kind == "linformer")
+    acc = _events(run)
+    assert EXPECTED_SCALARS <= set(acc.Tags()["scalars"])
+    # Lightning logs at the 0-based index of the last training batch: validations after steps 3 and 6.
+    assert [e.step for e in acc.Scalars("val/loss")] == [2, 5]
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(6))
+    hparams, metric_tags = _hparams(run)
+    assert hparams["model.attention.kind"].string_value == kind
+    assert hparams["model.attention.k"].number_value == 8
+    assert {"hp/val_loss", "hp/val_ppl"} <= metric_tags
+
+
+def test_resume_continues_the_step_count(tiny_overrides, tmp_path):
+    args = ["train", str(tiny_overrides.config), *tiny_overrides.args]
+    assert cli.main(args) == 0
+    assert cli.main(args + ["trainer.max_steps=9", "resume=true"]) == 0
+    run = tmp_path / "runs" / "tiny" / "version_0"
+    assert not (tmp_path / "runs" / "tiny" / "version_1").exists()
+    assert json.loads((run / "metrics.json").read_text())["global_step"] == 9
+    steps = [e.step for e in _events(run).Scalars("val/loss")]
+    assert steps == [2, 5, 8]
+    assert [e.step for e in _events(run).Scalars("train/loss")] == list(range(9))
+    # A second run without resume gets its own directory.
+    assert cli.main(args) == 0
+    assert (tmp_path / "runs" / "tiny" / "version_1" / "metrics.json").is_file()
