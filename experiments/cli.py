@@ -15,6 +15,9 @@ from experiments.config import ConfigError
 
 COMMANDS = {
     "train": ("experiments.train", "train one model from a YAML experiment file"),
+    "analyze": ("experiments.analyze", "attention spectrum, suggested k and what E/F learned, as figures"),
+    "sweep": ("sweeps.sweep", "launch or resume an Optuna study from a study file (sweeps/*.yaml)"),
+    "report": ("sweeps.report", "write a study's report: trials.csv, summary.md with verdicts, plots"),
 }
 
 

@@ -143,6 +143,8 @@ class TrainerConfig:
     deterministic: bool = False
     # Threads per process on CPU (0 keeps torch's default).
     cpu_threads: int = 0
+    # Log the attention spectrum (heatmap + effective rank per layer) every N validations; 0: off.
+    spectrum_every_n_val: int = 0
 
 
 @dataclass
@@ -286,16 +288,45 @@ def check(cfg: DictConfig) -> None:
         for i, kl in enumerate(layer_ks(m)):
             _require(1 <= kl <= m.max_len,
                      f"model.attention.k: k={kl} (layer {i}) must be in [1, model.max_len={m.max_len}]")
+        _check_variant(att, layer_ks(m))
     _require(cfg.data.batch_size >= 1, f"data.batch_size: must be >= 1, got {cfg.data.batch_size}")
     _require(0.0 < cfg.data.mask_prob < 1.0, f"data.mask_prob: must be in (0, 1), got {cfg.data.mask_prob}")
     _require(0.0 < cfg.data.val_fraction < 1.0,
              f"data.val_fraction: must be in (0, 1), got {cfg.data.val_fraction}")
     _require(cfg.trainer.max_steps >= 1, f"trainer.max_steps: must be >= 1, got {cfg.trainer.max_steps}")
+    _require(cfg.trainer.spectrum_every_n_val >= 0,
+             f"trainer.spectrum_every_n_val: must be >= 0 (0: off), got {cfg.trainer.spectrum_every_n_val}")
     _require(cfg.optim.lr > 0, f"optim.lr: must be > 0, got {cfg.optim.lr}")
     _require(cfg.task != "clm" or att.causal,
              "task: 'clm' needs model.attention.causal=true (next-token prediction must not see the future)")
+    _require(cfg.task != "mlm" or not att.causal,
+             "task: 'mlm' needs model.attention.causal=false (a masked token is predicted from both sides)")
     if cfg.task == "recall":
         _check_mqar(cfg.data.mqar, m.max_len)
+
+
+def _check_variant(att: DictConfig, ks: list[int]) -> None:
+    """Linformer variant combinations that cannot work (see lightning_modules/projections.py)."""
+    one_sided = att.project != "kv"
+    _require(not (one_sided and att.causal),
+             f"model.attention.project: '{att.project}' cannot be causal (its lift P = E⁺E mixes every position "
+             "into every row); use project=kv with causal=true")
+    if att.path == "input":
+        _require(att.projection != "conv",
+                 "model.attention.path: 'input' needs E to commute with W_k, which conv's per-channel weights do "
+                 "not; use auto or projected")
+        _require(not att.causal, "model.attention.path: 'input' does not apply with causal=true (the local block "
+                                 "needs every key); use auto or projected")
+        _require(not one_sided, f"model.attention.path: 'input' does not apply with project='{att.project}' "
+                                "(the lift needs every key row); use auto or projected")
+    windowed = att.projection == "conv" or (att.causal and att.projection != "pool")
+    _require(not (att.share == "layerwise" and windowed and len(set(ks)) > 1),
+             f"model.attention.k: per-layer k {ks} needs one window per layer, which share=layerwise cannot give a "
+             f"{'conv' if att.projection == 'conv' else 'causal'} projection; use share none, headwise or kv")
+    _require(att.init != "theorem2" or att.projection == "pool"
+             or (att.share in ("none", "headwise") and not one_sided),
+             f"model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, project kv), "
+             f"got share={att.share}, project={att.project}")
 
 
 def _check_mqar(q: DictConfig, max_len: int) -> None:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments import config as C
 from experiments.rundir import CHECKPOINT, atomic_write_text, choose_run_dir, write_json
-from lightning_modules.callbacks import RunMetrics, peak_memory_mb
+from lightning_modules.callbacks import RunMetrics, SpectrumMonitor, peak_memory_mb
 from lightning_modules.encoder import count_parameters
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
@@ -94,7 +94,8 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(run_dir), logger=logger,
         callbacks=[ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), save_last=True, save_top_k=0,
                                    every_n_train_steps=t.val_check_interval),
-                   run_metrics, *callbacks],
+                   run_metrics, *callbacks,
+                   *([SpectrumMonitor(t.spectrum_every_n_val)] if t.spectrum_every_n_val > 0 else [])],
     )
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     if not run_metrics.curve or run_metrics.curve[-1][1] < run_metrics.tokens:

@@ -1,23 +1,52 @@
-"""Multi-head self-attention: full softmax attention and Linformer (Wang et al. 2020, Eq. 7).
+"""Multi-head self-attention: full softmax attention and Linformer (Wang et al. 2020, Eq. 7) with its variants.
 
 Shapes: B batch, T sequence length (≤ n = max_len), d model width, h heads, d_h = d / h,
-k_l the projected length of this layer, G ∈ {1, h} how many distinct E (or F) the layer has.
+k_l the projected length of this layer, G ∈ {1, h} how many distinct E (or F) the layer has,
+w = ⌈n/k_l⌉ the window of windowed / causal projections. E, F and their kinds (dense, conv, pool)
+live in :class:`~lightning_modules.projections.ProjectionBank`; this module holds the attention maths.
 
-Full attention::
+Full attention (``kind: full``; ``causal`` masks keys after the query)::
 
-    head_i = softmax(Q_i K_iᵀ / √d_h) V_i                       (B, h, T, d_h)      O(T²d)
+    head_i = softmax(Q_i K_iᵀ / √d_h) V_i                        (B, h, T, d_h)      O(T²d)
 
-Linformer (Eq. 7), with E, F ∈ R^{k×n} cut to their first T columns::
+Linformer (Eq. 7, ``project: kv``), E K and F V being the bank's slots (k' = k_l dense, ⌈T/w⌉ windowed)::
 
-    head_i = softmax(Q_i (E_i K_i)ᵀ / √d_h) (F_i V_i)            (B, h, T, d_h)      O(Tkd)
+    head_i = softmax(Q_i (E_i K_i)ᵀ / √d_h) (F_i V_i)             (B, h, T, d_h)      O(Tk'd)
+
+A windowed slot with no real token in its window is masked out of the softmax.
+
+Key-only / value-only (``project: k`` / ``v``): only one side passes through the rank-k sequence
+bottleneck; P = E_m⁺E_m (the orthogonal projector onto E's row space on the real positions) lifts it
+back to T rows, and attention is otherwise full::
+
+    project k:  head_i = softmax(Q_i (P K_i)ᵀ / √d_h) V_i          O(T²d + Tk²): these isolate the
+    project v:  head_i = softmax(Q_i K_iᵀ / √d_h) (P V_i)          approximation error, not speed.
+
+With k ≥ the number of real tokens (any full-rank E), P = I and both equal full attention.
+
+Causal Linformer (``causal: true``), causal by construction: the sequence is cut into blocks of w
+tokens; slot j compresses block j only (block-diagonal E, or the conv/pool window j). Query i, in
+block b = ⌊i/w⌋, attends in ONE softmax to the slots of the completed blocks j < b (every token of
+which is ≤ bw − 1 < i) and exactly, causally, to the keys bw … i of its own block::
+
+    scores_i = [ q_i s_jᵀ / √d_h  for j < b ]  ⧺  [ q_i k_tᵀ / √d_h  for bw ≤ t ≤ i ]
+    out_i    = softmax(scores_i) · [ F-slots j < b ; v_t for bw ≤ t ≤ i ]      O(T(k + w)d)
+
+Every key of the prefix enters exactly once (compressed or exact); nothing at a position > i
+does. Incremental decoding (:meth:`SelfAttention.step`) keeps a fixed-size state per layer and head:
+the completed slots (≤ k) and the current block's keys/values (≤ w), so a token costs O((k + w)·d)
+whatever its position. Full causal attention offers the same API with a KV cache of T rows.
 
 Padding: padded rows of K and V are zeroed *before* E/F (a padded position contributes nothing to
-any slot), which makes appending padding leave real tokens' outputs unchanged. Short sequences use
-the first T columns of E/F *without rescaling*: a sequence's slots are then the same sums whatever
-padding or block length surrounds it; rescaling by n/T would make them depend on the batch's
-padded length, and the model already sees every length it is trained on.
+any slot) and padded keys are masked wherever attention is exact, so appending padding leaves real
+tokens' outputs unchanged for every variant. Short sequences use the first T columns of E/F (first
+⌈T/w⌉ windows) *without rescaling*: a sequence's slots are then the same sums whatever padding or
+block length surrounds it; rescaling by n/T would make them depend on the batch's padded length, and
+the model already sees every length it is trained on.
 
-Two exact ways to evaluate E K, chosen by ``path``:
+Two exact ways to evaluate E K for dense and pool projections (``path``; conv, causal and one-sided
+variants use ``projected``: conv's per-channel weights do not commute with W_k, and the others need
+every key row anyway):
 
 * ``projected``: K = X W_kᵀ + 1 b_kᵀ first, then E K (Eq. 7 as written): T·d² + G·k·T·d_h·h/G flops;
 * ``input``: E K = (E X) W_kᵀ + (E 1) b_kᵀ — project the layer input along the sequence first,
@@ -29,13 +58,14 @@ Two exact ways to evaluate E K, chosen by ``path``:
 
 from __future__ import annotations
 
-from typing import Optional
+import math
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_modules.projections import ProjectionBank
+from lightning_modules.projections import ProjectionBank, blocks
 
 
 def input_path_is_cheaper(groups: int, k: int, n: int, d_model: int) -> bool:
@@ -51,9 +81,11 @@ class SelfAttention(nn.Module):
     Args:
         d_model, n_heads: d and h.
         kind: ``full`` or ``linformer``.
-        causal: full attention with ``is_causal`` (future keys masked).
+        causal: no output depends on a later position (full: ``is_causal``; linformer: blockwise,
+            which needs a bank built with ``causal=True``).
         layer: index of this layer in the encoder (selects its matrices in ``bank``).
-        bank: the model's :class:`ProjectionBank` (Linformer only).
+        bank: the model's :class:`ProjectionBank` (Linformer only); its ``projection`` and
+            ``project`` select the variant.
         path: ``auto`` | ``input`` | ``projected`` (see module docstring).
         dropout: dropout on attention probabilities.
     """
@@ -64,6 +96,8 @@ class SelfAttention(nn.Module):
         super().__init__()
         if kind == "linformer" and bank is None:
             raise ValueError("linformer attention needs a ProjectionBank")
+        if kind == "linformer" and bank.causal != causal:
+            raise ValueError(f"causal={causal} but the ProjectionBank was built with causal={bank.causal}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.kind, self.causal, self.layer, self.dropout = kind, causal, layer, dropout
         self.q_proj = nn.Linear(d_model, d_model)
@@ -74,9 +108,20 @@ class SelfAttention(nn.Module):
         # registered (and counted, and synchronised by DDP) exactly once, by the encoder.
         self.__dict__["bank"] = bank
         if kind == "linformer":
-            k = bank.ks[layer]
-            self.path = path if path != "auto" else (
-                "input" if input_path_is_cheaper(bank.groups, k, bank.max_len, d_model) else "projected")
+            self.path = self._choose_path(path)
+
+    def _choose_path(self, path: str) -> str:
+        bank = self.bank
+        commutes = not bank.causal and bank.project == "kv" and bank.projection != "conv"
+        if path == "input" and not commutes:
+            raise ValueError("path 'input' needs a non-causal, two-sided dense or pool projection")
+        if path != "auto":
+            return path
+        if not commutes:
+            return "projected"
+        groups = 1 if bank.blockwise else bank.groups
+        cheaper = input_path_is_cheaper(groups, bank.slots(self.layer), bank.max_len, self.d_model)
+        return "input" if cheaper else "projected"
 
     def _heads(self, x: Tensor) -> Tensor:
         """(B, T, d) → (B, h, T, d_h)."""
@@ -88,47 +133,123 @@ class SelfAttention(nn.Module):
         b, t, _ = x.shape
         q = self._heads(self.q_proj(x))                                   # (B, h, T, d_h)
         p = self.dropout if self.training else 0.0
+        key_mask = None if mask is None else mask[:, None, None, :]       # (B, 1, 1, T)
         if self.kind == "full":
             k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
-            attn_mask = None
-            if mask is not None:
-                attn_mask = mask[:, None, None, :]                        # (B, 1, 1, T)
-                if self.causal:
-                    attn_mask = attn_mask & torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
+            if key_mask is not None and self.causal:
+                key_mask = key_mask & torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p,
                                                  is_causal=self.causal and mask is None)
+        elif self.causal:
+            k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+            out = self._blockwise_causal(q, k, v, mask, p)
+        elif self.bank.project != "kv":
+            k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+            if self.bank.project == "k":
+                k = self.bank.lift(self.layer, 0, k, mask)                # P K, (B, h, T, d_h)
+            else:
+                v = self.bank.lift(self.layer, 1, v, mask)                # P V
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
         else:
-            k, v = self._compressed_kv(x, mask)                           # (B, h, k, d_h) each
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)    # (B, h, T, d_h)
+            k, v = self._compressed_kv(x, mask)                           # (B, h, k', d_h) each
+            real = self.bank.nonempty_slots(self.layer, mask)             # (B, k') or None
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p,
+                                                 attn_mask=None if real is None else real[:, None, None, :])
         return self.out_proj(out.transpose(1, 2).reshape(b, t, self.d_model))
 
     def _compressed_kv(self, x: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-        """E K and F V, each (B, h, k_l, d_h), by the layer's exact path."""
-        e, f = self.bank.matrices(self.layer, x.shape[1])                 # (G, k, T) each
-        m = None if mask is None else mask.to(x.dtype)                    # (B, T)
+        """E K and F V, each (B, h, k', d_h), by the layer's exact path."""
+        bank, layer = self.bank, self.layer
         if self.path == "projected":
-            k, v = self.k_proj(x), self.v_proj(x)                         # (B, T, d)
-            if m is not None:
-                k, v = k * m[..., None], v * m[..., None]
-            # (1, G, k, T) @ (B, h, T, d_h) broadcasts G ∈ {1, h} against h.
-            return e.unsqueeze(0) @ self._heads(k), f.unsqueeze(0) @ self._heads(v)
-        xm = x if m is None else x * m[..., None]                         # (B, T, d)
-        xe = e.unsqueeze(0) @ xm.unsqueeze(1)                             # (B, G, k, d)
-        k = self._apply_linear(xe, self._slot_mass(e, m), self.k_proj)
-        if f is not e:                                                    # E = F: compress once
-            xe = f.unsqueeze(0) @ xm.unsqueeze(1)
-        v = self._apply_linear(xe, self._slot_mass(f, m), self.v_proj)
+            k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+            return bank.compress(layer, 0, k, mask), bank.compress(layer, 1, v, mask)
+        ones = x.new_ones(1, 1, x.shape[1], 1)
+        xe, mass = bank.compress(layer, 0, x.unsqueeze(1), mask), bank.compress(layer, 0, ones, mask)
+        k = self._apply_linear(xe, mass, self.k_proj)                     # (B, G, k', d) → (B, h, k', d_h)
+        if bank.sides == 2:                                               # E = F: compress once
+            xe, mass = bank.compress(layer, 1, x.unsqueeze(1), mask), bank.compress(layer, 1, ones, mask)
+        v = self._apply_linear(xe, mass, self.v_proj)
         return k, v
 
-    @staticmethod
-    def _slot_mass(w: Tensor, m: Optional[Tensor]) -> Tensor:
-        """E m: how much of the bias each slot receives, (B or 1, G, k, 1)."""
-        if m is None:
-            return w.sum(-1, keepdim=True).unsqueeze(0)
-        return w.unsqueeze(0) @ m[:, None, :, None]                      # (B, G, k, 1)
-
     def _apply_linear(self, xe: Tensor, mass: Tensor, linear: nn.Linear) -> Tensor:
-        """(E X) Wᵀ + (E m) bᵀ per head: (B, G, k, d) → (B, h, k, d_h)."""
+        """(E X) Wᵀ + (E m) bᵀ per head: (B, G, k, d), mass (B or 1, G, k, 1) → (B, h, k, d_h)."""
         w = linear.weight.view(self.n_heads, self.d_head, self.d_model)  # (h, d_h, d)
         bias = linear.bias.view(self.n_heads, 1, self.d_head)            # (h, 1, d_h)
         return xe @ w.transpose(1, 2) + mass * bias
+
+    def _blockwise_causal(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float) -> Tensor:
+        """Causal Linformer (module docstring): q, k, v (B, h, T, d_h) → (B, h, T, d_h).
+
+        Blocks b = 0 … nb − 1 (nb = ⌈T/w⌉, the tail zero-padded); slots of blocks 0 … nb − 2 (the
+        last block is nobody's past). Scores per block: slots (B, h, nb, w, nb − 1), local (B, h, nb, w, w).
+        """
+        t, w = q.shape[2], self.bank.window(self.layer)
+        nb = -(-t // w)
+        past = (nb - 1) * w                                                # tokens in completed-able blocks
+        past_mask = None if mask is None else mask[:, :past]
+        sk = self.bank.compress(self.layer, 0, k[:, :, :past], past_mask)  # (B, h, nb-1, d_h)
+        sv = self.bank.compress(self.layer, 1, v[:, :, :past], past_mask)
+        qb, kb, vb = blocks(q, w), blocks(k, w), blocks(v, w)              # (B, h, nb, w, d_h)
+        scale = 1.0 / math.sqrt(self.d_head)
+        slot_scores = torch.einsum("bhnid,bhjd->bhnij", qb, sk) * scale    # (B, h, nb, w, nb-1)
+        local_scores = qb @ kb.transpose(-1, -2) * scale                   # (B, h, nb, w, w)
+        dev = q.device
+        slot_ok = torch.ones(nb, nb - 1, dtype=torch.bool, device=dev).tril(-1)[:, None, :]  # j < b
+        local_ok = torch.ones(w, w, dtype=torch.bool, device=dev).tril()   # key position ≤ query position
+        if mask is not None:
+            real_slot = self.bank.nonempty_slots(self.layer, past_mask)    # (B, nb-1)
+            slot_ok = slot_ok & real_slot[:, None, None, None, :]          # (B, 1, nb, 1, nb-1)
+            local_ok = local_ok & blocks(mask[..., None], w)[:, None, :, None, :, 0]  # (B, 1, nb, w, w)
+        scores = torch.cat([slot_scores, local_scores], -1)                # (B, h, nb, w, nb-1+w)
+        visible = torch.cat([slot_ok.expand_as(slot_scores), local_ok.expand_as(local_scores)], -1)
+        probs = scores.masked_fill(~visible, torch.finfo(scores.dtype).min).softmax(-1)
+        probs = F.dropout(probs, p)
+        out = torch.einsum("bhnij,bhjd->bhnid", probs[..., : nb - 1], sv) + probs[..., nb - 1:] @ vb
+        return out.flatten(2, 3)[:, :, :t]
+
+    # ------------------------------------------------------------------------- incremental decoding
+    def init_state(self, batch_size: int, capacity: int, device: Any = None, dtype: Any = None) -> dict:
+        """Empty decoding state of this layer.
+
+        Full causal attention: a KV cache ``k``, ``v`` of (B, h, capacity, d_h). Causal Linformer, fixed
+        size whatever the position: ``slot_k``, ``slot_v`` (B, h, slots, d_h) and the current block's
+        ``block_k``, ``block_v`` (B, h, w, d_h). ``t`` is the next position.
+        """
+        if not self.causal:
+            raise ValueError("incremental decoding needs causal attention (attention.causal=true)")
+
+        def zeros(rows: int) -> Tensor:
+            return torch.zeros(batch_size, self.n_heads, rows, self.d_head, device=device, dtype=dtype)
+
+        if self.kind == "full":
+            return {"t": 0, "k": zeros(capacity), "v": zeros(capacity)}
+        slots, w = self.bank.slots(self.layer), self.bank.window(self.layer)
+        return {"t": 0, "slot_k": zeros(slots), "slot_v": zeros(slots), "block_k": zeros(w), "block_v": zeros(w)}
+
+    def step(self, x: Tensor, state: dict) -> tuple[Tensor, dict]:
+        """The output at position t = state["t"] from its input x (B, 1, d) → ((B, 1, d), state).
+
+        Equals ``forward`` at position t of the sequence fed so far (inference: no dropout). The
+        state is updated in place. Causal Linformer: attend to the j = ⌊t/w⌋ completed slots and the
+        r + 1 = t − jw + 1 keys of the current block; when the block completes, compress it into slot j.
+        """
+        t, b = state["t"], x.shape[0]
+        limit = state["k"].shape[2] if self.kind == "full" else self.bank.max_len
+        if t >= limit:
+            raise ValueError(f"decoding position {t} exceeds the state's capacity of {limit} tokens")
+        q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))  # (B, h, 1, d_h)
+        if self.kind == "full":
+            state["k"][:, :, t], state["v"][:, :, t] = k[:, :, 0], v[:, :, 0]
+            keys, values = state["k"][:, :, : t + 1], state["v"][:, :, : t + 1]
+        else:
+            w = self.bank.window(self.layer)
+            j, r = divmod(t, w)
+            state["block_k"][:, :, r], state["block_v"][:, :, r] = k[:, :, 0], v[:, :, 0]
+            keys = torch.cat([state["slot_k"][:, :, :j], state["block_k"][:, :, : r + 1]], 2)
+            values = torch.cat([state["slot_v"][:, :, :j], state["block_v"][:, :, : r + 1]], 2)
+            if r == w - 1 and j < self.bank.slots(self.layer):
+                state["slot_k"][:, :, j] = self.bank.compress_block(self.layer, 0, state["block_k"], j)
+                state["slot_v"][:, :, j] = self.bank.compress_block(self.layer, 1, state["block_v"], j)
+        out = F.scaled_dot_product_attention(q, keys, values)              # (B, h, 1, d_h)
+        state["t"] = t + 1
+        return self.out_proj(out.transpose(1, 2).reshape(b, 1, self.d_model)), state

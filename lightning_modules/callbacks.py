@@ -1,4 +1,5 @@
-"""Callbacks that measure a run: throughput, step time, peak memory, wall-clock quality curves."""
+"""Callbacks that measure a run: throughput, step time, peak memory, wall-clock quality curves, and the
+attention spectrum during training."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 
 import lightning as L
 import torch
+
+from lightning_modules import analysis
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -60,3 +63,48 @@ class RunMetrics(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, L.pytorch.loggers.TensorBoardLogger) and trainer.is_global_zero:
                 logger.experiment.add_scalar("val/ppl_vs_wallclock", float(ppl), int(round(self.train_seconds)))
+
+
+class SpectrumMonitor(L.Callback):
+    """Every ``every_n_val``-th validation, logs the attention spectrum of the model being trained on a
+    fixed sample (the first ``samples`` sequences of the first validation batch), so the evolution of
+    rank during training is visible: the image ``spectrum/heatmap`` (layer × head normalised cumulative
+    singular value at each layer's index, paper Fig. 1 right; see ``analysis.heatmap_indices``) and the
+    scalars ``spectrum/effective_rank/layer_<l>`` at ``energy``. Rank zero only."""
+
+    def __init__(self, every_n_val: int, samples: int = 8, energy: float = 0.9) -> None:
+        if every_n_val < 1:
+            raise ValueError(f"every_n_val must be >= 1, got {every_n_val}")
+        self.every_n_val, self.samples, self.energy = every_n_val, samples, energy
+        self.validations = 0
+        self.sample: dict | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"validations": self.validations}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.validations = state["validations"]
+
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                                  batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self.sample is None and not trainer.sanity_checking:
+            self.sample = {key: batch[key][: self.samples].detach().cpu() for key in ("input_ids", "attention_mask")}
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or self.sample is None:
+            return
+        self.validations += 1
+        if self.validations % self.every_n_val or not trainer.is_global_zero:
+            return
+        loggers = [lg for lg in trainer.loggers if isinstance(lg, L.pytorch.loggers.TensorBoardLogger)]
+        if not loggers:
+            return
+        spectrum = analysis.measure_spectrum(pl_module.encoder, [self.sample])
+        indices = analysis.heatmap_indices(pl_module.config["model"])
+        step = trainer.global_step
+        image = analysis.figure_to_array(analysis.figure_heatmap(
+            spectrum.at_index(indices), indices, f"cumulative singular value at k, step {step}"))
+        for logger in loggers:
+            logger.experiment.add_image("spectrum/heatmap", image, step, dataformats="HWC")
+            for layer, rank in enumerate(spectrum.effective_ranks(self.energy)):
+                logger.experiment.add_scalar(f"spectrum/effective_rank/layer_{layer}", rank, step)

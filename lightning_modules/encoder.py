@@ -6,13 +6,23 @@ Token + learned position embeddings, L blocks, then (pre-LN) a final LayerNorm. 
 * ``post`` (BERT/RoBERTa, the paper's setting): x ← LN(x + Attn(x));  x ← LN(x + FFN(x)).
 
 FFN(x) = W₂ GELU(W₁ x + b₁) + b₂ with W₁ ∈ R^{d_ff×d}. All Linformer projections of the model live
-in one :class:`ProjectionBank` registered here once, whatever the sharing mode.
+in one :class:`ProjectionBank` registered here once, whatever the sharing mode or variant.
+
+Incremental decoding (causal attention only), for generation and for timing the causal variants::
+
+    state = encoder.init_decode_state(batch_size)
+    for t in range(T):
+        hidden_t, state = encoder.decode_step(input_ids[:, t], state)   # (B,) → (B, d)
+
+``hidden_t`` equals ``encoder(input_ids)[:, t]`` (eval mode). Each layer keeps its own state
+(:meth:`SelfAttention.init_state`): a fixed-size one for causal Linformer, a KV cache for full attention.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+import torch
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
@@ -36,10 +46,17 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return self._residuals(x, lambda h: self.attn(h, mask))
+
+    def step(self, x: Tensor, state: dict) -> Tensor:
+        """One decoding position: x (B, 1, d) → (B, 1, d); ``state`` is this layer's, updated in place."""
+        return self._residuals(x, lambda h: self.attn.step(h, state)[0])
+
+    def _residuals(self, x: Tensor, attend: Callable[[Tensor], Tensor]) -> Tensor:
         if self.norm == "pre":
-            x = x + self.drop(self.attn(self.ln1(x), mask))
+            x = x + self.drop(attend(self.ln1(x)))
             return x + self.drop(self.ffn(self.ln2(x)))
-        x = self.ln1(x + self.drop(self.attn(x, mask)))
+        x = self.ln1(x + self.drop(attend(x)))
         return self.ln2(x + self.drop(self.ffn(x)))
 
 
@@ -57,7 +74,8 @@ class TransformerEncoder(nn.Module):
         self.bank = None
         if att.kind == "linformer":
             self.bank = ProjectionBank(layer_ks(cfg), cfg.max_len, cfg.n_heads, att.share,
-                                       att.projection, att.init, att.delta)
+                                       att.projection, att.init, att.delta, project=att.project,
+                                       causal=att.causal, d_head=cfg.d_model // cfg.n_heads)
         self.blocks = nn.ModuleList(
             Block(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.norm,
                   SelfAttention(cfg.d_model, cfg.n_heads, att.kind, att.causal, i, self.bank,
@@ -75,6 +93,28 @@ class TransformerEncoder(nn.Module):
         for block in self.blocks:
             x = block(x, mask)
         return self.ln_f(x)
+
+    def init_decode_state(self, batch_size: int) -> dict:
+        """Empty decoding state: the next ``position`` and one state per layer (see module docstring)."""
+        weight = self.tok.weight
+        return {"position": 0,
+                "layers": [block.attn.init_state(batch_size, self.max_len, device=weight.device, dtype=weight.dtype)
+                           for block in self.blocks]}
+
+    @torch.no_grad()
+    def decode_step(self, input_ids_t: Tensor, state: dict) -> tuple[Tensor, dict]:
+        """The hidden state at the next position: input_ids_t (B,) → ((B, d), state updated in place).
+
+        Cost per token: O(L·(k + w)·d + L·d²) for causal Linformer, O(L·t·d + L·d²) for full attention.
+        """
+        t = state["position"]
+        if t >= self.max_len:
+            raise ValueError(f"decoding position {t} exceeds model.max_len={self.max_len}")
+        x = self.drop(self.tok(input_ids_t)[:, None] + self.pos.weight[t])  # (B, 1, d)
+        for block, layer_state in zip(self.blocks, state["layers"]):
+            x = block.step(x, layer_state)
+        state["position"] = t + 1
+        return self.ln_f(x)[:, 0], state
 
 
 def _init_weights(module: nn.Module) -> None:

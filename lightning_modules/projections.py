@@ -160,6 +160,9 @@ class ProjectionBank(nn.Module):
 
     def matrices(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
         """Dense (E, F) of a layer for a length-T input, each (G, k_l, T); F is E when shared."""
+        if self.blockwise:
+            raise ValueError(f"{'causal' if self.causal else self.projection} projections are windowed: "
+                             "use block_weights(), not matrices()")
         w = self._stored(layer)
         if self.share == "layerwise":
             w = w[:, :, : self.ks[layer]]

@@ -1,0 +1,114 @@
+"""Multi-query associative recall (MQAR; Arora et al. 2023, "Zoology"): the standard probe of what
+sub-quadratic attention loses.
+
+One sequence (N = ``n_pairs``, Q = ``n_queries``, padded with [PAD] up to ``model.max_len``)::
+
+    position   0    1    2    3   …  2N-2  2N-1   2N   …  2N+Q-1   2N+Q …
+    input      k_1  v_1  k_2  v_2 …  k_N   v_N    q_1  …  q_Q      [PAD] …
+    label      -100 …                              v(q_1) … v(q_Q)  -100 …
+
+Keys k_i are N distinct ids of the key range, values v_i are drawn uniformly with replacement from the
+value range, and the queries q_j are Q distinct keys of the same sequence in random order. The label
+at a query's own position is the value paired with that key (-100 everywhere else), so the loss is the
+cross-entropy on the queried values only. No answer ever appears in the input after its query: the same
+sequences train bidirectional and causal attention. Solving it needs exact retrieval of one of N
+positions, which a Linformer whose k is far below N cannot do.
+
+Vocabulary: [PAD]=0, keys 1 … K, values K+1 … K+V with K = ``vocab_size // 2``, V = ``vocab_size - K``.
+
+Trivial baseline: a model that ignores the context can only predict the targets' marginal, uniform over
+the V values: loss log V, accuracy 1/V. (A model that copies *some* value of the context without binding
+it to its key is at best near log N and 1/N: leaving that level is what shows recall.)
+
+The training set (``n_train`` sequences) is drawn from the run's seed, so arms compared at one seed see
+the same data; the validation set (``n_val``) is drawn from a fixed seed, the same for every run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset
+
+from datamodules.tokenizer import PAD_ID
+
+IGNORE_INDEX = -100
+VAL_SEED = 4321  # fixed on purpose: one validation set for every run and seed
+
+
+def vocabulary(vocab_size: int) -> tuple[range, range]:
+    """(key ids, value ids) for ``data.mqar.vocab_size`` (see the module docstring)."""
+    n_keys = vocab_size // 2
+    return range(1, 1 + n_keys), range(1 + n_keys, 1 + vocab_size)
+
+
+def generate(n_examples: int, n_pairs: int, n_queries: int, vocab_size: int, length: int,
+             generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``n_examples`` MQAR sequences: (inputs, labels), both long (n_examples, length)."""
+    keys, values = vocabulary(vocab_size)
+    b, n, q = n_examples, n_pairs, n_queries
+    key_ids = torch.rand(b, len(keys), generator=generator).argsort(-1)[:, :n] + keys.start          # (B, N) distinct
+    value_ids = torch.randint(values.start, values.stop, (b, n), generator=generator)                # (B, N)
+    queried = torch.rand(b, n, generator=generator).argsort(-1)[:, :q]                              # (B, Q) pair index
+    inputs = torch.full((b, length), PAD_ID, dtype=torch.long)
+    labels = torch.full((b, length), IGNORE_INDEX, dtype=torch.long)
+    inputs[:, 0:2 * n:2], inputs[:, 1:2 * n:2] = key_ids, value_ids
+    inputs[:, 2 * n:2 * n + q] = key_ids.gather(1, queried)
+    labels[:, 2 * n:2 * n + q] = value_ids.gather(1, queried)
+    return inputs, labels
+
+
+class MQARDataModule(L.LightningDataModule):
+    """MQAR sequences as ``{input_ids, labels, attention_mask}`` batches.
+
+    ``data_cfg`` is ``RunConfig.data`` (``data.mqar`` plus ``batch_size`` and ``num_workers``);
+    ``max_len`` the sequence length; ``seed`` draws the training set and its shuffle.
+    """
+
+    def __init__(self, data_cfg, max_len: int, seed: int = 0):
+        super().__init__()
+        self.data_cfg, self.cfg, self.max_len, self.seed = data_cfg, data_cfg.mqar, max_len, seed
+        self.n_queries = self.cfg.n_pairs if self.cfg.n_queries is None else self.cfg.n_queries
+        self.train_set: Optional[TensorDataset] = None
+        self.val_set: Optional[TensorDataset] = None
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.train_set is None:
+            self.train_set = self._draw(self.cfg.n_train, self.seed)
+            self.val_set = self._draw(self.cfg.n_val, VAL_SEED)
+
+    @property
+    def vocab_size(self) -> int:
+        return 1 + self.cfg.vocab_size  # [PAD] + keys + values
+
+    def trivial_baseline(self) -> dict[str, float]:
+        """Loss and accuracy of the best context-free predictor: uniform over the V values."""
+        n_values = len(vocabulary(self.cfg.vocab_size)[1])
+        return {"trivial_loss": math.log(n_values), "trivial_accuracy": 1.0 / n_values}
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, shuffle=True, generator=torch.Generator().manual_seed(self.seed))
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, shuffle=False)
+
+    def _draw(self, n_examples: int, seed: int) -> TensorDataset:
+        inputs, labels = generate(n_examples, self.cfg.n_pairs, self.n_queries, self.cfg.vocab_size, self.max_len,
+                                  torch.Generator().manual_seed(seed))
+        return TensorDataset(inputs, labels)
+
+    def _loader(self, dataset: Optional[TensorDataset], shuffle: bool, generator=None) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError("MQARDataModule.setup() has not run yet")
+        workers = self.data_cfg.num_workers
+        return DataLoader(dataset, batch_size=self.data_cfg.batch_size, shuffle=shuffle, collate_fn=collate,
+                          num_workers=workers, persistent_workers=workers > 0, generator=generator)
+
+
+def collate(items: list[tuple[Tensor, Tensor]]) -> dict:
+    inputs, labels = (torch.stack(column) for column in zip(*items))
+    return {"input_ids": inputs, "labels": labels, "attention_mask": inputs != PAD_ID}

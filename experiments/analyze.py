@@ -1,0 +1,209 @@
+"""``linformer-lab analyze RUN_DIR_OR_CKPT [--samples N] [--energy 0.9] [--index K] [--reference FULL_RUN]``.
+
+Loads a trained run (its ``checkpoints/last.ckpt``, or the checkpoint given) and writes into
+``<run>/analysis/``:
+
+* ``spectrum_cumulative.png`` / ``spectrum_heatmap.png``: paper Fig. 1 (left, right) for this model's
+  context-mapping matrices on the first N validation sequences of the run's own data;
+* ``k_schedule.yaml``: a ready ``model.attention.k`` list, per layer the smallest k that keeps
+  ``--energy`` of every head's cumulative singular value;
+* Linformer only: ``projections_<layer>.png`` (rows of every distinct E/F over positions) and
+  ``projection_metrics.png`` (locality, smoothness, Fourier alignment and, with ``--reference``,
+  alignment with a full-attention model's P, each against a Gaussian matrix of the same shape);
+* ``summary.json`` with every number, and the same figures as TensorBoard images (tags
+  ``analysis/…``) in the run's log directory at the checkpoint's global step.
+
+The maths lives in :mod:`lightning_modules.analysis`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning as L
+import torch
+from omegaconf import DictConfig
+
+from experiments import config as C
+from experiments.rundir import CHECKPOINT, atomic_write_text, write_json
+from lightning_modules import analysis as A
+
+# Data settings that change what a token id means or which sequences are sampled.
+_LOADER_ONLY = {"batch_size", "num_workers", "cache_dir"}
+
+
+@dataclass
+class LoadedRun:
+    run_dir: Path
+    checkpoint: Path
+    cfg: DictConfig
+    module: L.LightningModule
+    global_step: int
+
+
+def _checkpoint_of(path: Path) -> tuple[Path, Path]:
+    """(run directory, checkpoint) of a run directory or a checkpoint file."""
+    if path.is_dir():
+        run_dir, ckpt = path, path / CHECKPOINT
+    elif path.is_file():
+        ckpt = path
+        run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    else:
+        raise C.ConfigError(f"{path}: no such run directory or checkpoint")
+    if not ckpt.is_file():
+        raise C.ConfigError(f"{path}: no {CHECKPOINT} (has the run saved a checkpoint yet?)")
+    return run_dir, ckpt
+
+
+def load_run(path: Path, datamodule: Optional[L.LightningDataModule] = None) -> tuple[LoadedRun, L.LightningDataModule]:
+    """Rebuild a run's module from its checkpoint (weights-only load) and its datamodule (set up);
+    ``datamodule`` given: use it instead (its tokenizer must match the checkpoint's vocabulary)."""
+    from experiments.train import build_datamodule, build_module
+
+    run_dir, ckpt_path = _checkpoint_of(path)
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    hparams = ckpt.get("hyper_parameters", {})
+    if "config" not in hparams or "vocab_size" not in hparams:
+        raise C.ConfigError(f"{ckpt_path}: not a linformer-lab checkpoint (no config/vocab_size hyper-parameters)")
+    cfg = C.merge(C.RunConfig, [hparams["config"]])
+    C.check(cfg)
+    if datamodule is None:
+        datamodule = build_datamodule(cfg)
+        datamodule.setup("validate")
+    if datamodule.vocab_size != hparams["vocab_size"]:
+        raise C.ConfigError(f"{ckpt_path}: trained with a vocabulary of {hparams['vocab_size']} tokens, but the "
+                            f"tokenizer rebuilt from data.* has {datamodule.vocab_size}")
+    module = build_module(cfg, datamodule)
+    module.load_state_dict(ckpt["state_dict"])
+    return LoadedRun(run_dir, ckpt_path, cfg, module.eval(), int(ckpt.get("global_step", 0))), datamodule
+
+
+def _same_data(run: DictConfig, reference: DictConfig) -> None:
+    """The reference must have seen the same token ids: same task, data (loader knobs aside), n."""
+    pairs = [("task", run.task, reference.task), ("model.max_len", run.model.max_len, reference.model.max_len)]
+    mine, theirs = (C.flatten(C.to_container(c.data)) for c in (run, reference))
+    pairs += [(f"data.{key}", mine[key], theirs.get(key)) for key in sorted(mine) if key not in _LOADER_ONLY]
+    for key, a, b in pairs:
+        if a != b:
+            raise C.ConfigError(f"--reference: {key} differs ({a!r} here, {b!r} in the reference run)")
+
+
+def _k_schedule_yaml(ks: list[int], run: LoadedRun, energy: float, samples: int) -> str:
+    return (f"# Per-layer k from the attention spectrum of {run.run_dir} (step {run.global_step}): per layer the\n"
+            f"# smallest k keeping {energy:g} of every head's cumulative singular value on {samples} validation\n"
+            f"# sequences. Use: list this file under `defaults:` of an experiment file, or the override\n"
+            f"# model.attention.k=[{','.join(map(str, ks))}]\n"
+            f"model:\n  attention:\n    k: [{', '.join(map(str, ks))}]\n    k_schedule: null\n")
+
+
+def analyze(path: Path, samples: int = 16, energy: float = 0.9, index: Optional[int] = None,
+            reference: Optional[Path] = None) -> dict[str, Any]:
+    """Write ``<run>/analysis/`` and the TensorBoard images; return the summary."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    if samples < 1:
+        raise C.ConfigError(f"--samples: must be >= 1, got {samples}")
+    if not 0.0 < energy <= 1.0:
+        raise C.ConfigError(f"--energy: must be in (0, 1], got {energy}")
+    if index is not None and index < 1:
+        raise C.ConfigError(f"--index: must be >= 1, got {index}")
+    run, datamodule = load_run(path)
+    kind = run.cfg.model.attention.kind
+    if reference is not None and kind != "linformer":
+        raise C.ConfigError("--reference: compares a Linformer's E/F with full attention; this run is full attention")
+    sample = A.validation_sample(datamodule.val_dataloader(), samples)
+    taken = sum(len(b["input_ids"]) for b in sample)
+    spectrum = A.measure_spectrum(run.module.encoder, sample)
+    indices = [index] * run.cfg.model.n_layers if index is not None else A.heatmap_indices(run.cfg.model)
+    at_index = spectrum.at_index(indices)
+    ks = spectrum.suggested_ks(energy)
+    summary: dict[str, Any] = {
+        "run_dir": str(run.run_dir), "checkpoint": str(run.checkpoint), "global_step": run.global_step,
+        "attention": kind, "samples": taken, "energy": energy,
+        "spectrum": {"index": indices, "cumulative_at_index": at_index.tolist(),
+                     "effective_rank": spectrum.effective_ranks(energy),
+                     "effective_rank_per_head": spectrum.head_effective_ranks(energy),
+                     "layer_curves": [c.tolist() for c in spectrum.layer_curves],
+                     "mean_singular_values": [s.mean((0, 1)).tolist() for s in spectrum.singular_values]},
+        "suggested_k": ks,
+    }
+    what = "P̄ = softmax(Q(EK)ᵀ/√d)" if kind == "linformer" else "P = softmax(QKᵀ/√d)"
+    figures = {"spectrum_cumulative": A.figure_cumulative(spectrum, indices, f"{what}, step {run.global_step}"),
+               "spectrum_heatmap": A.figure_heatmap(at_index, indices, "cumulative singular value at k")}
+
+    bank = run.module.encoder.bank
+    if bank is not None:
+        ref_spectrum = None
+        if reference is not None:
+            ref, _ = load_run(reference, datamodule)
+            if ref.cfg.model.attention.kind != "full":
+                raise C.ConfigError(f"--reference: {reference} is not a full-attention run "
+                                    f"(model.attention.kind={ref.cfg.model.attention.kind})")
+            _same_data(run.cfg, ref.cfg)
+            ref_spectrum = A.measure_spectrum(ref.module.encoder, sample, grams=True)
+            summary["reference"] = {"run_dir": str(ref.run_dir), "global_step": ref.global_step,
+                                    "effective_rank": ref_spectrum.effective_ranks(energy)}
+        projections = A.distinct_projections(bank)
+        summary["projections"] = A.projection_report(projections, ref_spectrum, seed=run.cfg.seed)
+        for group in dict.fromkeys(p.name.split("/")[0] for p in projections):
+            figures[f"projections_{group}"] = A.figure_projection_rows(
+                [p for p in projections if p.name.split("/")[0] == group], f"E/F rows over positions: {group}")
+        figures["projection_metrics"] = A.figure_projection_metrics(summary["projections"])
+
+    out = run.run_dir / "analysis"
+    out.mkdir(parents=True, exist_ok=True)
+    writer = SummaryWriter(log_dir=str(run.run_dir))
+    try:
+        for name, fig in figures.items():
+            fig.savefig(out / f"{name}.png")
+            writer.add_image(f"analysis/{name}", A.figure_to_array(fig), run.global_step, dataformats="HWC")
+    finally:
+        writer.close()
+    atomic_write_text(out / "k_schedule.yaml", _k_schedule_yaml(ks, run, energy, taken))
+    summary["figures"] = sorted(f"{name}.png" for name in figures)
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def report(summary: dict[str, Any]) -> str:
+    """The numbers a reader wants first, as text."""
+    s = summary["spectrum"]
+    lines = [f"{summary['attention']} attention, step {summary['global_step']}, {summary['samples']} validation "
+             f"sequences; effective rank at energy {summary['energy']:g}",
+             "layer  index  cumulative@index per head      effective rank (layer / per head)"]
+    for layer, (i, row, r, rh) in enumerate(zip(s["index"], s["cumulative_at_index"], s["effective_rank"],
+                                                 s["effective_rank_per_head"])):
+        lines.append(f"{layer:>5}  {i:>5}  {' '.join(f'{v:.3f}' for v in row):<29} {r} / {rh}")
+    lines.append(f"suggested model.attention.k: {summary['suggested_k']}")
+    if "projections" in summary:
+        metrics = [m for m in ("locality", "smoothness", "fourier_alignment", "attention_alignment")
+                   if m in next(iter(summary["projections"].values()))["model"]]
+        lines.append("projection (model | gaussian)  " + "  ".join(f"{m:>22}" for m in metrics))
+        for name, entry in summary["projections"].items():
+            cells = [f"{entry['model'][m]:.3f} | {entry['gaussian'][m]:.3f}" for m in metrics]
+            lines.append(f"{name:<30} " + "  ".join(f"{c:>22}" for c in cells))
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", type=Path, help="run directory (runs/<experiment>/version_<i>) or a checkpoint file")
+    parser.add_argument("--samples", type=int, default=16, help="validation sequences to average over (default 16)")
+    parser.add_argument("--energy", type=float, default=0.9,
+                        help="cumulative singular value share that defines effective rank and suggested k (default 0.9)")
+    parser.add_argument("--index", type=int, default=None,
+                        help="index k at which the heatmap reads the curves (default: each layer's k for full "
+                             "attention, k/2 for Linformer)")
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="a full-attention run on the same data: align E/F with its P's top singular vectors")
+
+
+def main(args: argparse.Namespace) -> int:
+    summary = analyze(args.run, args.samples, args.energy, args.index, args.reference)
+    print(report(summary))
+    out = Path(summary["run_dir"]) / "analysis"
+    print(f"written: {out}/ ({', '.join(summary['figures'])}, summary.json, k_schedule.yaml); "
+          f"TensorBoard images under analysis/ in {summary['run_dir']}")
+    return 0

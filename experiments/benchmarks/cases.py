@@ -1,0 +1,161 @@
+"""What the bench runs: the two baselines, the attention variants, and one callable per case.
+
+Every case is built from a model config dict through ``TransformerEncoder(model_cfg, vocab_size)``,
+the constructor training uses, so a variant added to :class:`AttentionConfig` is benchmarked by
+adding one line to :data:`VARIANTS`. A *layer* case is the self-attention of a one-layer encoder
+applied to x ∈ R^{B×n×d} (with the model's ProjectionBank); a *model* case is the whole encoder
+(embeddings, attention, feed-forward) applied to token ids.
+
+Baselines, both with the same weights layout as full attention:
+
+* ``naive``: the paper's baseline, softmax(Q Kᵀ/√d_h) V with the (B, h, n, n) score matrix
+  materialised (:class:`NaiveAttention`, written here for the bench only);
+* ``sdpa``: ``scaled_dot_product_attention`` (``attention.kind: full``), what users run today;
+  on CPU it picks a flash kernel whose memory is linear in n.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+
+from lightning_modules.encoder import TransformerEncoder
+
+BASELINES = ("naive", "sdpa")
+BASELINE_LABELS = {"naive": "naive softmax attention (the paper's baseline)",
+                   "sdpa": "scaled_dot_product_attention"}
+
+# Variant name → attention config for projected length k (paths are added separately).
+VARIANTS: dict[str, Callable[[int], dict]] = {
+    "learned": lambda k: {"kind": "linformer", "k": k},                       # E_i, F_i per head (Eq. 7)
+    "headwise": lambda k: {"kind": "linformer", "k": k, "share": "headwise"},
+    "kv": lambda k: {"kind": "linformer", "k": k, "share": "kv"},
+    "layerwise": lambda k: {"kind": "linformer", "k": k, "share": "layerwise"},
+    "random": lambda k: {"kind": "linformer", "k": k, "projection": "random"},
+    "conv": lambda k: {"kind": "linformer", "k": k, "projection": "conv"},
+    "pool": lambda k: {"kind": "linformer", "k": k, "projection": "pool"},
+    "causal": lambda k: {"kind": "linformer", "k": k, "causal": True},
+    # k from k in the first layer down to k/4 in the last (equals `learned` for one layer).
+    "nonuniform": lambda k: {"kind": "linformer", "k_schedule": {"kind": "linear", "first": k,
+                                                                 "last": max(1, k // 4)}},
+}
+PATHS = ("auto", "input", "projected")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Sizes shared by every case of a bench run."""
+
+    d_model: int
+    n_heads: int
+    n_layers: int
+    d_ff: int
+    vocab: int
+    batch: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass
+class Case:
+    """One thing to time: ``run()`` does one forward (inference mode) or one forward+backward."""
+
+    level: str                  # layer | model
+    mode: str                   # fwd | fwdbwd
+    variant: str                # a baseline or a VARIANTS name
+    k: Optional[int]            # None for baselines
+    path: str                   # requested path ("-" for baselines)
+    path_used: str              # what the layer resolved it to
+    causal: bool
+    n: int
+    tokens: int                 # B·n tokens per call
+    run: Callable[[], Any]
+
+    @property
+    def key(self) -> tuple:
+        """The same case at every n (one curve of the scaling plot)."""
+        return (self.level, self.mode, self.variant, self.k, self.path, self.causal)
+
+    @property
+    def label(self) -> str:
+        if self.k is None:
+            return self.variant + (" causal" if self.causal and self.variant in BASELINES else "")
+        return f"{self.variant} k={self.k}" + ("" if self.path == "auto" else f" {self.path}")
+
+
+class NaiveAttention(nn.Module):
+    """The paper's baseline: softmax(Q Kᵀ/√d_h) V materialising the (B, h, T, T) scores, O(T²) time
+    and memory. Uses (and registers) the Q/K/V/O weights of a full-attention ``SelfAttention``."""
+
+    def __init__(self, full: nn.Module) -> None:
+        super().__init__()
+        self.full = full
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        a, (b, t, d) = self.full, x.shape
+        heads = lambda y: y.view(b, t, a.n_heads, a.d_head).transpose(1, 2)  # noqa: E731  (B, h, T, d_h)
+        q = heads(a.q_proj(x)) * (1.0 / math.sqrt(a.d_head))
+        k, v = heads(a.k_proj(x)), heads(a.v_proj(x))
+        scores = q @ k.transpose(-2, -1)                                  # (B, h, T, T)
+        # In place: the product does not keep its output for backward, so no second T×T copy.
+        if a.causal:
+            scores.masked_fill_(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+        if mask is not None:
+            scores.masked_fill_(~mask[:, None, None, :], float("-inf"))
+        out = scores.softmax(-1) @ v                                      # (B, h, T, d_h)
+        return a.out_proj(out.transpose(1, 2).reshape(b, t, d))
+
+
+def attention_config(variant: str, k: Optional[int], path: str, causal: bool = False) -> dict:
+    """The ``model.attention`` dict of a case (baselines: full attention with the given causality)."""
+    if variant in BASELINES:
+        return {"kind": "full", "causal": causal, "dropout": 0.0}
+    return {**VARIANTS[variant](k), "path": path, "dropout": 0.0}
+
+
+def model_config(level: str, variant: str, k: Optional[int], path: str, n: int, shape: Shape,
+                 causal: bool = False) -> dict:
+    return {"max_len": n, "d_model": shape.d_model, "n_heads": shape.n_heads,
+            "n_layers": 1 if level == "layer" else shape.n_layers, "d_ff": shape.d_ff, "dropout": 0.0,
+            "attention": attention_config(variant, k, path, causal)}
+
+
+def is_causal(variant: str) -> bool:
+    return bool(VARIANTS[variant](1).get("causal", False))
+
+
+def build(level: str, mode: str, variant: str, k: Optional[int], path: str, n: int, shape: Shape,
+          causal: bool = False, seed: int = 0) -> Case:
+    """A ready-to-run case (its tensors allocated on ``shape.device``)."""
+    causal = causal if variant in BASELINES else is_causal(variant)
+    torch.manual_seed(seed)
+    encoder = TransformerEncoder(model_config(level, variant, k, path, n, shape, causal), shape.vocab)
+    if variant == "naive":
+        for block in encoder.blocks:
+            block.attn = NaiveAttention(block.attn)
+    encoder = encoder.to(device=shape.device, dtype=shape.dtype).train(mode == "fwdbwd")
+    first = encoder.blocks[0].attn
+    path_used = getattr(first, "path", "-")
+    train = mode == "fwdbwd"
+    if level == "layer":
+        # requires_grad: a layer inside a network also back-propagates into its input.
+        x = torch.randn(shape.batch, n, shape.d_model, device=shape.device, dtype=shape.dtype, requires_grad=train)
+        call, leaves = (lambda: first(x)), [*encoder.parameters(), x]
+    else:
+        ids = torch.randint(0, shape.vocab, (shape.batch, n), device=shape.device)
+        call, leaves = (lambda: encoder(ids)), list(encoder.parameters())
+
+    def run() -> Any:
+        if not train:
+            with torch.inference_mode():
+                return call()
+        for leaf in leaves:
+            leaf.grad = None
+        call().sum().backward()
+
+    return Case(level, mode, variant, k, path if variant not in BASELINES else "-", path_used, causal, n,
+                shape.batch * n, run)

@@ -1,0 +1,436 @@
+"""What attention and E/F learned: the spectrum of context-mapping matrices (paper Fig. 1) and the
+structure of the sequence projections E, F.
+
+Notation: N sequences of length T (= n = max_len for packed blocks), h heads, L layers; a layer's
+context-mapping matrix is P = softmax(QKᵀ/√d_h) ∈ R^{T×T} (full attention) or
+P̄ = softmax(Q(EK)ᵀ/√d_h) ∈ R^{T×k} (Linformer), per sequence and head.
+
+Spectrum
+    σ_1 ≥ … ≥ σ_m, m = min(T, S), the singular values of P (S = T or k). The normalised cumulative
+    curve is c_i = Σ_{j≤i} σ_j / Σ_j σ_j (the paper's Fig. 1 quantity: singular values, not their
+    squares), averaged over the sample. The effective rank at threshold τ is the smallest r with
+    c_r ≥ τ; a layer's suggested k is the largest such r over its heads (all heads of a layer share k).
+
+Projections (each row w ∈ R^n of E, over key positions t = 0 … n-1)
+    locality   = share of |w|'s mass within n/k positions centred on its centre of mass
+                 μ = Σ_t t|w_t| / Σ_t|w_t|: 1 for a pooling/window row, ≈ 1/k for a dense random one;
+    spread     = √(Σ_t |w_t| (t-μ)² / Σ_t |w_t|), in positions;
+    smoothness = share of w's energy in the lower half of DCT-II frequencies (f < n/2): 1 for a
+                 constant row, 0 for an alternating one, ≈ 0.5 for white noise;
+    alignment  = mean cos² of the principal angles between E's row space and a reference subspace
+                 (= ‖Q₁ᵀQ₂‖²_F / min(k₁, k₂) with Q₁, Q₂ orthonormal bases); a random k-dimensional
+                 subspace of R^n gives ≈ k₂/n. References: the k lowest DCT-II frequencies (a real
+                 Fourier basis) and the top-k right singular vectors of a full-attention model's P.
+
+Attention probabilities are captured by :func:`recorded_attention` while the model runs unchanged:
+every variant the layer implements through ``scaled_dot_product_attention`` is covered without a
+second copy of its maths. Figures are matplotlib ``Figure`` objects rendered without pyplot.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from experiments.config import layer_ks
+from lightning_modules.attention import SelfAttention
+from lightning_modules.encoder import model_config
+from lightning_modules.projections import ProjectionBank
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+# ------------------------------------------------------------------------------ capture
+def attention_probabilities(q: Tensor, k: Tensor, attn_mask: Optional[Tensor] = None,
+                            is_causal: bool = False, scale: Optional[float] = None) -> Tensor:
+    """softmax(q kᵀ · scale + mask), exactly what ``scaled_dot_product_attention`` weights v by.
+
+    q: (…, T, d_h), k: (…, S, d_h) → (…, T, S) in float32. ``attn_mask`` is boolean (True = attend)
+    or additive; ``is_causal`` masks keys j > i (top-left aligned, as SDPA); scale defaults to 1/√d_h.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q.float() @ k.float().transpose(-2, -1)) * scale                   # (…, T, S)
+    if is_causal:
+        t, s = scores.shape[-2:]
+        scores = scores.masked_fill(~torch.ones(t, s, dtype=torch.bool, device=q.device).tril(), -math.inf)
+    if attn_mask is not None:
+        scores = (scores.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool
+                  else scores + attn_mask.float())
+    return scores.softmax(-1)
+
+
+@contextmanager
+def recorded_attention(model: nn.Module) -> Iterator[list[list[Tensor]]]:
+    """Inside the block, each :class:`SelfAttention` of ``model`` (in module order) appends the
+    attention probabilities it uses, (B, h, T, S), to ``records[layer]``.
+
+    While a layer runs, ``torch.nn.functional.scaled_dot_product_attention`` is replaced by its
+    explicit form P = softmax(…), output P v, so the captured P is the one that produced the layer's
+    output (same values as SDPA up to rounding); calls outside an attention layer pass through. The
+    training path is untouched outside this block. Eval mode only (attention dropout would make P
+    random); not thread-safe.
+    """
+    layers = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    records: list[list[Tensor]] = [[] for _ in layers]
+    active: list[Optional[int]] = [None]
+    original = F.scaled_dot_product_attention
+
+    def explicit(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if active[0] is None:
+            return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, enable_gqa=enable_gqa)
+        if dropout_p > 0 or enable_gqa:
+            raise RuntimeError("recorded_attention needs eval mode (no attention dropout) and equal head counts")
+        p = attention_probabilities(q, k, attn_mask, is_causal, scale)
+        records[active[0]].append(p.detach())
+        return (p @ v.float()).to(v.dtype)
+
+    def enter(index: int):
+        return lambda module, args: active.__setitem__(0, index)
+
+    handles = [m.register_forward_pre_hook(enter(i)) for i, m in enumerate(layers)]
+    handles += [m.register_forward_hook(lambda module, args, out: active.__setitem__(0, None)) for m in layers]
+    F.scaled_dot_product_attention = explicit
+    try:
+        yield records
+    finally:
+        F.scaled_dot_product_attention = original
+        for handle in handles:
+            handle.remove()
+
+
+def attention_maps(encoder: nn.Module, input_ids: Tensor, mask: Optional[Tensor] = None) -> list[Tensor]:
+    """Every layer's context-mapping matrix for one batch: list over layers of (B, h, T, S).
+
+    Rows of padded query positions are zeroed (they attend but feed nothing that is scored)."""
+    with torch.no_grad(), recorded_attention(encoder) as records:
+        encoder(input_ids, mask)
+    maps = []
+    for layer, calls in enumerate(records):
+        if len(calls) != 1:
+            raise RuntimeError(f"attention layer {layer} computed {len(calls)} softmax attentions; "
+                               "the spectrum needs exactly one context-mapping matrix per layer")
+        p = calls[0]
+        maps.append(p if mask is None else p * mask[:, None, :, None].to(p.dtype))
+    return maps
+
+
+# ------------------------------------------------------------------------------ spectrum
+def cumulative_share(singular_values: Tensor) -> Tensor:
+    """(…, m) descending σ → c_i = Σ_{j≤i} σ_j / Σ_j σ_j, (…, m); c_m = 1."""
+    return singular_values.cumsum(-1) / singular_values.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def effective_rank(curve: Tensor, energy: float) -> Tensor:
+    """Smallest r (1-based) with c_r ≥ energy, for curves (…, m) → (…,) long."""
+    if not 0.0 < energy <= 1.0:
+        raise ValueError(f"energy must be in (0, 1], got {energy}")
+    # The tolerance keeps c_r = 1 - 1e-7 (rounding of an exact 1) from counting as below energy = 1.
+    return (curve < energy - 1e-6).sum(-1) + 1
+
+
+@dataclass
+class Spectrum:
+    """Singular values of every layer's context-mapping matrices over a sample.
+
+    ``singular_values[l]``: (N, h, m_l), descending, float64. ``grams[l]`` (when measured):
+    Σ_{sequences, heads} PᵀP, (S_l, S_l), whose top eigenvectors span the key-position subspace
+    that the layer's attention reads from.
+    """
+
+    singular_values: list[Tensor]
+    grams: Optional[list[Tensor]] = None
+
+    @property
+    def head_curves(self) -> list[Tensor]:
+        """Sample-mean normalised cumulative curve per layer and head: list of (h, m_l)."""
+        return [cumulative_share(s).mean(0) for s in self.singular_values]
+
+    @property
+    def layer_curves(self) -> list[Tensor]:
+        """Fig. 1 (left): the curve per layer, averaged over the sample and heads: list of (m_l,)."""
+        return [c.mean(0) for c in self.head_curves]
+
+    def at_index(self, indices: Sequence[int]) -> Tensor:
+        """Fig. 1 (right): c at 1-based index indices[l] (clipped to m_l), (L, h)."""
+        return torch.stack([c[:, min(i, c.shape[-1]) - 1] for c, i in zip(self.head_curves, indices)])
+
+    def effective_ranks(self, energy: float) -> list[int]:
+        """Per layer, from the layer curve."""
+        return [int(effective_rank(c, energy)) for c in self.layer_curves]
+
+    def head_effective_ranks(self, energy: float) -> list[list[int]]:
+        return [effective_rank(c, energy).tolist() for c in self.head_curves]
+
+    def suggested_ks(self, energy: float) -> list[int]:
+        """k_l = the largest head effective rank of layer l: every head keeps ``energy`` of its mass."""
+        return [max(r) for r in self.head_effective_ranks(energy)]
+
+
+def measure_spectrum(encoder: nn.Module, batches: Iterable[dict], grams: bool = False) -> Spectrum:
+    """Run ``encoder`` (eval, no grad) over ``batches`` ({input_ids, attention_mask}) and collect
+    every layer's singular values (and PᵀP sums when ``grams``)."""
+    was_training = encoder.training
+    encoder.eval()
+    svs: list[list[Tensor]] = []
+    sums: list[Tensor] = []
+    device = next(encoder.parameters()).device
+    try:
+        for batch in batches:
+            mask = batch.get("attention_mask")
+            maps = attention_maps(encoder, batch["input_ids"].to(device), None if mask is None else mask.to(device))
+            if not svs:
+                svs = [[] for _ in maps]
+                sums = [torch.zeros(p.shape[-1], p.shape[-1], dtype=torch.float64) for p in maps]
+            for layer, p in enumerate(maps):
+                p = p.double().cpu()
+                svs[layer].append(torch.linalg.svdvals(p))                  # (B, h, m)
+                if grams:
+                    sums[layer] += (p.transpose(-2, -1) @ p).sum((0, 1))      # (S, S)
+    finally:
+        encoder.train(was_training)
+    if not svs:
+        raise ValueError("measure_spectrum: no batches")
+    return Spectrum([torch.cat(s) for s in svs], sums if grams else None)
+
+
+def heatmap_indices(model_cfg: Any) -> list[int]:
+    """Default index at which the heatmap reads each layer's curve: the layer's k for full attention
+    (the paper's Fig. 1 right: how much a rank-k approximation keeps); ⌈k_l/2⌉ for Linformer, whose
+    P̄ has only k_l singular values (its curve reaches 1 at k_l)."""
+    model_cfg = model_config(model_cfg)
+    ks = layer_ks(model_cfg)
+    if model_cfg.attention.kind == "linformer":
+        return [math.ceil(k / 2) for k in ks]
+    return [min(k, model_cfg.max_len) for k in ks]
+
+
+def validation_sample(loader: Iterable[dict], sequences: int) -> list[dict]:
+    """The first ``sequences`` sequences of a (non-shuffled) loader, as its own batches."""
+    out, taken = [], 0
+    for batch in loader:
+        take = min(sequences - taken, batch["input_ids"].shape[0])
+        out.append({key: value[:take] for key, value in batch.items()})
+        taken += take
+        if taken >= sequences:
+            break
+    if not out:
+        raise ValueError("validation_sample: the loader is empty")
+    return out
+
+
+# ------------------------------------------------------------------------------ projections
+class Projection(NamedTuple):
+    """One distinct matrix of a ProjectionBank: its name, the layers it serves and its value (k, n)."""
+
+    name: str
+    layers: tuple[int, ...]
+    matrix: Tensor
+
+
+def distinct_projections(bank: ProjectionBank) -> list[Projection]:
+    """Every distinct E/F of the bank, once, whatever the sharing mode (see projections.py):
+    none → ``layer{l}/E/head{g}``, ``layer{l}/F/head{g}``; headwise → ``layer{l}/E``, ``layer{l}/F``;
+    kv → ``layer{l}/E=F``; layerwise → ``all/E=F`` (the k_max rows the layers slice)."""
+    n = bank.max_len
+    if bank.share == "layerwise":
+        widest = max(range(len(bank.ks)), key=lambda l: bank.ks[l])
+        e, _ = bank.matrices(widest, n)
+        return [Projection("all/E=F", tuple(range(len(bank.ks))), e[0].detach().cpu())]
+    out = []
+    for layer in range(len(bank.ks)):
+        e, f = bank.matrices(layer, n)                                     # (G, k, n) each
+        sides = [("E=F", e)] if f.is_set_to(e) else [("E", e), ("F", f)]
+        for side, w in sides:
+            for g in range(w.shape[0]):
+                head = f"/head{g}" if w.shape[0] > 1 else ""
+                out.append(Projection(f"layer{layer}/{side}{head}", (layer,), w[g].detach().cpu()))
+    return out
+
+
+def dct_matrix(n: int) -> Tensor:
+    """Orthonormal DCT-II, (n, n): row f is cos(π(2t+1)f / 2n) over t, scaled so D Dᵀ = I."""
+    t = torch.arange(n, dtype=torch.float64)
+    d = torch.cos(math.pi * (2 * t[None, :] + 1) * t[:, None] / (2 * n)) * math.sqrt(2.0 / n)
+    d[0] /= math.sqrt(2.0)
+    return d
+
+
+def _mass(e: Tensor) -> Tensor:
+    a = e.double().abs()
+    return a / a.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def locality(e: Tensor) -> Tensor:
+    """(k, n) → (k,): share of each row's |weight| within n/k positions around its centre of mass."""
+    k, n = e.shape
+    a, t = _mass(e), torch.arange(n, dtype=torch.float64)
+    mu = (a * t).sum(-1, keepdim=True)
+    return (a * ((t - mu).abs() <= n / (2 * k))).sum(-1)
+
+
+def spread(e: Tensor) -> Tensor:
+    """(k, n) → (k,): standard deviation of position under each row's |weight| distribution."""
+    a, t = _mass(e), torch.arange(e.shape[-1], dtype=torch.float64)
+    mu = (a * t).sum(-1, keepdim=True)
+    return (a * (t - mu) ** 2).sum(-1).sqrt()
+
+
+def smoothness(e: Tensor) -> Tensor:
+    """(k, n) → (k,): share of each row's energy at DCT-II frequencies f < n/2."""
+    n = e.shape[-1]
+    c2 = (e.double() @ dct_matrix(n).T) ** 2                               # (k, n)
+    return c2[:, : (n + 1) // 2].sum(-1) / c2.sum(-1).clamp_min(1e-30)
+
+
+def _row_basis(a: Tensor) -> Tensor:
+    """Orthonormal basis of a's row space, (n, r), r = numerical rank."""
+    u, s, _ = torch.linalg.svd(a.double().T, full_matrices=False)
+    keep = s > s.max() * max(a.shape) * torch.finfo(torch.float64).eps
+    return u[:, keep]
+
+
+def principal_cosines(a: Tensor, b: Tensor) -> Tensor:
+    """Cosines of the principal angles between the row spaces of a (k₁, n) and b (k₂, n), descending:
+    the singular values of Q₁ᵀQ₂."""
+    return torch.linalg.svdvals(_row_basis(a).T @ _row_basis(b)).clamp(max=1.0)
+
+
+def subspace_alignment(a: Tensor, b: Tensor) -> float:
+    """Mean cos² of the principal angles: 1 when one row space contains the other, ≈ k₂/n at random."""
+    cos = principal_cosines(a, b)
+    return float((cos ** 2).sum() / min(_row_basis(a).shape[1], _row_basis(b).shape[1]))
+
+
+def attention_subspace(gram: Tensor, k: int) -> Tensor:
+    """Top-k right singular vectors of the stacked P's, i.e. top-k eigenvectors of Σ PᵀP: (k, S)."""
+    _, vectors = torch.linalg.eigh(gram.double())                          # ascending
+    return vectors[:, -k:].flip(-1).T
+
+
+def projection_metrics(e: Tensor, attention: Optional[Tensor] = None) -> dict[str, float]:
+    """Means over rows of locality, spread and smoothness, and the alignments of E's row space with
+    the k lowest DCT frequencies and (when given) a full model's attention subspace (k, n)."""
+    k, n = e.shape
+    out = {"locality": float(locality(e).mean()), "spread": float(spread(e).mean()),
+           "smoothness": float(smoothness(e).mean()),
+           "fourier_alignment": subspace_alignment(e, dct_matrix(n)[:k])}
+    if attention is not None:
+        out["attention_alignment"] = subspace_alignment(e, attention)
+    return out
+
+
+def projection_report(projections: Sequence[Projection], reference: Optional[Spectrum] = None,
+                      seed: int = 0) -> dict[str, dict]:
+    """Per distinct matrix: its metrics (``model``) and those of a Gaussian matrix of the same shape
+    (``gaussian``, drawn from a seeded generator), plus shape and layers. With ``reference`` (a full
+    model's spectrum with grams on the same sequences), the attention subspace of an entry is that of
+    Σ PᵀP over the layers it serves and all their heads (heads do not correspond across models)."""
+    generator = torch.Generator().manual_seed(seed)
+    report = {}
+    for p in projections:
+        k, n = p.matrix.shape
+        attention = None
+        if reference is not None:
+            if max(p.layers) >= len(reference.grams):
+                raise ValueError(f"{p.name}: the reference model has only {len(reference.grams)} layers")
+            gram = sum(reference.grams[l] for l in p.layers)
+            if gram.shape[-1] != n:
+                raise ValueError(f"{p.name}: reference attention is over {gram.shape[-1]} positions, E over {n}")
+            attention = attention_subspace(gram, k)
+        gaussian = torch.randn(k, n, generator=generator, dtype=torch.float64)
+        report[p.name] = {"shape": [k, n], "layers": list(p.layers),
+                          "model": projection_metrics(p.matrix, attention),
+                          "gaussian": projection_metrics(gaussian, attention)}
+    return report
+
+
+# ------------------------------------------------------------------------------ figures
+def _figure(width: float, height: float) -> "Figure":
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def figure_to_array(fig: "Figure") -> np.ndarray:
+    """Render without pyplot: (H, W, 3) uint8, for ``SummaryWriter.add_image(…, dataformats="HWC")``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def figure_cumulative(spectrum: Spectrum, indices: Sequence[int], title: str) -> "Figure":
+    """Fig. 1 (left): normalised cumulative singular value per layer; dots at each layer's index."""
+    fig = _figure(6, 4)
+    ax = fig.add_subplot()
+    for layer, (curve, index) in enumerate(zip(spectrum.layer_curves, indices)):
+        x = np.arange(1, curve.shape[0] + 1)
+        line, = ax.plot(x, curve.numpy(), label=f"layer {layer}")
+        i = min(index, curve.shape[0])
+        ax.plot([i], [float(curve[i - 1])], "o", color=line.get_color())
+    ax.set(xlabel="singular value index", ylabel="normalised cumulative singular value", ylim=(0, 1.02), title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", ncol=max(1, len(indices) // 12))
+    return fig
+
+
+def figure_heatmap(values: Tensor, indices: Sequence[int], title: str) -> "Figure":
+    """Fig. 1 (right): layer × head heatmap of the cumulative value at each layer's index."""
+    n_layers, n_heads = values.shape
+    fig = _figure(max(4.5, 2.0 + 0.6 * n_heads), max(3.0, 1.2 + 0.45 * n_layers))
+    ax = fig.add_subplot()
+    image = ax.imshow(values.numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    if n_layers * n_heads <= 256:
+        for (layer, head), v in np.ndenumerate(values.numpy()):
+            ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if v < 0.6 else "black")
+    ax.set(xlabel="head", ylabel="layer", title=title, xticks=range(n_heads),
+           yticks=range(n_layers), yticklabels=[f"{l} (k={i})" for l, i in enumerate(indices)])
+    fig.colorbar(image, ax=ax)
+    return fig
+
+
+def figure_projection_rows(projections: Sequence[Projection], title: str) -> "Figure":
+    """Heatmaps of matrices' rows (slots) over positions, one panel per matrix, shared colour scale."""
+    cols = min(4, len(projections))
+    rows = math.ceil(len(projections) / cols)
+    fig = _figure(3.2 * cols + 0.8, 2.4 * rows + 0.5)
+    lim = max(float(p.matrix.abs().max()) for p in projections) or 1.0
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, p in zip(axes.flat, projections):
+        image = ax.imshow(p.matrix.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto",
+                          interpolation="nearest")
+        ax.set(title=p.name, xlabel="position", ylabel="slot")
+    for ax in axes.flat[len(projections):]:
+        ax.set_axis_off()
+    fig.colorbar(image, ax=axes.ravel().tolist())
+    fig.suptitle(title)
+    return fig
+
+
+def figure_projection_metrics(report: dict[str, dict]) -> "Figure":
+    """Each metric per distinct matrix, the model's against a Gaussian matrix of the same shape."""
+    names = list(report)
+    metrics = [m for m in ("locality", "smoothness", "fourier_alignment", "attention_alignment")
+               if m in report[names[0]]["model"]]
+    fig = _figure(max(6.0, 0.35 * len(names) + 2), 2.2 * len(metrics) + 0.6)
+    axes = fig.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
+    x = np.arange(len(names))
+    for ax, metric in zip(axes, metrics):
+        ax.plot(x, [report[n]["model"][metric] for n in names], "o", label="model")
+        ax.plot(x, [report[n]["gaussian"][metric] for n in names], "x", color="grey", label="gaussian")
+        ax.set(ylabel=metric.replace("_", "\n"), ylim=(0, 1.05))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    axes[-1].set_xticks(x, names, rotation=90, fontsize=7)
+    return fig

@@ -1,0 +1,108 @@
+"""One Optuna trial = one ``experiments.train.train`` run.
+
+The trial's config is the study's base < overrides < the trial's params, its run directory
+``<output_dir>/<study>/trial_<number>/``, its experiment name the study's; its TensorBoard HPARAMS
+entry carries the trial's params, the study, the trial number and the objective's metric names. What
+a trial ends with is recorded on it: the objective values, the scalar ``metrics.json`` entries
+(user attr ``metrics``, so reports work from the storage alone), or ``fail_reason``.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import Any
+
+import lightning as L
+import optuna
+import torch
+from optuna_integration import PyTorchLightningPruningCallback
+
+from experiments.config import ConfigError
+from sweeps import storage as S
+from sweeps.study import Study
+
+PRUNE_MONITOR = "val/loss"
+
+
+class Diverged(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+class DivergenceGuard(L.Callback):
+    """Stops a run at the first non-finite training loss (cheaper and narrower than ``detect_anomaly``)."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is not None and not torch.isfinite(loss).all():
+            raise Diverged(f"diverged: train/loss={loss.item()} at step {trainer.global_step}")
+
+
+class StepPruning(PyTorchLightningPruningCallback):
+    """Optuna's Lightning pruning callback, reporting at the training step instead of the epoch.
+
+    Runs here validate every ``val_check_interval`` steps inside one long epoch, so the epoch number
+    would be 0 at every report and Optuna would ignore all but the first.
+    """
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, types.SimpleNamespace(current_epoch=trainer.global_step))
+
+
+class StudyMisconfigured(ConfigError):
+    """A problem every trial would hit (e.g. an objective metric that metrics.json lacks): stop the sweep."""
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if isinstance(err, Diverged) else f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+class Objective:
+    """``objective(trial) -> value(s)`` for ``optuna.Study.optimize``."""
+
+    def __init__(self, study: Study) -> None:
+        self.study = study
+        self.prune = study.spec.pruner.kind != "none"
+
+    def __call__(self, trial: optuna.Trial) -> float | list[float]:
+        from experiments.train import train  # heavy import, only in workers
+
+        ostudy = trial.study
+        trials = ostudy.get_trials(deepcopy=False)
+        if self.study.n_trials is not None and S.budget_position(trials, trial.number) >= self.study.n_trials:
+            trial.set_user_attr(S.DISCARDED, "the budget was met by concurrent workers")
+            frozen = next(t for t in trials if t.number == trial.number)
+            if "fixed_params" in frozen.system_attrs:  # an enqueued grid point: put it back
+                S.requeue(ostudy, frozen)
+            raise optuna.TrialPruned("discarded: budget already met")
+
+        params = self.study.suggest(trial)
+        run_dir = self.study.root / f"trial_{trial.number}"
+        cfg = self.study.config(params, {"experiment": self.study.name, "run_dir": str(run_dir)})
+        trial.set_user_attr("run_dir", str(run_dir))
+        pruning = StepPruning(trial, monitor=PRUNE_MONITOR) if self.prune else None
+        callbacks: list[L.Callback] = [DivergenceGuard(), *([pruning] if pruning else [])]
+        hparams = {**params, "sweep/study": self.study.name, "sweep/trial": trial.number,
+                   "sweep/objective": ",".join(self.study.metrics)}
+        try:
+            metrics = train(cfg, callbacks=callbacks, hparams=hparams)
+            if pruning is not None:
+                pruning.check_pruned()  # a decision taken in a spawned rank (ddp_spawn) surfaces here
+            missing = [m for m in self.study.metrics if m not in metrics]
+            if missing:
+                known = ", ".join(sorted(k for k, v in metrics.items() if isinstance(v, (int, float))))
+                raise StudyMisconfigured(f"objective: metric {missing[0]!r} is not in metrics.json (has: {known})")
+            values = [float(metrics[m]) for m in self.study.metrics]
+            bad = [(m, v) for m, v in zip(self.study.metrics, values) if not math.isfinite(v)]
+            if bad:
+                raise Diverged(f"diverged: {bad[0][0]}={bad[0][1]} at the end")
+        except optuna.TrialPruned:
+            raise
+        except Exception as err:
+            trial.set_user_attr("fail_reason", _reason(err))
+            raise
+        trial.set_user_attr("metrics", {k: v for k, v in metrics.items()
+                                        if isinstance(v, (int, float)) and math.isfinite(v)})
+        return values[0] if len(values) == 1 else values

@@ -1,0 +1,171 @@
+"""Where a study lives, how stale trials are found, and how the trial budget is counted.
+
+Default storage: Optuna's ``JournalStorage`` on ``<output_dir>/<study>/journal.log`` (a file; several
+worker processes on one machine append to it safely; no server). Any Optuna RDB URL
+(``postgresql://…``, ``mysql://…``) is accepted for workers on several machines; SQLite is refused for
+parallel workers.
+
+Stale trials. A worker killed mid-trial (SIGKILL, power loss) leaves a RUNNING trial behind. RDB
+storages detect it with Optuna's heartbeat (``heartbeat_interval`` / ``grace_period``);
+:class:`HeartbeatJournalStorage` gives the journal the same interface, with a heartbeat file per trial
+(``heartbeats/<trial_id>``: host and pid, refreshed every ``HEARTBEAT_S``): a trial is stale when its
+process is gone from this host, or its file is older than ``GRACE_S``. Optuna's
+``fail_stale_trials`` then fails it and ``RetryHeartbeatStaleTrialCallback`` enqueues a copy with the
+same params (grid points included), which the next free worker runs.
+
+Budget. ``n_trials`` counts finished trials (complete, pruned, failed), except failed trials that were
+retried (their copy counts instead) and trials discarded because concurrent workers had already
+started the last one (see :func:`budget_position`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Optional
+
+import optuna
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import FrozenTrial, TrialState
+
+from experiments.config import ConfigError
+from sweeps.study import Study
+
+HEARTBEAT_S = 10
+GRACE_S = 60
+MAX_RETRIES = 2  # a trial that kills its worker every time (out of memory) is given up after this
+DISCARDED = "discarded"  # user attr of a trial started after the budget was met by other workers
+JOURNAL = "journal.log"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    try:  # a killed child not yet reaped by its parent is a zombie: dead for our purpose
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
+    """A file journal with Optuna's heartbeat interface (which Optuna implements for RDB only)."""
+
+    def __init__(self, path: Path, callback: Optional[Callable] = None,
+                 heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        super().__init__(JournalFileBackend(str(path)))
+        self._beats = path.parent / "heartbeats"
+        self._beats.mkdir(exist_ok=True)
+        self._callback, self._interval, self._grace = callback, heartbeat_s, grace_s
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        tmp = self._beats / f".{trial_id}.{os.getpid()}"
+        tmp.write_text(f"{socket.gethostname()} {os.getpid()}\n")
+        os.replace(tmp, self._beats / str(trial_id))
+
+    def heartbeat_owner(self, trial_id: int) -> Optional[tuple[str, int]]:
+        """(host, pid) of the process running a trial, from its heartbeat file."""
+        try:
+            host, pid = (self._beats / str(trial_id)).read_text().split()
+        except (OSError, ValueError):
+            return None
+        return host, int(pid)
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        now, host = time.time(), socket.gethostname()
+        stale = []
+        for trial in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            beat = self._beats / str(trial._trial_id)
+            owner = self.heartbeat_owner(trial._trial_id)
+            if owner is None:  # no beat yet: the trial has just started, unless it started long ago
+                started = trial.datetime_start or datetime.now(timezone.utc)
+                if now - started.timestamp() > self._grace:
+                    stale.append(trial._trial_id)
+            elif (owner[0] == host and not _pid_alive(owner[1])) or now - beat.stat().st_mtime > self._grace:
+                stale.append(trial._trial_id)
+        return stale
+
+    def get_heartbeat_interval(self) -> int:
+        return self._interval
+
+    def get_heartbeat_stale_trial_callback(self) -> Optional[Callable]:
+        return self._callback
+
+
+def open_storage(study: Study, url: Optional[str], workers: int = 1) -> BaseStorage:
+    """The study's storage: the journal file by default, else an Optuna RDB URL, both with heartbeats."""
+    retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
+    if url is None:
+        return HeartbeatJournalStorage(study.root / JOURNAL, callback=retry)
+    if url.startswith("sqlite") and workers > 1:
+        raise ConfigError(f"--storage {url}: SQLite cannot take parallel workers; use the default journal "
+                          "file (no --storage) or a PostgreSQL/MySQL URL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        try:
+            return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                              heartbeat_stale_trial_callback=retry)
+        except (ImportError, ModuleNotFoundError) as err:
+            raise ConfigError(f"--storage {url}: database driver missing ({err}); "
+                              "pip install 'linformer-lab[postgres]' or a MySQL driver") from None
+        except Exception as err:  # sqlalchemy's many connection/URL errors
+            raise ConfigError(f"--storage {url}: cannot open ({str(err).splitlines()[0]})") from None
+
+
+def storage_display(study: Study, url: Optional[str]) -> str:
+    """What to give optuna-dashboard for this study's storage."""
+    return url if url is not None else str(study.root / JOURNAL)
+
+
+def fail_stale_trials(ostudy: optuna.Study) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(ostudy)
+
+
+# --------------------------------------------------------------------------------------- budget
+def excluded_numbers(trials: list[FrozenTrial]) -> set[int]:
+    """Numbers of trials that do not count: retried (a copy replaced them) or discarded."""
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    return retried | {t.number for t in trials if DISCARDED in t.user_attrs}
+
+
+@dataclass
+class BudgetState:
+    finished: int  # counted complete + pruned + failed
+    running: int  # counted running (some may belong to dead workers not yet detected)
+
+
+def budget_state(trials: list[FrozenTrial]) -> BudgetState:
+    excluded = excluded_numbers(trials)
+    counted = [t for t in trials if t.number not in excluded]
+    return BudgetState(finished=sum(t.state.is_finished() for t in counted),
+                       running=sum(t.state == TrialState.RUNNING for t in counted))
+
+
+def budget_position(trials: list[FrozenTrial], number: int) -> int:
+    """0-based rank of trial ``number`` among the counted finished-or-running trials, by trial number.
+
+    Two workers that both see one free slot both start a trial; the one whose rank reaches ``n_trials``
+    discards itself, so the budget is never exceeded, whatever the storage.
+    """
+    excluded = excluded_numbers(trials)
+    return sum(1 for t in trials if t.number < number and t.number not in excluded
+               and (t.state.is_finished() or t.state == TrialState.RUNNING))
+
+
+def requeue(ostudy: optuna.Study, trial: FrozenTrial) -> None:
+    """Enqueue a copy of a trial (same params, or same enqueued grid point) that replaces it."""
+    RetryHeartbeatStaleTrialCallback(max_retry=None)(ostudy, trial)

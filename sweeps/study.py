@@ -1,0 +1,386 @@
+"""Study files (``sweeps/*.yaml``): schema, validation, search space and trial configs.
+
+A study file names a base experiment YAML, the ``overrides`` every trial shares (its training budget)
+and a search ``space``. A trial's config is
+
+    RunConfig defaults < base YAML < overrides < trial params        (then ``config.check``)
+
+so a trial is exactly a ``linformer-lab train`` run with a few more overrides. ``presets`` (``cpu``,
+``gpu``) are partial studies merged over the file; each preset is its own Optuna study, named
+``<study>_<preset>``, under ``<output_dir>/<study>_<preset>/``.
+
+A space param is either a dotted RunConfig key (``model.attention.k``) whose ``choices`` are values, or
+a free label whose ``choices`` map choice names to bundles of overrides (``arm: {full: {...}, ...}``),
+for arms that differ in several keys at once. ``when: {key: value}`` makes a param conditional on the
+trial's config so far. Every problem is a one-line :class:`ConfigError` naming the file and the key;
+:func:`load_study` also builds the config of every grid point (or of every range end of an open space)
+so that a bad value fails here, before any trial starts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from experiments import config as C
+from experiments.config import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SWEEPS_DIR = Path(__file__).resolve().parent
+SPAWN_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook")
+SCALAR = (str, int, float, bool, type(None))
+
+
+# --------------------------------------------------------------------------------------- schema
+@dataclass
+class ParamSpec:
+    type: Literal["categorical", "int", "float"] = "categorical"
+    # categorical: a list of values of the config key named by the param, or a mapping
+    # choice name -> {dotted key: value} (the param is then a free label, e.g. "arm").
+    choices: Any = None
+    low: Any = None
+    high: Any = None
+    step: Any = None
+    log: bool = False
+    # Sample this param only when the trial's config (base < overrides < earlier params) has these values.
+    when: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ObjectiveSpec:
+    metric: str = "val/loss"  # a key of metrics.json
+    direction: Literal["minimize", "maximize"] = "minimize"
+
+
+@dataclass
+class SamplerSpec:
+    kind: Literal["grid", "tpe", "random"] = "grid"
+    seed: int = 0
+    n_startup_trials: int = 10  # TPE: random trials before the model kicks in
+
+
+@dataclass
+class PrunerSpec:
+    # Steps are training steps: a trial reports val/loss at every validation (trainer.val_check_interval).
+    kind: Literal["none", "median", "hyperband"] = "none"
+    n_startup_trials: int = 5  # median: trials that are never pruned
+    n_warmup_steps: int = 0  # median: steps before pruning may happen
+    min_resource: int = 1  # hyperband: steps of the smallest bracket
+    reduction_factor: int = 3  # hyperband
+
+
+@dataclass
+class BudgetSpec:
+    n_trials: Optional[int] = None  # finished trials (complete, pruned or failed); grid: default all points
+    timeout_s: Optional[float] = None  # no trial starts after this many seconds of one `sweep` command
+
+
+@dataclass
+class StudySpec:
+    study: str = ""
+    base: str = ""
+    overrides: Dict[str, Any] = field(default_factory=dict)
+    space: Dict[str, ParamSpec] = field(default_factory=dict)
+    objective: List[ObjectiveSpec] = field(default_factory=lambda: [ObjectiveSpec()])
+    sampler: SamplerSpec = field(default_factory=SamplerSpec)
+    pruner: PrunerSpec = field(default_factory=PrunerSpec)
+    budget: BudgetSpec = field(default_factory=BudgetSpec)
+    # Params that define an arm; the others (seed) are replicates. null: grid -> all but seed, else none.
+    arms: Optional[List[str]] = None
+    presets: Dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------- helpers
+def _nested(flat: dict) -> DictConfig:
+    """{"a.b": 1} -> {a: {b: 1}} as one OmegaConf layer."""
+    layer = OmegaConf.create()
+    for key, value in flat.items():
+        try:
+            OmegaConf.update(layer, key, value, merge=True)
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from None
+    return layer
+
+
+def _devices(devices: Any) -> Optional[int]:
+    """Number of devices a Lightning ``devices`` value asks for; None when it depends on the machine."""
+    if isinstance(devices, int):
+        return None if devices == -1 else devices
+    if isinstance(devices, str):
+        text = devices.strip()
+        if text.lstrip("-").isdigit():
+            return _devices(int(text))
+        return len([d for d in text.split(",") if d.strip()]) if "," in text else None
+    return len(devices)
+
+
+def check_trial_devices(cfg: DictConfig) -> None:
+    """Refuse what would break inside an Optuna objective: 'ddp' re-executes the launching script in
+    every extra rank (each rank would then run its own sweep and create its own trials)."""
+    t = cfg.trainer
+    n = _devices(t.devices)
+    multi = n is None or n > 1 or t.num_nodes > 1
+    if t.strategy in SPAWN_STRATEGIES:
+        return
+    if t.strategy.startswith("ddp") or multi:
+        raise ConfigError(
+            f"trainer.strategy={t.strategy} with trainer.devices={t.devices}: a sweep trial must run on one "
+            f"device, or on several with a spawn-based strategy ({', '.join(SPAWN_STRATEGIES)}); "
+            "'ddp' would re-run the whole sweep in every rank")
+
+
+def _grid_values(name: str, p: ParamSpec) -> list:
+    if p.type == "categorical":
+        return list(p.choices)
+    if p.step is None:
+        raise ConfigError(f"space.{name}: a grid needs finite values: give 'step' (or use type: categorical)")
+    n = int(round((p.high - p.low) / p.step))
+    return [p.low + i * p.step if p.type == "int" else round(p.low + i * p.step, 12) for i in range(n + 1)]
+
+
+def _check_param(name: str, p: ParamSpec) -> None:
+    where = f"space.{name}"
+    if p.type == "categorical":
+        if isinstance(p.choices, DictConfig):
+            if not p.choices:
+                raise ConfigError(f"{where}.choices: empty")
+            for choice, bundle in p.choices.items():
+                if not isinstance(bundle, DictConfig):
+                    raise ConfigError(f"{where}.choices.{choice}: must be a mapping of dotted config keys to values")
+            return
+        if not OmegaConf.is_list(p.choices) or not p.choices:
+            raise ConfigError(f"{where}.choices: categorical needs a non-empty list of values "
+                              "or a mapping of choice names to overrides")
+        for value in p.choices:
+            if not isinstance(value, SCALAR):
+                raise ConfigError(f"{where}.choices: {OmegaConf.to_container(value) if OmegaConf.is_config(value) else value!r} "
+                                  "is not a scalar; name it in a mapping instead (choices: {name: {key: value}})")
+        return
+    if p.choices is not None:
+        raise ConfigError(f"{where}: 'choices' is for type: categorical (got type: {p.type})")
+    kinds = (int,) if p.type == "int" else (int, float)
+    for key in ("low", "high") + (("step",) if p.step is not None else ()):
+        value = p[key]
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            raise ConfigError(f"{where}.{key}: {p.type} range needs a number{' (integer)' if p.type == 'int' else ''}, "
+                              f"got {value!r}")
+    if p.low > p.high:
+        raise ConfigError(f"{where}: low={p.low} > high={p.high}")
+    if p.log and p.step is not None:
+        raise ConfigError(f"{where}: 'log' and 'step' cannot be combined (Optuna)")
+    if p.log and p.low <= 0:
+        raise ConfigError(f"{where}.low: a log range needs low > 0, got {p.low}")
+    if p.step is not None and p.step <= 0:
+        raise ConfigError(f"{where}.step: must be > 0, got {p.step}")
+
+
+# --------------------------------------------------------------------------------------- the study
+@dataclass
+class Study:
+    """A validated study file at one preset."""
+
+    path: Path
+    preset: Optional[str]
+    spec: DictConfig  # StudySpec, preset applied
+    base_path: Path
+    base: dict  # the checked base experiment, as plain containers
+    points: Optional[list[dict]]  # grid studies: every distinct grid point, in order
+
+    @property
+    def name(self) -> str:
+        return f"{self.spec.study}_{self.preset}" if self.preset else self.spec.study
+
+    @property
+    def root(self) -> Path:
+        """``<output_dir>/<name>``: the journal, the trial run directories and the report."""
+        output_dir = self.spec.overrides.get("output_dir", self.base["output_dir"])
+        return Path(output_dir) / self.name
+
+    @property
+    def metrics(self) -> list[str]:
+        return [o.metric for o in self.spec.objective]
+
+    @property
+    def directions(self) -> list[str]:
+        return [o.direction for o in self.spec.objective]
+
+    @property
+    def is_grid(self) -> bool:
+        return self.spec.sampler.kind == "grid"
+
+    @property
+    def n_trials(self) -> Optional[int]:
+        return self.spec.budget.n_trials
+
+    @property
+    def arms(self) -> list[str]:
+        if self.spec.arms is not None:
+            return list(self.spec.arms)
+        return [p for p in self.spec.space if p != "seed"] if self.is_grid else []
+
+    # ---------------------------------------------------------------- params -> config
+    def param_overrides(self, params: dict) -> dict:
+        """Dotted config key -> value that a trial's params set (bundles expanded), in space order."""
+        out: dict = {}
+        for name, value in params.items():
+            choices = self.spec.space[name].choices
+            if isinstance(choices, DictConfig):
+                out.update(OmegaConf.to_container(choices[value]))
+            else:
+                out[name] = value
+        return out
+
+    def _active(self, name: str, params: dict) -> bool:
+        when = self.spec.space[name].when
+        if not when:
+            return True
+        flat = C.flatten(OmegaConf.to_container(OmegaConf.merge(
+            self.base, _nested(dict(self.spec.overrides)), _nested(self.param_overrides(params)))))
+        return all(flat.get(key) == value for key, value in when.items())
+
+    def config(self, params: dict, run: dict = ()) -> DictConfig:
+        """The checked RunConfig of a trial: base < overrides < params < ``run`` (run_dir, experiment)."""
+        layers = [self.base, _nested(dict(self.spec.overrides)), _nested(self.param_overrides(params)),
+                  _nested(dict(run))]
+        cfg = C.merge(C.RunConfig, layers)
+        C.check(cfg)
+        check_trial_devices(cfg)
+        return cfg
+
+    def suggest(self, trial: Any) -> dict:
+        """Ask an Optuna trial for every active param, in space order."""
+        params: dict = {}
+        for name, p in self.spec.space.items():
+            if not self._active(name, params):
+                continue
+            if p.type == "categorical":
+                choices = list(p.choices.keys()) if isinstance(p.choices, DictConfig) else list(p.choices)
+                params[name] = trial.suggest_categorical(name, choices)
+            elif p.type == "int":
+                params[name] = trial.suggest_int(name, p.low, p.high, step=p.step or 1, log=p.log)
+            else:
+                params[name] = trial.suggest_float(name, float(p.low), float(p.high), step=p.step, log=p.log)
+        return params
+
+    def grid(self) -> list[dict]:
+        """Every distinct grid point: the product of all params' values, conditional params dropped
+        where inactive, duplicates removed, in order (later params vary fastest)."""
+        return self._product(_grid_values)
+
+    def range_ends(self) -> list[dict]:
+        """Like :meth:`grid` with a range reduced to its two ends: what validation of an open space builds."""
+        return self._product(lambda name, p: _grid_values(name, p) if p.type == "categorical" else [p.low, p.high])
+
+    def _product(self, values_of: Any) -> list[dict]:
+        points: list[dict] = [{}]
+        for name, p in self.spec.space.items():
+            values = values_of(name, p)
+            points = [dict(pt, **{name: v}) for pt in points for v in values] if not p.when else [
+                new for pt in points
+                for new in ([dict(pt, **{name: v}) for v in values] if self._active(name, pt) else [pt])]
+        unique = {tuple(sorted(pt.items())): pt for pt in points}
+        return list(unique.values())
+
+
+# --------------------------------------------------------------------------------------- loading
+def _resolve_base(study_path: Path, base: str) -> Path:
+    for root in (study_path.parent, REPO_ROOT, Path.cwd()):
+        if (root / base).is_file():
+            return root / base
+    raise ConfigError(f"base: {base} not found (relative to {study_path.parent} or {REPO_ROOT})")
+
+
+def load_study(path: str | Path, preset: Optional[str] = None, n_trials: Optional[int] = None,
+               timeout_s: Optional[float] = None) -> Study:
+    """Read, merge (file < preset < command-line budget) and validate a study file.
+
+    ``preset`` None picks ``cpu`` when the file has presets. Raises :class:`ConfigError` (one line,
+    prefixed with the file) on any problem, including a trial config that would not validate.
+    """
+    path = Path(path)
+    raw = C._read_yaml(path)
+    presets = raw.get("presets") or {}
+    if not isinstance(presets, dict) or not all(isinstance(v, dict) for v in presets.values()):
+        raise ConfigError(f"{path}: presets: must map preset names to partial studies")
+    if preset is None and "cpu" in presets:
+        preset = "cpu"
+    if preset is not None and preset not in presets:
+        raise ConfigError(f"{path}: --preset {preset}: no such preset (has: {', '.join(presets) or 'none'})")
+    where = f"{path}" + (f" (preset {preset})" if preset else "")
+    try:
+        if preset is not None and "presets" in presets[preset]:
+            raise ConfigError(f"presets.{preset}.presets: a preset cannot hold presets")
+        layers = [raw] + ([presets[preset]] if preset else [])
+        layers.append({"budget": {k: v for k, v in (("n_trials", n_trials), ("timeout_s", timeout_s)) if v is not None}})
+        spec = C.merge(StudySpec, layers)
+        study = _validate(path, preset, spec)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return study
+
+
+def _validate(path: Path, preset: Optional[str], spec: DictConfig) -> Study:
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", spec.study or ""):
+        raise ConfigError(f"study: a name of letters, digits, '_' or '-' is required, got {spec.study!r}")
+    if not spec.base:
+        raise ConfigError("base: the experiment YAML every trial starts from is required")
+    base_path = _resolve_base(path, spec.base)
+    try:
+        base = C.to_container(C.load(base_path))
+    except ConfigError as err:
+        raise ConfigError(f"base {spec.base}: {err}") from None
+    if not 1 <= len(spec.objective) <= 2:
+        raise ConfigError(f"objective: give 1 metric or 2 (a Pareto front), got {len(spec.objective)}")
+    if len({o.metric for o in spec.objective}) != len(spec.objective):
+        raise ConfigError("objective: the same metric is listed twice")
+    if len(spec.objective) == 2 and spec.pruner.kind != "none":
+        raise ConfigError(f"pruner.kind={spec.pruner.kind}: Optuna cannot prune multi-objective studies; "
+                          "set pruner.kind: none or keep one objective")
+    flat_keys = set(C.flatten(base))
+    for name, p in spec.space.items():
+        _check_param(name, p)
+        if not isinstance(p.choices, DictConfig) and name not in flat_keys:
+            raise ConfigError(f"space.{name}: not a config key; a free label needs choices that map "
+                              "names to overrides")
+        for key in p.when:
+            if key not in flat_keys:
+                raise ConfigError(f"space.{name}.when: {key} is not a config key")
+    for name in spec.arms or []:
+        if name not in spec.space:
+            raise ConfigError(f"arms: {name!r} is not a param of space (has: {', '.join(spec.space)})")
+    b = spec.budget
+    for key in ("n_trials", "timeout_s"):
+        if b[key] is not None and b[key] <= 0:
+            raise ConfigError(f"budget.{key}: must be > 0, got {b[key]}")
+    study = Study(path=path, preset=preset, spec=spec, base_path=base_path, base=base, points=None)
+    try:
+        study.config({})
+    except ConfigError as err:
+        raise ConfigError(f"overrides: {err}") from None
+    if study.is_grid:
+        study.points = study.grid()
+        if b.n_trials is None:
+            b.n_trials = len(study.points)
+        elif b.n_trials > len(study.points):
+            raise ConfigError(f"budget.n_trials={b.n_trials}: the grid has only {len(study.points)} distinct points")
+        samples = study.points
+    else:
+        if b.n_trials is None and b.timeout_s is None:
+            raise ConfigError("budget: an open study needs n_trials or timeout_s")
+        samples = study.range_ends()
+    for params in samples:
+        try:
+            study.config(params)
+        except ConfigError as err:
+            shown = ", ".join(f"{k}={v}" for k, v in params.items())
+            raise ConfigError(f"trial with {shown}: {err}") from None
+    return study
+
+
+def shipped_studies() -> list[Path]:
+    return sorted(SWEEPS_DIR.glob("*.yaml"))

@@ -1,0 +1,223 @@
+"""``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W]``.
+
+Launches, or resumes, an Optuna study. The command validates the study file (exit 2 before any
+trial), opens the study, fails and re-enqueues trials left running by dead workers, enqueues the grid
+points not yet run, then starts W worker processes on this machine (each with cores/W torch threads,
+its output in ``<study dir>/logs/``) and prints one line per finished trial. Every worker repeats:
+fail stale trials; stop when ``n_trials`` trials are finished (or the timeout has passed); wait while
+the remaining budget is taken by running trials (one of them may yet die); else run one trial.
+The same command on another machine, against the same ``--storage`` RDB URL, joins the study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import time
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Optional
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from experiments.config import ConfigError
+from sweeps import storage as S
+from sweeps.study import Study, load_study
+
+POLL_S = 1.0
+HOST = "127.0.0.1"
+
+
+def make_sampler(study: Study, seed: int) -> optuna.samplers.BaseSampler:
+    spec = study.spec.sampler
+    if spec.kind == "tpe":
+        # constant_liar: concurrent workers see each other's running trials and spread out
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True)
+    # grid: the points are enqueued once by the `sweep` command; the sampler never has to propose
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def make_pruner(study: Study) -> optuna.pruners.BasePruner:
+    p = study.spec.pruner
+    if p.kind == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=p.n_startup_trials, n_warmup_steps=p.n_warmup_steps)
+    if p.kind == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=p.min_resource, reduction_factor=p.reduction_factor)
+    return optuna.pruners.NopPruner()
+
+
+def open_study(study: Study, url: Optional[str], workers: int = 1) -> optuna.Study:
+    storage = S.open_storage(study, url, workers)
+    sampler = make_sampler(study, study.spec.sampler.seed)
+    try:
+        return optuna.create_study(study_name=study.name, storage=storage, sampler=sampler,
+                                   pruner=make_pruner(study), directions=study.directions, load_if_exists=True)
+    except ValueError as err:  # e.g. the stored study has other directions than the file now says
+        raise ConfigError(f"{study.path}: study {study.name} in its storage: {err}") from None
+
+
+def _optuna_quiet() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+# --------------------------------------------------------------------------------------- worker
+def work(study_file: str, preset: Optional[str], n_trials: Optional[int], timeout_s: Optional[float],
+         url: Optional[str], workers: int, index: int, threads: int, deadline: Optional[float],
+         log_path: Optional[str]) -> int:
+    """One worker process: run trials until the study's budget is met. Returns an exit code."""
+    if log_path is not None:  # lightning, torch and optuna write to fd 1/2: send them all to the log
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    import torch
+
+    from sweeps.objective import Objective, StudyMisconfigured
+
+    torch.set_num_threads(threads)
+    study = load_study(study_file, preset, n_trials, timeout_s)
+    ostudy = open_study(study, url, workers)
+    # A distinct sampler seed per worker and per resumption: identical seeds would propose identical params.
+    ostudy.sampler = make_sampler(study, study.spec.sampler.seed + 1000 * len(ostudy.trials) + index)
+    objective = Objective(study)
+    while True:
+        S.fail_stale_trials(ostudy)
+        state = S.budget_state(ostudy.get_trials(deepcopy=False))
+        n = study.n_trials
+        if n is not None and state.finished >= n:
+            return 0
+        if deadline is not None and time.time() > deadline:
+            return 0
+        if n is not None and state.finished + state.running >= n:
+            time.sleep(POLL_S)
+            continue
+        try:
+            ostudy.optimize(objective, n_trials=1, gc_after_trial=True)
+        except StudyMisconfigured as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        except Exception:  # recorded on the trial (state FAIL, user attr fail_reason); the study goes on
+            pass
+
+
+def _work_entry(**kwargs) -> None:
+    _optuna_quiet()
+    try:
+        code = work(**kwargs)
+    except KeyboardInterrupt:
+        code = 130
+    except SystemExit as exc:  # Lightning answers Ctrl-C inside fit with sys.exit(1)
+        code = exc.code if isinstance(exc.code, int) else 1
+    sys.stdout.flush()
+    os._exit(code)
+
+
+# --------------------------------------------------------------------------------------- command
+def _describe(t: FrozenTrial, study: Study) -> str:
+    params = " ".join(f"{k}={v}" for k, v in t.params.items())
+    if t.state == TrialState.COMPLETE:
+        outcome = " ".join(f"{m}={v:.4g}" for m, v in zip(study.metrics, t.values))
+    elif t.state == TrialState.PRUNED:
+        outcome = f"at step {t.last_step}" if t.last_step is not None else ""
+    else:
+        outcome = t.user_attrs.get("fail_reason", "worker died; retried" if t.state == TrialState.FAIL else "")
+    took = f"{t.duration.total_seconds():.0f} s" if t.duration is not None else ""
+    return f"trial {t.number:>3}  {t.state.name:<8} {params}  {outcome}  {took}".rstrip()
+
+
+def prepare(study: Study, url: Optional[str], workers: int) -> optuna.Study:
+    """Open (or create) the study, recover trials of dead workers, enqueue grid points not yet run."""
+    ostudy = open_study(study, url, workers)
+    ostudy.set_user_attr("study_file", str(study.path))
+    ostudy.set_user_attr("preset", study.preset)
+    S.fail_stale_trials(ostudy)
+    if study.is_grid:
+        for point in study.points[: study.n_trials]:
+            ostudy.enqueue_trial(point, skip_if_exists=True)
+    return ostudy
+
+
+def footer(study: Study, url: Optional[str]) -> str:
+    preset = f" --preset {study.preset}" if study.preset else ""
+    storage = f" --storage {url}" if url else ""
+    return "\n".join([
+        f"report:      linformer-lab report {study.path}{preset}{storage}",
+        f"tensorboard: tensorboard --logdir {study.root} --host {HOST}",
+        f"dashboard:   optuna-dashboard {S.storage_display(study, url)} --host {HOST}",
+    ])
+
+
+def run(study: Study, url: Optional[str], workers: int) -> int:
+    ostudy = prepare(study, url, workers)
+    n = study.n_trials
+    state = S.budget_state(ostudy.trials)
+    print(f"study {study.name}: {state.finished}/{n if n is not None else '∞'} trials finished; "
+          f"storage {S.storage_display(study, url)}", flush=True)
+    if n is not None and state.finished >= n:
+        print("budget already met: nothing to run")
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // workers)
+    deadline = time.time() + study.spec.budget.timeout_s if study.spec.budget.timeout_s else None
+    logs = study.root / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    ctx = mp.get_context("spawn")
+    procs = []
+    for i in range(workers):
+        kwargs = dict(study_file=str(study.path), preset=study.preset, n_trials=n,
+                      timeout_s=study.spec.budget.timeout_s, url=url, workers=workers, index=i,
+                      threads=threads, deadline=deadline, log_path=str(logs / f"worker_{i}.log"))
+        procs.append(ctx.Process(target=_work_entry, kwargs=kwargs, name=f"sweep-worker-{i}"))
+        procs[-1].start()
+    print(f"{workers} worker(s) × {threads} thread(s); logs in {logs}/", flush=True)
+    seen = {t.number for t in ostudy.trials if t.state.is_finished()}
+    started = time.time()
+    try:
+        alive = list(procs)
+        while alive:
+            done = wait([p.sentinel for p in alive], timeout=2.0)
+            for p in [p for p in alive if p.sentinel in done]:
+                p.join()
+                alive.remove(p)
+                if p.exitcode != 0:
+                    print(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}: see {logs}/", flush=True)
+            for t in ostudy.get_trials(deepcopy=False):
+                if t.state.is_finished() and t.number not in seen and S.DISCARDED not in t.user_attrs:
+                    seen.add(t.number)
+                    print(_describe(t, study), flush=True)
+    except KeyboardInterrupt:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+        print("interrupted: run the same command again to resume", file=sys.stderr)
+        return 130
+    trials = ostudy.get_trials(deepcopy=False)
+    state = S.budget_state(trials)
+    counts = {s: sum(t.state == s for t in trials if t.number not in S.excluded_numbers(trials))
+              for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
+    print(f"study {study.name}: {state.finished}/{n if n is not None else '∞'} trials finished "
+          f"({', '.join(f'{v} {s.name.lower()}' for s, v in counts.items())}) in {(time.time() - started) / 60:.1f} min")
+    print(footer(study, url))
+    codes = [p.exitcode for p in procs]
+    return 2 if 2 in codes else (0 if n is None or state.finished >= n else 1)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", help="study file, e.g. sweeps/random_vs_learned.yaml")
+    parser.add_argument("--preset", help="preset of the study file (default: cpu when it has one), e.g. gpu")
+    parser.add_argument("--storage", help="Optuna RDB URL, e.g. postgresql://user@host/db "
+                                          "(default: a journal file under runs/<study>_<preset>/)")
+    parser.add_argument("--n-trials", type=int, help="total finished trials wanted (overrides budget.n_trials)")
+    parser.add_argument("--timeout-s", type=float, help="start no trial after this many seconds")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
+    study = load_study(args.study, args.preset, args.n_trials, args.timeout_s)
+    _optuna_quiet()
+    return run(study, args.storage, args.workers)
