@@ -17,10 +17,16 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The quickstart study: sweeps/random_vs_learned.yaml at its CPU preset, 2 worker processes, then its
+# report. Re-running resumes the study (a finished one is not re-run). Clean: rm -rf runs/$(QUICKSTART).
+QUICKSTART := random_vs_learned_cpu
+WORKERS ?= 2
 run: setup
-	$(VENV)/bin/linformer-lab train experiments/configs/quickstart.yaml experiment=quickstart_full model.attention.kind=full
-	$(VENV)/bin/linformer-lab train experiments/configs/quickstart.yaml experiment=quickstart_linformer
-	$(PY) -m experiments.summarize runs/quickstart_full runs/quickstart_linformer
+	$(VENV)/bin/linformer-lab sweep sweeps/random_vs_learned.yaml --preset cpu --workers $(WORKERS)
+	$(VENV)/bin/linformer-lab report sweeps/random_vs_learned.yaml --preset cpu
+	@echo "report:      runs/$(QUICKSTART)/report/summary.md  (trials.csv, *.png beside it)"
+	@echo "tensorboard: $(VENV)/bin/tensorboard --logdir runs/$(QUICKSTART) --host $(HOST)"
+	@echo "dashboard:   $(VENV)/bin/optuna-dashboard runs/$(QUICKSTART)/journal.log --host $(HOST)   (or: make dashboard)"
 
 test: setup
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q
@@ -30,6 +36,11 @@ test-slow: setup
 
 tensorboard: setup
 	$(VENV)/bin/tensorboard --logdir runs --host $(HOST)
+
+# Optuna's dashboard on a study's storage: make dashboard STORAGE=runs/<study>_<preset>/journal.log (or an RDB URL).
+STORAGE ?= runs/$(QUICKSTART)/journal.log
+dashboard: setup
+	$(VENV)/bin/optuna-dashboard $(STORAGE) --host $(HOST)
 
 clean:
 	rm -rf runs bench .cache

@@ -6,7 +6,7 @@ and a single column "text":
 - ``embedded``: the movie reviews' train/validation splits (see :mod:`datamodules.embedded`);
 - ``stdlib-code``: the Python standard library's ``.py`` files, one document per file, split by the
   hash of the path relative to the stdlib root (stable across machines);
-- a local file or glob (``.txt`` one example per line, ``.csv``, ``.json``/``.jsonl``, ``.parquet``);
+- a local file or glob (``.txt`` one example per line, ``.csv``, ``.tsv``, ``.json``/``.jsonl``, ``.parquet``);
 - anything else is given to ``load_dataset(source, data.subset)``: a hub id such as
   ``Salesforce/wikitext`` or a local directory laid out like a hub repository.
 
@@ -17,6 +17,7 @@ texts, evenly spaced through the corpus (deterministic, order-preserving, mixes 
 
 from __future__ import annotations
 
+import csv
 import glob
 import os
 import sysconfig
@@ -30,7 +31,10 @@ from datamodules.cache import rule_kwargs, unit_hash
 from datamodules.embedded import load_embedded
 from experiments.config import ConfigError
 
-FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "json",
+                 ".parquet": "parquet"}
+# TSV as GLUE distributes it: tab-separated, quote characters are literal text (QUOTE_NONE).
+_BUILDER_ARGS = {"tsv": ("csv", {"sep": "\t", "quoting": csv.QUOTE_NONE})}
 _GLOB_CHARS = "*?["
 
 
@@ -41,10 +45,10 @@ def load_text_corpus(data_cfg) -> DatasetDict:
         corpus = load_embedded()
     elif source == "stdlib-code":
         corpus = _stdlib_code(data_cfg.val_fraction)
-    elif _is_file_spec(source):
-        corpus = _local_files(source)
+    elif is_file_spec(source):
+        corpus = load_local_files(source)
     else:
-        corpus = _hub(source, data_cfg.subset)
+        corpus = load_hub(source, data_cfg.subset)
     if "train" not in corpus:
         raise ConfigError(f"data.source: {source!r} has no 'train' split (splits: {', '.join(corpus)})")
     train = _texts_only(corpus["train"], data_cfg.text_column)
@@ -59,7 +63,7 @@ def load_text_corpus(data_cfg) -> DatasetDict:
     if len(val) == 0:
         raise ConfigError(f"data.val_fraction: {source!r} has no non-empty validation texts "
                           f"(val_fraction={data_cfg.val_fraction})")
-    return DatasetDict(train=_cap(train, data_cfg.max_texts), validation=val)
+    return DatasetDict(train=cap_texts(train, data_cfg.max_texts), validation=val)
 
 
 def iter_texts(ds: Dataset, batch_size: int = 1000) -> Iterator[str]:
@@ -81,12 +85,14 @@ def _stdlib_code(val_fraction: float) -> DatasetDict:
     return load_dataset("text", data_files=data_files, sample_by="document", encoding_errors="replace")
 
 
-def _is_file_spec(source: str) -> bool:
+def is_file_spec(source: str) -> bool:
+    """Whether ``data.source`` names local files (a supported suffix, a glob, or an existing file)."""
     return (Path(source).suffix.lower() in FILE_BUILDERS or any(c in source for c in _GLOB_CHARS)
             or os.path.isfile(source))
 
 
-def _local_files(source: str) -> DatasetDict:
+def load_local_files(source: str) -> DatasetDict:
+    """All files matching ``source`` (a file or glob, one type) as one "train" split."""
     pattern = os.path.expanduser(source)
     if any(c in pattern for c in _GLOB_CHARS):
         files = sorted(f for f in glob.glob(pattern, recursive=True) if os.path.isfile(f))
@@ -98,10 +104,18 @@ def _local_files(source: str) -> DatasetDict:
     if None in builders or len(builders) > 1:
         raise ConfigError(f"data.source: {source!r} must name files of one type among "
                           f"{', '.join(FILE_BUILDERS)}")
-    return load_dataset(builders.pop(), data_files=files)
+    kind = builders.pop()
+    builder, options = _BUILDER_ARGS.get(kind, (kind, {}))
+    try:
+        return load_dataset(builder, data_files=files, **options)
+    except ValueError as err:  # a file without rows, a malformed CSV (pandas' ParserError is a ValueError)
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"data.source: cannot read {source!r}: {reason}") from err
 
 
-def _hub(source: str, subset: str | None) -> DatasetDict:
+def load_hub(source: str, subset: str | None) -> DatasetDict:
+    """``load_dataset(source, subset)`` (a hub id or a local directory laid out like one); failures are
+    one-line ConfigErrors naming ``data.source``."""
     try:
         return load_dataset(source, subset)
     except (OSError, ValueError) as err:  # offline/unknown id (ConnectionError, FileNotFoundError), bad subset
@@ -132,7 +146,8 @@ def _held_out(batch: dict, fraction: float, want: bool, **_) -> list[bool]:
     return [(unit_hash(t) < fraction) == want for t in batch["text"]]
 
 
-def _cap(ds: Dataset, max_texts: int | None) -> Dataset:
+def cap_texts(ds: Dataset, max_texts: int | None) -> Dataset:
+    """At most ``max_texts`` rows (``data.max_texts``), evenly spaced through ``ds``, in order."""
     if max_texts is not None and max_texts < 1:
         raise ConfigError(f"data.max_texts: must be >= 1 or null, got {max_texts}")
     if max_texts is None or len(ds) <= max_texts:

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from datamodules.cache import atomic_write, cache_key, fingerprint
 from datamodules.corpus import iter_texts, load_text_corpus
+from datamodules.sampling import EpochShuffle, ResumableLoader, ranks, validation_shards
 from datamodules.tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID, build_tokenizer
 from experiments.config import ConfigError
 
@@ -40,7 +41,8 @@ class PackedTextDataModule(L.LightningDataModule):
     """Shared corpus -> tokenizer -> packed blocks pipeline and data loaders.
 
     ``data_cfg`` is ``RunConfig.data``; ``max_len`` the block length (``model.max_len``); ``seed`` seeds
-    the training shuffle, so compared runs see batches in the same order whatever else uses the RNG.
+    the training shuffle (epoch e: seed + e; ``datamodules/sampling.py``), so compared runs see batches in
+    the same order whatever else uses the RNG, and a resumed run continues that order mid-epoch.
     """
 
     pad_id = PAD_ID
@@ -72,11 +74,14 @@ class PackedTextDataModule(L.LightningDataModule):
         self.val_set = TensorDataset(*self.make_inputs_labels(val_ids, torch.Generator().manual_seed(VAL_MASK_SEED)))
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_blocks, self._train_batch, shuffle=True,
+        # Resumable mid-epoch; the loader's own generator (it seeds workers) keeps the global RNG untouched.
+        sampler = EpochShuffle(self.train_blocks, self.seed, **ranks(self.trainer))
+        return self._loader(ResumableLoader, self.train_blocks, self._train_batch, sampler,
                             generator=torch.Generator().manual_seed(self.seed))
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, self._val_batch, shuffle=False)
+        return self._loader(DataLoader, self.val_set, self._val_batch,
+                            validation_shards(self.val_set, **ranks(self.trainer)))
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -126,10 +131,10 @@ class PackedTextDataModule(L.LightningDataModule):
         atomic_write(path, lambda f: np.save(f, blocks))
         return blocks
 
-    def _loader(self, dataset, collate_fn, shuffle: bool, generator=None) -> DataLoader:
+    def _loader(self, cls, dataset, collate_fn, sampler, generator=None) -> DataLoader:
         workers = self.data_cfg.num_workers
-        return DataLoader(dataset, batch_size=self.data_cfg.batch_size, shuffle=shuffle, collate_fn=collate_fn,
-                          num_workers=workers, persistent_workers=workers > 0, generator=generator)
+        return cls(dataset, sampler=sampler, batch_size=self.data_cfg.batch_size, collate_fn=collate_fn,
+                   num_workers=workers, persistent_workers=workers > 0, generator=generator)
 
     def _train_batch(self, rows: list[torch.Tensor]) -> dict:
         return _as_batch(*self.make_inputs_labels(torch.stack(rows).long(), None))

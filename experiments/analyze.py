@@ -4,7 +4,8 @@ Loads a trained run (its ``checkpoints/last.ckpt``, or the checkpoint given) and
 ``<run>/analysis/``:
 
 * ``spectrum_cumulative.png`` / ``spectrum_heatmap.png``: paper Fig. 1 (left, right) for this model's
-  context-mapping matrices on the first N validation sequences of the run's own data;
+  context-mapping matrices on the first N validation sequences of the run's own data (not for
+  causal Linformer, whose blockwise softmax is not captured: its summary has ``spectrum: null``);
 * ``k_schedule.yaml``: a ready ``model.attention.k`` list, per layer the smallest k that keeps
   ``--energy`` of every head's cumulative singular value;
 * Linformer only: ``projections_<layer>.png`` (rows of every distinct E/F over positions) and
@@ -36,49 +37,47 @@ _LOADER_ONLY = {"batch_size", "num_workers", "cache_dir"}
 
 
 @dataclass
-class LoadedRun:
+class Run:
+    """A trained run as stored: where it lives, its config and its checkpoint's state."""
+
     run_dir: Path
     checkpoint: Path
     cfg: DictConfig
-    module: L.LightningModule
     global_step: int
+    vocab_size: int
+    state_dict: dict
 
 
-def _checkpoint_of(path: Path) -> tuple[Path, Path]:
-    """(run directory, checkpoint) of a run directory or a checkpoint file."""
+def read_run(path: Path) -> Run:
+    """A run directory (its ``checkpoints/last.ckpt``) or a checkpoint file, loaded weights-only."""
     if path.is_dir():
-        run_dir, ckpt = path, path / CHECKPOINT
+        run_dir, ckpt_path = path, path / CHECKPOINT
     elif path.is_file():
-        ckpt = path
+        ckpt_path = path
         run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     else:
         raise C.ConfigError(f"{path}: no such run directory or checkpoint")
-    if not ckpt.is_file():
+    if not ckpt_path.is_file():
         raise C.ConfigError(f"{path}: no {CHECKPOINT} (has the run saved a checkpoint yet?)")
-    return run_dir, ckpt
-
-
-def load_run(path: Path, datamodule: Optional[L.LightningDataModule] = None) -> tuple[LoadedRun, L.LightningDataModule]:
-    """Rebuild a run's module from its checkpoint (weights-only load) and its datamodule (set up);
-    ``datamodule`` given: use it instead (its tokenizer must match the checkpoint's vocabulary)."""
-    from experiments.train import build_datamodule, build_module
-
-    run_dir, ckpt_path = _checkpoint_of(path)
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     hparams = ckpt.get("hyper_parameters", {})
     if "config" not in hparams or "vocab_size" not in hparams:
         raise C.ConfigError(f"{ckpt_path}: not a linformer-lab checkpoint (no config/vocab_size hyper-parameters)")
     cfg = C.merge(C.RunConfig, [hparams["config"]])
     C.check(cfg)
-    if datamodule is None:
-        datamodule = build_datamodule(cfg)
-        datamodule.setup("validate")
-    if datamodule.vocab_size != hparams["vocab_size"]:
-        raise C.ConfigError(f"{ckpt_path}: trained with a vocabulary of {hparams['vocab_size']} tokens, but the "
+    return Run(run_dir, ckpt_path, cfg, int(ckpt.get("global_step", 0)), hparams["vocab_size"], ckpt["state_dict"])
+
+
+def load_module(run: Run, datamodule: L.LightningDataModule) -> L.LightningModule:
+    """The run's trained module in eval mode; ``datamodule``'s tokenizer must match its vocabulary."""
+    from experiments.train import build_module
+
+    if datamodule.vocab_size != run.vocab_size:
+        raise C.ConfigError(f"{run.checkpoint}: trained with a vocabulary of {run.vocab_size} tokens, but the "
                             f"tokenizer rebuilt from data.* has {datamodule.vocab_size}")
-    module = build_module(cfg, datamodule)
-    module.load_state_dict(ckpt["state_dict"])
-    return LoadedRun(run_dir, ckpt_path, cfg, module.eval(), int(ckpt.get("global_step", 0))), datamodule
+    module = build_module(run.cfg, datamodule)
+    module.load_state_dict(run.state_dict)
+    return module.eval()
 
 
 def _same_data(run: DictConfig, reference: DictConfig) -> None:
@@ -91,7 +90,7 @@ def _same_data(run: DictConfig, reference: DictConfig) -> None:
             raise C.ConfigError(f"--reference: {key} differs ({a!r} here, {b!r} in the reference run)")
 
 
-def _k_schedule_yaml(ks: list[int], run: LoadedRun, energy: float, samples: int) -> str:
+def _k_schedule_yaml(ks: list[int], run: Run, energy: float, samples: int) -> str:
     return (f"# Per-layer k from the attention spectrum of {run.run_dir} (step {run.global_step}): per layer the\n"
             f"# smallest k keeping {energy:g} of every head's cumulative singular value on {samples} validation\n"
             f"# sequences. Use: list this file under `defaults:` of an experiment file, or the override\n"
@@ -99,10 +98,51 @@ def _k_schedule_yaml(ks: list[int], run: LoadedRun, energy: float, samples: int)
             f"model:\n  attention:\n    k: [{', '.join(map(str, ks))}]\n    k_schedule: null\n")
 
 
+def _spectrum(run: Run, module: L.LightningModule, sample: list[dict], energy: float,
+              index: Optional[int]) -> tuple[dict, dict]:
+    """Summary entries and figures of the spectrum (paper Fig. 1) and the suggested k."""
+    spectrum = A.measure_spectrum(module.encoder, sample)
+    indices = [index] * run.cfg.model.n_layers if index is not None else A.heatmap_indices(run.cfg.model, spectrum)
+    at_index = spectrum.at_index(indices)
+    part = {"spectrum": {"index": indices, "cumulative_at_index": at_index.tolist(),
+                         "effective_rank": spectrum.effective_ranks(energy),
+                         "effective_rank_per_head": spectrum.head_effective_ranks(energy),
+                         "layer_curves": [c.tolist() for c in spectrum.layer_curves],
+                         "mean_singular_values": [s.mean((0, 1)).tolist() for s in spectrum.singular_values]},
+            "suggested_k": spectrum.suggested_ks(energy)}
+    linformer = run.cfg.model.attention.kind == "linformer"
+    what = "P̄ = softmax(Q(EK)ᵀ/√d)" if linformer and run.cfg.model.attention.project == "kv" else "P = softmax(QKᵀ/√d)"
+    figures = {"spectrum_cumulative": A.figure_cumulative(spectrum, indices, f"{what}, step {run.global_step}"),
+               "spectrum_heatmap": A.figure_heatmap(at_index, indices, "cumulative singular value at k")}
+    return part, figures
+
+
+def _projections(run: Run, module: L.LightningModule, datamodule: L.LightningDataModule, sample: list[dict],
+                 energy: float, reference: Optional[Run]) -> tuple[dict, dict]:
+    """Summary entries and figures of what E/F encode, against Gaussian matrices (and a full model)."""
+    part: dict[str, Any] = {}
+    ref_spectrum = None
+    if reference is not None:
+        ref_spectrum = A.measure_spectrum(load_module(reference, datamodule).encoder, sample, grams=True)
+        part["reference"] = {"run_dir": str(reference.run_dir), "global_step": reference.global_step,
+                             "effective_rank": ref_spectrum.effective_ranks(energy)}
+    projections = A.distinct_projections(module.encoder.bank)
+    part["projections"] = A.projection_report(projections, ref_spectrum, seed=run.cfg.seed)
+    figures = {}
+    for group in dict.fromkeys(p.name.split("/")[0] for p in projections):
+        figures[f"projections_{group}"] = A.figure_projection_rows(
+            [p for p in projections if p.name.split("/")[0] == group], f"E/F rows over positions: {group}")
+    figures["projection_metrics"] = A.figure_projection_metrics(part["projections"])
+    return part, figures
+
+
 def analyze(path: Path, samples: int = 16, energy: float = 0.9, index: Optional[int] = None,
             reference: Optional[Path] = None) -> dict[str, Any]:
     """Write ``<run>/analysis/`` and the TensorBoard images; return the summary."""
+    from matplotlib.image import imsave
     from torch.utils.tensorboard import SummaryWriter
+
+    from experiments.train import build_datamodule
 
     if samples < 1:
         raise C.ConfigError(f"--samples: must be >= 1, got {samples}")
@@ -110,59 +150,47 @@ def analyze(path: Path, samples: int = 16, energy: float = 0.9, index: Optional[
         raise C.ConfigError(f"--energy: must be in (0, 1], got {energy}")
     if index is not None and index < 1:
         raise C.ConfigError(f"--index: must be >= 1, got {index}")
-    run, datamodule = load_run(path)
+    run = read_run(path)
     kind = run.cfg.model.attention.kind
-    if reference is not None and kind != "linformer":
-        raise C.ConfigError("--reference: compares a Linformer's E/F with full attention; this run is full attention")
+    ref = None
+    if reference is not None:  # checked before any heavy work
+        if kind != "linformer":
+            raise C.ConfigError("--reference: compares a Linformer's E/F with full attention; this run is full attention")
+        ref = read_run(reference)
+        if ref.cfg.model.attention.kind != "full":
+            raise C.ConfigError(f"--reference: {reference} is not a full-attention run "
+                                f"(model.attention.kind={ref.cfg.model.attention.kind})")
+        _same_data(run.cfg, ref.cfg)
+    datamodule = build_datamodule(run.cfg)
+    datamodule.setup("validate")
+    module = load_module(run, datamodule)
     sample = A.validation_sample(datamodule.val_dataloader(), samples)
     taken = sum(len(b["input_ids"]) for b in sample)
-    spectrum = A.measure_spectrum(run.module.encoder, sample)
-    indices = [index] * run.cfg.model.n_layers if index is not None else A.heatmap_indices(run.cfg.model)
-    at_index = spectrum.at_index(indices)
-    ks = spectrum.suggested_ks(energy)
-    summary: dict[str, Any] = {
-        "run_dir": str(run.run_dir), "checkpoint": str(run.checkpoint), "global_step": run.global_step,
-        "attention": kind, "samples": taken, "energy": energy,
-        "spectrum": {"index": indices, "cumulative_at_index": at_index.tolist(),
-                     "effective_rank": spectrum.effective_ranks(energy),
-                     "effective_rank_per_head": spectrum.head_effective_ranks(energy),
-                     "layer_curves": [c.tolist() for c in spectrum.layer_curves],
-                     "mean_singular_values": [s.mean((0, 1)).tolist() for s in spectrum.singular_values]},
-        "suggested_k": ks,
-    }
-    what = "P̄ = softmax(Q(EK)ᵀ/√d)" if kind == "linformer" else "P = softmax(QKᵀ/√d)"
-    figures = {"spectrum_cumulative": A.figure_cumulative(spectrum, indices, f"{what}, step {run.global_step}"),
-               "spectrum_heatmap": A.figure_heatmap(at_index, indices, "cumulative singular value at k")}
-
-    bank = run.module.encoder.bank
-    if bank is not None:
-        ref_spectrum = None
-        if reference is not None:
-            ref, _ = load_run(reference, datamodule)
-            if ref.cfg.model.attention.kind != "full":
-                raise C.ConfigError(f"--reference: {reference} is not a full-attention run "
-                                    f"(model.attention.kind={ref.cfg.model.attention.kind})")
-            _same_data(run.cfg, ref.cfg)
-            ref_spectrum = A.measure_spectrum(ref.module.encoder, sample, grams=True)
-            summary["reference"] = {"run_dir": str(ref.run_dir), "global_step": ref.global_step,
-                                    "effective_rank": ref_spectrum.effective_ranks(energy)}
-        projections = A.distinct_projections(bank)
-        summary["projections"] = A.projection_report(projections, ref_spectrum, seed=run.cfg.seed)
-        for group in dict.fromkeys(p.name.split("/")[0] for p in projections):
-            figures[f"projections_{group}"] = A.figure_projection_rows(
-                [p for p in projections if p.name.split("/")[0] == group], f"E/F rows over positions: {group}")
-        figures["projection_metrics"] = A.figure_projection_metrics(summary["projections"])
+    summary: dict[str, Any] = {"run_dir": str(run.run_dir), "checkpoint": str(run.checkpoint),
+                               "global_step": run.global_step, "attention": kind, "samples": taken, "energy": energy,
+                               "spectrum": None, "suggested_k": None}
+    figures: dict[str, Any] = {}
+    if A.spectrum_supported(run.cfg.model):
+        part, figs = _spectrum(run, module, sample, energy, index)
+        summary.update(part)
+        figures.update(figs)
+    if module.encoder.bank is not None:
+        part, figs = _projections(run, module, datamodule, sample, energy, ref)
+        summary.update(part)
+        figures.update(figs)
 
     out = run.run_dir / "analysis"
     out.mkdir(parents=True, exist_ok=True)
     writer = SummaryWriter(log_dir=str(run.run_dir))
     try:
         for name, fig in figures.items():
-            fig.savefig(out / f"{name}.png")
-            writer.add_image(f"analysis/{name}", A.figure_to_array(fig), run.global_step, dataformats="HWC")
+            image = A.figure_to_array(fig)                                # rendered once for both outputs
+            imsave(out / f"{name}.png", image)
+            writer.add_image(f"analysis/{name}", image, run.global_step, dataformats="HWC")
     finally:
         writer.close()
-    atomic_write_text(out / "k_schedule.yaml", _k_schedule_yaml(ks, run, energy, taken))
+    if summary["suggested_k"] is not None:
+        atomic_write_text(out / "k_schedule.yaml", _k_schedule_yaml(summary["suggested_k"], run, energy, taken))
     summary["figures"] = sorted(f"{name}.png" for name in figures)
     write_json(out / "summary.json", summary)
     return summary
@@ -170,14 +198,19 @@ def analyze(path: Path, samples: int = 16, energy: float = 0.9, index: Optional[
 
 def report(summary: dict[str, Any]) -> str:
     """The numbers a reader wants first, as text."""
+    lines = [f"{summary['attention']} attention, step {summary['global_step']}, {summary['samples']} validation sequences"]
     s = summary["spectrum"]
-    lines = [f"{summary['attention']} attention, step {summary['global_step']}, {summary['samples']} validation "
-             f"sequences; effective rank at energy {summary['energy']:g}",
-             "layer  index  cumulative@index per head      effective rank (layer / per head)"]
-    for layer, (i, row, r, rh) in enumerate(zip(s["index"], s["cumulative_at_index"], s["effective_rank"],
-                                                 s["effective_rank_per_head"])):
-        lines.append(f"{layer:>5}  {i:>5}  {' '.join(f'{v:.3f}' for v in row):<29} {r} / {rh}")
-    lines.append(f"suggested model.attention.k: {summary['suggested_k']}")
+    if s is None:
+        lines.append("spectrum: not available for causal Linformer (its blockwise softmax is not captured)")
+    else:
+        lines += [f"spectrum, effective rank at energy {summary['energy']:g}:",
+                  "layer  index  cumulative@index per head      effective rank (layer / per head)"]
+        for layer, (i, row, r, rh) in enumerate(zip(s["index"], s["cumulative_at_index"], s["effective_rank"],
+                                                     s["effective_rank_per_head"])):
+            lines.append(f"{layer:>5}  {i:>5}  {' '.join(f'{v:.3f}' for v in row):<29} {r} / {rh}")
+        lines.append(f"suggested model.attention.k: {summary['suggested_k']}")
+    if "reference" in summary:
+        lines.append(f"reference {summary['reference']['run_dir']}: effective rank {summary['reference']['effective_rank']}")
     if "projections" in summary:
         metrics = [m for m in ("locality", "smoothness", "fourier_alignment", "attention_alignment")
                    if m in next(iter(summary["projections"].values()))["model"]]
@@ -204,6 +237,7 @@ def main(args: argparse.Namespace) -> int:
     summary = analyze(args.run, args.samples, args.energy, args.index, args.reference)
     print(report(summary))
     out = Path(summary["run_dir"]) / "analysis"
-    print(f"written: {out}/ ({', '.join(summary['figures'])}, summary.json, k_schedule.yaml); "
+    extra = ", k_schedule.yaml" if summary["suggested_k"] is not None else ""
+    print(f"written: {out}/ ({', '.join(summary['figures'])}, summary.json{extra}); "
           f"TensorBoard images under analysis/ in {summary['run_dir']}")
     return 0

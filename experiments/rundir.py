@@ -1,9 +1,9 @@
 """Run directories and atomic files.
 
 A run directory ``<output_dir>/<experiment>/version_<i>/`` holds ``config.yaml`` (the resolved
-config), TensorBoard event files, ``checkpoints/last.ckpt`` and ``metrics.json``. A new run takes
-the next free version, so nothing of an earlier run is overwritten; ``resume=true`` reopens the
-newest version that has a checkpoint.
+config), TensorBoard event files, ``checkpoints/last.ckpt``, ``tokenizer.json`` (when the data has a
+tokenizer) and ``metrics.json``. A new run takes the next free version, so nothing of an earlier
+run is overwritten; ``resume=true`` reopens the newest version that has a checkpoint.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any, Optional
 from experiments.config import ConfigError
 
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
+# The run's tokenizer (runs whose data has one): fine-tuning from this run encodes text with it.
+TOKENIZER = Path("tokenizer.json")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -17,10 +17,14 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import config as C
-from experiments.rundir import CHECKPOINT, atomic_write_text, choose_run_dir, write_json
+from experiments.resume import (AtomicCheckpointIO, LastCheckpoint, adopt_final_state, check_architecture,
+                                read_checkpoint, rollback_events)
+from experiments.rundir import CHECKPOINT, TOKENIZER, atomic_write_text, choose_run_dir, write_json
 from lightning_modules.callbacks import RunMetrics, SpectrumMonitor, peak_memory_mb
 from lightning_modules.encoder import count_parameters
 
@@ -28,16 +32,24 @@ HP_METRICS = ("hp/val_loss", "hp/val_ppl")
 
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
+    from datamodules.classification import ClassificationDataModule
     from datamodules.language_model import CausalLMDataModule, MLMDataModule
+    from datamodules.listops import ListOpsDataModule
     from datamodules.mqar import MQARDataModule
 
-    cls = {"mlm": MLMDataModule, "clm": CausalLMDataModule, "recall": MQARDataModule}[cfg.task]
+    if cfg.task == "classify":  # init_from: encode with the pretraining run's tokenizer
+        return ClassificationDataModule(cfg.data, cfg.model.max_len, cfg.seed, init_from=cfg.init_from)
+    cls = {"mlm": MLMDataModule, "clm": CausalLMDataModule, "recall": MQARDataModule,
+           "listops": ListOpsDataModule}[cfg.task]
     return cls(cfg.data, cfg.model.max_len, cfg.seed)
 
 
 def build_module(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.LightningModule:
+    from lightning_modules.classifier import SequenceClassifierModule
     from lightning_modules.language_model import CausalLMModule, MaskedLMModule, TokenPredictionModule
 
+    if cfg.task in ("classify", "listops"):
+        return SequenceClassifierModule(C.to_container(cfg), datamodule.vocab_size, datamodule.num_labels)
     # recall: loss on the queried values, with bidirectional or causal attention alike.
     cls = {"mlm": MaskedLMModule, "clm": CausalLMModule, "recall": TokenPredictionModule}[cfg.task]
     return cls(C.to_container(cfg), datamodule.vocab_size)
@@ -76,14 +88,30 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
     run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, cfg.resume)
     ckpt = run_dir / CHECKPOINT
     resume_from = str(ckpt) if cfg.resume and ckpt.is_file() else None
+    if resume_from is not None:  # a truncated or foreign checkpoint is refused before anything is written
+        resume_state = read_checkpoint(ckpt)
+        check_architecture(resume_state, module, ckpt)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if resume_from is not None:
+        rollback_events(run_dir, resume_state)  # drop what the interrupted process logged after its checkpoint
+        del resume_state
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    if getattr(datamodule, "tokenizer", None) is not None:  # fine-tuning from this run encodes text with it
+        atomic_write_text(run_dir / TOKENIZER, datamodule.tokenizer.to_str())
 
     logger = TensorBoardLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name,
                                default_hp_metric=False)
     if resume_from is None:
-        logger.log_hyperparams({**_hparams(cfg), **(hparams or {})}, metrics={m: math.nan for m in HP_METRICS})
+        hp_metrics = getattr(module, "hp_metrics", HP_METRICS)  # a module may declare its own
+        logger.log_hyperparams({**_hparams(cfg), **(hparams or {})}, metrics={m: math.nan for m in hp_metrics})
+        # Flushed and closed: the writer reopens on next use, in the process that uses it (its thread would
+        # not survive into the ranks that strategy=ddp_fork forks, which would then hang on their first flush).
+        logger.experiment.close()
     run_metrics = RunMetrics()
+    # Modules with a checkpoint_monitor (classifiers) also keep their best validation step, which is tested.
+    monitor, mode = getattr(module, "checkpoint_monitor", (None, "min"))
+    best = ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="best", monitor=monitor, mode=mode,
+                           save_top_k=1, save_on_train_epoch_end=False) if monitor else None
     t = cfg.trainer
     trainer = L.Trainer(
         max_steps=t.max_steps, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
@@ -92,19 +120,29 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         precision=_precision(cfg), accumulate_grad_batches=t.accumulate_grad_batches,
         gradient_clip_val=cfg.optim.gradient_clip_val, deterministic=t.deterministic,
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(run_dir), logger=logger,
-        callbacks=[ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), save_last=True, save_top_k=0,
-                                   every_n_train_steps=t.val_check_interval),
-                   run_metrics, *callbacks,
-                   *([SpectrumMonitor(t.spectrum_every_n_val)] if t.spectrum_every_n_val > 0 else [])],
+        plugins=[AtomicCheckpointIO()],
+        callbacks=[run_metrics, *callbacks,
+                   *([SpectrumMonitor(t.spectrum_every_n_val)] if t.spectrum_every_n_val > 0 else []),
+                   *([best] if best is not None else []),
+                   LastCheckpoint(ckpt)],  # after `best`: last.ckpt holds its state after each validation
     )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+    global_step = trainer.global_step
+    if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):  # fit ran in forked/spawned ranks
+        global_step = adopt_final_state(trainer, ckpt)
     if not run_metrics.curve or run_metrics.curve[-1][1] < run_metrics.tokens:
         trainer.validate(module, datamodule=datamodule, verbose=False)  # final validation at the last step
     final = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    if is_overridden("test_dataloader", datamodule):  # tasks with a test split: score the best checkpoint on it
+        best_path = best.best_model_path if best is not None and best.best_model_path else None
+        scores = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False, weights_only=True)
+        final.update({k: float(v) for k, v in scores[0].items()})
+        if best_path is not None:
+            final.update({"best_checkpoint": best_path, f"best_{monitor}": float(best.best_model_score)})
     metrics = {
         **final,
         **datamodule.trivial_baseline(),  # trivial_loss, trivial_accuracy: what "learned nothing" scores
-        "global_step": trainer.global_step,
+        "global_step": global_step,
         "parameters": module.n_parameters,
         "projection_parameters": count_parameters(module.encoder.bank) if module.encoder.bank is not None else 0,
         "wall_time_s": time.time() - started,
@@ -131,5 +169,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"run directory: {metrics['run_dir']}")
     print(f"val/ppl {metrics.get('val/ppl', float('nan')):.2f}  val/loss {metrics.get('val/loss', float('nan')):.4f}  "
           f"{metrics['tokens_per_sec']:.0f} tokens/s")
+    if "test/accuracy" in metrics:
+        print(f"test/accuracy {metrics['test/accuracy']:.4f}  test/f1 {metrics['test/f1']:.4f} (best validation checkpoint)")
     print(f"tensorboard --logdir {Path(metrics['run_dir']).parent} --host 127.0.0.1")
     return 0

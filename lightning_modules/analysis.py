@@ -12,11 +12,11 @@ Spectrum
     c_r ≥ τ; a layer's suggested k is the largest such r over its heads (all heads of a layer share k).
 
 Projections (each row w ∈ R^n of E, over key positions t = 0 … n-1)
-    locality   = share of |w|'s mass within n/k positions centred on its centre of mass
-                 μ = Σ_t t|w_t| / Σ_t|w_t|: 1 for a pooling/window row, ≈ 1/k for a dense random one;
+    locality   = share of |w|'s mass within ⌈n/k⌉ positions centred on its centre of mass
+                 μ = Σ_t t|w_t| / Σ_t|w_t|: 1 for a pooling row, ≈ 1/k for a dense random one;
     spread     = √(Σ_t |w_t| (t-μ)² / Σ_t |w_t|), in positions;
     smoothness = share of w's energy in the lower half of DCT-II frequencies (f < n/2): 1 for a
-                 constant row, 0 for an alternating one, ≈ 0.5 for white noise;
+                 constant row, 0 for a row of upper-half frequencies only, ≈ 0.5 for white noise;
     alignment  = mean cos² of the principal angles between E's row space and a reference subspace
                  (= ‖Q₁ᵀQ₂‖²_F / min(k₁, k₂) with Q₁, Q₂ orthonormal bases); a random k-dimensional
                  subspace of R^n gives ≈ k₂/n. References: the k lowest DCT-II frequencies (a real
@@ -116,8 +116,8 @@ def attention_maps(encoder: nn.Module, input_ids: Tensor, mask: Optional[Tensor]
     maps = []
     for layer, calls in enumerate(records):
         if len(calls) != 1:
-            raise RuntimeError(f"attention layer {layer} computed {len(calls)} softmax attentions; "
-                               "the spectrum needs exactly one context-mapping matrix per layer")
+            raise RuntimeError(f"attention layer {layer} made {len(calls)} scaled_dot_product_attention calls; the "
+                               "spectrum needs exactly one context-mapping matrix per layer (see spectrum_supported)")
         p = calls[0]
         maps.append(p if mask is None else p * mask[:, None, :, None].to(p.dtype))
     return maps
@@ -202,15 +202,20 @@ def measure_spectrum(encoder: nn.Module, batches: Iterable[dict], grams: bool = 
     return Spectrum([torch.cat(s) for s in svs], sums if grams else None)
 
 
-def heatmap_indices(model_cfg: Any) -> list[int]:
-    """Default index at which the heatmap reads each layer's curve: the layer's k for full attention
-    (the paper's Fig. 1 right: how much a rank-k approximation keeps); ⌈k_l/2⌉ for Linformer, whose
-    P̄ has only k_l singular values (its curve reaches 1 at k_l)."""
-    model_cfg = model_config(model_cfg)
-    ks = layer_ks(model_cfg)
-    if model_cfg.attention.kind == "linformer":
-        return [math.ceil(k / 2) for k in ks]
-    return [min(k, model_cfg.max_len) for k in ks]
+def spectrum_supported(model_cfg: Any) -> bool:
+    """Every variant runs its softmax through ``scaled_dot_product_attention`` except causal Linformer,
+    whose blockwise softmax over [past slots ; own block] is computed inside the layer."""
+    att = model_config(model_cfg).attention
+    return not (att.kind == "linformer" and att.causal)
+
+
+def heatmap_indices(model_cfg: Any, spectrum: Spectrum) -> list[int]:
+    """Default index at which the heatmap reads each layer's curve: the layer's configured k (the
+    paper's Fig. 1 right: how much a rank-k approximation keeps; for full attention, the k its
+    Linformer counterpart would use), or ⌈m_l/2⌉ when the matrix has only m_l ≤ k singular values
+    (a Linformer's P̄, whose curve reaches 1 at m_l)."""
+    ks = layer_ks(model_config(model_cfg))
+    return [k if s.shape[-1] > k else math.ceil(s.shape[-1] / 2) for k, s in zip(ks, spectrum.singular_values)]
 
 
 def validation_sample(loader: Iterable[dict], sequences: int) -> list[dict]:
@@ -229,30 +234,50 @@ def validation_sample(loader: Iterable[dict], sequences: int) -> list[dict]:
 
 # ------------------------------------------------------------------------------ projections
 class Projection(NamedTuple):
-    """One distinct matrix of a ProjectionBank: its name, the layers it serves and its value (k, n)."""
+    """One distinct projection: its name, the layers it serves and its dense form (C, k', n) —
+    C = 1, or d_h for a conv projection (one matrix per channel)."""
 
     name: str
     layers: tuple[int, ...]
     matrix: Tensor
 
 
-def distinct_projections(bank: ProjectionBank) -> list[Projection]:
-    """Every distinct E/F of the bank, once, whatever the sharing mode (see projections.py):
-    none → ``layer{l}/E/head{g}``, ``layer{l}/F/head{g}``; headwise → ``layer{l}/E``, ``layer{l}/F``;
-    kv → ``layer{l}/E=F``; layerwise → ``all/E=F`` (the k_max rows the layers slice)."""
+def projection_operator(bank: ProjectionBank, layer: int, side: int) -> Tensor:
+    """The dense matrices the bank applies to one side (0: keys, 1: values) of a layer, (G, C, k', n).
+
+    Obtained by compressing the identity with the bank's own operator (column t = E e_t), so every
+    kind (dense, conv, pool) and the causal block-diagonal form come out the same way. Causal banks
+    only ever compress their ``slots·w`` completed positions; the remaining columns are zero.
+    """
     n = bank.max_len
-    if bank.share == "layerwise":
-        widest = max(range(len(bank.ks)), key=lambda l: bank.ks[l])
-        e, _ = bank.matrices(widest, n)
-        return [Projection("all/E=F", tuple(range(len(bank.ks))), e[0].detach().cpu())]
+    length = bank.slots(layer) * bank.window(layer) if bank.causal else n
+    stored = next(iter(bank.state_dict().values()), None)                 # pool stores nothing
+    eye = torch.eye(length, device=None if stored is None else stored.device)[:, None, :, None]  # (length, 1, length, 1)
+    with torch.no_grad():  # in chunks of unit vectors: a conv's per-channel product is (chunk, G, n, C)
+        out = torch.cat([bank.compress(layer, side, chunk) for chunk in eye.split(32)])  # (length, G, k', C)
+    return F.pad(out.permute(1, 3, 2, 0).double().cpu(), (0, n - length))
+
+
+def distinct_projections(bank: ProjectionBank) -> list[Projection]:
+    """Every distinct E/F of the bank, once (see projections.py for the sharing modes): named
+    ``layer{l}/{E|F|E=F}[/head{g}]``, or ``all/…`` for the one matrix of ``layerwise`` (its k_max
+    rows, which every layer slices). A side is ``E=F`` when its matrix equals the other's (``kv``,
+    ``layerwise``, parameter-free ``pool``); ``project: k`` / ``v`` store only E / F."""
+    n_layers = len(bank.ks)
+    layerwise = bank.share == "layerwise"
+    layers = [max(range(n_layers), key=lambda l: bank.ks[l])] if layerwise else range(n_layers)
+    one_side = {"kv": "E=F", "k": "E", "v": "F"}[bank.project]
     out = []
-    for layer in range(len(bank.ks)):
-        e, f = bank.matrices(layer, n)                                     # (G, k, n) each
-        sides = [("E=F", e)] if f.is_set_to(e) else [("E", e), ("F", f)]
-        for side, w in sides:
-            for g in range(w.shape[0]):
-                head = f"/head{g}" if w.shape[0] > 1 else ""
-                out.append(Projection(f"layer{layer}/{side}{head}", (layer,), w[g].detach().cpu()))
+    for layer in layers:
+        sides = [projection_operator(bank, layer, side) for side in range(bank.sides)]
+        if len(sides) == 2 and torch.equal(sides[0], sides[1]):
+            sides = sides[:1]
+        names = ["E", "F"] if len(sides) == 2 else [one_side]
+        serves = tuple(range(n_layers)) if layerwise else (layer,)
+        for name, e in zip(names, sides):
+            for g in range(e.shape[0]):
+                head = f"/head{g}" if e.shape[0] > 1 else ""
+                out.append(Projection(f"{'all' if layerwise else f'layer{layer}'}/{name}{head}", serves, e[g]))
     return out
 
 
@@ -270,25 +295,26 @@ def _mass(e: Tensor) -> Tensor:
 
 
 def locality(e: Tensor) -> Tensor:
-    """(k, n) → (k,): share of each row's |weight| within n/k positions around its centre of mass."""
-    k, n = e.shape
+    """(…, k, n) → (…, k): share of each row's |weight| within w = ⌈n/k⌉ positions around its centre
+    of mass (|t − μ| ≤ w/2): 1 for a pooling window (or a point), ≈ 1/k for a dense random row."""
+    k, n = e.shape[-2:]
     a, t = _mass(e), torch.arange(n, dtype=torch.float64)
     mu = (a * t).sum(-1, keepdim=True)
-    return (a * ((t - mu).abs() <= n / (2 * k))).sum(-1)
+    return (a * ((t - mu).abs() <= math.ceil(n / k) / 2)).sum(-1)
 
 
 def spread(e: Tensor) -> Tensor:
-    """(k, n) → (k,): standard deviation of position under each row's |weight| distribution."""
+    """(…, k, n) → (…, k): standard deviation of position under each row's |weight| distribution."""
     a, t = _mass(e), torch.arange(e.shape[-1], dtype=torch.float64)
     mu = (a * t).sum(-1, keepdim=True)
     return (a * (t - mu) ** 2).sum(-1).sqrt()
 
 
 def smoothness(e: Tensor) -> Tensor:
-    """(k, n) → (k,): share of each row's energy at DCT-II frequencies f < n/2."""
+    """(…, k, n) → (…, k): share of each row's energy at DCT-II frequencies f < n/2."""
     n = e.shape[-1]
-    c2 = (e.double() @ dct_matrix(n).T) ** 2                               # (k, n)
-    return c2[:, : (n + 1) // 2].sum(-1) / c2.sum(-1).clamp_min(1e-30)
+    c2 = (e.double() @ dct_matrix(n).T) ** 2                               # (…, k, n)
+    return c2[..., : (n + 1) // 2].sum(-1) / c2.sum(-1).clamp_min(1e-30)
 
 
 def _row_basis(a: Tensor) -> Tensor:
@@ -317,14 +343,16 @@ def attention_subspace(gram: Tensor, k: int) -> Tensor:
 
 
 def projection_metrics(e: Tensor, attention: Optional[Tensor] = None) -> dict[str, float]:
-    """Means over rows of locality, spread and smoothness, and the alignments of E's row space with
-    the k lowest DCT frequencies and (when given) a full model's attention subspace (k, n)."""
-    k, n = e.shape
+    """For matrices e (C, k, n): means over rows (and channels) of locality, spread and smoothness,
+    and the mean over channels of the alignment of each row space with the k lowest DCT frequencies
+    and (when given) a full model's attention subspace (k, n)."""
+    k, n = e.shape[-2:]
+    fourier = dct_matrix(n)[:k]
     out = {"locality": float(locality(e).mean()), "spread": float(spread(e).mean()),
            "smoothness": float(smoothness(e).mean()),
-           "fourier_alignment": subspace_alignment(e, dct_matrix(n)[:k])}
+           "fourier_alignment": float(np.mean([subspace_alignment(c, fourier) for c in e]))}
     if attention is not None:
-        out["attention_alignment"] = subspace_alignment(e, attention)
+        out["attention_alignment"] = float(np.mean([subspace_alignment(c, attention) for c in e]))
     return out
 
 
@@ -337,7 +365,7 @@ def projection_report(projections: Sequence[Projection], reference: Optional[Spe
     generator = torch.Generator().manual_seed(seed)
     report = {}
     for p in projections:
-        k, n = p.matrix.shape
+        channels, k, n = p.matrix.shape
         attention = None
         if reference is not None:
             if max(p.layers) >= len(reference.grams):
@@ -346,8 +374,8 @@ def projection_report(projections: Sequence[Projection], reference: Optional[Spe
             if gram.shape[-1] != n:
                 raise ValueError(f"{p.name}: reference attention is over {gram.shape[-1]} positions, E over {n}")
             attention = attention_subspace(gram, k)
-        gaussian = torch.randn(k, n, generator=generator, dtype=torch.float64)
-        report[p.name] = {"shape": [k, n], "layers": list(p.layers),
+        gaussian = torch.randn(channels, k, n, generator=generator, dtype=torch.float64)
+        report[p.name] = {"shape": [channels, k, n], "layers": list(p.layers),
                           "model": projection_metrics(p.matrix, attention),
                           "gaussian": projection_metrics(gaussian, attention)}
     return report
@@ -401,16 +429,18 @@ def figure_heatmap(values: Tensor, indices: Sequence[int], title: str) -> "Figur
 
 
 def figure_projection_rows(projections: Sequence[Projection], title: str) -> "Figure":
-    """Heatmaps of matrices' rows (slots) over positions, one panel per matrix, shared colour scale."""
+    """Heatmaps of matrices' rows (slots) over positions, one panel per matrix (its first channel when
+    it has several), shared colour scale."""
     cols = min(4, len(projections))
     rows = math.ceil(len(projections) / cols)
     fig = _figure(3.2 * cols + 0.8, 2.4 * rows + 0.5)
     lim = max(float(p.matrix.abs().max()) for p in projections) or 1.0
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, p in zip(axes.flat, projections):
-        image = ax.imshow(p.matrix.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto",
+        image = ax.imshow(p.matrix[0].numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto",
                           interpolation="nearest")
-        ax.set(title=p.name, xlabel="position", ylabel="slot")
+        channels = f" (channel 0 of {p.matrix.shape[0]})" if p.matrix.shape[0] > 1 else ""
+        ax.set(title=p.name + channels, xlabel="position", ylabel="slot")
     for ax in axes.flat[len(projections):]:
         ax.set_axis_off()
     fig.colorbar(image, ax=axes.ravel().tolist())

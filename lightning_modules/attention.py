@@ -189,20 +189,24 @@ class SelfAttention(nn.Module):
         past_mask = None if mask is None else mask[:, :past]
         sk = self.bank.compress(self.layer, 0, k[:, :, :past], past_mask)  # (B, h, nb-1, d_h)
         sv = self.bank.compress(self.layer, 1, v[:, :, :past], past_mask)
-        qb, kb, vb = blocks(q, w), blocks(k, w), blocks(v, w)              # (B, h, nb, w, d_h)
-        scale = 1.0 / math.sqrt(self.d_head)
-        slot_scores = torch.einsum("bhnid,bhjd->bhnij", qb, sk) * scale    # (B, h, nb, w, nb-1)
-        local_scores = qb @ kb.transpose(-1, -2) * scale                   # (B, h, nb, w, w)
-        dev = q.device
+        qb = blocks(q * (1.0 / math.sqrt(self.d_head)), w)                # (B, h, nb, w, d_h), scaled
+        kb, vb = blocks(k, w), blocks(v, w)
+        slot_scores = torch.einsum("bhnid,bhjd->bhnij", qb, sk)            # (B, h, nb, w, nb-1)
+        local_scores = qb @ kb.transpose(-1, -2)                           # (B, h, nb, w, w)
+        # Visibility, without the head axis: (B or none, nb, w, nb-1+w).
+        dev, lead = q.device, () if mask is None else (mask.shape[0],)
         slot_ok = torch.ones(nb, nb - 1, dtype=torch.bool, device=dev).tril(-1)[:, None, :]  # j < b
         local_ok = torch.ones(w, w, dtype=torch.bool, device=dev).tril()   # key position ≤ query position
         if mask is not None:
             real_slot = self.bank.nonempty_slots(self.layer, past_mask)    # (B, nb-1)
-            slot_ok = slot_ok & real_slot[:, None, None, None, :]          # (B, 1, nb, 1, nb-1)
-            local_ok = local_ok & blocks(mask[..., None], w)[:, None, :, None, :, 0]  # (B, 1, nb, w, w)
+            slot_ok = slot_ok & real_slot[:, None, None, :]                # (B, nb, 1, nb-1)
+            local_ok = local_ok & blocks(mask[..., None], w)[:, :, None, :, 0]   # (B, nb, w, w)
+        visible = torch.cat([slot_ok.expand(*lead, nb, w, nb - 1), local_ok.expand(*lead, nb, w, w)], -1)
+        visible = visible.unsqueeze(-4)                                    # broadcast over heads
         scores = torch.cat([slot_scores, local_scores], -1)                # (B, h, nb, w, nb-1+w)
-        visible = torch.cat([slot_ok.expand_as(slot_scores), local_ok.expand_as(local_scores)], -1)
-        probs = scores.masked_fill(~visible, torch.finfo(scores.dtype).min).softmax(-1)
+        # In place: cat's backward does not need its output. A finite floor keeps a row without any
+        # visible key (only an all-padding prefix) finite instead of NaN.
+        probs = scores.masked_fill_(~visible, torch.finfo(scores.dtype).min).softmax(-1)
         probs = F.dropout(probs, p)
         out = torch.einsum("bhnij,bhjd->bhnid", probs[..., : nb - 1], sv) + probs[..., nb - 1:] @ vb
         return out.flatten(2, 3)[:, :, :t]
@@ -211,8 +215,9 @@ class SelfAttention(nn.Module):
     def init_state(self, batch_size: int, capacity: int, device: Any = None, dtype: Any = None) -> dict:
         """Empty decoding state of this layer.
 
-        Full causal attention: a KV cache ``k``, ``v`` of (B, h, capacity, d_h). Causal Linformer, fixed
-        size whatever the position: ``slot_k``, ``slot_v`` (B, h, slots, d_h) and the current block's
+        Full causal attention: a KV cache ``k``, ``v`` of (B, h, capacity, d_h), capacity the most
+        tokens it will hold. Causal Linformer, fixed size whatever the position (capacity unused; the
+        bank's n bounds it): ``slot_k``, ``slot_v`` (B, h, slots, d_h) and the current block's
         ``block_k``, ``block_v`` (B, h, w, d_h). ``t`` is the next position.
         """
         if not self.causal:

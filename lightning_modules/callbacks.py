@@ -70,7 +70,8 @@ class SpectrumMonitor(L.Callback):
     fixed sample (the first ``samples`` sequences of the first validation batch), so the evolution of
     rank during training is visible: the image ``spectrum/heatmap`` (layer × head normalised cumulative
     singular value at each layer's index, paper Fig. 1 right; see ``analysis.heatmap_indices``) and the
-    scalars ``spectrum/effective_rank/layer_<l>`` at ``energy``. Rank zero only."""
+    scalars ``spectrum/effective_rank/layer_<l>`` at ``energy``, at the global step. Rank zero only;
+    not for causal Linformer (see ``analysis.spectrum_supported``; the config check refuses it)."""
 
     def __init__(self, every_n_val: int, samples: int = 8, energy: float = 0.9) -> None:
         if every_n_val < 1:
@@ -100,7 +101,7 @@ class SpectrumMonitor(L.Callback):
         if not loggers:
             return
         spectrum = analysis.measure_spectrum(pl_module.encoder, [self.sample])
-        indices = analysis.heatmap_indices(pl_module.config["model"])
+        indices = analysis.heatmap_indices(pl_module.config["model"], spectrum)
         step = trainer.global_step
         image = analysis.figure_to_array(analysis.figure_heatmap(
             spectrum.at_index(indices), indices, f"cumulative singular value at k, step {step}"))

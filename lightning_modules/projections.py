@@ -82,7 +82,8 @@ def blocks(x: Tensor, w: int) -> Tensor:
     """(…, T, C) → (…, ⌈T/w⌉, w, C): consecutive windows of w rows, zero-padded at the end."""
     t = x.shape[-2]
     nb = -(-t // w)
-    x = nn.functional.pad(x, (0, 0, 0, nb * w - t))
+    if nb * w != t:
+        x = nn.functional.pad(x, (0, 0, 0, nb * w - t))
     return x.unflatten(-2, (nb, w))
 
 
@@ -136,9 +137,11 @@ class ProjectionBank(nn.Module):
                 shape, fan_in = (self.sides, self.groups, self.slots(i), w, 1), w
             else:
                 shape, fan_in = (self.sides, self.groups, k, max_len), max_len
-            weight = _draw(shape, init, fan_in, k)
-            if init == "theorem2":  # E = δR, F = e^{-δ}R
-                weight = weight * torch.tensor([delta, math.exp(-delta)]).view(2, *[1] * (len(shape) - 1))
+            if init == "theorem2":  # one R for both sides: E = δR, F = e^{-δ}R
+                scale = torch.tensor([delta, math.exp(-delta)]).view(2, *[1] * (len(shape) - 1))
+                weight = _draw((1, *shape[1:]), init, fan_in, k) * scale
+            else:
+                weight = _draw(shape, init, fan_in, k)
             if projection == "random":
                 self.register_buffer(f"weight_{i}", weight)
             else:

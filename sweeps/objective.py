@@ -100,6 +100,10 @@ class Objective:
                 raise Diverged(f"diverged: {bad[0][0]}={bad[0][1]} at the end")
         except optuna.TrialPruned:
             raise
+        except KeyboardInterrupt:  # Optuna fails the trial: put an identical one back for the resumed study
+            trial.set_user_attr("fail_reason", "interrupted")
+            S.requeue(ostudy, next(t for t in ostudy.get_trials(deepcopy=False) if t.number == trial.number))
+            raise
         except Exception as err:
             trial.set_user_attr("fail_reason", _reason(err))
             raise

@@ -2,7 +2,7 @@
 
 Default storage: Optuna's ``JournalStorage`` on ``<output_dir>/<study>/journal.log`` (a file; several
 worker processes on one machine append to it safely; no server). Any Optuna RDB URL
-(``postgresql://…``, ``mysql://…``) is accepted for workers on several machines; SQLite is refused for
+(``postgresql+psycopg2://…``, ``mysql://…``) is accepted for workers on several machines; SQLite is refused for
 parallel workers.
 
 Stale trials. A worker killed mid-trial (SIGKILL, power loss) leaves a RUNNING trial behind. RDB
@@ -36,10 +36,13 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from experiments.config import ConfigError
+from experiments.redact import redact
 from sweeps.study import Study
 
-HEARTBEAT_S = 10
-GRACE_S = 60
+# Seconds between a running trial's heartbeats, and of silence after which it is stale (settable for networks
+# with long pauses, and for tests that kill workers).
+HEARTBEAT_S = int(os.environ.get("LINFORMER_LAB_HEARTBEAT_S", "10"))
+GRACE_S = int(os.environ.get("LINFORMER_LAB_HEARTBEAT_GRACE_S", "60"))
 MAX_RETRIES = 2  # a trial that kills its worker every time (out of memory) is given up after this
 DISCARDED = "discarded"  # user attr of a trial started after the budget was met by other workers
 JOURNAL = "journal.log"
@@ -106,27 +109,29 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
 
 def open_storage(study: Study, url: Optional[str], workers: int = 1) -> BaseStorage:
     """The study's storage: the journal file by default, else an Optuna RDB URL, both with heartbeats."""
-    retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
-    if url is None:
-        return HeartbeatJournalStorage(study.root / JOURNAL, callback=retry)
-    if url.startswith("sqlite") and workers > 1:
-        raise ConfigError(f"--storage {url}: SQLite cannot take parallel workers; use the default journal "
+    if url is not None and url.startswith("sqlite") and workers > 1:
+        raise ConfigError(f"--storage {redact(url)}: SQLite cannot take parallel workers; use the default journal "
                           "file (no --storage) or a PostgreSQL/MySQL URL")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
+        if url is None:
+            return HeartbeatJournalStorage(study.root / JOURNAL, callback=retry)
         try:
             return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
                               heartbeat_stale_trial_callback=retry)
-        except (ImportError, ModuleNotFoundError) as err:
-            raise ConfigError(f"--storage {url}: database driver missing ({err}); "
-                              "pip install 'linformer-lab[postgres]' or a MySQL driver") from None
+        except ImportError:
+            raise ConfigError(f"--storage {redact(url)}: its database driver is not installed; for PostgreSQL use "
+                              "postgresql+psycopg2://... with pip install 'linformer-lab[postgres]' (a bare "
+                              "postgresql:// means psycopg 3 to SQLAlchemy 2.1)") from None
         except Exception as err:  # sqlalchemy's many connection/URL errors
-            raise ConfigError(f"--storage {url}: cannot open ({str(err).splitlines()[0]})") from None
+            raise ConfigError(f"--storage {redact(url)}: cannot open ({redact(str(err).splitlines()[0])})") from None
 
 
 def storage_display(study: Study, url: Optional[str]) -> str:
-    """What to give optuna-dashboard for this study's storage."""
-    return url if url is not None else str(study.root / JOURNAL)
+    """This study's storage as printed and written into reports: the journal file, or the URL with its password
+    masked (give optuna-dashboard the real one)."""
+    return redact(url) if url is not None else str(study.root / JOURNAL)
 
 
 def fail_stale_trials(ostudy: optuna.Study) -> None:
@@ -136,10 +141,18 @@ def fail_stale_trials(ostudy: optuna.Study) -> None:
 
 
 # --------------------------------------------------------------------------------------- budget
+def _discarded(trials: list[FrozenTrial]) -> set[int]:
+    return {t.number for t in trials if DISCARDED in t.user_attrs}
+
+
+def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
+    """Trials replaced by a copy with the same params after their worker died or was interrupted."""
+    return {n for t in trials for n in t.system_attrs.get("retry_history", [])} - _discarded(trials)
+
+
 def excluded_numbers(trials: list[FrozenTrial]) -> set[int]:
-    """Numbers of trials that do not count: retried (a copy replaced them) or discarded."""
-    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
-    return retried | {t.number for t in trials if DISCARDED in t.user_attrs}
+    """Trials that do not count toward the budget: retried or discarded ones."""
+    return retried_numbers(trials) | _discarded(trials)
 
 
 @dataclass
@@ -168,4 +181,6 @@ def budget_position(trials: list[FrozenTrial], number: int) -> int:
 
 def requeue(ostudy: optuna.Study, trial: FrozenTrial) -> None:
     """Enqueue a copy of a trial (same params, or same enqueued grid point) that replaces it."""
-    RetryHeartbeatStaleTrialCallback(max_retry=None)(ostudy, trial)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        RetryHeartbeatStaleTrialCallback(max_retry=None)(ostudy, trial)

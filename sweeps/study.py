@@ -158,8 +158,9 @@ def _check_param(name: str, p: ParamSpec) -> None:
                               "or a mapping of choice names to overrides")
         for value in p.choices:
             if not isinstance(value, SCALAR):
-                raise ConfigError(f"{where}.choices: {OmegaConf.to_container(value) if OmegaConf.is_config(value) else value!r} "
-                                  "is not a scalar; name it in a mapping instead (choices: {name: {key: value}})")
+                shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+                raise ConfigError(f"{where}.choices: {shown!r} is not a scalar; name it in a mapping instead "
+                                  "(choices: {name: {key: value}})")
         return
     if p.choices is not None:
         raise ConfigError(f"{where}: 'choices' is for type: categorical (got type: {p.type})")
@@ -189,7 +190,8 @@ class Study:
     spec: DictConfig  # StudySpec, preset applied
     base_path: Path
     base: dict  # the checked base experiment, as plain containers
-    points: Optional[list[dict]]  # grid studies: every distinct grid point, in order
+    shared: DictConfig  # RunConfig of base < overrides, merged once (OmegaConf merges are slow)
+    points: Optional[list[dict]] = None  # grid studies: every distinct grid point, in order
 
     @property
     def name(self) -> str:
@@ -198,8 +200,7 @@ class Study:
     @property
     def root(self) -> Path:
         """``<output_dir>/<name>``: the journal, the trial run directories and the report."""
-        output_dir = self.spec.overrides.get("output_dir", self.base["output_dir"])
-        return Path(output_dir) / self.name
+        return Path(self.shared.output_dir) / self.name
 
     @property
     def metrics(self) -> list[str]:
@@ -223,14 +224,17 @@ class Study:
             return list(self.spec.arms)
         return [p for p in self.spec.space if p != "seed"] if self.is_grid else []
 
+    def is_bundle(self, name: str) -> bool:
+        """Whether param ``name`` is a free label whose choices name bundles of overrides."""
+        return isinstance(self.spec.space[name].choices, DictConfig)
+
     # ---------------------------------------------------------------- params -> config
     def param_overrides(self, params: dict) -> dict:
         """Dotted config key -> value that a trial's params set (bundles expanded), in space order."""
         out: dict = {}
         for name, value in params.items():
-            choices = self.spec.space[name].choices
-            if isinstance(choices, DictConfig):
-                out.update(OmegaConf.to_container(choices[value]))
+            if self.is_bundle(name):
+                out.update(OmegaConf.to_container(self.spec.space[name].choices[value]))
             else:
                 out[name] = value
         return out
@@ -239,15 +243,12 @@ class Study:
         when = self.spec.space[name].when
         if not when:
             return True
-        flat = C.flatten(OmegaConf.to_container(OmegaConf.merge(
-            self.base, _nested(dict(self.spec.overrides)), _nested(self.param_overrides(params)))))
+        flat = C.flatten(OmegaConf.to_container(OmegaConf.merge(self.shared, _nested(self.param_overrides(params)))))
         return all(flat.get(key) == value for key, value in when.items())
 
-    def config(self, params: dict, run: dict = ()) -> DictConfig:
+    def config(self, params: dict, run: Optional[dict] = None) -> DictConfig:
         """The checked RunConfig of a trial: base < overrides < params < ``run`` (run_dir, experiment)."""
-        layers = [self.base, _nested(dict(self.spec.overrides)), _nested(self.param_overrides(params)),
-                  _nested(dict(run))]
-        cfg = C.merge(C.RunConfig, layers)
+        cfg = C.merge(self.shared, [_nested(self.param_overrides(params)), _nested(run or {})])
         C.check(cfg)
         check_trial_devices(cfg)
         return cfg
@@ -259,8 +260,7 @@ class Study:
             if not self._active(name, params):
                 continue
             if p.type == "categorical":
-                choices = list(p.choices.keys()) if isinstance(p.choices, DictConfig) else list(p.choices)
-                params[name] = trial.suggest_categorical(name, choices)
+                params[name] = trial.suggest_categorical(name, list(p.choices))
             elif p.type == "int":
                 params[name] = trial.suggest_int(name, p.low, p.high, step=p.step or 1, log=p.log)
             else:
@@ -280,9 +280,8 @@ class Study:
         points: list[dict] = [{}]
         for name, p in self.spec.space.items():
             values = values_of(name, p)
-            points = [dict(pt, **{name: v}) for pt in points for v in values] if not p.when else [
-                new for pt in points
-                for new in ([dict(pt, **{name: v}) for v in values] if self._active(name, pt) else [pt])]
+            points = [new for pt in points
+                      for new in ([dict(pt, **{name: v}) for v in values] if self._active(name, pt) else [pt])]
         unique = {tuple(sorted(pt.items())): pt for pt in points}
         return list(unique.values())
 
@@ -316,7 +315,8 @@ def load_study(path: str | Path, preset: Optional[str] = None, n_trials: Optiona
         if preset is not None and "presets" in presets[preset]:
             raise ConfigError(f"presets.{preset}.presets: a preset cannot hold presets")
         layers = [raw] + ([presets[preset]] if preset else [])
-        layers.append({"budget": {k: v for k, v in (("n_trials", n_trials), ("timeout_s", timeout_s)) if v is not None}})
+        command_line = {"n_trials": n_trials, "timeout_s": timeout_s}
+        layers.append({"budget": {k: v for k, v in command_line.items() if v is not None}})
         spec = C.merge(StudySpec, layers)
         study = _validate(path, preset, spec)
     except ConfigError as err:
@@ -357,8 +357,9 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig) -> Study:
     for key in ("n_trials", "timeout_s"):
         if b[key] is not None and b[key] <= 0:
             raise ConfigError(f"budget.{key}: must be > 0, got {b[key]}")
-    study = Study(path=path, preset=preset, spec=spec, base_path=base_path, base=base, points=None)
     try:
+        shared = C.merge(C.RunConfig, [base, _nested(dict(spec.overrides))])
+        study = Study(path=path, preset=preset, spec=spec, base_path=base_path, base=base, shared=shared)
         study.config({})
     except ConfigError as err:
         raise ConfigError(f"overrides: {err}") from None

@@ -17,7 +17,6 @@ import os
 import sys
 import time
 from multiprocessing.connection import wait
-from pathlib import Path
 from typing import Optional
 
 import optuna
@@ -84,14 +83,18 @@ def work(study_file: str, preset: Optional[str], n_trials: Optional[int], timeou
     objective = Objective(study)
     while True:
         S.fail_stale_trials(ostudy)
-        state = S.budget_state(ostudy.get_trials(deepcopy=False))
+        trials = ostudy.get_trials(deepcopy=False)
+        state = S.budget_state(trials)
         n = study.n_trials
-        if n is not None and state.finished >= n:
+        if (n is not None and state.finished >= n) or (deadline is not None and time.time() > deadline):
             return 0
-        if deadline is not None and time.time() > deadline:
-            return 0
-        if n is not None and state.finished + state.running >= n:
-            time.sleep(POLL_S)
+        taken = n is not None and state.finished + state.running >= n
+        # a grid study runs its enqueued points only: none waiting means nothing to start
+        grid_empty = study.is_grid and not any(t.state == TrialState.WAITING for t in trials)
+        if taken or grid_empty:
+            if state.running == 0:
+                return 0
+            time.sleep(POLL_S)  # a running trial may yet die and be re-enqueued
             continue
         try:
             ostudy.optimize(objective, n_trials=1, gc_after_trial=True)
@@ -110,8 +113,7 @@ def _work_entry(**kwargs) -> None:
         code = 130
     except SystemExit as exc:  # Lightning answers Ctrl-C inside fit with sys.exit(1)
         code = exc.code if isinstance(exc.code, int) else 1
-    sys.stdout.flush()
-    os._exit(code)
+    sys.exit(code)
 
 
 # --------------------------------------------------------------------------------------- command
@@ -141,7 +143,7 @@ def prepare(study: Study, url: Optional[str], workers: int) -> optuna.Study:
 
 def footer(study: Study, url: Optional[str]) -> str:
     preset = f" --preset {study.preset}" if study.preset else ""
-    storage = f" --storage {url}" if url else ""
+    storage = f" --storage {S.storage_display(study, url)}" if url else ""
     return "\n".join([
         f"report:      linformer-lab report {study.path}{preset}{storage}",
         f"tensorboard: tensorboard --logdir {study.root} --host {HOST}",
@@ -196,10 +198,11 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
         return 130
     trials = ostudy.get_trials(deepcopy=False)
     state = S.budget_state(trials)
-    counts = {s: sum(t.state == s for t in trials if t.number not in S.excluded_numbers(trials))
-              for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
-    print(f"study {study.name}: {state.finished}/{n if n is not None else '∞'} trials finished "
-          f"({', '.join(f'{v} {s.name.lower()}' for s, v in counts.items())}) in {(time.time() - started) / 60:.1f} min")
+    excluded = S.excluded_numbers(trials)
+    counts = ", ".join(f"{sum(t.state == s and t.number not in excluded for t in trials)} {s.name.lower()}"
+                       for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+    print(f"study {study.name}: {state.finished}/{n if n is not None else '∞'} trials finished ({counts}) "
+          f"in {(time.time() - started) / 60:.1f} min")
     print(footer(study, url))
     codes = [p.exitcode for p in procs]
     return 2 if 2 in codes else (0 if n is None or state.finished >= n else 1)
@@ -208,7 +211,7 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study file, e.g. sweeps/random_vs_learned.yaml")
     parser.add_argument("--preset", help="preset of the study file (default: cpu when it has one), e.g. gpu")
-    parser.add_argument("--storage", help="Optuna RDB URL, e.g. postgresql://user@host/db "
+    parser.add_argument("--storage", help="Optuna RDB URL, e.g. postgresql+psycopg2://user@host/db "
                                           "(default: a journal file under runs/<study>_<preset>/)")
     parser.add_argument("--n-trials", type=int, help="total finished trials wanted (overrides budget.n_trials)")
     parser.add_argument("--timeout-s", type=float, help="start no trial after this many seconds")

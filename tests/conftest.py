@@ -18,6 +18,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from pg import postgres_server, postgres_url  # noqa: E402,F401  (fixtures: a throwaway PostgreSQL server)
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"

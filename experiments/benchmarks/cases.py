@@ -74,17 +74,12 @@ class Case:
     n: int
     tokens: int                 # B·n tokens per call
     run: Callable[[], Any]
+    clear: Callable[[], None]   # drop gradients, so a memory probe starts from the weights alone
 
     @property
     def key(self) -> tuple:
-        """The same case at every n (one curve of the scaling plot)."""
+        """What identifies the case at every n (one curve of the scaling plot)."""
         return (self.level, self.mode, self.variant, self.k, self.path, self.causal)
-
-    @property
-    def label(self) -> str:
-        if self.k is None:
-            return self.variant + (" causal" if self.causal and self.variant in BASELINES else "")
-        return f"{self.variant} k={self.k}" + ("" if self.path == "auto" else f" {self.path}")
 
 
 class NaiveAttention(nn.Module):
@@ -149,13 +144,16 @@ def build(level: str, mode: str, variant: str, k: Optional[int], path: str, n: i
         ids = torch.randint(0, shape.vocab, (shape.batch, n), device=shape.device)
         call, leaves = (lambda: encoder(ids)), list(encoder.parameters())
 
+    def clear() -> None:
+        for leaf in leaves:
+            leaf.grad = None
+
     def run() -> Any:
         if not train:
             with torch.inference_mode():
                 return call()
-        for leaf in leaves:
-            leaf.grad = None
+        clear()  # a training step starts without gradients (as after zero_grad(set_to_none=True))
         call().sum().backward()
 
     return Case(level, mode, variant, k, path if variant not in BASELINES else "-", path_used, causal, n,
-                shape.batch * n, run)
+                shape.batch * n, run, clear)

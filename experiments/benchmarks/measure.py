@@ -19,6 +19,7 @@ when it started (activations, temporaries, gradients; not the weights and inputs
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -41,6 +42,8 @@ def peak_memory_bytes(fn: Callable[[], Any], device: torch.device) -> int:
         fn()
         synchronize(device)
         return torch.cuda.max_memory_allocated(device) - base
+    # Kineto logs two "USDT" lines per profiler start/stop at level 5; 6 keeps a bench run readable.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = [e for e in prof.profiler.kineto_results.events()

@@ -1,0 +1,383 @@
+"""Labelled texts and sentence pairs for sequence classification (``task: classify``).
+
+Sources (``data.source``), all read through ``datasets.load_dataset``:
+
+- ``imdb`` / ``rotten_tomatoes``: the embedded movie reviews (:mod:`datamodules.embedded`) in THE split of
+  the project, the one MLM pretraining on ``data.source: embedded`` uses: it pretrains on "train" only, so
+  no validation or test text of these tasks was seen in pretraining;
+- a local file or glob (``.csv``, ``.tsv`` as GLUE ships it, ``.json``/``.jsonl``, ``.parquet``): one split,
+  "train";
+- a local directory with a file named ``train.<ext>`` (plus ``dev.<ext>`` or ``validation.<ext>`` and
+  ``test.<ext>``: GLUE's own layout, e.g. ``SST-2/{train,dev,test}.tsv``): each file is one split, read on
+  its own because GLUE's test file has other columns (no label);
+- anything else goes to ``load_dataset(source, data.subset)``: a hub id (``nyu-mll/glue`` with subset
+  ``sst2``/``qnli``/``qqp``, ``stanfordnlp/imdb``) or a local directory laid out like a hub repository.
+
+Columns: ``data.text_column``, optionally ``data.text_pair_column`` (sentence pairs) and
+``data.label_column``. Texts are cleaned like the embedded reviews (HTML breaks removed, whitespace
+squeezed). GLUE's columns: sst2 ``sentence``; qnli ``question`` + ``sentence``; qqp ``question1`` +
+``question2``.
+
+Splits. A test split is *labelled* unless it lacks the label column or all its labels are -1 (GLUE
+hides its test labels that way). With u = the stable hash (:func:`~datamodules.cache.unit_hash`) of
+the example's text (and pair) and f = ``data.val_fraction``:
+
+=================================  ===========================  =================  ================
+the source has                     train                        validation         test
+=================================  ===========================  =================  ================
+labelled test and validation       train                        validation         test
+labelled test, no validation       train, u >= f                train, u < f       test
+validation, no labelled test       train, u >= f                train, u < f       its validation
+neither                            train, u >= 2f               train, u < f       train, f <= u < 2f
+=================================  ===========================  =================  ================
+
+so GLUE tasks report test accuracy on GLUE's validation ("dev") set and select checkpoints on a
+hold-out of GLUE's train set. ``data.max_texts`` then keeps that many training examples, evenly spaced.
+
+Labels are class ids 0 … C-1. C is ``data.classify.num_labels`` if set, else the number of
+``data.classify.label_names`` (which map a column of strings to ids in list order), else the number of
+the label feature's class names (hub datasets), else 2. A missing label column, labels that are not
+integers (or not among ``label_names``), missing labels, a label outside 0 … C-1 and an empty split are
+one-line :class:`ConfigError`\\ s naming the key.
+
+Encoding: ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``, cut to ``model.max_len`` tokens, always at the
+end of a segment. A single text keeps its first m = max_len − 2 tokens. A pair shares m = max_len − 3
+places: a keeps k_a = min(|a|, max(⌈m/2⌉, m − |b|)) tokens and b keeps min(|b|, m − k_a): each segment is
+sure of half the places (a gets the odd one), and a segment shorter than its half stays whole and leaves
+the rest to the other, so a short question survives next to a long passage. Batches are padded to their longest sequence: ``input_ids`` (B, T) long,
+``attention_mask`` (B, T) bool (True at real tokens), ``labels`` (B,) long.
+
+Tokenizer: ``data.tokenizer.path`` if set; else, with ``init_from``, the pretraining run's
+``tokenizer.json`` (``experiments.train`` writes it into every run directory), so token ids mean what
+they meant in pretraining; else a new one for ``data.tokenizer`` (BPE trained on the training texts, or
+the fixed byte vocabulary of ``kind: byte``: LRA's byte-level "Text" task).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import lightning as L
+import numpy as np
+import torch
+from datasets import ClassLabel, Dataset, DatasetDict
+from omegaconf import OmegaConf
+from tokenizers import Tokenizer
+from torch.utils.data import DataLoader
+
+from datamodules.cache import rule_kwargs, unit_hash
+from datamodules.corpus import FILE_BUILDERS, cap_texts, is_file_spec, load_hub, load_local_files
+from datamodules.embedded import SOURCES as EMBEDDED_SOURCES
+from datamodules.embedded import clean_text, load_embedded
+from datamodules.language_model import unigram_baseline
+from datamodules.tokenizer import CLS_ID, PAD_ID, SEP_ID, build_tokenizer
+from experiments.config import ConfigError
+from experiments.rundir import CHECKPOINT, TOKENIZER
+
+UNLABELLED = -1  # GLUE's label for its hidden test labels
+SPLIT_FILES = {"train": "train", "dev": "validation", "validation": "validation", "test": "test"}
+_ENCODE_BATCH = 1000
+
+
+# ------------------------------------------------------------------------------------- loading
+def load_labelled(data_cfg) -> DatasetDict:
+    """The raw splits of ``data.source`` (see the module docstring), before any check."""
+    source = data_cfg.source
+    if source in EMBEDDED_SOURCES:
+        return load_embedded(sources=source)
+    split_files = _split_files(source)
+    if split_files:
+        return DatasetDict({split: load_local_files(str(path))["train"] for split, path in split_files.items()})
+    if is_file_spec(source):
+        return load_local_files(source)
+    return load_hub(source, data_cfg.subset)
+
+
+def _split_files(source: str) -> dict[str, Path]:
+    """``{split: file}`` for a directory holding ``train.<ext>`` (GLUE's layout), else {}."""
+    folder = Path(source).expanduser()
+    if not folder.is_dir():
+        return {}
+    found: dict[str, Path] = {}
+    for path in sorted(folder.iterdir()):
+        split = SPLIT_FILES.get(path.stem)
+        if split is not None and path.suffix.lower() in FILE_BUILDERS and path.is_file():
+            if split in found:
+                raise ConfigError(f"data.source: {source!r} holds two files for split {split!r}: "
+                                  f"{found[split].name}, {path.name}")
+            found[split] = path
+    return found if "train" in found else {}
+
+
+def labelled_splits(raw: DatasetDict, data_cfg) -> tuple[DatasetDict, int]:
+    """(splits "train", "validation", "test" with columns text, [pair,] label; number of classes): columns
+    read and checked, splits assigned by the table of the module docstring, training set capped to
+    ``data.max_texts``."""
+    source = data_cfg.source
+    if "train" not in raw:
+        raise ConfigError(f"data.source: {source!r} has no 'train' split (splits: {', '.join(raw)})")
+    names = _class_names(raw["train"], data_cfg)
+    num_labels = _num_labels(names, data_cfg)
+    clean = source not in EMBEDDED_SOURCES  # load_embedded cleans its texts already
+    read = {split: _read(raw[split], split, data_cfg, clean) for split in ("train", "validation", "test")
+            if split in raw}
+    train, f = read["train"], data_cfg.val_fraction
+    test = read.get("test")
+    if test is not None and "label" in test.column_names:
+        val = read.get("validation")
+        if val is None:
+            train, val = _hold_out(train, f, 1.0), _hold_out(train, 0.0, f)
+    elif "validation" in read:
+        train, val, test = _hold_out(train, f, 1.0), _hold_out(train, 0.0, f), read["validation"]
+    else:
+        train, val, test = _hold_out(train, 2 * f, 1.0), _hold_out(train, 0.0, f), _hold_out(train, f, 2 * f)
+    splits = DatasetDict(train=train, validation=val, test=test)
+    for split, ds in splits.items():
+        if len(ds) == 0:
+            raise ConfigError(f"data.source: {source!r} gives an empty {split} split"
+                              + ("" if split == "train" else f" (data.val_fraction={f})"))
+        labels = label_array(ds)
+        bad = np.flatnonzero((labels < 0) | (labels >= num_labels))
+        if len(bad):
+            raise ConfigError(f"data.label_column: label {int(labels[bad[0]])} in the {split} split is outside "
+                              f"the task's classes 0..{num_labels - 1} (data.classify.num_labels={num_labels})")
+    splits["train"] = cap_texts(train, data_cfg.max_texts)
+    return splits, num_labels
+
+
+def label_array(ds: Dataset) -> np.ndarray:
+    return ds.with_format("arrow")["label"].to_numpy().astype(np.int64)
+
+
+def _class_names(train: Dataset, data_cfg) -> Optional[list[str]]:
+    feature = train.features.get(data_cfg.label_column)
+    return list(feature.names) if isinstance(feature, ClassLabel) else None
+
+
+def _num_labels(names: Optional[list[str]], data_cfg) -> int:
+    c = data_cfg.classify
+    if c.num_labels is not None and names is not None and c.num_labels != len(names):
+        raise ConfigError(f"data.classify.num_labels: {c.num_labels}, but the label feature has {len(names)} "
+                          f"classes {names}")
+    if c.num_labels is not None:
+        return int(c.num_labels)
+    if c.label_names is not None:
+        return len(c.label_names)
+    return len(names) if names is not None else 2
+
+
+def _read(ds: Dataset, split: str, data_cfg, clean: bool) -> Dataset:
+    """One raw split as columns text, [pair,] label (class ids; no label column: unlabelled), texts cleaned
+    if ``clean``."""
+    columns = ", ".join(ds.column_names)
+    keep = {}
+    for key, name in (("text_column", "text"), ("text_pair_column", "pair")):
+        column = data_cfg[key]
+        if column is None:
+            continue
+        if column not in ds.column_names:
+            raise ConfigError(f"data.{key}: {column!r} not in columns [{columns}] of the {split} split")
+        if getattr(ds.features[column], "dtype", None) not in ("string", "large_string"):
+            raise ConfigError(f"data.{key}: {column!r} holds {ds.features[column]}, not text")
+        keep[column] = name
+    column, label_names = data_cfg.label_column, data_cfg.classify.label_names
+    as_names = False
+    if column in ds.column_names:
+        as_names = _check_label_column(ds, column, split, label_names)
+        keep[column] = "label"
+    elif split != "test":  # GLUE's test files have no label column: an unlabelled test split
+        raise ConfigError(f"data.label_column: {column!r} not in columns [{columns}] of the {split} split")
+    ds = ds.select_columns(list(keep)).rename_columns({k: v for k, v in keep.items() if k != v})
+    if as_names:
+        ds = ds.map(_names_to_ids, batched=True, fn_kwargs=rule_kwargs(names=list(label_names)))
+    if split == "test" and "label" in ds.column_names and len(ds) and (label_array(ds) == UNLABELLED).all():
+        ds = ds.remove_columns("label")
+    return ds.map(_clean_texts, batched=True, fn_kwargs=rule_kwargs()) if clean else ds
+
+
+def _check_label_column(ds: Dataset, column: str, split: str, label_names) -> bool:
+    """Whether the labels are class names to map through ``label_names`` (else they are integer ids)."""
+    values = ds.with_format("arrow")[column]
+    if values.null_count:
+        raise ConfigError(f"data.label_column: {column!r} has {values.null_count} missing labels in the {split} split")
+    dtype = getattr(ds.features[column], "dtype", "")
+    if isinstance(ds.features[column], ClassLabel) or dtype.startswith(("int", "uint")):
+        return False
+    if dtype not in ("string", "large_string"):
+        raise ConfigError(f"data.label_column: {column!r} holds {dtype or ds.features[column]} values, not "
+                          f"integer class ids")
+    if label_names is None:
+        raise ConfigError(f"data.label_column: {column!r} holds strings (e.g. {values[0].as_py()!r}), not class "
+                          f"ids; list the classes in order in data.classify.label_names")
+    unknown = sorted(set(values.unique().to_pylist()) - set(label_names))
+    if unknown:
+        raise ConfigError(f"data.label_column: label {unknown[0]!r} in the {split} split is not one of "
+                          f"data.classify.label_names {list(label_names)}")
+    return True
+
+
+def _names_to_ids(batch: dict, names: list[str], **_) -> dict:
+    index = {name: i for i, name in enumerate(names)}
+    return {"label": [index[x] for x in batch["label"]]}
+
+
+def _clean_texts(batch: dict, **_) -> dict:
+    return {key: [clean_text(t or "") for t in batch[key]] for key in ("text", "pair") if key in batch}
+
+
+def _hold_out(ds: Dataset, low: float, high: float) -> Dataset:
+    """The examples whose hash u (of text and pair) lies in [low, high)."""
+    return ds.filter(_hash_in, batched=True, fn_kwargs=rule_kwargs(low=low, high=high))
+
+
+def _hash_in(batch: dict, low: float, high: float, **_) -> list[bool]:
+    pairs = batch.get("pair") or [""] * len(batch["text"])
+    return [low <= unit_hash(f"{a}\x1f{b}") < high for a, b in zip(batch["text"], pairs)]
+
+
+# ------------------------------------------------------------------------------------- encoding
+def encode(tokenizer: Tokenizer, ds: Dataset, max_len: int) -> list[np.ndarray]:
+    """Token ids (int32) per example of ``ds`` (columns text, [pair]): [CLS] a [SEP] (b [SEP]), at most
+    ``max_len`` long, truncated by the rule of the module docstring."""
+    pair = "pair" in ds.column_names
+    m = max_len - (3 if pair else 2)  # places left by [CLS] and the [SEP]s
+    out: list[np.ndarray] = []
+    for batch in ds.iter(batch_size=_ENCODE_BATCH):
+        a = _head_ids(tokenizer, batch["text"], m)
+        b = _head_ids(tokenizer, batch["pair"], m) if pair else [None] * len(a)
+        for x, y in zip(a, b):
+            if y is None:
+                ids = [CLS_ID, *x[:m], SEP_ID]
+            else:
+                ka = min(len(x), max((m + 1) // 2, m - len(y)))
+                ids = [CLS_ID, *x[:ka], SEP_ID, *y[:m - ka], SEP_ID]
+            out.append(np.asarray(ids, dtype=np.int32))
+    return out
+
+
+def _head_ids(tokenizer: Tokenizer, texts: list[str], m: int) -> list[list[int]]:
+    """Token ids of each text's beginning: all of them, or at least the first ``m``.
+
+    Only the first ``m`` whitespace-separated words are tokenized (a review of 25,000 characters costs as
+    much as a short one): a token never spans whitespace (byte-level BPE pre-tokenizes at whitespace; the
+    byte vocabulary has no merges) and every word gives at least one token, so those words yield the text's
+    first tokens exactly, at least ``m`` of them. The truncation rule depends on a segment's length only
+    through min(length, m), so it is unchanged."""
+    heads = []
+    for text in texts:
+        rest = text.split(maxsplit=m)
+        heads.append(text if len(rest) <= m else text[: len(text) - len(rest[m])])
+    return [e.ids for e in tokenizer.encode_batch_fast(heads, add_special_tokens=False)]
+
+
+class EncodedSplit(torch.utils.data.Dataset):
+    def __init__(self, ids: list[np.ndarray], labels: np.ndarray) -> None:
+        self.ids, self.labels = ids, torch.as_tensor(labels, dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, torch.Tensor]:
+        return self.ids[i], self.labels[i]
+
+
+def collate(items: list[tuple[np.ndarray, torch.Tensor]]) -> dict:
+    """Pad to the longest sequence of the batch: input_ids (B, T), attention_mask (B, T), labels (B,)."""
+    width = max(len(ids) for ids, _ in items)
+    input_ids = torch.full((len(items), width), PAD_ID, dtype=torch.long)
+    for row, (ids, _) in enumerate(items):
+        input_ids[row, :len(ids)] = torch.from_numpy(ids.astype(np.int64))
+    return {"input_ids": input_ids, "attention_mask": input_ids != PAD_ID,
+            "labels": torch.stack([label for _, label in items])}
+
+
+def pretrained_tokenizer_path(init_from: str) -> Path:
+    """The ``tokenizer.json`` of the run that ``init_from`` (a run directory or one of its checkpoints) names."""
+    path = Path(init_from)
+    if not path.exists():
+        raise ConfigError(f"init_from: {init_from!r} not found")
+    run_dir = path if path.is_dir() else path.parents[1] if path.parent.name == CHECKPOINT.parent.name else path.parent
+    tokenizer = run_dir / TOKENIZER
+    if not tokenizer.is_file():
+        raise ConfigError(f"init_from: no {TOKENIZER} in {str(run_dir)!r} (set data.tokenizer.path to the "
+                          f"tokenizer the encoder was pretrained with)")
+    return tokenizer
+
+
+# ------------------------------------------------------------------------------------- data modules
+class LabelledSequenceDataModule(L.LightningDataModule):
+    """Encoded train/validation/test splits (``self.datasets``, filled by ``setup``) served as padded
+    batches; shared by text classification and ListOps. ``data_cfg`` is ``RunConfig.data``; ``seed`` the
+    training shuffle."""
+
+    num_labels: int
+
+    def __init__(self, data_cfg, seed: int = 0):
+        super().__init__()
+        self.data_cfg, self.seed = data_cfg, seed
+        self.datasets: dict[str, EncodedSplit] = {}
+
+    def trivial_baseline(self) -> dict[str, float]:
+        """Loss and accuracy on the validation split of always predicting the training label frequencies."""
+        counts = torch.bincount(self._split("train").labels, minlength=self.num_labels)
+        return unigram_baseline(counts, self._split("validation").labels)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True, generator=torch.Generator().manual_seed(self.seed))
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+    def _split(self, split: str) -> EncodedSplit:
+        if split not in self.datasets:
+            raise RuntimeError(f"{type(self).__name__}.setup() has not run yet")
+        return self.datasets[split]
+
+    def _loader(self, split: str, shuffle: bool, generator=None) -> DataLoader:
+        workers = self.data_cfg.num_workers
+        return DataLoader(self._split(split), batch_size=self.data_cfg.batch_size, shuffle=shuffle,
+                          collate_fn=collate, num_workers=workers, persistent_workers=workers > 0,
+                          generator=generator)
+
+
+class ClassificationDataModule(LabelledSequenceDataModule):
+    """Sequence classification batches ``{input_ids, attention_mask, labels}`` for ``data.source``.
+
+    ``max_len`` is the longest sequence (``model.max_len``); ``init_from`` the pretraining run whose
+    tokenizer to use (see the module docstring).
+    """
+
+    def __init__(self, data_cfg, max_len: int, seed: int = 0, init_from: Optional[str] = None):
+        super().__init__(data_cfg, seed)
+        self.max_len, self.init_from = max_len, init_from
+        self.tokenizer: Optional[Tokenizer] = None
+        self.splits: Optional[DatasetDict] = None  # texts and labels, before encoding
+        self.num_labels = 0
+
+    def prepare_data(self) -> None:
+        load_labelled(self.data_cfg)  # fetches a hub dataset into the datasets cache; keeps no state
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.tokenizer is not None:
+            return
+        self.splits, self.num_labels = labelled_splits(load_labelled(self.data_cfg), self.data_cfg)
+        self.tokenizer = self._tokenizer(self.splits["train"])
+        self.datasets = {split: EncodedSplit(encode(self.tokenizer, ds, self.max_len), label_array(ds))
+                         for split, ds in self.splits.items()}
+
+    def _tokenizer(self, train: Dataset) -> Tokenizer:
+        tok_cfg = self.data_cfg.tokenizer
+        if not tok_cfg.path and self.init_from is not None:
+            tok_cfg = OmegaConf.merge(tok_cfg, {"path": str(pretrained_tokenizer_path(self.init_from))})
+        texts = list(train["text"]) + (list(train["pair"]) if "pair" in train.column_names else [])
+        return build_tokenizer(tok_cfg, texts, self.data_cfg.cache_dir)
+
+    @property
+    def vocab_size(self) -> int:
+        if self.tokenizer is None:
+            raise RuntimeError("ClassificationDataModule.setup() has not run yet")
+        return self.tokenizer.get_vocab_size()

@@ -1,0 +1,378 @@
+"""``linformer-lab bench``: speed and memory of every attention variant against two baselines.
+
+Writes ``<out>/<timestamp>/``: ``results.csv`` (one row per case), ``table.md`` (multipliers laid out
+like the paper's Table 3), ``scaling.png`` (Figure 2 with fitted slopes) and TensorBoard events.
+
+Per level (``layer``: one self-attention; ``model``: the whole encoder), mode (``fwd`` in inference
+mode, ``fwdbwd``) and n, all cases (the baselines ``naive`` and ``sdpa``, then every variant × k ×
+path) are built, run once under a FLOP counter (warm-up), once under the memory probe, once more to
+size a sample, then timed in interleaved rounds (``experiments.benchmarks.measure``). A case whose
+memory, extrapolated from the same case at the previous n as if it grew like n² (or computed for
+the naive baseline), would exceed the limit is skipped with a note, as is any case that fails.
+``decode`` steps causal Linformer and causal full attention token by token; ``loop`` compares
+Lightning's loop with a bare PyTorch loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from experiments.benchmarks import cases as K
+from experiments.benchmarks import report
+from experiments.benchmarks.measure import (calls_for, gemm_peak, interleaved_seconds, median, peak_memory_bytes,
+                                            seconds_per_call)
+from experiments.config import ConfigError
+from lightning_modules.flops import count_flops
+
+LEVELS = ("layer", "model", "decode", "loop")
+MODES = ("fwd", "fwdbwd")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return sorted(set(values))
+
+
+def _names(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--n", type=_ints, default=[512, 1024, 2048, 4096, 8192, 16384],
+                        help="sequence lengths (default 512,...,16384)")
+    parser.add_argument("--k", type=_ints, default=[128, 256], help="projected lengths (default 128,256)")
+    parser.add_argument("--variants", type=_names, default=list(K.VARIANTS),
+                        help=f"Linformer variants, from {','.join(K.VARIANTS)} (default all); "
+                             "the baselines naive and sdpa always run")
+    parser.add_argument("--paths", type=_names, default=["auto"],
+                        help="exact paths of E/F: auto,input,projected (default auto = the cheaper one)")
+    parser.add_argument("--mode", type=_names, default=list(MODES), help="fwd,fwdbwd (default both)")
+    parser.add_argument("--levels", type=_names, default=list(LEVELS), help="layer,model,decode,loop (default all)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", default="auto",
+                        help="float32|bfloat16|float16 (auto: bfloat16 on GPU, float32 on CPU)")
+    parser.add_argument("--device", default="auto", help="cpu|cuda|auto")
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=2, help="encoder layers of model, decode and loop cases")
+    parser.add_argument("--d-ff", type=int, default=1024)
+    parser.add_argument("--vocab", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds")
+    parser.add_argument("--min-time", type=float, default=0.05, help="seconds per timing sample (more calls if faster)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--memory-limit-mb", type=float, default=0.0,
+                        help="skip cases expected to need more (0: half the available RAM, 90%% of free GPU memory)")
+    parser.add_argument("--decode-positions", type=_ints, default=None, help="default: the --n values")
+    parser.add_argument("--decode-window", type=int, default=128, help="steps per decode timing")
+    parser.add_argument("--loop-batch", type=int, default=8)
+    parser.add_argument("--loop-steps", type=int, default=12)
+    parser.add_argument("--loop-rounds", type=int, default=3)
+    parser.add_argument("--out", default="bench", help="parent folder of the timestamped result folder")
+
+
+def _check(args: argparse.Namespace) -> None:
+    for key, values, allowed in (("--variants", args.variants, K.VARIANTS), ("--paths", args.paths, K.PATHS),
+                                 ("--mode", args.mode, MODES), ("--levels", args.levels, LEVELS)):
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            raise ConfigError(f"{key}: {','.join(bad) or 'empty'} not allowed (choose from {','.join(allowed)})")
+    if args.dtype != "auto" and args.dtype not in DTYPES:
+        raise ConfigError(f"--dtype: {args.dtype!r} not allowed (choose from auto,{','.join(DTYPES)})")
+    if args.device not in ("auto", "cpu", "cuda") or (args.device == "cuda" and not torch.cuda.is_available()):
+        raise ConfigError(f"--device: {args.device!r} not available (choose from auto,cpu"
+                          f"{',cuda' if torch.cuda.is_available() else ''})")
+    for key in ("batch", "d_model", "heads", "layers", "d_ff", "vocab", "repeats", "decode_window",
+                "loop_batch", "loop_steps", "loop_rounds"):
+        if getattr(args, key) < 1:
+            raise ConfigError(f"--{key.replace('_', '-')}: must be >= 1, got {getattr(args, key)}")
+    if args.d_model % args.heads:
+        raise ConfigError(f"--d-model: {args.d_model} is not divisible by --heads={args.heads}")
+    if args.loop_steps < 2:
+        raise ConfigError(f"--loop-steps: must be >= 2, got {args.loop_steps}")
+
+
+def memory_limit_bytes(device: torch.device, limit_mb: float) -> float:
+    """The budget a case may use: explicit, else 90% of free GPU memory or half of available RAM."""
+    if limit_mb > 0:
+        return limit_mb * 2**20
+    if device.type == "cuda":
+        return 0.9 * torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as fh:
+            info = {line.split(":")[0]: line.split()[1] for line in fh}
+        return 0.5 * int(info["MemAvailable"]) * 1024
+    except (OSError, KeyError):
+        return 0.5 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _naive_bytes(level: str, mode: str, n: int, shape: K.Shape) -> float:
+    """The (B, h, n, n) matrices the naive baseline holds at once: scores and probabilities in a
+    forward pass; probabilities of every layer plus two gradients in training."""
+    layers = 1 if level == "layer" else shape.n_layers
+    matrices = 2 if mode == "fwd" else layers + 2
+    return matrices * shape.batch * shape.n_heads * n * n * torch.finfo(shape.dtype).bits / 8
+
+
+def _identity(level: str, mode: str, variant: str, k: Optional[int], path: str, causal: bool, n: int,
+              shape: K.Shape, threads: int) -> dict:
+    return {"level": level, "mode": mode, "variant": variant, "k": k, "path": path, "path_used": None,
+            "causal": causal, "n": n, "batch": shape.batch, "dtype": str(shape.dtype).removeprefix("torch."),
+            "device": shape.device.type, "threads": threads}
+
+
+@dataclasses.dataclass
+class Probed:
+    """A case ready to time, with what its probes measured."""
+
+    ident: dict
+    case: K.Case
+    flops: int
+    peak_bytes: int
+    calls: int
+
+
+class Bench:
+    """One bench run: its shape, limits, measured GEMM peak, and the rows gathered so far."""
+
+    def __init__(self, args: argparse.Namespace, shape: K.Shape, peak_flops: float,
+                 peak_shape: tuple[int, int, int]) -> None:
+        self.args, self.shape, self.peak, self.peak_shape = args, shape, peak_flops, peak_shape
+        self.threads = torch.get_num_threads()
+        self.limit = memory_limit_bytes(shape.device, args.memory_limit_mb)
+        self.rows: list[dict] = []
+        self.last_peak: dict[tuple, tuple[int, int]] = {}  # case key → (n, peak bytes) at the largest n run
+
+    def _skip(self, ident: dict, note: str) -> None:
+        self.rows.append({**ident, "note": note})
+
+    def _expected_bytes(self, key: tuple, variant: str, level: str, mode: str, n: int) -> float:
+        if key in self.last_peak:
+            n0, b0 = self.last_peak[key]
+            return b0 * (n / n0) ** 2
+        return _naive_bytes(level, mode, n, self.shape) if variant == "naive" else 0.0
+
+    def _probe(self, level: str, mode: str, n: int, variant: str, k: Optional[int], path: str,
+               causal: bool) -> Optional[Probed]:
+        """Build one case, count its FLOPs (the first warm-up), measure its memory and size its
+        timing samples; None (and a row with a note) if it is skipped or fails."""
+        shape = self.shape
+        ident = _identity(level, mode, variant, k, path, causal, n, shape, self.threads)
+        if k is not None and k >= n:
+            self._skip(ident, f"k={k} ≥ n: nothing to compress")
+            return None
+        key = (level, mode, variant, k, path, causal)
+        expected = self._expected_bytes(key, variant, level, mode, n)
+        if expected > self.limit:
+            self._skip(ident, f"would not fit: about {expected / 2**20:.0f} MB expected, "
+                              f"limit {self.limit / 2**20:.0f} MB")
+            return None
+        try:
+            case = K.build(level, mode, variant, k, path, n, shape, causal)
+            flops, _ = count_flops(case.run)
+            case.clear()
+            peak_bytes = peak_memory_bytes(case.run, shape.device)
+            calls = calls_for(seconds_per_call(case.run, shape.device), self.args.min_time)
+        except Exception as err:  # noqa: BLE001  (out of memory, a variant that cannot be built: note it)
+            self._skip(ident, f"failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            gc.collect()
+            return None
+        self.last_peak[key] = (n, peak_bytes)
+        return Probed(ident, case, flops, peak_bytes, calls)
+
+    def group(self, level: str, mode: str, n: int) -> None:
+        """Probe every case of one (level, mode, n), then time them all in interleaved rounds."""
+        a, shape = self.args, self.shape
+        specs = [(b, None, "-", c) for c in sorted({K.is_causal(v) for v in a.variants}) for b in K.BASELINES]
+        specs += [(v, k, p, K.is_causal(v)) for v in a.variants for k in a.k for p in a.paths]
+        ready = [p for p in (self._probe(level, mode, n, *spec) for spec in specs) if p is not None]
+        if not ready:
+            return
+        # The start-up peak's GEMM timed again in the same rounds: its FLOP/s per round is the
+        # reference of the paired efficiency, which load changing since start-up cannot skew.
+        m, inner, cols = self.peak_shape
+        lhs = torch.randn(m, inner, device=shape.device, dtype=shape.dtype)
+        rhs = torch.randn(inner, cols, device=shape.device, dtype=shape.dtype)
+        gemm = lambda: torch.mm(lhs, rhs)  # noqa: E731
+        samples = interleaved_seconds(
+            {"gemm": gemm, **{p.case.key: p.case.run for p in ready}},
+            {"gemm": calls_for(seconds_per_call(gemm, shape.device), a.min_time),
+             **{p.case.key: p.calls for p in ready}}, a.repeats, shape.device)
+        gemm_rate = [2 * lhs.shape[0] * lhs.shape[1] * rhs.shape[1] / s for s in samples["gemm"]]
+        baselines = {(p.case.variant, p.case.causal): p for p in ready if p.case.variant in K.BASELINES}
+        for p in ready:
+            t = samples[p.case.key]
+            row = {**p.ident, "path_used": p.case.path_used, "repeats": a.repeats, "calls": p.calls,
+                   "time_ms_median": 1e3 * median(t), "time_ms_min": 1e3 * min(t), "time_ms_max": 1e3 * max(t),
+                   "tokens_per_s": p.case.tokens / median(t), "peak_mem_mb": p.peak_bytes / 2**20,
+                   "gflop": p.flops / 1e9, "gflops_per_s": p.flops / median(t) / 1e9,
+                   "gemm_peak_gflops": self.peak / 1e9, "efficiency": p.flops / median(t) / self.peak,
+                   "efficiency_paired": median([p.flops / s / g for s, g in zip(t, gemm_rate)])}
+            for name in K.BASELINES:
+                base = baselines.get((name, p.case.causal))
+                if base is not None:
+                    row[f"speedup_vs_{name}"] = median([x / y for x, y in zip(samples[base.case.key], t)])
+                    row[f"memory_saving_vs_{name}"] = base.peak_bytes / p.peak_bytes if p.peak_bytes > 0 else None
+            self.rows.append(row)
+        del ready, samples, baselines
+        gc.collect()
+        if shape.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def decode(self) -> None:
+        from experiments.benchmarks.decode import decode_seconds
+
+        a, shape = self.args, self.shape
+        positions = [p for p in (a.decode_positions or a.n) if p >= a.decode_window]
+        k = a.k[0]
+        idents = {v: _identity("decode", "fwd", v, k if v == "causal" else None, "auto" if v == "causal" else "-",
+                               True, 0, shape, self.threads) for v in ("causal", "sdpa")}
+        try:
+            seconds = decode_seconds(positions, k, shape, a.decode_window)
+        except Exception as err:  # noqa: BLE001
+            for ident in idents.values():
+                self._skip(ident, f"failed: {type(err).__name__}: {err}")
+            return
+        for variant, per_position in seconds.items():
+            for p, s in per_position.items():
+                self.rows.append({**idents[variant], "n": p, "repeats": min(p, a.decode_window), "calls": 1,
+                                  "time_ms_median": 1e3 * s, "tokens_per_s": shape.batch / s,
+                                  "speedup_vs_sdpa": seconds["sdpa"][p] / s})
+
+    def loop(self) -> None:
+        from experiments.benchmarks.training_loop import loop_overhead
+
+        a, shape = self.args, self.shape
+        n, k = a.n[0], min(a.k[0], a.n[0])
+        bf16 = shape.dtype == torch.bfloat16
+        loop_shape = dataclasses.replace(shape, batch=a.loop_batch)
+        idents = {v: _identity("loop", "fwdbwd", v, k, "auto", False, n, loop_shape, self.threads)
+                  for v in ("lightning", "pytorch")}
+        try:
+            result = loop_overhead(n, k, shape.d_model, shape.n_heads, shape.n_layers, shape.d_ff, a.loop_batch,
+                                   a.loop_steps, a.loop_rounds, shape.device, bf16, shape.vocab)
+        except Exception as err:  # noqa: BLE001
+            for ident in idents.values():
+                self._skip(ident, f"failed: {type(err).__name__}: {err}")
+            return
+        for variant, key in (("lightning", "lightning_s"), ("pytorch", "bare_s")):
+            t = result[key]
+            note = (f"Lightning ÷ bare per step: {result['ratio']:.3f} (median of {len(t)} paired rounds)"
+                    if variant == "lightning" else "zero_grad, loss, backward, step, scheduler step")
+            self.rows.append({**idents[variant], "repeats": len(t), "calls": a.loop_steps, "time_ms_median": 1e3 * median(t),
+                              "time_ms_min": 1e3 * min(t), "time_ms_max": 1e3 * max(t),
+                              "tokens_per_s": result["tokens"] / median(t), "note": note})
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return f"{model or platform.processor() or 'CPU'} ({os.cpu_count()} logical cores)"
+
+
+def _gemm_shapes(args: argparse.Namespace, levels: list[str]) -> list[tuple[int, int, int]]:
+    """The products the cases run: projections (B·n × d × d), feed-forward (B·n × d × d_ff) and
+    E X (k × n × d)."""
+    shapes = set()
+    for n in args.n:
+        shapes.add((args.batch * n, args.d_model, args.d_model))
+        if "model" in levels:
+            shapes.add((args.batch * n, args.d_model, args.d_ff))
+        shapes.update((k, n, args.d_model) for k in args.k if k < n)
+    return sorted(shapes)
+
+
+def _out_dir(root: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path, i = Path(root) / stamp, 1
+    while path.exists():
+        path, i = Path(root) / f"{stamp}-{i}", i + 1
+    path.mkdir(parents=True)
+    return path
+
+
+def _noise(rows: list[dict]) -> str:
+    spreads = [(r["time_ms_max"] - r["time_ms_min"]) / r["time_ms_median"] for r in rows
+               if r.get("time_ms_min") is not None and r["level"] in ("layer", "model")]
+    if not spreads:
+        return "no interleaved timings"
+    return (f"(max − min) / median over rounds: median {median(spreads):.0%}, worst {max(spreads):.0%} "
+            f"across {len(spreads)} cases")
+
+
+def main(args: argparse.Namespace) -> int:
+    _check(args)
+    threads = torch.get_num_threads()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)  # the thread count is process-wide: leave it as found
+
+
+def _run(args: argparse.Namespace) -> int:
+    device = _device(args.device)
+    dtype = DTYPES[args.dtype] if args.dtype != "auto" else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    shape = K.Shape(args.d_model, args.heads, args.layers, args.d_ff, args.vocab, args.batch, dtype, device)
+    out = _out_dir(args.out)
+    load_before = os.getloadavg()
+    peak, per_shape = gemm_peak(_gemm_shapes(args, args.levels), dtype, device, args.min_time)
+    peak_shape = max(per_shape, key=per_shape.get)
+    print(f"GEMM peak {peak / 1e9:.1f} GFLOP/s at {'×'.join(map(str, peak_shape))}; writing {out}", flush=True)
+    bench = Bench(args, shape, peak, peak_shape)
+    started = time.time()
+    for level in [lv for lv in ("layer", "model") if lv in args.levels]:
+        for mode in args.mode:
+            for n in args.n:
+                bench.group(level, mode, n)
+                print(f"  {level} {mode} n={n} done ({time.time() - started:.0f} s)", flush=True)
+    if "decode" in args.levels:
+        bench.decode()
+    if "loop" in args.levels:
+        bench.loop()
+    header = [
+        f"- machine: {_machine(device)}; torch {torch.__version__}; {bench.threads} threads; dtype "
+        f"{str(dtype).removeprefix('torch.')}; batch {args.batch}",
+        f"- shape: d_model {args.d_model}, {args.heads} heads, d_ff {args.d_ff}, {args.layers} layers in model cases",
+        f"- GEMM peak (best `torch.mm` over the cases' shapes, measured at start-up): {peak / 1e9:.1f} GFLOP/s "
+        f"at m×k×n = {'×'.join(map(str, peak_shape))}; timed again in every group's rounds for the paired efficiency",
+        f"- load average (1 min) before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f}; timing noise: "
+        f"{_noise(bench.rows)}",
+        f"- memory: peak bytes allocated during one call beyond those held before it "
+        f"({'CUDA allocator peak' if device.type == 'cuda' else 'profiler memory events summed in time order'})",
+        f"- {args.repeats} interleaved rounds per case, each sample ≥ {args.min_time} s; wall time "
+        f"{time.time() - started:.0f} s",
+    ]
+    table = report.markdown(bench.rows, header)
+    report.write_csv(out / "results.csv", bench.rows)
+    (out / "table.md").write_text(table)
+    report.figure(bench.rows).savefig(out / "scaling.png", dpi=130)
+    report.tensorboard(out, bench.rows, out / "scaling.png", table)
+    print(f"bench results: {out}/table.md")
+    return 0

@@ -1,0 +1,1 @@
+"""The pieces of ``linformer-lab bench``: cases, measurement, decode, training loop, report."""

@@ -1,0 +1,149 @@
+"""``linformer-lab time-to-target DIR... --target PPL``: wall-clock seconds and tokens each variant
+needed to reach a validation perplexity (the comparison the paper leaves out).
+
+Every run's ``metrics.json`` holds ``ppl_vs_wallclock``: [(training seconds, tokens, val ppl), ...],
+one point per validation (the same curve is in TensorBoard as ``val/ppl_vs_wallclock``). A run
+reaches the target at its first validation with ppl ≤ target; seconds and tokens are interpolated
+linearly in ppl between that validation and the one before it (the first validation itself if it
+already reaches the target). Runs are grouped into variants by the config values that differ
+between them (seed, names and paths excluded), or by the keys given with ``--by``; a variant's
+numbers are medians over its runs, with how many runs reached the target.
+
+Each DIR is a run directory or any folder above runs (an experiment, a sweep study): every
+``metrics.json`` below it with a ``config.yaml`` beside it is one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Optional, Sequence
+
+import yaml
+
+from experiments.config import ConfigError, flatten
+
+# Keys that differ between runs of the same variant.
+PER_RUN_KEYS = ("seed", "experiment", "run_dir", "output_dir", "resume", "data.cache_dir")
+
+
+def reach(curve: Sequence[Sequence[float]], target: float) -> Optional[tuple[float, float]]:
+    """(seconds, tokens) at which the curve first gets to val ppl ≤ target; None if it never does."""
+    previous = None
+    for seconds, tokens, ppl in curve:
+        if ppl <= target:
+            if previous is None or previous[2] == ppl:
+                return float(seconds), float(tokens)
+            s0, t0, p0 = previous
+            f = (p0 - target) / (p0 - ppl)
+            return s0 + f * (seconds - s0), t0 + f * (tokens - t0)
+        previous = (float(seconds), float(tokens), float(ppl))
+    return None
+
+
+def find_runs(paths: Sequence[Path]) -> list[Path]:
+    """Run directories (holding metrics.json and config.yaml) at or below ``paths``."""
+    runs: list[Path] = []
+    for path in paths:
+        if not path.is_dir():
+            raise ConfigError(f"{path}: not a directory")
+        found = [path] if (path / "metrics.json").is_file() else sorted(p.parent for p in path.rglob("metrics.json"))
+        runs += [r for r in found if (r / "config.yaml").is_file()]
+    if not runs:
+        raise ConfigError(f"{', '.join(map(str, paths))}: no run directory (metrics.json with config.yaml) found")
+    return runs
+
+
+def _load(run: Path) -> tuple[dict, list[tuple[float, float, float]], dict]:
+    metrics = json.loads((run / "metrics.json").read_text())
+    config = flatten(yaml.safe_load((run / "config.yaml").read_text()) or {})
+    curve = [tuple(float(v) for v in point) for point in metrics.get("ppl_vs_wallclock", [])]
+    return config, curve, metrics
+
+
+def variant_keys(configs: list[dict]) -> list[str]:
+    """Config keys whose values differ between runs, per-run keys excluded."""
+    keys = sorted({k for c in configs for k in c})
+    return [k for k in keys if k not in PER_RUN_KEYS and len({json.dumps(c.get(k)) for c in configs}) > 1]
+
+
+def rows(paths: Sequence[Path], target: float, by: Optional[Sequence[str]] = None) -> tuple[list[dict], list[str]]:
+    """One row per variant: runs, how many reached ``target``, median seconds and tokens to reach
+    it, median final val ppl and tokens/s. Also returns the keys that define the variants."""
+    loaded = [(run, *_load(run)) for run in find_runs(paths)]
+    keys = list(by) if by else variant_keys([c for _, c, _, _ in loaded])
+    unknown = [k for k in keys if all(k not in c for _, c, _, _ in loaded)]
+    if unknown:
+        raise ConfigError(f"--by: {', '.join(unknown)} is not a config key of these runs")
+    groups: dict[str, list] = defaultdict(list)
+    for run, config, curve, metrics in loaded:
+        label = ", ".join(f"{k.removeprefix('model.')}={config.get(k)}" for k in keys) or "all runs"
+        groups[label].append((curve, metrics))
+    out = []
+    for label, members in sorted(groups.items()):
+        reached = [r for r in (reach(curve, target) for curve, _ in members) if r is not None]
+        finals = [curve[-1][2] for curve, _ in members if curve]
+        speeds = [float(m["tokens_per_sec"]) for _, m in members if "tokens_per_sec" in m]
+        out.append({"variant": label, "runs": len(members), "reached": len(reached),
+                    "seconds": _median([s for s, _ in reached]), "tokens": _median([t for _, t in reached]),
+                    "final_ppl": _median(finals), "tokens_per_s": _median(speeds)})
+    return out, keys
+
+
+def _median(values: list[float]) -> Optional[float]:
+    if not values:
+        return None
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
+def _fmt(value: Optional[float], spec: str) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def markdown(table_rows: list[dict], target: float, keys: Sequence[str]) -> str:
+    lines = [f"### Time to validation perplexity ≤ {target:g}", "",
+             f"Variants differ in: {', '.join(keys) or 'nothing (one group)'}. Medians over the runs that reached "
+             "the target; seconds are training-step seconds.", "",
+             "| variant | runs | reached | seconds | tokens | final val ppl | tokens/s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in table_rows:
+        lines.append(f"| {r['variant']} | {r['runs']} | {r['reached']} | {_fmt(r['seconds'], '.1f')} | "
+                     f"{_fmt(r['tokens'], '.3g')} | {_fmt(r['final_ppl'], '.2f')} | {_fmt(r['tokens_per_s'], '.0f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def report(paths: Sequence[Path], targets: Sequence[float], by: Optional[Sequence[str]] = None) -> str:
+    """The markdown tables, one per target (what the CLI prints and a study report can embed)."""
+    tables = []
+    for target in targets:
+        table_rows, keys = rows(paths, target, by)
+        tables.append(markdown(table_rows, target, keys))
+    return "\n".join(tables)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dirs", nargs="+", type=Path, help="run directories or folders above them")
+    parser.add_argument("--target", required=True, help="validation perplexity to reach (comma-separated for several)")
+    parser.add_argument("--by", default=None, help="config keys that define a variant, comma-separated "
+                                                   "(default: every key that differs between the runs)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the tables to this markdown file")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        targets = [float(t) for t in args.target.split(",") if t.strip()]
+    except ValueError:
+        raise ConfigError(f"--target: expected numbers, got {args.target!r}") from None
+    if not targets or min(targets) <= 0:
+        raise ConfigError(f"--target: expected positive perplexities, got {args.target!r}")
+    by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
+    text = report(args.dirs, targets, by)
+    print(text, end="")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return 0

@@ -1,0 +1,182 @@
+"""Sequence classification on top of the (optionally pretrained) encoder: the fine-tuning stage of Table 2,
+and ListOps / byte-level text of the Long Range Arena.
+
+    h = Encoder(input_ids, mask)                          (B, T, d)
+    p = Σ_t m_t h_t / Σ_t m_t                             (B, d)    mean over real tokens (m: mask)
+    logits = W₂ tanh(W₁ dropout(p) + b₁) + b₂             (B, C)    after a dropout (RoBERTa's head)
+    loss = cross-entropy(logits, labels)
+
+Mean pooling rather than the [CLS] vector: MLM pretraining packs documents into blocks without [CLS], so
+that vector is untrained when fine-tuning starts, while every position's state was trained; the masked
+mean is also unchanged by padding, like every real token's state (``attention.py``).
+
+``init_from`` (a run directory, whose ``checkpoints/last.ckpt`` is read, or a ``.ckpt`` file) loads the
+encoder's weights, E/F included, with ``torch.load(weights_only=True)``. The checkpoint's architecture must
+equal ``model.*`` up to settings that change no weight (dropouts, ``attention.path``, ``attention.init``/
+``delta``: the loaded E/F replace the initial ones) and the vocabulary size; otherwise one ConfigError line names the first
+differing key. The head starts fresh.
+
+Metrics: ``val/`` and ``test/`` loss, accuracy and F1 (torchmetrics; binary tasks: F1 of class 1, GLUE's
+convention for QQP; more classes: macro F1); ``hp/val_loss`` and ``hp/val_accuracy`` for the HPARAMS tab.
+``experiments.train`` keeps the checkpoint of the best ``val/accuracy`` (``checkpoint_monitor``) as
+``checkpoints/best.ckpt`` and evaluates it on the test split.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from torch import Tensor, nn
+from torchmetrics import MeanMetric, MetricCollection
+from torchmetrics.classification import BinaryF1Score, MulticlassAccuracy, MulticlassF1Score
+
+from experiments.config import ConfigError, flatten, layer_ks
+from experiments.resume import read_checkpoint
+from experiments.rundir import CHECKPOINT
+from lightning_modules.encoder import TransformerEncoder, count_parameters, model_config
+from lightning_modules.optim import build_optimizer
+
+# Model settings that no weight depends on: they may differ between pretraining and fine-tuning.
+WEIGHT_FREE_KEYS = {"dropout", "attention.dropout", "attention.path", "attention.init", "attention.delta"}
+
+
+class ClassificationHead(nn.Module):
+    def __init__(self, d_model: int, num_labels: int, dropout: float) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.dense, self.out = nn.Linear(d_model, d_model), nn.Linear(d_model, num_labels)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        """(B, d) → logits (B, C)."""
+        return self.out(self.drop(torch.tanh(self.dense(self.drop(pooled)))))
+
+
+class SequenceClassifierModule(L.LightningModule):
+    """Encoder + mean pooling + head, trained on ``batch = {input_ids, attention_mask, labels (B,)}``.
+
+    Args:
+        config: the whole run config as a plain dict (``experiments.config.to_container``).
+        vocab_size: size of the tokenizer's vocabulary.
+        num_labels: number of classes C.
+    """
+
+    checkpoint_monitor = ("val/accuracy", "max")  # experiments.train keeps the best checkpoint and tests it
+    hp_metrics = ("hp/val_loss", "hp/val_accuracy")
+
+    def __init__(self, config: dict, vocab_size: int, num_labels: int) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.config = config
+        self.encoder = TransformerEncoder(config["model"], vocab_size)
+        self.head = ClassificationHead(config["model"]["d_model"], num_labels, config["model"]["dropout"])
+        if config.get("init_from"):
+            load_encoder(self.encoder, config["init_from"], config["model"], vocab_size)
+        self.n_parameters = count_parameters(self)
+        scores = MetricCollection({
+            "accuracy": MulticlassAccuracy(num_labels, average="micro"),
+            "f1": BinaryF1Score() if num_labels == 2 else MulticlassF1Score(num_labels, average="macro")})
+        self.val_scores, self.test_scores = scores.clone(prefix="val/"), scores.clone(prefix="test/")
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Logits (B, C)."""
+        hidden = self.encoder(input_ids, attention_mask)                          # (B, T, d)
+        if attention_mask is None:
+            return self.head(hidden.mean(1))
+        m = attention_mask.unsqueeze(-1).to(hidden.dtype)                         # (B, T, 1)
+        return self.head((hidden * m).sum(1) / m.sum(1).clamp(min=1))
+
+    def _step(self, batch: dict) -> tuple[Tensor, Tensor]:
+        logits = self(batch["input_ids"], batch["attention_mask"]).float()
+        return F.cross_entropy(logits, batch["labels"]), logits
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        loss, logits = self._step(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/accuracy", (logits.argmax(-1) == batch["labels"]).float().mean())
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        return loss
+
+    def _evaluate(self, batch: dict, loss_metric: MeanMetric, scores: MetricCollection) -> None:
+        loss, logits = self._step(batch)
+        loss_metric.update(loss.detach(), weight=len(logits))
+        scores.update(logits.argmax(-1), batch["labels"])
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._evaluate(batch, self.val_loss, self.val_scores)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._evaluate(batch, self.test_loss, self.test_scores)
+
+    def on_validation_epoch_end(self) -> None:
+        scores, loss = self.val_scores.compute(), self.val_loss.compute()
+        self.log_dict({**scores, "val/loss": loss, "hp/val_loss": loss, "hp/val_accuracy": scores["val/accuracy"]})
+        self.val_scores.reset()
+        self.val_loss.reset()
+
+    def on_test_epoch_end(self) -> None:
+        self.log_dict({**self.test_scores.compute(), "test/loss": self.test_loss.compute()})
+        self.test_scores.reset()
+        self.test_loss.reset()
+
+    def configure_optimizers(self) -> Any:
+        return build_optimizer(self, self.config["optim"], self.config["trainer"]["max_steps"])
+
+
+# ------------------------------------------------------------------------------------- init_from
+def checkpoint_path(init_from: str) -> Path:
+    """The checkpoint ``init_from`` names: ``<run dir>/checkpoints/last.ckpt`` or the file itself."""
+    path = Path(init_from)
+    ckpt = path / CHECKPOINT if path.is_dir() else path
+    if not ckpt.is_file():
+        raise ConfigError(f"init_from: no checkpoint at {str(ckpt)!r} (give a run directory holding "
+                          f"{CHECKPOINT} or a .ckpt file)")
+    return ckpt
+
+
+def architecture(model_cfg: Any) -> dict[str, Any]:
+    """The model settings that weights depend on, flat (``attention.k`` as the k of every layer)."""
+    model = model_config(model_cfg)
+    cfg = OmegaConf.to_container(model, resolve=True)
+    att = cfg.pop("attention")
+    if att["kind"] == "linformer":
+        cfg["attention"] = {**att, "k": layer_ks(model), "k_schedule": None}
+    else:  # full attention has no E/F: its Linformer settings are unused
+        cfg["attention"] = {"kind": att["kind"], "causal": att["causal"]}
+    return {k: v for k, v in flatten(cfg).items() if k not in WEIGHT_FREE_KEYS}
+
+
+def load_encoder(encoder: TransformerEncoder, init_from: str, model_cfg: Any, vocab_size: int) -> None:
+    """Copy a pretraining checkpoint's encoder weights into ``encoder`` after checking it is the same model."""
+    ckpt = checkpoint_path(init_from)
+    try:
+        state = read_checkpoint(ckpt)  # weights_only=True
+    except ConfigError as err:
+        raise ConfigError(f"init_from: {err}") from None
+    hparams, weights = state.get("hyper_parameters") or {}, state["state_dict"]
+    if "config" not in hparams or "vocab_size" not in hparams:
+        raise ConfigError(f"init_from: {str(ckpt)!r} has no model config and vocabulary size in its hyper-parameters "
+                          f"(not a linformer-lab checkpoint)")
+    theirs, mine = architecture(hparams["config"]["model"]), architecture(model_cfg)
+    for key in mine:
+        if theirs.get(key) != mine[key]:
+            raise ConfigError(f"init_from: {str(ckpt)!r} was trained with model.{key}={theirs.get(key)}, this run has "
+                              f"model.{key}={mine[key]} (the encoder architecture must match)")
+    finished = ckpt.parents[1] / "metrics.json"
+    if Path(init_from).is_dir() and finished.is_file():  # a run directory stands for the end of its training
+        ended, saved = json.loads(finished.read_text()).get("global_step"), state.get("global_step")
+        if ended != saved:
+            raise ConfigError(f"init_from: {str(ckpt)!r} holds step {saved}, but the run ended at step {ended} "
+                              f"(checkpoints are written at validations: make trainer.max_steps a multiple of "
+                              f"trainer.val_check_interval, or name a .ckpt file)")
+    if hparams["vocab_size"] != vocab_size:
+        raise ConfigError(f"init_from: {str(ckpt)!r} has a vocabulary of {hparams['vocab_size']} tokens, this run's "
+                          f"tokenizer has {vocab_size} (fine-tune with the pretraining run's tokenizer)")
+    prefix = "encoder."
+    encoder.load_state_dict({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})

@@ -1,0 +1,207 @@
+"""The efficiency bench measures what it says, and time-to-target reads runs' curves correctly."""
+
+import argparse
+import csv
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from experiments import bench, cli
+from experiments import time_to_target as ttt
+from experiments.benchmarks import cases as K
+from experiments.benchmarks import report
+from experiments.benchmarks.measure import peak_memory_bytes
+from lightning_modules.encoder import TransformerEncoder
+from lightning_modules.flops import count_flops
+
+CPU = torch.device("cpu")
+TINY = ["--n", "32,64", "--k", "8", "--d-model", "32", "--heads", "2", "--layers", "2", "--d-ff", "64",
+        "--vocab", "50", "--repeats", "2", "--min-time", "0.001", "--decode-window", "4",
+        "--loop-batch", "2", "--loop-steps", "3", "--loop-rounds", "2", "--threads", "1"]
+SHAPE = K.Shape(d_model=32, n_heads=4, n_layers=2, d_ff=64, vocab=50, batch=2, dtype=torch.float32, device=CPU)
+
+
+# ------------------------------------------------------------------------------ the bench end to end
+def test_tiny_bench_writes_every_output_with_the_expected_columns(tmp_path):
+    assert cli.main(["bench", *TINY, "--variants", "learned,causal", "--out", str(tmp_path)]) == 0
+    (out,) = tmp_path.iterdir()
+    assert {p.name for p in out.iterdir() if not p.name.startswith("events.out.tfevents")} == {
+        "results.csv", "table.md", "scaling.png"}
+    assert any(p.name.startswith("events.out.tfevents") for p in out.iterdir())
+    assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    with (out / "results.csv").open() as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames) == report.COLUMNS
+        rows = list(reader)
+    assert not [r for r in rows if r["note"].startswith("failed")]
+    timed = {(r["level"], r["mode"], r["variant"], r["causal"], int(r["n"])): r for r in rows if r["time_ms_median"]}
+    for level in ("layer", "model"):
+        for mode in ("fwd", "fwdbwd"):
+            for n in (32, 64):
+                for variant, causal in (("naive", "False"), ("sdpa", "False"), ("learned", "False"),
+                                        ("naive", "True"), ("sdpa", "True"), ("causal", "True")):
+                    assert (level, mode, variant, causal, n) in timed
+                row = timed[(level, mode, "learned", "False", n)]
+                for column in ("speedup_vs_sdpa", "speedup_vs_naive", "memory_saving_vs_sdpa",
+                               "memory_saving_vs_naive", "efficiency", "peak_mem_mb", "gflop"):
+                    assert float(row[column]) > 0, column
+    assert {(r["variant"], int(r["n"])) for r in rows if r["level"] == "decode"} == {
+        (v, n) for v in ("causal", "sdpa") for n in (32, 64)}
+    assert {r["variant"] for r in rows if r["level"] == "loop"} == {"lightning", "pytorch"}
+
+    table = (out / "table.md").read_text()
+    for heading in ("### layer · forward (inference mode) · learned", "### model · forward + backward · causal",
+                    "Over naive softmax attention (the paper's baseline):", "Over scaled_dot_product_attention:",
+                    "## Streaming decode", "## Lightning loop vs bare PyTorch loop"):
+        assert heading in table
+
+
+def test_a_case_that_would_not_fit_is_skipped_with_a_note():
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args([*TINY, "--variants", "learned", "--memory-limit-mb", "0.01"])
+    run = bench.Bench(args, K.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU), peak_flops=1e9,
+                      peak_shape=(64, 32, 32))
+    run.group("layer", "fwd", 64)
+    # Naive needs 2·h·n² floats = 64 KiB, over the 10 KiB limit; the others are probed and run.
+    (naive,) = [r for r in run.rows if r["variant"] == "naive"]
+    assert naive["note"].startswith("would not fit") and naive.get("time_ms_median") is None
+    learned = next(r for r in run.rows if r["variant"] == "learned")
+    assert learned["time_ms_median"] > 0 and learned.get("speedup_vs_naive") is None
+    run.group("layer", "fwd", 128)  # extrapolated from n = 64 as n²: now nothing fits
+    assert all(r["note"].startswith("would not fit") for r in run.rows if r["n"] == 128)
+
+
+def test_unknown_variant_is_a_one_line_error(capsys):
+    assert cli.main(["bench", "--variants", "learned,performer"]) == 2
+    assert "--variants: performer not allowed" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ what is compared
+def _with_random_biases(model: torch.nn.Module) -> torch.nn.Module:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_()  # a non-zero bias exercises the (E m) bᵀ term of the input path
+    return model.eval()
+
+
+@pytest.mark.parametrize("variant", list(K.VARIANTS))
+def test_every_variant_fast_path_equals_its_reference_path(variant):
+    """The default path (auto: the fastest exact one) and, where it applies, ``input`` give the same
+    outputs as Eq. 7 evaluated as written (``projected``), with and without padding."""
+    models = {}
+    for path in ("projected", "auto", "input"):
+        torch.manual_seed(0)
+        try:
+            models[path] = _with_random_biases(
+                TransformerEncoder(K.model_config("model", variant, 4, path, 16, SHAPE), SHAPE.vocab))
+        except ValueError as err:
+            assert path == "input" and "path 'input'" in str(err)  # input does not apply to this variant
+    ids = torch.randint(5, SHAPE.vocab, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.bool)
+    mask[1, 11:] = False
+    reference = models.pop("projected")
+    for model in models.values():
+        torch.testing.assert_close(model(ids, mask), reference(ids, mask), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(ids), reference(ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_baseline_computes_the_same_attention_as_sdpa(causal):
+    torch.manual_seed(0)
+    sdpa = TransformerEncoder(K.model_config("layer", "sdpa", None, "-", 16, SHAPE, causal), SHAPE.vocab).blocks[0].attn
+    naive = K.NaiveAttention(sdpa)
+    x = torch.randn(2, 16, SHAPE.d_model)
+    torch.testing.assert_close(naive(x), sdpa(x), atol=1e-5, rtol=1e-5)
+    mask = torch.ones(2, 16, dtype=torch.bool)
+    mask[0, 9:] = False
+    torch.testing.assert_close(naive(x, mask), sdpa(x, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_flop_counts_follow_the_attention_formulas():
+    """Layer forward, B·(8nd² + 4n²d) for full attention and B·(8nd² + 8nkd) for Eq. 7 as written:
+    their ratio is (2d + n)/(2d + 2k), the speed-up a FLOP-bound Linformer can reach."""
+    n, k, d, b = 64, 8, SHAPE.d_model, SHAPE.batch
+    for variant, expected in (("sdpa", 8 * n * d * d + 4 * n * n * d), ("naive", 8 * n * d * d + 4 * n * n * d),
+                              ("learned", 8 * n * d * d + 8 * n * k * d)):
+        case = K.build("layer", "fwd", variant, k, "projected", n, SHAPE)
+        assert count_flops(case.run)[0] == b * expected, variant
+    causal = K.build("layer", "fwd", "sdpa", None, "-", n, SHAPE, causal=True)
+    assert count_flops(causal.run)[0] == b * (8 * n * d * d + 2 * n * n * d)  # the kernel skips the upper half
+
+
+# ------------------------------------------------------------------------------ memory probe
+def test_memory_probe_measures_a_known_allocation_within_5_percent():
+    mib = 2**20
+
+    def fn():
+        a = torch.ones(4 * mib // 4)        # 4 MiB
+        b = torch.ones(8 * mib // 4)        # +8 MiB: 12 MiB held, the peak
+        del b
+        c = a * 2                           # +4 MiB: 8 MiB held
+        return c.sum()
+
+    assert peak_memory_bytes(fn, CPU) == pytest.approx(12 * mib, rel=0.05)
+    x = torch.randn(1024, 256)
+    w = torch.randn(256, 512)
+    assert peak_memory_bytes(lambda: x @ w, CPU) == pytest.approx(1024 * 512 * 4, rel=0.05)
+
+
+def test_memory_probe_resets_between_calls():
+    """Unlike ru_maxrss, a small call measured after a big one reports its own peak."""
+    peak_memory_bytes(lambda: torch.ones(64 * 2**20 // 4), CPU)
+    assert peak_memory_bytes(lambda: torch.ones(2**20 // 4), CPU) == pytest.approx(2**20, rel=0.05)
+
+
+# ------------------------------------------------------------------------------ report helpers
+def test_fitted_slope_recovers_the_exponent():
+    ns = [512, 1024, 2048, 4096]
+    assert report.fitted_slope(ns, [3e-9 * n**2 for n in ns]) == pytest.approx(2.0)
+    assert report.fitted_slope(ns, [0.5 * n for n in ns]) == pytest.approx(1.0)
+    assert report.fitted_slope([512], [1.0]) is None
+
+
+# ------------------------------------------------------------------------------ time to target
+def test_reach_interpolates_between_the_bracketing_validations():
+    curve = [(10.0, 1000, 100.0), (20.0, 2000, 60.0), (30.0, 3000, 40.0)]
+    assert ttt.reach(curve, 50.0) == pytest.approx((25.0, 2500.0))   # halfway from 60 to 40
+    assert ttt.reach(curve, 100.0) == (10.0, 1000.0)                  # the first validation already
+    assert ttt.reach(curve, 39.0) is None
+
+
+def _fake_run(path, k, seed, curve, tokens_per_sec=1000.0):
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(f"experiment: e{seed}\nseed: {seed}\nmodel:\n  attention:\n    k: {k}\n")
+    (path / "metrics.json").write_text(json.dumps({"ppl_vs_wallclock": curve, "tokens_per_sec": tokens_per_sec}))
+
+
+def test_time_to_target_table_has_one_row_per_variant(tmp_path, capsys):
+    _fake_run(tmp_path / "a" / "version_0", 32, 0, [[10, 100, 80], [20, 200, 40]])
+    _fake_run(tmp_path / "a" / "version_1", 32, 1, [[10, 100, 80], [30, 300, 40]])
+    _fake_run(tmp_path / "b" / "version_0", 64, 0, [[10, 100, 90], [20, 200, 70]])
+    table_rows, keys = ttt.rows([tmp_path], target=60.0)
+    assert keys == ["model.attention.k"]  # seeds and experiment names do not split variants
+    by_variant = {r["variant"]: r for r in table_rows}
+    k32, k64 = by_variant["attention.k=32"], by_variant["attention.k=64"]
+    assert (k32["runs"], k32["reached"]) == (2, 2)
+    assert k32["seconds"] == pytest.approx((15 + 20) / 2) and k32["tokens"] == pytest.approx((150 + 200) / 2)
+    assert (k64["runs"], k64["reached"], k64["seconds"]) == (1, 0, None)
+
+    out = tmp_path / "ttt.md"
+    assert cli.main(["time-to-target", str(tmp_path), "--target", "60", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed == out.read_text()
+    assert "| attention.k=64 | 1 | 0 | – |" in printed and "Time to validation perplexity ≤ 60" in printed
+    assert not math.isnan(k32["final_ppl"])
+
+
+def test_time_to_target_errors_are_one_line(tmp_path, capsys):
+    assert cli.main(["time-to-target", str(tmp_path), "--target", "60"]) == 2
+    assert "no run directory" in capsys.readouterr().err
+    assert cli.main(["time-to-target", str(tmp_path), "--target", "abc"]) == 2
+    assert "--target: expected numbers" in capsys.readouterr().err

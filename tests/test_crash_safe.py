@@ -1,0 +1,197 @@
+"""Crash-safe runs: a run killed with SIGKILL and resumed ends exactly like one never interrupted.
+
+The kill is real (a `linformer-lab train` subprocess); the comparison is on CPU in deterministic mode with one
+thread per process, where the same computation gives the same floats.
+"""
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.summary.writer.record_writer import RecordWriter
+from torch.utils.data import TensorDataset
+
+from datamodules.sampling import EpochShuffle, ResumableLoader
+from experiments import cli
+from experiments.resume import AtomicCheckpointIO, read_checkpoint
+from experiments.rundir import CHECKPOINT
+
+TOLERANCE = 1e-6
+
+
+def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar event of every event file in ``run_dir``, as (step, value) lists per tag, raw: no
+    de-duplication or purging such as TensorBoard's reader may apply."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        for event in LegacyEventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                if value.HasField("simple_value"):
+                    out.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return out
+
+
+def launch(args: list[str]) -> subprocess.Popen:
+    script = Path(sys.executable).with_name("linformer-lab")
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "experiments.cli"]
+    return subprocess.Popen([*command, "train", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def kill_after_first_checkpoint(args: list[str], run_dir: Path) -> int:
+    """Start a run, SIGKILL it as soon as its first checkpoint exists, return its exit status."""
+    proc = launch(args)
+    ckpt, deadline = run_dir / CHECKPOINT, time.monotonic() + 300
+    try:
+        while not ckpt.is_file():
+            if proc.poll() is not None:
+                pytest.fail(f"the run ended before its first checkpoint: {proc.stderr.read().decode()[-2000:]}")
+            assert time.monotonic() < deadline, "no checkpoint after 300 s"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+        return proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+
+
+def append_scalars(path: Path, tag: str, steps: range, value: float) -> None:
+    """Append scalar events to a TensorBoard event file, as a process killed before its next checkpoint
+    leaves them (whether they reach the disk depends on when its writer flushed)."""
+    with open(path, "ab") as fh:
+        writer = RecordWriter(fh)
+        for step in steps:
+            summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
+            writer.write(Event(wall_time=time.time(), step=step, summary=summary).SerializeToString())
+
+
+@pytest.fixture
+def one_thread():
+    """Same floats in every process: one intra-op thread (the test process's setting is restored)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_run_killed_mid_training_resumes_to_the_same_weights_metrics_and_curves(tiny_overrides, tmp_path,
+                                                                                  one_thread):
+    # 130 training blocks of 32 tokens in batches of 16: 9 batches an epoch. Checkpoints after the validations
+    # at steps 4, 8, 12: the kill lands mid-epoch 0 and the resumed run crosses into epoch 1.
+    args = [str(tiny_overrides.config), *tiny_overrides.args, "data.max_texts=8", "data.batch_size=16",
+            "trainer.max_steps=12", "trainer.val_check_interval=4", "trainer.deterministic=true",
+            "trainer.cpu_threads=1"]
+    killed, straight = tmp_path / "killed", tmp_path / "straight"
+
+    assert kill_after_first_checkpoint([*args, f"run_dir={killed}"], killed) == -signal.SIGKILL
+    assert not (killed / "metrics.json").exists()
+    saved_at = read_checkpoint(killed / CHECKPOINT)["global_step"]
+    assert saved_at in (4, 8)
+    # What the killed process may have logged after its checkpoint (0-based steps saved_at, ...), and the event
+    # file of a later attempt killed before its first checkpoint: the resumed run must drop both.
+    events = max(killed.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime_ns)  # training's file
+    append_scalars(events, "train/loss", range(saved_at, saved_at + 3), 999.0)
+    append_scalars(killed / "events.out.tfevents.0.stray", "val/loss", range(saved_at + 3, saved_at + 4), 999.0)
+
+    assert cli.main(["train", *args, f"run_dir={killed}", "resume=true"]) == 0
+    assert cli.main(["train", *args, f"run_dir={straight}"]) == 0
+
+    resumed, reference = (read_checkpoint(d / CHECKPOINT) for d in (killed, straight))
+    assert resumed["global_step"] == reference["global_step"] == 12
+    assert resumed["state_dict"].keys() == reference["state_dict"].keys()
+    error = max((resumed["state_dict"][k] - reference["state_dict"][k]).abs().max().item()
+                for k in reference["state_dict"])
+    assert error <= TOLERANCE, f"max |resumed - uninterrupted| weight difference {error:.3g}"
+
+    resumed_metrics, reference_metrics = (json.loads((d / "metrics.json").read_text())
+                                          for d in (killed, straight))
+    for key in ("val/loss", "val/ppl", "val/accuracy", "tokens", "global_step"):
+        assert resumed_metrics[key] == pytest.approx(reference_metrics[key], abs=TOLERANCE), key
+
+    resumed_curves, reference_curves = scalars(killed), scalars(straight)
+    assert resumed_curves.keys() == reference_curves.keys()
+    for tag, points in reference_curves.items():
+        if tag == "val/ppl_vs_wallclock":  # its x axis is seconds, not steps: one point per validation
+            assert len(resumed_curves[tag]) == len(points)
+            continue
+        # ("epoch" is logged with the training and the validation metrics: twice at validation steps)
+        extra = Counter(step for step, _ in resumed_curves[tag]) - Counter(step for step, _ in points)
+        missing = Counter(step for step, _ in points) - Counter(step for step, _ in resumed_curves[tag])
+        assert not extra and not missing, f"{tag}: duplicated {sorted(extra)}, missing {sorted(missing)}"
+        if not tag.startswith("perf/"):  # perf/* are timings
+            resumed_values = [v for _, v in sorted(resumed_curves[tag])]  # hp/*: a NaN placeholder at step 0
+            assert resumed_values == pytest.approx([v for _, v in sorted(points)], abs=TOLERANCE, nan_ok=True), tag
+
+    # A truncated checkpoint: one line and exit code 2 on resume, and the run directory left as it was.
+    data = (killed / CHECKPOINT).read_bytes()
+    (killed / CHECKPOINT).write_bytes(data[: len(data) // 2])
+    before = {p: p.stat().st_mtime_ns for p in killed.rglob("*")}
+    assert cli.main(["train", *args, f"run_dir={killed}", "resume=true"]) == 2
+    assert {p: p.stat().st_mtime_ns for p in killed.rglob("*")} == before
+
+
+def _die_while_saving(path: Path) -> None:
+    """Child process: start overwriting ``path`` with a new checkpoint and get SIGKILLed half-way."""
+    def dying_save(obj, fh):
+        fh.write(b"PK\x03\x04 half a zip archive")
+        fh.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.save = dying_save
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(3)}}, path)
+
+
+def test_a_kill_during_a_checkpoint_save_leaves_the_previous_checkpoint_intact(tmp_path):
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.arange(3.0)}, "global_step": 4}, path)
+    child = multiprocessing.get_context("fork").Process(target=_die_while_saving, args=(path,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    state = read_checkpoint(path)
+    assert state["global_step"] == 4 and torch.equal(state["state_dict"]["w"], torch.arange(3.0))
+    # The killed writer's temporary file is removed by the next save.
+    assert any(p.name.endswith(".tmp") for p in path.parent.iterdir())
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 8}, path)
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]
+    assert read_checkpoint(path)["global_step"] == 8
+
+
+def _batches(loader: ResumableLoader, epoch: int, limit: int | None = None) -> list[list[int]]:
+    loader.sampler.set_epoch(epoch)
+    out = []
+    for batch in loader:
+        out.append(batch[0].tolist())
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+@pytest.mark.parametrize("stop_after", [0, 2, 4])  # 4 batches an epoch: 4 is the epoch's end
+def test_a_resumed_loader_hands_out_exactly_the_remaining_batches(stop_after):
+    dataset = TensorDataset(torch.arange(10))
+    make = lambda: ResumableLoader(dataset, EpochShuffle(dataset, seed=3), batch_size=3,  # noqa: E731
+                                   generator=torch.Generator().manual_seed(3))
+    uninterrupted = make()
+    reference = _batches(uninterrupted, 0) + _batches(uninterrupted, 1)
+    assert sorted(sum(reference[:4], [])) == list(range(10)) and reference[:4] != reference[4:]
+
+    first = make()
+    seen = _batches(first, 0, limit=stop_after) if stop_after else []
+    state = first.state_dict()
+    assert state == {"epoch": 0, "batches": stop_after}
+    second = make()
+    second.load_state_dict(state)
+    rest = _batches(second, 0) + _batches(second, 1)
+    assert seen + rest == reference

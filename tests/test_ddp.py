@@ -1,0 +1,187 @@
+"""Distributed data-parallel training on 2 CPU processes (gloo).
+
+Fork-based launches: plain ``strategy=ddp`` re-executes the launching script in each extra rank, which under
+pytest is the whole test session.
+"""
+
+import itertools
+import json
+import multiprocessing
+import os
+import random
+import socket
+import typing
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from omegaconf import OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+
+from experiments import config as C
+from experiments.train import build_datamodule, build_module, train
+from lightning_modules.language_model import TokenPredictionModule
+
+WORLD = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def small_corpus(tmp_path):
+    """A text file whose validation split is a few dozen 32-byte blocks: validated whole, not sampled."""
+    rng = random.Random(0)
+    words = ["linear", "attention", "low", "rank", "projection", "softmax", "keys", "values", "sequence", "the"]
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(25)) for _ in range(150)) + "\n")
+    return path
+
+
+class RecordRank(L.Callback):
+    """Each rank writes what it trained on and its final weights (the test compares ranks)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.blocks = out, []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.blocks.extend(map(tuple, batch["labels"].tolist()))
+
+    def on_fit_end(self, trainer, pl_module):
+        torch.save({"weights": pl_module.state_dict(), "blocks": self.blocks, "world": trainer.world_size},
+                   self.out / f"rank{trainer.global_rank}.pt")
+
+
+def test_two_process_ddp_keeps_ranks_identical_and_validates_on_the_whole_set(tiny_overrides, tmp_path,
+                                                                           small_corpus):
+    cfg = C.load(tiny_overrides.config, [
+        *tiny_overrides.args, f"data.source={small_corpus}", "data.tokenizer.kind=byte", "data.val_fraction=0.15",
+        "data.batch_size=4", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=1000",
+        "model.dropout=0.0", "trainer.devices=2", "trainer.strategy=ddp_fork", f"run_dir={tmp_path / 'ddp'}"])
+    metrics = train(cfg, callbacks=[RecordRank(tmp_path)])
+
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    assert [r["world"] for r in ranks] == [WORLD, WORLD]
+    for name, value in ranks[0]["weights"].items():
+        assert torch.equal(value, ranks[1]["weights"][name]), f"{name} differs between the ranks"
+    # Each rank trained on its own half of every global batch: 4 steps x 4 blocks each, no block on both.
+    assert len(ranks[0]["blocks"]) == len(ranks[1]["blocks"]) == 16
+    assert not set(ranks[0]["blocks"]) & set(ranks[1]["blocks"])
+    assert metrics["global_step"] == 4 and metrics["tokens"] == 4 * 2 * 4 * 32
+
+    # The logged validation loss (at the last step, with the final weights) is that of the whole validation set
+    # in one process: every block once, token-weighted, although each rank saw only its half.
+    datamodule = build_datamodule(cfg)
+    datamodule.setup("fit")
+    module = build_module(cfg, datamodule)
+    module.load_state_dict(ranks[0]["weights"])
+    module.eval()
+    val = datamodule.val_set.tensors
+    assert len(val[0]) % WORLD == 1  # an odd count: a sampler that pads to equal shares would repeat a block
+    with torch.no_grad():
+        losses = [(F.cross_entropy(module(ids[None])[labels[None] != -100], labels[labels != -100], reduction="sum"),
+                   (labels != -100).sum()) for ids, labels in zip(*val)]
+    whole = float(sum(s for s, _ in losses) / sum(n for _, n in losses))
+    half = float(sum(s for s, _ in losses[::2]) / sum(n for _, n in losses[::2]))
+    acc = EventAccumulator(str(tmp_path / "ddp"))
+    acc.Reload()
+    logged = acc.Scalars("val/loss")
+    assert [e.step for e in logged] == [1, 3]
+    assert logged[-1].value == pytest.approx(whole, abs=1e-5) and metrics["val/loss"] == pytest.approx(whole, abs=1e-5)
+    assert abs(half - whole) > 1e-4  # the check can tell the whole set from one rank's share
+
+
+# ---------------------------------------------------------------------------------------- every variant
+def _choices(cls: type, name: str) -> tuple:
+    return typing.get_args(typing.get_type_hints(cls)[name])
+
+
+STRUCTURAL = ("share", "projection", "project", "path", "causal")
+
+
+def attention_variants() -> list[dict]:
+    """Every combination of the attention schema's structural choices (read from the schema, so variants are
+    covered as they are added); ``path: auto`` is one of ``input`` / ``projected``."""
+    choices = {f: _choices(C.AttentionConfig, f) for f in STRUCTURAL[:-1]}
+    choices["path"] = tuple(p for p in choices["path"] if p != "auto")
+    out = [{"kind": "full", "causal": causal} for causal in (False, True)]
+    for combo in itertools.product(*choices.values(), (False, True)):
+        out.append({"kind": "linformer", "k": 5, **dict(zip(STRUCTURAL, combo))})
+    return out
+
+
+def accepted_configs(variants: list[dict]) -> list[dict]:
+    """Run configs of the variants that the config checks accept (others are refused with a ConfigError)."""
+    base = OmegaConf.structured(C.RunConfig)
+    out = []
+    for attention in variants:
+        model = {"max_len": 16, "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "norm": "post",
+                 "attention": attention}
+        cfg = OmegaConf.merge(base, {"task": "clm" if attention["causal"] else "mlm", "model": model})
+        try:
+            C.check(cfg)
+        except C.ConfigError:
+            continue
+        out.append(C.to_container(cfg))
+    return out
+
+
+def _label(config: dict) -> str:
+    att = config["model"]["attention"]
+    return " ".join(f"{f}={att[f]}" for f in ("kind", *STRUCTURAL))
+
+
+def _train_every_variant(rank: int, port: int, configs: list[dict], results) -> None:
+    """One rank: each variant wrapped in DDP(find_unused_parameters=False) for 3 SGD steps on this rank's own
+    batches; a parameter without gradient makes DDP raise at the next step's forward."""
+    failures = []
+    try:
+        torch.set_num_threads(1)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+        for config in configs:
+            torch.manual_seed(0)
+            module = TokenPredictionModule(config, vocab_size=40)
+            model = DistributedDataParallel(module, find_unused_parameters=False)
+            optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+            generator = torch.Generator().manual_seed(rank)
+            for _ in range(3):
+                ids = torch.randint(5, 40, (2, 16), generator=generator)
+                mask = torch.ones_like(ids, dtype=torch.bool)
+                mask[1, 11:] = False  # padding in one sequence
+                loss = F.cross_entropy(model(ids, mask)[mask], ids[mask])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            flat = torch.cat([p.detach().flatten() for p in module.parameters()])
+            gathered = [torch.empty_like(flat) for _ in range(WORLD)]
+            dist.all_gather(gathered, flat)
+            if not torch.equal(gathered[0], gathered[1]):
+                failures.append(f"{_label(config)}: the ranks' weights differ")
+        dist.destroy_process_group()
+    except Exception as err:  # the process group is out of step after a failed reduction: stop here
+        failures.append(f"{_label(config)}: {type(err).__name__}: {str(err).splitlines()[0]}")
+    results.put((rank, failures))
+
+
+def test_every_attention_variant_and_sharing_mode_trains_under_ddp_without_unused_parameters():
+    configs = accepted_configs(attention_variants())
+    for field in STRUCTURAL:  # every value of every choice trains in at least one accepted combination
+        seen = {c["model"]["attention"][field] for c in configs if c["model"]["attention"]["kind"] == "linformer"}
+        assert seen == set(_choices(C.AttentionConfig, field) if field != "causal" else (False, True)) - {"auto"}
+    ctx = multiprocessing.get_context("fork")
+    results, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_train_every_variant, args=(rank, port, configs, results)) for rank in range(WORLD)]
+    for p in procs:
+        p.start()
+    outcome = dict(results.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(60)
+    assert outcome == {0: [], 1: []}, f"{len(configs)} variants"

@@ -1,0 +1,365 @@
+"""Every Linformer variant: shapes, gradients, checkpoints, parameter counts, padding, and their maths.
+
+Variants are settings of ``model.attention`` on the one parameterised implementation; the causal
+ones' own guarantees (no leak, incremental decoding) are in ``test_causal.py``.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from experiments import config as C
+from lightning_modules.attention import SelfAttention
+from lightning_modules.encoder import TransformerEncoder, count_parameters
+from lightning_modules.projections import ProjectionBank
+
+N, D, H, L, V = 16, 16, 2, 2, 40
+
+VARIANTS = {
+    "full": {"kind": "full"},
+    "learned": {"k": 4},
+    "random": {"k": 4, "projection": "random"},
+    "theorem2": {"k": 4, "init": "theorem2"},
+    "conv": {"k": 5, "projection": "conv"},            # w = 4: 4 slots
+    "pool": {"k": 6, "projection": "pool"},            # w = 3: 6 slots, the last one partly padding
+    "nonuniform_k": {"k": [6, 3]},
+    "nonuniform_k_layerwise": {"k": [6, 3], "share": "layerwise"},
+    "key_only": {"k": 4, "project": "k"},
+    "value_only": {"k": 4, "project": "v"},
+    "key_only_pool": {"k": 4, "project": "k", "projection": "pool"},
+    "value_only_conv": {"k": 4, "project": "v", "projection": "conv"},
+    "causal_full": {"kind": "full", "causal": True},
+    "causal": {"k": 5, "causal": True},
+    "causal_random": {"k": 4, "causal": True, "projection": "random", "share": "kv"},
+    "causal_conv": {"k": 5, "causal": True, "projection": "conv"},
+    "causal_pool": {"k": 6, "causal": True, "projection": "pool"},
+}
+
+
+def encoder(attention, seed=0, **model):
+    torch.manual_seed(seed)
+    cfg = {"max_len": N, "d_model": D, "n_heads": H, "n_layers": L, "d_ff": 32, "dropout": 0.0,
+           "attention": {"kind": "linformer", **attention}, **model}
+    return TransformerEncoder(cfg, vocab_size=V)
+
+
+def randomise_biases(module):
+    """Non-zero biases: padded positions then carry a value unless they are zeroed before E/F."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("bias"):
+                p.normal_()
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_output_shape_at_full_and_short_length(name):
+    enc = encoder(VARIANTS[name])
+    for t in (N, 11):
+        assert enc(torch.randint(0, V, (3, t))).shape == (3, t, D)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_gradients_reach_every_trainable_parameter_and_no_frozen_tensor(name):
+    enc = encoder(VARIANTS[name])
+    randomise_biases(enc)
+    out = enc(torch.randint(0, V, (2, N)))
+    # A random readout: the sum of a LayerNorm's output has zero gradient by construction.
+    (out * torch.randn_like(out)).sum().backward()
+    missing = [n for n, p in enc.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert missing == []
+    for name_, buf in enc.named_buffers():
+        assert not buf.requires_grad and buf.grad is None, name_
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_state_dict_round_trip_reproduces_outputs_exactly(name, tmp_path):
+    source, target = encoder(VARIANTS[name], seed=0).eval(), encoder(VARIANTS[name], seed=1).eval()
+    torch.save(source.state_dict(), tmp_path / "ckpt.pt")
+    target.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=True))
+    ids = torch.randint(0, V, (2, N))
+    assert torch.equal(source(ids), target(ids))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_padding_never_changes_real_token_outputs(name):
+    enc = encoder(VARIANTS[name]).eval()
+    randomise_biases(enc)
+    ids = torch.randint(5, V, (2, 9))
+    padded = torch.cat([ids, torch.randint(5, V, (2, 5))], dim=1)       # arbitrary ids under the padding
+    mask = torch.zeros(2, 14, dtype=torch.bool)
+    mask[:, :9] = True
+    torch.testing.assert_close(enc(padded, mask)[:, :9], enc(ids), atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- random vs learned
+def test_random_projection_draws_what_learned_draws_and_is_frozen():
+    learned, frozen = encoder({"k": 4}).bank, encoder({"k": 4, "projection": "random"}).bank
+    assert torch.equal(learned.weight_0, frozen.weight_0)            # same distribution, same draw
+    assert count_parameters(frozen) == 0
+    assert {n for n, _ in frozen.named_buffers()} == {f"weight_{i}" for i in range(L)}
+
+
+def test_random_projection_is_restored_from_a_checkpoint_not_redrawn(tmp_path):
+    saved = encoder({"k": 4, "projection": "random"}, seed=0)
+    torch.save(saved.state_dict(), tmp_path / "ckpt.pt")
+    reloaded = encoder({"k": 4, "projection": "random"}, seed=7)
+    assert not torch.equal(reloaded.bank.weight_0, saved.bank.weight_0)
+    reloaded.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=True))
+    assert torch.equal(reloaded.bank.weight_0, saved.bank.weight_0)
+
+
+@pytest.mark.parametrize("projection", ["learned", "random"])
+def test_init_sets_the_scale_of_e(projection):
+    n, k = 512, 64
+    torch.manual_seed(0)
+    jl = ProjectionBank([k], n, 4, "headwise", projection, "jl").weight_0
+    assert abs(jl.std().item() - 1 / math.sqrt(k)) < 0.01                # N(0, 1/k)
+    uniform = ProjectionBank([k], n, 4, "headwise", projection, "uniform").weight_0
+    assert uniform.abs().max() <= 1 / math.sqrt(n)                       # U(±1/√n)
+    delta = 0.5
+    th2 = ProjectionBank([k], n, 4, "headwise", projection, "theorem2", delta).weight_0   # E = δR, F = e^{-δ}R
+    torch.testing.assert_close(th2[0] / th2[1], torch.full_like(th2[0], delta / math.exp(-delta)))
+
+
+# ----------------------------------------------------------------------------- conv and pool
+def test_conv_is_a_depthwise_conv1d_with_kernel_and_stride_w():
+    n, k, d_h = 10, 4, 3                                                 # w = 3; 10 = 3·3 + 1: zero-padded tail
+    bank = ProjectionBank([k], n, 2, "none", "conv", d_head=d_h)
+    x = torch.randn(5, 2, n, d_h)                                        # (B, h, T, d_h)
+    c = bank.weight_0[0]                                                 # (h, 1, w, d_h)
+    channels = x.transpose(-1, -2).reshape(5, 2 * d_h, n)                # (B, h·d_h, T)
+    kernel = c[:, 0].transpose(-1, -2).reshape(2 * d_h, 1, 3)            # per-channel weights
+    expected = F.conv1d(F.pad(channels, (0, 2)), kernel, stride=3, groups=2 * d_h)   # (B, h·d_h, 4)
+    got = bank.compress(0, 0, x)                                         # (B, h, 4, d_h)
+    torch.testing.assert_close(got.transpose(-1, -2).reshape(5, 2 * d_h, 4), expected)
+
+
+def test_pool_is_a_window_mean_with_a_fixed_divisor():
+    n, k = 10, 4                                                         # w = 3, 4 slots
+    bank = ProjectionBank([k], n, 2, "none", "pool")
+    x = torch.randn(5, 1, n, 7)
+    expected = F.avg_pool1d(F.pad(x[:, 0].transpose(1, 2), (0, 2)), 3, 3).transpose(1, 2)
+    torch.testing.assert_close(bank.compress(0, 0, x)[:, 0], expected)
+    assert count_parameters(bank) == 0 and len(list(bank.buffers())) == 0
+
+
+def test_windows_and_slots_when_k_does_not_divide_n():
+    bank = ProjectionBank([6, 5], 16, 2, "none", "pool")
+    assert [bank.window(0), bank.window(1)] == [3, 4]                    # w = ⌈n/k⌉
+    assert [bank.slots(0), bank.slots(1)] == [6, 4]                      # ⌈n/w⌉ ≤ k slots
+    assert bank.compress(1, 0, torch.randn(1, 1, 16, 2)).shape == (1, 1, 4, 2)
+
+
+def test_a_window_of_padding_only_is_masked_out():
+    bank = ProjectionBank([4], 16, 2, "none", "pool")                    # w = 4
+    mask = torch.tensor([[True] * 5 + [False] * 11, [True] * 16])
+    assert bank.nonempty_slots(0, mask).tolist() == [[True, True, False, False], [True] * 4]
+
+
+def test_auto_path_is_projected_for_conv_and_input_is_refused():
+    conv = ProjectionBank([4], 64, 4, "headwise", "conv", d_head=8)
+    assert SelfAttention(32, 4, "linformer", bank=conv).path == "projected"
+    with pytest.raises(ValueError, match="path 'input'"):
+        SelfAttention(32, 4, "linformer", bank=conv, path="input")
+    assert SelfAttention(32, 4, "linformer", bank=ProjectionBank([4], 64, 4, "none", "pool")).path == "input"
+
+
+def test_pool_input_path_equals_projected_path():
+    bank = ProjectionBank([5], N, H, "none", "pool")
+    torch.manual_seed(0)
+    projected = SelfAttention(D, H, "linformer", bank=bank, path="projected")
+    first = SelfAttention(D, H, "linformer", bank=bank, path="input")
+    randomise_biases(projected)
+    first.load_state_dict(projected.state_dict())
+    x, mask = torch.randn(2, 13, D), torch.ones(2, 13, dtype=torch.bool)
+    mask[1, 6:] = False
+    torch.testing.assert_close(first(x, mask), projected(x, mask), atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- key-only / value-only
+def _full_and_one_sided(project, k, projection="learned", share="none"):
+    torch.manual_seed(0)
+    full = SelfAttention(D, H, "full")
+    randomise_biases(full)
+    bank = ProjectionBank([k], N, H, share, projection, project=project, d_head=D // H)
+    one_sided = SelfAttention(D, H, "linformer", bank=bank)
+    one_sided.load_state_dict(full.state_dict())
+    return full, one_sided, bank
+
+
+@pytest.mark.parametrize("project", ["k", "v"])
+@pytest.mark.parametrize("e", ["identity", "random"])
+def test_one_sided_projection_with_k_equal_n_is_full_attention(project, e):
+    full, one_sided, bank = _full_and_one_sided(project, N)
+    if e == "identity":
+        with torch.no_grad():
+            bank.weight_0.copy_(torch.eye(N).expand_as(bank.weight_0))
+    x, mask = torch.randn(3, N, D), torch.ones(3, N, dtype=torch.bool)
+    mask[2, 10:] = False
+    torch.testing.assert_close(one_sided(x), full(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(one_sided(x, mask)[2, :10], full(x, mask)[2, :10], atol=1e-5, rtol=1e-5)
+
+
+def test_one_sided_pool_with_windows_of_one_is_full_attention():
+    full, one_sided, _ = _full_and_one_sided("k", N, "pool")              # w = 1: P = I
+    x = torch.randn(2, N, D)
+    torch.testing.assert_close(one_sided(x), full(x), atol=1e-5, rtol=1e-5)
+
+
+def test_lift_is_the_projector_onto_the_row_space_of_e_on_real_positions():
+    bank = ProjectionBank([4], N, H, "none", project="k")
+    t, real = 12, 9
+    mask = torch.zeros(1, t, dtype=torch.bool)
+    mask[0, :real] = True
+    x = torch.randn(1, H, t, 3)
+    lifted = bank.lift(0, 0, x, mask)
+    e = bank.matrices(0, t)[0][:, :, :real]                             # (h, k, real): E_m
+    expected = torch.linalg.pinv(e) @ e @ x[0, :, :real]                 # E_m⁺ E_m x
+    torch.testing.assert_close(lifted[0, :, :real], expected, atol=1e-5, rtol=1e-4)
+    assert lifted[0, :, real:].abs().max() == 0                          # padding stays empty
+    torch.testing.assert_close(bank.lift(0, 0, lifted, mask), lifted, atol=1e-5, rtol=1e-4)   # P² = P
+
+
+def test_windowed_lift_of_pool_is_the_window_mean_of_real_rows():
+    bank = ProjectionBank([4], 8, 1, "none", "pool", project="v")        # w = 2
+    x = torch.arange(7.0).view(1, 1, 7, 1)
+    mask = torch.tensor([[True] * 5 + [False] * 2])
+    assert bank.lift(0, 0, x, mask).flatten().tolist() == [0.5, 0.5, 2.5, 2.5, 4.0, 0.0, 0.0]
+
+
+# ----------------------------------------------------------------------------- parameter counts
+n_, k_, h_, d_h, layers = 64, 16, 4, 8, 3                                # w = 4; causal: 15 slots of 4
+KS = [16, 8, 6]                                                          # windows 4, 8, 11
+
+
+def _count(attention):
+    enc = TransformerEncoder({"max_len": n_, "d_model": h_ * d_h, "n_heads": h_, "n_layers": layers,
+                              "d_ff": 32, "attention": {"kind": "linformer", **attention}}, vocab_size=V)
+    return count_parameters(enc.bank), sum(b.numel() for b in enc.bank.buffers())
+
+
+def _windows(ks):
+    return [math.ceil(n_ / k) for k in ks]
+
+
+@pytest.mark.parametrize("attention,expected", [
+    # dense (Eq. 7), the paper's counts; nonuniform k sums k_l, layerwise keeps one k_max × n matrix
+    ({"share": "none"}, 2 * layers * h_ * n_ * k_),
+    ({"share": "headwise"}, 2 * layers * n_ * k_),
+    ({"share": "kv"}, layers * n_ * k_),
+    ({"share": "layerwise"}, n_ * k_),
+    ({"share": "none", "k": KS}, 2 * h_ * n_ * sum(KS)),
+    ({"share": "headwise", "k": KS}, 2 * n_ * sum(KS)),
+    ({"share": "kv", "k": KS}, n_ * sum(KS)),
+    ({"share": "layerwise", "k": KS}, n_ * max(KS)),
+    ({"share": "none", "k_schedule": {"kind": "linear", "first": 16, "last": 6}}, 2 * h_ * n_ * (16 + 11 + 6)),
+    # one-sided: only E is stored
+    ({"share": "none", "project": "k"}, layers * h_ * n_ * k_),
+    ({"share": "headwise", "project": "v"}, layers * n_ * k_),
+    ({"share": "layerwise", "project": "k"}, n_ * k_),
+    # conv: w per-channel weights (d = h·d_h channels under none, d_h shared by heads otherwise)
+    ({"projection": "conv", "share": "none"}, 2 * layers * h_ * d_h * 4),
+    ({"projection": "conv", "share": "headwise"}, 2 * layers * d_h * 4),
+    ({"projection": "conv", "share": "kv"}, layers * d_h * 4),
+    ({"projection": "conv", "share": "layerwise"}, d_h * 4),
+    ({"projection": "conv", "share": "headwise", "k": KS}, 2 * d_h * sum(_windows(KS))),
+    ({"projection": "conv", "share": "none", "project": "k"}, layers * h_ * d_h * 4),
+    # pool: nothing to learn, whatever the sharing mode or k
+    ({"projection": "pool", "share": "none"}, 0),
+    ({"projection": "pool", "share": "layerwise", "k": KS}, 0),
+    # causal: block-diagonal E, (⌈n/w⌉ − 1)·w per matrix (the last block is nobody's past)
+    ({"causal": True, "share": "none"}, 2 * layers * h_ * 15 * 4),
+    ({"causal": True, "share": "headwise"}, 2 * layers * 15 * 4),
+    ({"causal": True, "share": "kv"}, layers * 15 * 4),
+    ({"causal": True, "share": "layerwise"}, 15 * 4),
+    ({"causal": True, "share": "kv", "k": KS}, (15 * 4 + 7 * 8 + 5 * 11)),
+    ({"causal": True, "projection": "conv", "share": "kv"}, layers * d_h * 4),
+])
+def test_projection_parameter_counts(attention, expected):
+    assert _count({"k": k_, **attention}) == (expected, 0)
+
+
+@pytest.mark.parametrize("share", ["none", "headwise", "kv", "layerwise"])
+def test_random_projections_are_buffers_with_the_learned_count(share):
+    learned, _ = _count({"k": KS, "share": share})
+    assert _count({"k": KS, "share": share, "projection": "random"}) == (0, learned)
+
+
+@pytest.mark.parametrize("share", ["none", "headwise", "kv", "layerwise"])
+def test_nonuniform_k_gives_each_layer_its_k(share):
+    enc = encoder({"k": [6, 3], "share": share})
+    for layer, k in enumerate([6, 3]):
+        e, f = enc.bank.matrices(layer, N)
+        assert e.shape[-2:] == f.shape[-2:] == (k, N)
+    if share == "layerwise":                                             # the first k_l rows of one matrix
+        torch.testing.assert_close(enc.bank.matrices(1, N)[0], enc.bank.weight_0[0, :, :3])
+    assert enc(torch.randint(0, V, (2, N))).shape == (2, N, D)
+
+
+# ----------------------------------------------------------------------------- config-time errors
+@pytest.mark.parametrize("overrides,message", [
+    (["model.attention.projection=conv", "model.attention.path=input"],
+     "model.attention.path: 'input' needs E to commute with W_k, which conv's per-channel weights do not; "
+     "use auto or projected"),
+    (["model.attention.project=k", "model.attention.path=input"],
+     "model.attention.path: 'input' does not apply with project='k' (the lift needs every key row); "
+     "use auto or projected"),
+    (["task=clm", "model.attention.causal=true", "model.attention.path=input"],
+     "model.attention.path: 'input' does not apply with causal=true (the local block needs every key); "
+     "use auto or projected"),
+    (["task=clm", "model.attention.causal=true", "model.attention.project=v"],
+     "model.attention.project: 'v' cannot be causal (its lift P = E⁺E mixes every position into every row); "
+     "use project=kv with causal=true"),
+    (["model.attention.projection=conv", "model.attention.share=layerwise", "model.attention.k=[32,16]"],
+     "model.attention.k: per-layer k [32, 16] needs one window per layer, which share=layerwise cannot give a "
+     "conv projection; use share none, headwise or kv"),
+    (["task=clm", "model.attention.causal=true", "model.attention.share=layerwise",
+      "model.attention.k_schedule={first: 32, last: 8}"],
+     "model.attention.k: per-layer k [32, 8] needs one window per layer, which share=layerwise cannot give a "
+     "causal projection; use share none, headwise or kv"),
+    (["model.attention.init=theorem2", "model.attention.share=kv"],
+     "model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, project kv), "
+     "got share=kv, project=kv"),
+    (["model.attention.init=theorem2", "model.attention.project=k"],
+     "model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, project kv), "
+     "got share=none, project=k"),
+    (["model.attention.causal=true"],
+     "task: 'mlm' needs model.attention.causal=false (a masked token is predicted from both sides)"),
+])
+def test_combinations_that_cannot_work_fail_at_config_time_with_one_line(overrides, message):
+    with pytest.raises(C.ConfigError) as err:
+        C.load(C.CONFIG_DIR / "base.yaml", overrides)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model.attention.projection=pool", "model.attention.share=layerwise", "model.attention.k=[32,16]"],
+    ["model.attention.share=layerwise", "model.attention.k=[32,16]"],
+    ["model.attention.projection=conv", "model.attention.init=theorem2"],
+    ["task=clm", "model.attention.causal=true", "model.attention.projection=conv", "model.attention.k=[32,16]"],
+])
+def test_combinations_that_work_pass_the_config_check_and_build(overrides):
+    cfg = C.load(C.CONFIG_DIR / "base.yaml", overrides + ["model.max_len=64"])
+    assert TransformerEncoder(C.to_container(cfg.model), V)(torch.randint(0, V, (1, 64))).shape == (1, 64, 128)
+
+
+VARIANT_FILES = {  # file → (task, what it sets under model.attention)
+    "random_projection": ("mlm", {"projection": "random"}),
+    "nonuniform_k": ("mlm", {"k_schedule": {"kind": "linear", "first": 48, "last": 16}}),
+    "key_only": ("mlm", {"project": "k"}),
+    "value_only": ("mlm", {"project": "v"}),
+    "conv_projection": ("mlm", {"projection": "conv"}),
+    "pool_projection": ("mlm", {"projection": "pool"}),
+    "causal_lm": ("clm", {"kind": "linformer", "causal": True}),
+    "causal_full": ("clm", {"kind": "full", "causal": True}),
+}
+
+
+@pytest.mark.parametrize("name", VARIANT_FILES)
+def test_each_variant_has_an_experiment_file_that_selects_it(name):
+    cfg = C.to_container(C.load(C.CONFIG_DIR / f"{name}.yaml"))
+    task, attention = VARIANT_FILES[name]
+    assert (cfg["experiment"], cfg["task"]) == (name, task)
+    assert {key: cfg["model"]["attention"][key] for key in attention} == attention
