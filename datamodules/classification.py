@@ -44,8 +44,9 @@ Encoding: ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``, cut to ``model.max_len
 end of a segment. A single text keeps its first m = max_len − 2 tokens. A pair shares m = max_len − 3
 places: a keeps k_a = min(|a|, max(⌈m/2⌉, m − |b|)) tokens and b keeps min(|b|, m − k_a): each segment is
 sure of half the places (a gets the odd one), and a segment shorter than its half stays whole and leaves
-the rest to the other, so a short question survives next to a long passage. Batches are padded to their longest sequence: ``input_ids`` (B, T) long,
-``attention_mask`` (B, T) bool (True at real tokens), ``labels`` (B,) long.
+the rest to the other, so a short question survives next to a long passage. Batches are padded to their
+longest sequence: ``input_ids`` (B, T) long, ``attention_mask`` (B, T) bool (True at real tokens),
+``labels`` (B,) long.
 
 Tokenizer: ``data.tokenizer.path`` if set; else, with ``init_from``, the pretraining run's
 ``tokenizer.json`` (``experiments.train`` writes it into every run directory), so token ids mean what
@@ -71,6 +72,7 @@ from datamodules.corpus import FILE_BUILDERS, cap_texts, is_file_spec, load_hub,
 from datamodules.embedded import SOURCES as EMBEDDED_SOURCES
 from datamodules.embedded import clean_text, load_embedded
 from datamodules.language_model import unigram_baseline
+from datamodules.sampling import make_loader
 from datamodules.tokenizer import CLS_ID, PAD_ID, SEP_ID, build_tokenizer
 from experiments.config import ConfigError
 from experiments.rundir import CHECKPOINT, TOKENIZER
@@ -324,24 +326,24 @@ class LabelledSequenceDataModule(L.LightningDataModule):
         return unigram_baseline(counts, self._split("validation").labels)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True, generator=torch.Generator().manual_seed(self.seed))
+        return self._loader("train", seed=self.seed)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("validation", shuffle=False)
+        return self._loader("validation", seed=None)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+        return self._loader("test", seed=None)
 
     def _split(self, split: str) -> EncodedSplit:
         if split not in self.datasets:
             raise RuntimeError(f"{type(self).__name__}.setup() has not run yet")
         return self.datasets[split]
 
-    def _loader(self, split: str, shuffle: bool, generator=None) -> DataLoader:
+    def _loader(self, split: str, seed: Optional[int]) -> DataLoader:
+        """Training order resumable mid-epoch, evaluation sharded over DDP ranks (``datamodules/sampling.py``)."""
         workers = self.data_cfg.num_workers
-        return DataLoader(self._split(split), batch_size=self.data_cfg.batch_size, shuffle=shuffle,
-                          collate_fn=collate, num_workers=workers, persistent_workers=workers > 0,
-                          generator=generator)
+        return make_loader(self._split(split), self.trainer, seed, batch_size=self.data_cfg.batch_size,
+                           collate_fn=collate, num_workers=workers, persistent_workers=workers > 0)
 
 
 class ClassificationDataModule(LabelledSequenceDataModule):

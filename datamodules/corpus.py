@@ -26,6 +26,7 @@ from typing import Iterator
 
 import numpy as np
 from datasets import Dataset, DatasetDict, load_dataset
+from datasets.exceptions import DatasetGenerationError
 
 from datamodules.cache import rule_kwargs, unit_hash
 from datamodules.embedded import load_embedded
@@ -104,12 +105,15 @@ def load_local_files(source: str) -> DatasetDict:
     if None in builders or len(builders) > 1:
         raise ConfigError(f"data.source: {source!r} must name files of one type among "
                           f"{', '.join(FILE_BUILDERS)}")
+    if all(os.path.getsize(f) == 0 for f in files):
+        raise ConfigError(f"data.source: {source!r} is empty")
     kind = builders.pop()
     builder, options = _BUILDER_ARGS.get(kind, (kind, {}))
     try:
         return load_dataset(builder, data_files=files, **options)
-    except ValueError as err:  # a file without rows, a malformed CSV (pandas' ParserError is a ValueError)
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    except (ValueError, DatasetGenerationError) as err:  # a file without rows, malformed CSV/JSON
+        cause = err.__cause__ if isinstance(err, DatasetGenerationError) and err.__cause__ else err
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         raise ConfigError(f"data.source: cannot read {source!r}: {reason}") from err
 
 

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from datamodules.cache import atomic_write, cache_key, fingerprint
 from datamodules.corpus import iter_texts, load_text_corpus
-from datamodules.sampling import EpochShuffle, ResumableLoader, ranks, validation_shards
+from datamodules.sampling import make_loader
 from datamodules.tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID, build_tokenizer
 from experiments.config import ConfigError
 
@@ -74,14 +74,10 @@ class PackedTextDataModule(L.LightningDataModule):
         self.val_set = TensorDataset(*self.make_inputs_labels(val_ids, torch.Generator().manual_seed(VAL_MASK_SEED)))
 
     def train_dataloader(self) -> DataLoader:
-        # Resumable mid-epoch; the loader's own generator (it seeds workers) keeps the global RNG untouched.
-        sampler = EpochShuffle(self.train_blocks, self.seed, **ranks(self.trainer))
-        return self._loader(ResumableLoader, self.train_blocks, self._train_batch, sampler,
-                            generator=torch.Generator().manual_seed(self.seed))
+        return self._loader(self.train_blocks, self._train_batch, seed=self.seed)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(DataLoader, self.val_set, self._val_batch,
-                            validation_shards(self.val_set, **ranks(self.trainer)))
+        return self._loader(self.val_set, self._val_batch, seed=None)
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -131,10 +127,10 @@ class PackedTextDataModule(L.LightningDataModule):
         atomic_write(path, lambda f: np.save(f, blocks))
         return blocks
 
-    def _loader(self, cls, dataset, collate_fn, sampler, generator=None) -> DataLoader:
+    def _loader(self, dataset, collate_fn, seed: Optional[int]) -> DataLoader:
         workers = self.data_cfg.num_workers
-        return cls(dataset, sampler=sampler, batch_size=self.data_cfg.batch_size, collate_fn=collate_fn,
-                   num_workers=workers, persistent_workers=workers > 0, generator=generator)
+        return make_loader(dataset, self.trainer, seed, batch_size=self.data_cfg.batch_size, collate_fn=collate_fn,
+                           num_workers=workers, persistent_workers=workers > 0)
 
     def _train_batch(self, rows: list[torch.Tensor]) -> dict:
         return _as_batch(*self.make_inputs_labels(torch.stack(rows).long(), None))

@@ -125,7 +125,8 @@ class ListOpsDataModule(LabelledSequenceDataModule):
 
     def setup(self, stage: Optional[str] = None) -> None:
         if not self.datasets:
-            self.datasets = {split: EncodedSplit(*self._load(n, stream)) for split, (n, stream) in self._streams().items()}
+            self.datasets = {split: EncodedSplit(*self._load(n, stream))
+                             for split, (n, stream) in self._streams().items()}
 
     def _load(self, n: int, stream: str) -> tuple[list[np.ndarray], np.ndarray]:
         c = self.cfg

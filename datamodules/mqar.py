@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from datamodules.sampling import make_loader
 from datamodules.tokenizer import PAD_ID
 
 IGNORE_INDEX = -100
@@ -91,22 +92,23 @@ class MQARDataModule(L.LightningDataModule):
         return {"trivial_loss": math.log(n_values), "trivial_accuracy": 1.0 / n_values}
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, shuffle=True, generator=torch.Generator().manual_seed(self.seed))
+        return self._loader(self.train_set, seed=self.seed)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, shuffle=False)
+        return self._loader(self.val_set, seed=None)
 
     def _draw(self, n_examples: int, seed: int) -> TensorDataset:
         inputs, labels = generate(n_examples, self.cfg.n_pairs, self.n_queries, self.cfg.vocab_size, self.max_len,
                                   torch.Generator().manual_seed(seed))
         return TensorDataset(inputs, labels)
 
-    def _loader(self, dataset: Optional[TensorDataset], shuffle: bool, generator=None) -> DataLoader:
+    def _loader(self, dataset: Optional[TensorDataset], seed: Optional[int]) -> DataLoader:
+        """Training order resumable mid-epoch, validation sharded over DDP ranks (``datamodules/sampling.py``)."""
         if dataset is None:
             raise RuntimeError("MQARDataModule.setup() has not run yet")
         workers = self.data_cfg.num_workers
-        return DataLoader(dataset, batch_size=self.data_cfg.batch_size, shuffle=shuffle, collate_fn=collate,
-                          num_workers=workers, persistent_workers=workers > 0, generator=generator)
+        return make_loader(dataset, self.trainer, seed, batch_size=self.data_cfg.batch_size, collate_fn=collate,
+                           num_workers=workers, persistent_workers=workers > 0)
 
 
 def collate(items: list[tuple[Tensor, Tensor]]) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Iterator, Optional
 
+import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -73,3 +74,13 @@ class ResumableLoader(DataLoader):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self._resume_at = (int(state["epoch"]), int(state["batches"]))
+
+
+def make_loader(dataset, trainer: Optional[Any], seed: Optional[int], **kwargs: Any) -> DataLoader:
+    """A training loader when ``seed`` is given (:class:`EpochShuffle` order, resumable; its own generator
+    seeds workers, so creating it draws nothing from the global RNG), else an evaluation loader
+    (:func:`validation_shards`). ``trainer``: the datamodule's (None outside one); ``kwargs`` go to the loader."""
+    if seed is None:
+        return DataLoader(dataset, sampler=validation_shards(dataset, **ranks(trainer)), **kwargs)
+    return ResumableLoader(dataset, EpochShuffle(dataset, seed, **ranks(trainer)),
+                           generator=torch.Generator().manual_seed(seed), **kwargs)

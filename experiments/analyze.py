@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
-import torch
 from omegaconf import DictConfig
 
 from experiments import config as C
+from experiments.resume import check_architecture, read_checkpoint
 from experiments.rundir import CHECKPOINT, atomic_write_text, write_json
 from lightning_modules import analysis as A
 
@@ -59,7 +59,7 @@ def read_run(path: Path) -> Run:
         raise C.ConfigError(f"{path}: no such run directory or checkpoint")
     if not ckpt_path.is_file():
         raise C.ConfigError(f"{path}: no {CHECKPOINT} (has the run saved a checkpoint yet?)")
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    ckpt = read_checkpoint(ckpt_path)  # weights_only=True; truncated or foreign files are one-line errors
     hparams = ckpt.get("hyper_parameters", {})
     if "config" not in hparams or "vocab_size" not in hparams:
         raise C.ConfigError(f"{ckpt_path}: not a linformer-lab checkpoint (no config/vocab_size hyper-parameters)")
@@ -76,6 +76,7 @@ def load_module(run: Run, datamodule: L.LightningDataModule) -> L.LightningModul
         raise C.ConfigError(f"{run.checkpoint}: trained with a vocabulary of {run.vocab_size} tokens, but the "
                             f"tokenizer rebuilt from data.* has {datamodule.vocab_size}")
     module = build_module(run.cfg, datamodule)
+    check_architecture({"state_dict": run.state_dict}, module, run.checkpoint)
     module.load_state_dict(run.state_dict)
     return module.eval()
 

@@ -22,7 +22,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
@@ -273,7 +273,8 @@ class Bench:
             t = result[key]
             note = (f"Lightning ÷ bare per step: {result['ratio']:.3f} (median of {len(t)} paired rounds)"
                     if variant == "lightning" else "zero_grad, loss, backward, step, scheduler step")
-            self.rows.append({**idents[variant], "repeats": len(t), "calls": a.loop_steps, "time_ms_median": 1e3 * median(t),
+            self.rows.append({**idents[variant], "repeats": len(t), "calls": a.loop_steps,
+                              "time_ms_median": 1e3 * median(t),
                               "time_ms_min": 1e3 * min(t), "time_ms_max": 1e3 * max(t),
                               "tokens_per_s": result["tokens"] / median(t), "note": note})
 
@@ -361,7 +362,7 @@ def _run(args: argparse.Namespace) -> int:
         f"{str(dtype).removeprefix('torch.')}; batch {args.batch}",
         f"- shape: d_model {args.d_model}, {args.heads} heads, d_ff {args.d_ff}, {args.layers} layers in model cases",
         f"- GEMM peak (best `torch.mm` over the cases' shapes, measured at start-up): {peak / 1e9:.1f} GFLOP/s "
-        f"at m×k×n = {'×'.join(map(str, peak_shape))}; timed again in every group's rounds for the paired efficiency",
+        f"at m×k×n = {'×'.join(map(str, peak_shape))}; timed again in every group's rounds (paired efficiency)",
         f"- load average (1 min) before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f}; timing noise: "
         f"{_noise(bench.rows)}",
         f"- memory: peak bytes allocated during one call beyond those held before it "

@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from experiments.config import ConfigError
+from experiments.redact import redact
 
 COMMANDS = {
     "train": ("experiments.train", "train one model from a YAML experiment file"),
@@ -24,21 +25,28 @@ COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """Argument errors are input problems like any other: one line and exit code 2 (not argparse's usage)."""
+
+    def error(self, message: str):
+        raise ConfigError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Import only the chosen command's module (torch and friends are slow to import).
     chosen = {k: v for k, v in COMMANDS.items() if argv and argv[0] == k} or COMMANDS
-    parser = argparse.ArgumentParser(prog="linformer-lab", description="Linformer ablations with Lightning and Optuna")
+    parser = _Parser(prog="linformer-lab", description="Linformer ablations with Lightning and Optuna")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name in chosen and len(chosen) == 1:
             importlib.import_module(module).add_arguments(p)
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         return importlib.import_module(COMMANDS[args.command][0]).main(args)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except ConfigError as err:  # one line whatever the message holds, with any password in a URL masked
+        print(f"error: {redact(' '.join(str(err).splitlines()))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

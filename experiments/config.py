@@ -197,12 +197,12 @@ class RunConfig:
 
 
 # --------------------------------------------------------------------------------------- loading
-def _one_line(err: OmegaConfBaseException) -> str:
+def _one_line(err: OmegaConfBaseException, schema: Any = None) -> str:
     key = getattr(err, "full_key", None) or "config"
     msg = str(getattr(err, "msg", err)).splitlines()[0]
     if isinstance(err, ConfigKeyError):
         parent = key.rsplit(".", 1)[0] if "." in key else ""
-        cls: Any = RunConfig
+        cls: Any = schema if dataclasses.is_dataclass(schema) else RunConfig
         for part in filter(None, parent.split(".")):
             cls = typing.get_type_hints(cls).get(part, cls)
             if typing.get_origin(cls) is typing.Union:
@@ -250,7 +250,7 @@ def merge(schema: Any, layers: list[Any]) -> DictConfig:
         for layer in layers:
             cfg = OmegaConf.merge(cfg, layer)
     except OmegaConfBaseException as err:
-        raise ConfigError(_one_line(err)) from None
+        raise ConfigError(_one_line(err, schema)) from None
     return cfg
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import re
 import tempfile
 import zipfile
 from pathlib import Path
@@ -49,11 +50,18 @@ def _load(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"checkpoint {path}: not found")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive, whose directory comes last
+        raise ConfigError(f"checkpoint {path}: truncated or not a PyTorch checkpoint (no complete zip archive)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, pickle.UnpicklingError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"checkpoint {path}: unreadable, truncated or not a PyTorch checkpoint ({reason})") from None
+    except pickle.UnpicklingError as err:  # weights_only met a global: unpickling it could run code
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        what = f" ({found[1]})" if found else ""
+        raise ConfigError(f"checkpoint {path}: holds objects that could run code when loaded{what}; refused: "
+                          "only tensors and plain containers load") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0]
+        raise ConfigError(f"checkpoint {path}: corrupt ({reason})") from None
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -102,7 +110,7 @@ def check_architecture(state: dict[str, Any], module: torch.nn.Module, path: str
     theirs = flatten((state.get("hyper_parameters") or {}).get("config", {}).get("model", {}), "model.")
     ours = flatten(getattr(module, "config", {}).get("model", {}), "model.")
     differ = [f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here" for k in sorted(set(theirs) | set(ours))
-              if theirs.get(k) != ours.get(k)]
+              if theirs and theirs.get(k) != ours.get(k)]
     if not differ:
         name = next(k for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k))
         differ = [f"tensor {name} has shape {saved.get(name)} there, {wanted.get(name)} here"]

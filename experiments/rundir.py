@@ -8,12 +8,13 @@ run is overwritten; ``resume=true`` reopens the newest version that has a checkp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from experiments.config import ConfigError
 
@@ -56,8 +57,24 @@ def _versions(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.removeprefix("version_")))
 
 
-def choose_run_dir(output_dir: str, experiment: str, run_dir: Optional[str], resume: bool) -> Path:
-    """The directory this run writes to (not created here)."""
+RUN_DIR_ENV = "LINFORMER_LAB_RUN_DIR"  # rank 0's run directory, for the DDP ranks it launches
+
+
+def choose_run_dir(output_dir: str, experiment: str, run_dir: Optional[str], resume: bool, rank: int = 0) -> Path:
+    """The directory this run writes to (not created here).
+
+    Under DDP every rank runs the command. Rank 0 chooses; the ranks Lightning starts from it (``strategy=ddp``)
+    read its choice from ``$LINFORMER_LAB_RUN_DIR`` (see :func:`shared_with_ranks`). Ranks started beside it
+    (torchrun, srun) cannot agree on the next free version and need an explicit ``run_dir``.
+    """
+    started_beside = int(os.environ.get("WORLD_SIZE", "1")) > 1 and RUN_DIR_ENV not in os.environ  # torchrun
+    if rank > 0 or started_beside:
+        shared = os.environ.get(RUN_DIR_ENV) or run_dir
+        if shared is None:
+            raise ConfigError("run_dir: a multi-process launch (torchrun, srun) needs run_dir=<a directory that "
+                              "every rank sees>: the ranks cannot agree on the next free version otherwise")
+        if rank > 0:
+            return Path(shared)
     if run_dir is not None:
         path = Path(run_dir)
         if resume or not path.exists() or not any(path.iterdir()):
@@ -72,3 +89,18 @@ def choose_run_dir(output_dir: str, experiment: str, run_dir: Optional[str], res
         return with_ckpt[-1]
     nxt = int(versions[-1].name.removeprefix("version_")) + 1 if versions else 0
     return root / f"version_{nxt}"
+
+
+@contextlib.contextmanager
+def shared_with_ranks(path: Path) -> Iterator[None]:
+    """While the body runs (``Trainer.fit``, which starts the ranks of ``strategy=ddp``), ``$LINFORMER_LAB_RUN_DIR``
+    names ``path``: the ranks inherit it. Restored afterwards, so that no later process inherits a stale one."""
+    previous = os.environ.get(RUN_DIR_ENV)
+    os.environ[RUN_DIR_ENV] = str(path.resolve())
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(RUN_DIR_ENV, None)
+        else:
+            os.environ[RUN_DIR_ENV] = previous

@@ -18,13 +18,15 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import config as C
 from experiments.resume import (AtomicCheckpointIO, LastCheckpoint, adopt_final_state, check_architecture,
                                 read_checkpoint, rollback_events)
-from experiments.rundir import CHECKPOINT, TOKENIZER, atomic_write_text, choose_run_dir, write_json
+from experiments.rundir import (CHECKPOINT, TOKENIZER, atomic_write_text, choose_run_dir, shared_with_ranks,
+                                write_json)
 from lightning_modules.callbacks import RunMetrics, SpectrumMonitor, peak_memory_mb
 from lightning_modules.encoder import count_parameters
 
@@ -85,19 +87,23 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
     datamodule.setup("fit")
     module = build_module(cfg, datamodule)
 
-    run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, cfg.resume)
+    # A DDP launch runs this in every rank (RANK / LOCAL_RANK / SLURM_PROCID); only rank 0 writes the directory.
+    rank = rank_zero_only.rank
+    run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, cfg.resume, rank)
     ckpt = run_dir / CHECKPOINT
     resume_from = str(ckpt) if cfg.resume and ckpt.is_file() else None
     if resume_from is not None:  # a truncated or foreign checkpoint is refused before anything is written
         resume_state = read_checkpoint(ckpt)
         check_architecture(resume_state, module, ckpt)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_from is not None:
+            rollback_events(run_dir, resume_state)  # drop what the interrupted process logged after its checkpoint
+        atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        if getattr(datamodule, "tokenizer", None) is not None:  # fine-tuning from this run encodes text with it
+            atomic_write_text(run_dir / TOKENIZER, datamodule.tokenizer.to_str())
     if resume_from is not None:
-        rollback_events(run_dir, resume_state)  # drop what the interrupted process logged after its checkpoint
         del resume_state
-    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    if getattr(datamodule, "tokenizer", None) is not None:  # fine-tuning from this run encodes text with it
-        atomic_write_text(run_dir / TOKENIZER, datamodule.tokenizer.to_str())
 
     logger = TensorBoardLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name,
                                default_hp_metric=False)
@@ -126,7 +132,8 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
                    *([best] if best is not None else []),
                    LastCheckpoint(ckpt)],  # after `best`: last.ckpt holds its state after each validation
     )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+    with shared_with_ranks(run_dir):
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
     global_step = trainer.global_step
     if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):  # fit ran in forked/spawned ranks
         global_step = adopt_final_state(trainer, ckpt)
@@ -170,6 +177,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"val/ppl {metrics.get('val/ppl', float('nan')):.2f}  val/loss {metrics.get('val/loss', float('nan')):.4f}  "
           f"{metrics['tokens_per_sec']:.0f} tokens/s")
     if "test/accuracy" in metrics:
-        print(f"test/accuracy {metrics['test/accuracy']:.4f}  test/f1 {metrics['test/f1']:.4f} (best validation checkpoint)")
+        print(f"test/accuracy {metrics['test/accuracy']:.4f}  test/f1 {metrics['test/f1']:.4f} "
+              f"(best validation checkpoint)")
     print(f"tensorboard --logdir {Path(metrics['run_dir']).parent} --host 127.0.0.1")
     return 0

@@ -13,8 +13,10 @@ mean is also unchanged by padding, like every real token's state (``attention.py
 ``init_from`` (a run directory, whose ``checkpoints/last.ckpt`` is read, or a ``.ckpt`` file) loads the
 encoder's weights, E/F included, with ``torch.load(weights_only=True)``. The checkpoint's architecture must
 equal ``model.*`` up to settings that change no weight (dropouts, ``attention.path``, ``attention.init``/
-``delta``: the loaded E/F replace the initial ones) and the vocabulary size; otherwise one ConfigError line names the first
-differing key. The head starts fresh.
+``delta``: the loaded E/F replace the initial ones), and its vocabulary size the tokenizer's; otherwise
+one ConfigError line names the first differing key. A run directory stands for the end of its training:
+if its ``last.ckpt`` holds an earlier step than its ``metrics.json`` (checkpoints are written at
+validations), loading is refused rather than silently starting from older weights. The head starts fresh.
 
 Metrics: ``val/`` and ``test/`` loss, accuracy and F1 (torchmetrics; binary tasks: F1 of class 1, GLUE's
 convention for QQP; more classes: macro F1); ``hp/val_loss`` and ``hp/val_accuracy`` for the HPARAMS tab.

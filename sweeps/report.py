@@ -34,6 +34,7 @@ from experiments.config import ConfigError
 from sweeps import stats
 from sweeps import storage as S
 from sweeps.study import Study, load_study
+from sweeps.sweep import check_objective
 
 TRIVIAL = {"trivial_loss": "trivial loss", "trivial_accuracy": "trivial accuracy"}
 CURVE_TAG = "val/loss"
@@ -133,9 +134,10 @@ def arm_section(study: Study, rows: list[Row], advice: str) -> list[str]:
             comparisons.append([a, b, stats.fmt(c.diff), ci, c.test, stats.verdict(a, b, c, direction, advice)])
         if comparisons:
             out += [f"## Comparisons of {metric} ({direction}; A − B with its 95 % CI)", "",
-                    *_table(["A", "B", "A − B", "95 % CI", "test", "verdict"], comparisons), "",
-                    f"Each interval is 95 %: of {len(comparisons)} comparisons of arms that do not differ, about "
-                    f"{0.05 * len(comparisons):.2g} would separate by chance alone.", ""]
+                    *_table(["A", "B", "A − B", "95 % CI", "test", "verdict"], comparisons), ""]
+            if len(comparisons) > 1:
+                out += [f"Each interval is 95 %: of {len(comparisons)} comparisons of arms that do not differ, "
+                        f"about {0.05 * len(comparisons):.2g} would separate by chance alone.", ""]
     return out
 
 
@@ -212,6 +214,9 @@ def plot_learning_curves(rows: list[Row], path: Path) -> bool:
         for j, (steps, values) in enumerate(lines):
             ax.plot(steps, values, color=colors[i % len(colors)], alpha=0.8, marker=".",
                     label=arm if j == 0 and len(curves) <= 12 else None)
+    trivial = [r.metrics["trivial_loss"] for r in rows if "trivial_loss" in r.metrics]
+    if trivial:
+        ax.axhline(sum(trivial) / len(trivial), color="black", linestyle="--", linewidth=1, label="trivial baseline")
     ax.set_xlabel("training step")
     ax.set_ylabel(CURVE_TAG)
     ax.set_title("validation loss of every trial, by arm")
@@ -274,9 +279,11 @@ def load(study: Study, url: Optional[str]) -> optuna.Study:
         raise ConfigError(f"{study.root / S.JOURNAL}: no study journal here; "
                           f"run `linformer-lab sweep {study.path}` first")
     try:
-        return optuna.load_study(study_name=study.name, storage=S.open_storage(study, url))
+        ostudy = optuna.load_study(study_name=study.name, storage=S.open_storage(study, url))
     except KeyError:
         raise ConfigError(f"study {study.name}: not in {S.storage_display(study, url)}; run the sweep first") from None
+    check_objective(study, ostudy, url)
+    return ostudy
 
 
 def write_report(study: Study, url: Optional[str] = None) -> Path:

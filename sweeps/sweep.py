@@ -35,7 +35,7 @@ def make_sampler(study: Study, seed: int) -> optuna.samplers.BaseSampler:
     if spec.kind == "tpe":
         # constant_liar: concurrent workers see each other's running trials and spread out
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True)
-    # grid: the points are enqueued once by the `sweep` command; the sampler never has to propose
+    # random; and grid, whose points the `sweep` command enqueues once, so that its sampler never proposes
     return optuna.samplers.RandomSampler(seed=seed)
 
 
@@ -49,13 +49,28 @@ def make_pruner(study: Study) -> optuna.pruners.BasePruner:
 
 
 def open_study(study: Study, url: Optional[str], workers: int = 1) -> optuna.Study:
+    """Create the study, or load it: then its stored objective must be the file's (Optuna would silently
+    keep the stored directions, and a changed metric would mix two objectives in one study)."""
     storage = S.open_storage(study, url, workers)
-    sampler = make_sampler(study, study.spec.sampler.seed)
-    try:
-        return optuna.create_study(study_name=study.name, storage=storage, sampler=sampler,
-                                   pruner=make_pruner(study), directions=study.directions, load_if_exists=True)
-    except ValueError as err:  # e.g. the stored study has other directions than the file now says
-        raise ConfigError(f"{study.path}: study {study.name} in its storage: {err}") from None
+    ostudy = optuna.create_study(study_name=study.name, storage=storage, pruner=make_pruner(study),
+                                 sampler=make_sampler(study, study.spec.sampler.seed),
+                                 directions=study.directions, load_if_exists=True)
+    if "objective" not in ostudy.user_attrs:
+        ostudy.set_user_attr("objective", objective_of(study))
+    check_objective(study, ostudy, url)
+    return ostudy
+
+
+def objective_of(study: Study) -> list[str]:
+    return [f"{m} ({d})" for m, d in zip(study.metrics, study.directions)]
+
+
+def check_objective(study: Study, ostudy: optuna.Study, url: Optional[str]) -> None:
+    stored = ostudy.user_attrs.get("objective")
+    if stored is not None and stored != objective_of(study):
+        raise ConfigError(f"{study.path}: study {study.name} in {S.storage_display(study, url)} has objective "
+                          f"{', '.join(stored)}, the file now says {', '.join(objective_of(study))}: rename the "
+                          "study or delete its storage")
 
 
 def _optuna_quiet() -> None:
@@ -124,7 +139,7 @@ def _describe(t: FrozenTrial, study: Study) -> str:
     elif t.state == TrialState.PRUNED:
         outcome = f"at step {t.last_step}" if t.last_step is not None else ""
     else:
-        outcome = t.user_attrs.get("fail_reason", "worker died; retried" if t.state == TrialState.FAIL else "")
+        outcome = t.user_attrs.get("fail_reason", "its worker died")
     took = f"{t.duration.total_seconds():.0f} s" if t.duration is not None else ""
     return f"trial {t.number:>3}  {t.state.name:<8} {params}  {outcome}  {took}".rstrip()
 
@@ -203,9 +218,11 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
                        for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
     print(f"study {study.name}: {state.finished}/{n if n is not None else '∞'} trials finished ({counts}) "
           f"in {(time.time() - started) / 60:.1f} min")
+    met = n is None or state.finished >= n or (deadline is not None and time.time() > deadline)
+    if not met:
+        print(f"budget not met: {n - state.finished} trial(s) missing; see {logs}/, then run the same command again")
     print(footer(study, url))
-    codes = [p.exitcode for p in procs]
-    return 2 if 2 in codes else (0 if n is None or state.finished >= n else 1)
+    return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

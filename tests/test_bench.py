@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from experiments import bench, cli
 from experiments import time_to_target as ttt

@@ -201,7 +201,8 @@ def test_truncation_to_max_len_cuts_the_ends_longest_first(byte_tokenizer, a, b,
 def test_tokenizing_only_the_first_words_gives_the_tokens_of_the_whole_text(tmp_path):
     """encode() tokenizes a text's first max_len words only (speed); the result must not depend on that."""
     reviews = list(load_embedded(sources="rotten_tomatoes")["validation"]["text"][:300])
-    odd = ["tabs\tand\nnew  lines   here " * 20, "caf\u00e9\u00a0cr\u00e8me \U0001F600 " * 30, "x" * 500, "  lead " * 40, ""]
+    odd = ["tabs\tand\nnew  lines   here " * 20, "caf\u00e9\u00a0cr\u00e8me \U0001F600 " * 30, "x" * 500,
+           "  lead " * 40, ""]
     texts, pairs = reviews + odd, odd + reviews
     for kind in ("bpe", "byte"):
         tok = build_tokenizer(OmegaConf.structured(C.TokenizerConfig(kind=kind, vocab_size=400)), reviews,
@@ -209,8 +210,9 @@ def test_tokenizing_only_the_first_words_gives_the_tokens_of_the_whole_text(tmp_
         full = lambda xs: [e.ids for e in tok.encode_batch(xs, add_special_tokens=False)]  # noqa: E731
         for max_len in (6, 32, 128):
             m = max_len - 3  # the documented pair rule, on the whole texts' tokens
+            kept_a = [min(len(a), max((m + 1) // 2, m - len(b))) for a, b in zip(full(texts), full(pairs))]
             expected = [[CLS_ID, *a[:ka], SEP_ID, *b[:m - ka], SEP_ID]
-                        for a, b in zip(full(texts), full(pairs)) for ka in [min(len(a), max((m + 1) // 2, m - len(b)))]]
+                        for a, b, ka in zip(full(texts), full(pairs), kept_a)]
             got = encode(tok, Dataset.from_dict({"text": texts, "pair": pairs}), max_len)
             assert [g.tolist() for g in got] == expected
             singles = encode(tok, Dataset.from_dict({"text": texts}), max_len)
@@ -276,7 +278,8 @@ def test_an_empty_split_is_an_error_and_the_cli_exits_2_writing_nothing(tmp_path
     code = cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, "task=classify",
                      f"data.source={source}"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert code == 2 and err == f"error: data.source: '{source}' gives an empty validation split (data.val_fraction=0.05)"
+    assert code == 2
+    assert err == f"error: data.source: '{source}' gives an empty validation split (data.val_fraction=0.05)"
     assert not (tmp_path / "runs").exists()
     header_only = write(tmp_path / "d" / "dev.csv", "text,label\n")
     write(tmp_path / "d" / "train.csv", "text,label\nhello,1\n")
@@ -332,7 +335,8 @@ def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tin
         assert float(r["pretrain_val_ppl"]) == pytest.approx(pre["val/ppl"])
     markdown = (root / "results.md").read_text()
     assert "| variant | pretrain val ppl | imdb | rotten_tomatoes | average |" in markdown
-    assert f"| linformer | {float(table[1]['pretrain_val_ppl']):.2f} | {100 * float(table[1]['imdb']):.1f} |" in markdown
+    linformer = table[1]
+    assert f"| linformer | {float(linformer['pretrain_val_ppl']):.2f} | {100 * float(linformer['imdb']):.1f} |" in markdown
     events = EventAccumulator(str(root), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     assert {"table2/imdb/full", "table2/average/linformer"} <= set(events.Tags()["scalars"])

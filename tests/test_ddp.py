@@ -10,6 +10,8 @@ import multiprocessing
 import os
 import random
 import socket
+import subprocess
+import sys
 import typing
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
 from experiments import config as C
+from experiments.rundir import RUN_DIR_ENV, choose_run_dir, shared_with_ranks
 from experiments.train import build_datamodule, build_module, train
 from lightning_modules.language_model import TokenPredictionModule
 
@@ -185,3 +188,59 @@ def test_every_attention_variant_and_sharing_mode_trains_under_ddp_without_unuse
     for p in procs:
         p.join(60)
     assert outcome == {0: [], 1: []}, f"{len(configs)} variants"
+
+
+# ---------------------------------------------------------------------------------------- command-line launches
+def _cli_args(config: Path, tmp_path: Path, corpus: Path, data_cache: Path) -> list[str]:
+    return ["train", str(config), "experiment=cli", f"output_dir={tmp_path / 'runs'}", "model.max_len=32",
+            "model.d_model=32", "model.n_heads=2", "model.n_layers=2", "model.d_ff=64", "model.attention.k=8",
+            f"data.source={corpus}", "data.tokenizer.kind=byte", f"data.cache_dir={data_cache}", "data.batch_size=4",
+            "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.accelerator=cpu", "trainer.devices=2",
+            "trainer.strategy=ddp"]
+
+
+@pytest.mark.slow
+def test_strategy_ddp_from_the_command_line_writes_one_run_directory(tiny_overrides, tmp_path, small_corpus,
+                                                                     data_cache):
+    """Lightning re-runs the command in rank 1, which must join rank 0's run directory, not make its own."""
+    args = _cli_args(tiny_overrides.config, tmp_path, small_corpus, data_cache)
+    done = subprocess.run([sys.executable, "-m", "experiments.cli", *args], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = (tmp_path / "runs" / "cli").iterdir()
+    assert json.loads((run / "metrics.json").read_text())["global_step"] == 4
+
+
+@pytest.mark.slow
+def test_torchrun_needs_an_explicit_run_dir_and_then_writes_it_alone(tiny_overrides, tmp_path, small_corpus,
+                                                                      data_cache):
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node=2", "-m",
+                "experiments.cli"]
+    args = _cli_args(tiny_overrides.config, tmp_path, small_corpus, data_cache)
+    refused = subprocess.run([*torchrun, *args], capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "error: run_dir: a multi-process launch" in refused.stderr
+    assert not (tmp_path / "runs").exists()
+    done = subprocess.run([*torchrun, *args, f"run_dir={tmp_path / 'runs' / 'cli' / 'job'}"], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "runs" / "cli").iterdir()] == ["job"]
+    assert json.loads((tmp_path / "runs" / "cli" / "job" / "metrics.json").read_text())["global_step"] == 4
+
+
+def test_every_rank_writes_to_the_run_directory_rank_0_chose(tmp_path, monkeypatch):
+    monkeypatch.delenv(RUN_DIR_ENV, raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    chosen = choose_run_dir(str(tmp_path), "exp", None, False, rank=0)
+    assert chosen == tmp_path / "exp" / "version_0"
+    chosen.mkdir(parents=True)
+    (chosen / "config.yaml").write_text("")
+    with shared_with_ranks(chosen):  # around Trainer.fit, where Lightning starts the ranks of strategy=ddp
+        assert choose_run_dir(str(tmp_path), "exp", None, False, rank=1) == chosen.resolve()
+    assert RUN_DIR_ENV not in os.environ
+    # Ranks that torchrun or srun start side by side cannot agree on "the next free version".
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (0, 1):
+        with pytest.raises(C.ConfigError, match="needs run_dir="):
+            choose_run_dir(str(tmp_path), "exp", None, False, rank=rank)
+    assert choose_run_dir(str(tmp_path), "exp", str(tmp_path / "job"), False, rank=1) == tmp_path / "job"
+    assert choose_run_dir(str(tmp_path), "exp", str(tmp_path / "job"), False, rank=0) == tmp_path / "job"

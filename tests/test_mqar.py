@@ -144,11 +144,10 @@ def test_language_model_trivial_baseline_is_the_training_unigram_cross_entropy(c
     assert 0 < got["trivial_loss"] < math.log(dm.vocab_size)
 
 
-@pytest.mark.parametrize("attention", [["model.attention.kind=linformer"],
-                                       ["model.attention.kind=full", "model.attention.causal=true"]])
-def test_recall_run_writes_recall_accuracy_and_its_trivial_baseline(tiny_overrides, tmp_path, attention):
+def test_recall_run_writes_recall_accuracy_and_its_trivial_baseline(tiny_overrides, tmp_path):
     args = ["train", str(tiny_overrides.config), *tiny_overrides.args, "task=recall", "data.mqar.n_pairs=8",
-            "data.mqar.vocab_size=16", "data.mqar.n_train=256", "data.mqar.n_val=32", *attention]
+            "data.mqar.vocab_size=16", "data.mqar.n_train=256", "data.mqar.n_val=32",
+            "model.attention.kind=linformer", "model.attention.causal=true"]  # as the CPU presets train
     assert cli.main(args) == 0
     metrics = json.loads((tmp_path / "runs" / "tiny" / "version_0" / "metrics.json").read_text())
     assert metrics["trivial_loss"] == pytest.approx(math.log(8)) and metrics["trivial_accuracy"] == 0.125

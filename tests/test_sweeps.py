@@ -210,13 +210,26 @@ def test_every_shipped_study_validates_at_every_preset(path):
     ({"space": {"optim.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}}, "a grid needs finite values"),
     ({"sampler": {"kind": "bayes"}}, "sampler.kind"),
 ])
-def test_a_bad_study_file_is_one_line_and_exit_2_before_any_trial(tmp_path, tiny, capsys, change, message):
+def test_a_bad_study_file_is_one_line_and_exit_2_before_any_trial(tmp_path, tiny_overrides, capsys, change,
+                                                                  message):
     space = {"seed": {"type": "categorical", "choices": [0]}, **change.pop("space", {})}
-    path = write_study(tmp_path, tiny, "bad", space, **change)
+    path = write_study(tmp_path, tiny_overrides, "bad", space, **change)
     assert cli.main(["sweep", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(f"error: {path}") and message in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_existing_study_refuses_a_changed_objective(tmp_path, tiny_overrides, capsys):
+    from sweeps.sweep import open_study
+
+    path = write_study(tmp_path, tiny_overrides, "changed", {"seed": {"type": "categorical", "choices": [0]}})
+    open_study(load_study(path), None)  # the study as first run: val/loss, minimize
+    changed = write_study(tmp_path, tiny_overrides, "changed", {"seed": {"type": "categorical", "choices": [0]}},
+                          objective=[{"metric": "val/loss", "direction": "maximize"}])
+    for command in ("sweep", "report"):
+        assert cli.main([command, str(changed)]) == 2
+        assert "has objective val/loss (minimize), the file now says val/loss (maximize)" in capsys.readouterr().err
 
 
 def test_a_missing_preset_names_the_ones_there_are(capsys):
@@ -224,11 +237,17 @@ def test_a_missing_preset_names_the_ones_there_are(capsys):
     assert "--preset tpu: no such preset (has: cpu, gpu)" in capsys.readouterr().err
 
 
-def test_conditional_params_enter_the_grid_only_where_active():
-    study = load_study(REPO / "sweeps" / "causal.yaml", "cpu")
-    per_seed = [p for p in study.points if p["seed"] == 0]
-    assert per_seed == [{"seed": 0, "model.attention.kind": "full"}] + [
-        {"seed": 0, "model.attention.kind": "linformer", "model.attention.k": k} for k in (8, 16, 32)]
+def test_conditional_params_enter_the_grid_only_where_active(tmp_path, tiny_overrides):
+    path = write_study(tmp_path, tiny_overrides, "conditional", {
+        "seed": {"type": "categorical", "choices": [0, 1]},
+        "model.attention.kind": {"type": "categorical", "choices": ["full", "linformer"]},
+        "model.attention.k": {"type": "int", "low": 4, "high": 8, "step": 4,
+                              "when": {"model.attention.kind": "linformer"}}})
+    study = load_study(path)
+    per_seed = [{"model.attention.kind": "full"}] + [
+        {"model.attention.kind": "linformer", "model.attention.k": k} for k in (4, 8)]
+    assert study.points == [{"seed": s, **arm} for s in (0, 1) for arm in per_seed]
+    assert study.n_trials == 6 and study.arms == ["model.attention.kind", "model.attention.k"]
 
 
 # --------------------------------------------------------------------------------------- budget

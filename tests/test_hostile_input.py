@@ -1,0 +1,249 @@
+"""Bad input to every command: one line naming the problem, exit code 2, no traceback, nothing written.
+
+One table: each row builds its input in a scratch folder, runs ``linformer-lab COMMAND ...`` in this process,
+and expects ``error: ...`` holding the given words. The folder must be the same afterwards (no file created,
+changed or removed), so no half-written run directory is left behind. Also here: the helper that masks
+passwords, and that the project loads no checkpoint and no YAML in a way that can run code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+import yaml
+
+from experiments import cli
+from experiments.redact import redact
+from experiments.rundir import CHECKPOINT
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "experiments" / "configs" / "base.yaml"
+PASSWORD = "hunter2-Secret"
+
+
+class RunsCode:
+    """Pickles as a call of os.system: loading it with plain pickle would create ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, data_cache):
+    """A scratch folder with a trained tiny run and the bad files the rows use."""
+    root = tmp_path_factory.mktemp("hostile")
+    tiny = ["experiment=tiny", f"output_dir={root / 'runs'}", "model.max_len=32", "model.d_model=32",
+            "model.n_heads=2", "model.n_layers=2", "model.d_ff=64", "model.attention.k=8", "data.max_texts=300",
+            "data.batch_size=8", "data.tokenizer.vocab_size=300", f"data.cache_dir={data_cache}",
+            "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
+            "trainer.accelerator=cpu", "optim.warmup_steps=1"]
+    trained = root / "trained"
+    assert cli.main(["train", str(CONFIG), *tiny, f"run_dir={trained}"]) == 0
+    ckpt = trained / CHECKPOINT
+    files = root / "files"
+    files.mkdir()
+
+    def write(name: str, text: str) -> Path:
+        (files / name).write_text(text)
+        return files / name
+
+    good_study = {"study": "hostile", "base": str(CONFIG),
+                  "overrides": {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in tiny)},
+                  "space": {"seed": {"type": "categorical", "choices": [0, 1]}}, "sampler": {"kind": "grid"}}
+    state = torch.load(ckpt, weights_only=True)
+    state["hyper_parameters"]["config"]["model"]["d_ff"] = 128  # weights of d_ff 64 under a d_ff 128 config
+    torch.save(state, files / "foreign.ckpt")
+    torch.save({"state_dict": {}, "payload": RunsCode(root / "code_ran")}, files / "runs_code.ckpt")
+    (files / "truncated.ckpt").write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    return types.SimpleNamespace(
+        root=root, tiny=tiny, trained=trained, ckpt=ckpt, files=files, write=write,
+        study=lambda name, **changes: write(name, yaml.safe_dump({**good_study, **changes})),
+    )
+
+
+def resumable(world, name: str, change: Callable[[Path], None] = lambda ckpt: None) -> Path:
+    """A copy of the trained run whose checkpoint ``change`` spoils."""
+    run = world.root / name
+    if not run.exists():
+        shutil.copytree(world.trained, run)
+        change(run / CHECKPOINT)
+    return run
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:1000])
+
+
+def train(world, *args: str) -> list[str]:
+    return ["train", str(CONFIG), *world.tiny, *args]
+
+
+def source(world, name: str, text: str) -> str:
+    return f"data.source={world.write(name, text)}"
+
+
+STRING_LABELS = "text,label\n" + "".join(f"review {i},positive\n" for i in range(20))
+
+
+# id: (argv from the world, words the error line must hold)
+CASES: dict[str, tuple[Callable, str]] = {
+    # ----------------------------------------------------------------------------------------- train
+    "train/missing config": (lambda w: ["train", str(w.files / "nope.yaml")], "nope.yaml: not found"),
+    "train/malformed yaml": (lambda w: ["train", str(w.write("bad.yaml", "model: {d_model: 32\n"))], "malformed YAML"),
+    "train/yaml not a mapping": (lambda w: ["train", str(w.write("list.yaml", "- 1\n- 2\n"))], "must be a mapping"),
+    "train/unknown key": (lambda w: train(w, "model.attention.kindd=full"), "model.attention.kindd: unknown key"),
+    "train/wrong type": (lambda w: train(w, "model.d_model=wide"), "model.d_model"),
+    "train/out of range": (lambda w: train(w, "model.dropout=1.5"), "model.dropout: must be in [0, 1)"),
+    "train/k above n": (lambda w: train(w, "model.attention.k=64"), "model.attention.k"),
+    "train/contradictory": (lambda w: train(w, "task=clm"), "task: 'clm' needs model.attention.causal=true"),
+    "train/bad override": (lambda w: train(w, "model.d_model"), "expected key=value"),
+    "train/missing data file": (lambda w: train(w, f"data.source={w.files / 'none.txt'}"), "not found"),
+    "train/empty data file": (lambda w: train(w, source(w, "empty.txt", "")), "data.source"),
+    "train/malformed data file": (lambda w: train(w, source(w, "bad.jsonl", '{"text": "a"\n')), "data.source"),
+    "train/missing text column": (lambda w: train(w, source(w, "notext.csv", "body\na\nb\n")), "data.text_column"),
+    "train/label column of the wrong type": (
+        lambda w: train(w, "task=classify", "data.tokenizer.kind=byte", source(w, "labels.csv", STRING_LABELS)),
+        "data.label_column"),
+    "train/resume truncated checkpoint": (
+        lambda w: train(w, f"run_dir={resumable(w, 'r_trunc', truncate)}", "resume=true"), "truncated"),
+    "train/resume another architecture": (
+        lambda w: train(w, f"run_dir={resumable(w, 'r_arch')}", "resume=true", "model.d_model=64"),
+        "another architecture (model.d_model=32 there, 64 here"),
+    "train/resume checkpoint that runs code": (
+        lambda w: train(w, f"run_dir={resumable(w, 'r_code', lambda c: shutil.copy(w.files / 'runs_code.ckpt', c))}",
+                        "resume=true"), "holds objects that could run code when loaded (posix.system); refused"),
+    "train/run_dir holds a run": (lambda w: train(w, f"run_dir={w.trained}"), "already holds a run"),
+    # ----------------------------------------------------------------------------------------- sweep
+    "sweep/missing study": (lambda w: ["sweep", str(w.files / "none.yaml")], "not found"),
+    "sweep/malformed yaml": (lambda w: ["sweep", str(w.write("s_bad.yaml", "study: [x\n"))], "malformed YAML"),
+    "sweep/unknown key": (lambda w: ["sweep", str(w.study("s_key.yaml", samplerr={"kind": "grid"}))],
+                          "samplerr: unknown key (allowed here: study, base,"),
+    "sweep/wrong type": (lambda w: ["sweep", str(w.study("s_type.yaml", budget={"n_trials": "many"}))],
+                         "budget.n_trials"),
+    "sweep/out of range": (lambda w: ["sweep", str(w.study("s_ok.yaml")), "--workers", "0"], "--workers"),
+    "sweep/contradictory": (lambda w: ["sweep", str(w.study(
+        "s_prune.yaml", sampler={"kind": "tpe"}, pruner={"kind": "median"},
+        objective=[{"metric": "val/loss", "direction": "minimize"},
+                   {"metric": "tokens_per_sec", "direction": "maximize"}]))], "pruner"),
+    "sweep/bad run config": (lambda w: ["sweep", str(w.study("s_run.yaml", overrides={"model.dropout": 2.0}))],
+                             "model.dropout"),
+    "sweep/unreachable storage": (lambda w: ["sweep", str(w.study("s_ok.yaml")), "--storage",
+                                             f"postgresql+psycopg2://lab:{PASSWORD}@127.0.0.1:9/optuna"],
+                                  "--storage postgresql+psycopg2://lab:***@127.0.0.1:9/optuna: cannot open"),
+    "sweep/sqlite with workers": (lambda w: ["sweep", str(w.study("s_ok.yaml")), "--workers", "2", "--storage",
+                                             f"sqlite:///{w.files / 'x.db'}"], "SQLite cannot take parallel workers"),
+    # ----------------------------------------------------------------------------------------- report
+    "report/missing study": (lambda w: ["report", str(w.files / "none.yaml")], "not found"),
+    "report/never run": (lambda w: ["report", str(w.study("s_ok.yaml"))], "no study journal here"),
+    "report/unreachable storage": (lambda w: ["report", str(w.study("s_ok.yaml")), "--storage",
+                                              f"postgresql+psycopg2://lab:{PASSWORD}@127.0.0.1:9/optuna"],
+                                   "lab:***@127.0.0.1:9/optuna"),
+    # ----------------------------------------------------------------------------------------- analyze
+    "analyze/missing run": (lambda w: ["analyze", str(w.files / "none")], "no such run directory"),
+    "analyze/truncated checkpoint": (lambda w: ["analyze", str(w.files / "truncated.ckpt")], "truncated"),
+    "analyze/not a checkpoint": (lambda w: ["analyze", str(w.write("notes.ckpt", "just text\n"))],
+                                 "not a PyTorch checkpoint"),
+    "analyze/checkpoint that runs code": (lambda w: ["analyze", str(w.files / "runs_code.ckpt")],
+                                          "could run code"),
+    "analyze/another architecture": (lambda w: ["analyze", str(w.files / "foreign.ckpt")],
+                                     "another architecture (tensor encoder.blocks.0.ffn.0.bias has shape (64,) there"),
+    "analyze/wrong type": (lambda w: ["analyze", str(w.trained), "--samples", "many"], "--samples"),
+    "analyze/out of range": (lambda w: ["analyze", str(w.trained), "--energy", "1.5"], "--energy"),
+    # ----------------------------------------------------------------------------------------- bench
+    "bench/unknown variant": (lambda w: ["bench", "--variants", "performer"], "--variants"),
+    "bench/wrong type": (lambda w: ["bench", "--n", "many"], "--n"),
+    "bench/out of range": (lambda w: ["bench", "--batch", "0"], "--batch: must be >= 1"),
+    "bench/contradictory": (lambda w: ["bench", "--d-model", "30", "--heads", "4"], "not divisible"),
+    # ----------------------------------------------------------------------------------------- pipeline
+    "pipeline/malformed yaml": (lambda w: ["pipeline", str(w.write("p_bad.yaml", "pretrain: {config: x\n"))],
+                                "malformed YAML"),
+    "pipeline/unknown key": (lambda w: ["pipeline", str(w.write("p_key.yaml", "pretrainn: {}\n"))],
+                             "pretrainn: unknown key (allowed here: "),
+    "pipeline/missing parts": (lambda w: ["pipeline", str(w.write("p_empty.yaml", "variants: {}\n"))], "required"),
+    # ----------------------------------------------------------------------------------------- time-to-target
+    "time-to-target/wrong type": (lambda w: ["time-to-target", str(w.trained), "--target", "low"], "--target"),
+    "time-to-target/missing runs": (lambda w: ["time-to-target", str(w.files / "none"), "--target", "100"], "none"),
+    # ----------------------------------------------------------------------------------------- the command line
+    "cli/unknown command": (lambda w: ["serve"], "invalid choice"),
+    "cli/missing argument": (lambda w: ["train"], "required"),
+}
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_gets_one_line_exit_2_and_writes_nothing(world, case, capsys, monkeypatch):
+    build, words = CASES[case]
+    monkeypatch.chdir(world.root)
+    argv = build(world)
+    capsys.readouterr()
+    before = snapshot(world.root)
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    assert code == 2, out.err[-2000:]
+    # (progress bars of data loading may precede it)
+    errors = [line for line in out.err.splitlines() if line.startswith("error: ") or "Traceback" in line]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and out.err.strip().endswith(errors[0]), out.err
+    assert words in errors[0], errors[0]
+    assert PASSWORD not in out.out + out.err
+    assert snapshot(world.root) == before, "files were written, changed or removed"
+    assert not (world.root / "code_ran").exists()
+
+
+def test_a_real_process_prints_one_line_and_no_traceback(world):
+    done = subprocess.run([sys.executable, "-m", "experiments.cli", "train", str(CONFIG), *world.tiny,
+                           f"run_dir={resumable(world, 'r_trunc', truncate)}", "resume=true"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ") or "Traceback" in line]
+    assert len(errors) == 1 and "truncated" in errors[0], done.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------------------- security
+@pytest.mark.parametrize("text, masked", [
+    ("postgresql+psycopg2://lab:s3cr%40t@db.example:5432/optuna", "postgresql+psycopg2://lab:***@db.example:5432/optuna"),
+    ("postgresql://lab:p@ss@host/db", "postgresql://lab:***@host/db"),  # a raw "@" in the password
+    ("mysql://lab:pw@host/db?charset=utf8&password=pw2", "mysql://lab:***@host/db?charset=utf8&password=***"),
+    ("redis://:pw@host:6379/0", "redis://:***@host:6379/0"),
+    ("cannot open 'postgresql:/lab:pw@host/db'", "cannot open 'postgresql:/lab:***@host/db'"),  # one slash
+    ("postgresql://lab@host/db", "postgresql://lab@host/db"),  # no password: unchanged
+    ("runs/study_cpu/journal.log", "runs/study_cpu/journal.log"),
+    ("model.attention.k: must be in [1, 32], got x:y@z", "model.attention.k: must be in [1, 32], got x:y@z"),
+])
+def test_redact_masks_the_password_of_every_url_and_nothing_else(text, masked):
+    assert redact(text) == masked
+
+
+SOURCES = [p for d in ("experiments", "lightning_modules", "datamodules", "sweeps") for p in (REPO / d).rglob("*.py")]
+
+
+def test_checkpoints_load_weights_only_and_yaml_loads_safely():
+    """Every torch.load passes weights_only=True; YAML is only read with safe_load; nothing unpickles."""
+    for path in SOURCES:
+        text = path.read_text()
+        for call in re.findall(r"torch\.load\((?:[^()]|\([^()]*\))*\)", text):
+            assert "weights_only=True" in call, f"{path}: {call}"
+        assert not re.search(r"yaml\.(load|unsafe_load|full_load)\(", text), path
+        assert not re.search(r"pickle\.loads?\(", text), path
+
+
+def test_servers_bind_to_loopback():
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^HOST \?= 127\.0\.0\.1$", makefile, re.M)
+    for server in ("tensorboard", "optuna-dashboard"):
+        lines = [line for line in makefile.splitlines() if f"/{server} " in line and not line.lstrip().startswith("@")]
+        assert lines and all("--host $(HOST)" in line for line in lines), server
