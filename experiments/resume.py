@@ -25,7 +25,6 @@ import os
 import pickle
 import random
 import re
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -37,6 +36,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from datamodules.cache import atomic_write
 from experiments.config import ConfigError, flatten
 
 _STATE_KEY = "resume_state"
@@ -73,18 +73,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer killed mid-save
-        stale.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

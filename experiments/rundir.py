@@ -12,10 +12,10 @@ import contextlib
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from datamodules.cache import atomic_write
 from experiments.config import ConfigError
 
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
@@ -24,18 +24,8 @@ TOKENIZER = Path("tokenizer.json")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``text`` to ``path`` atomically (see :func:`datamodules.cache.atomic_write`)."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def _jsonable(value: Any) -> Any:

@@ -137,7 +137,7 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
     global_step = trainer.global_step
     if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):  # fit ran in forked/spawned ranks
         global_step = adopt_final_state(trainer, ckpt)
-    if not run_metrics.curve or run_metrics.curve[-1][1] < run_metrics.tokens:
+    if run_metrics.validated_at != global_step:
         trainer.validate(module, datamodule=datamodule, verbose=False)  # final validation at the last step
     final = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if is_overridden("test_dataloader", datamodule):  # tasks with a test split: score the best checkpoint on it
@@ -174,8 +174,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = C.load(args.config, args.overrides)
     metrics = train(cfg)
     print(f"run directory: {metrics['run_dir']}")
-    print(f"val/ppl {metrics.get('val/ppl', float('nan')):.2f}  val/loss {metrics.get('val/loss', float('nan')):.4f}  "
-          f"{metrics['tokens_per_sec']:.0f} tokens/s")
+    shown = [f"{k} {metrics[k]:.4g}" for k in ("val/ppl", "val/loss", "val/accuracy") if k in metrics]
+    print("  ".join(shown + [f"{metrics['tokens_per_sec']:.0f} tokens/s"]))
     if "test/accuracy" in metrics:
         print(f"test/accuracy {metrics['test/accuracy']:.4f}  test/f1 {metrics['test/f1']:.4f} "
               f"(best validation checkpoint)")

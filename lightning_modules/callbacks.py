@@ -32,13 +32,16 @@ class RunMetrics(L.Callback):
         self.train_seconds = 0.0
         self._t0 = 0.0
         self.curve: list[tuple[float, int, float]] = []  # (seconds, tokens, val ppl)
+        self.validated_at = -1  # global step of the latest validation during fit
 
     def state_dict(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "train_seconds": self.train_seconds, "curve": self.curve}
+        return {"tokens": self.tokens, "train_seconds": self.train_seconds, "curve": self.curve,
+                "validated_at": self.validated_at}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tokens, self.train_seconds = state["tokens"], state["train_seconds"]
         self.curve = [tuple(c) for c in state["curve"]]
+        self.validated_at = state.get("validated_at", -1)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -56,8 +59,11 @@ class RunMetrics(L.Callback):
                             "perf/peak_mem_mb": peak_memory_mb(pl_module.device)})
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        self.validated_at = trainer.global_step
         ppl = trainer.callback_metrics.get("val/ppl")
-        if trainer.sanity_checking or ppl is None:
+        if ppl is None:  # tasks without a perplexity (classification)
             return
         self.curve.append((self.train_seconds, self.tokens, float(ppl)))
         for logger in trainer.loggers:

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from torch import nn
 
 from lightning_modules.attention import SelfAttention
 from lightning_modules.encoder import TransformerEncoder, count_parameters
