@@ -4,12 +4,12 @@ Fork-based launches: plain ``strategy=ddp`` re-executes the launching script in 
 pytest is the whole test session.
 """
 
+import datetime
 import itertools
 import json
 import multiprocessing
 import os
 import random
-import socket
 import subprocess
 import sys
 import typing
@@ -30,12 +30,6 @@ from experiments.train import build_datamodule, build_module, train
 from lightning_modules.language_model import TokenPredictionModule
 
 WORLD = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -67,7 +61,7 @@ def test_two_process_ddp_keeps_ranks_identical_and_validates_on_the_whole_set(ti
     cfg = C.load(tiny_overrides.config, [
         *tiny_overrides.args, f"data.source={small_corpus}", "data.tokenizer.kind=byte", "data.val_fraction=0.15",
         "data.batch_size=4", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=1000",
-        "model.dropout=0.0", "trainer.devices=2", "trainer.strategy=ddp_fork", f"run_dir={tmp_path / 'ddp'}"])
+        "model.dropout=0.0", "trainer.devices=2", "trainer.strategy=ddp_spawn", f"run_dir={tmp_path / 'ddp'}"])
     metrics = train(cfg, callbacks=[RecordRank(tmp_path)])
 
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
@@ -141,15 +135,16 @@ def _label(config: dict) -> str:
     return " ".join(f"{f}={att[f]}" for f in ("kind", *STRUCTURAL))
 
 
-def _train_every_variant(rank: int, port: int, configs: list[dict], results) -> None:
+def _train_every_variant(rank: int, rendezvous: str, configs: list[dict], results) -> None:
     """One rank: each variant wrapped in DDP(find_unused_parameters=False) for 3 SGD steps on this rank's own
     batches; a parameter without gradient makes DDP raise at the next step's forward."""
-    failures = []
+    failures, label = [], "setup"
     try:
         torch.set_num_threads(1)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+        dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=WORLD,
+                                timeout=datetime.timedelta(seconds=120))
         for config in configs:
+            label = _label(config)
             torch.manual_seed(0)
             module = TokenPredictionModule(config, vocab_size=40)
             model = DistributedDataParallel(module, find_unused_parameters=False)
@@ -167,26 +162,32 @@ def _train_every_variant(rank: int, port: int, configs: list[dict], results) -> 
             gathered = [torch.empty_like(flat) for _ in range(WORLD)]
             dist.all_gather(gathered, flat)
             if not torch.equal(gathered[0], gathered[1]):
-                failures.append(f"{_label(config)}: the ranks' weights differ")
-        dist.destroy_process_group()
+                failures.append(f"{label}: the ranks' weights differ")
     except Exception as err:  # the process group is out of step after a failed reduction: stop here
-        failures.append(f"{_label(config)}: {type(err).__name__}: {str(err).splitlines()[0]}")
+        failures.append(f"{label}: {type(err).__name__}: {str(err).splitlines()[0]}")
     results.put((rank, failures))
+    # No destroy_process_group: destroying a gloo group while its worker thread still releases the last
+    # collective's tensors can deadlock on the GIL; the process ends here (os._exit) anyway.
 
 
-def test_every_attention_variant_and_sharing_mode_trains_under_ddp_without_unused_parameters():
+def test_every_attention_variant_and_sharing_mode_trains_under_ddp_without_unused_parameters(tmp_path):
     configs = accepted_configs(attention_variants())
     for field in STRUCTURAL:  # every value of every choice trains in at least one accepted combination
         seen = {c["model"]["attention"][field] for c in configs if c["model"]["attention"]["kind"] == "linformer"}
         assert seen == set(_choices(C.AttentionConfig, field) if field != "causal" else (False, True)) - {"auto"}
-    ctx = multiprocessing.get_context("fork")
-    results, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_train_every_variant, args=(rank, port, configs, results)) for rank in range(WORLD)]
+    ctx = multiprocessing.get_context("spawn")  # fork would copy this process's threads (a deadlock risk)
+    results, rendezvous = ctx.Queue(), f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=_train_every_variant, args=(rank, rendezvous, configs, results), daemon=True)
+             for rank in range(WORLD)]
     for p in procs:
         p.start()
-    outcome = dict(results.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(60)
+    try:
+        outcome = dict(results.get(timeout=300) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
     assert outcome == {0: [], 1: []}, f"{len(configs)} variants"
 
 
