@@ -51,10 +51,8 @@ def cache_key(*parts: Any) -> str:
 def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     """Write ``path`` through ``write(binary_file)`` via a temporary sibling, fsync and ``os.replace``:
     a reader, or a resume after a kill mid-write, sees the old file or the new one, never half of one.
-    Temporaries left by a writer killed earlier are removed first."""
+    Other writers' temporaries are left alone: several workers may fill a shared cache at once."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -73,6 +73,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
+    # One writer per run directory (rank 0): temporaries beside the checkpoint were left by a killed save.
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
