@@ -70,6 +70,74 @@ def _hparams(cfg: DictConfig) -> dict[str, Any]:
     return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in flat.items()}
 
 
+def _open_run_dir(cfg: DictConfig, datamodule: L.LightningDataModule,
+                  module: L.LightningModule) -> tuple[Path, Optional[str]]:
+    """The run directory, with config.yaml (and the tokenizer) written; the checkpoint to resume from.
+
+    A DDP launch runs this in every rank (RANK / LOCAL_RANK / SLURM_PROCID); only rank 0 writes. A
+    truncated or foreign checkpoint is refused before anything is written; resuming drops the TensorBoard
+    events the interrupted process logged after its checkpoint.
+    """
+    rank = rank_zero_only.rank
+    run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, cfg.resume, rank)
+    ckpt = run_dir / CHECKPOINT
+    resume_from = str(ckpt) if cfg.resume and ckpt.is_file() else None
+    resume_state = None
+    if resume_from is not None:
+        resume_state = read_checkpoint(ckpt)
+        check_architecture(resume_state, module, ckpt)
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_state is not None:
+            rollback_events(run_dir, resume_state)
+        atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        if getattr(datamodule, "tokenizer", None) is not None:  # fine-tuning from this run encodes text with it
+            atomic_write_text(run_dir / TOKENIZER, datamodule.tokenizer.to_str())
+    return run_dir, resume_from
+
+
+def _logger(cfg: DictConfig, module: L.LightningModule, run_dir: Path, resumed: bool,
+            hparams: Optional[dict]) -> TensorBoardLogger:
+    """TensorBoard logger of the run; a new run first records its HPARAMS (a resumed one has them)."""
+    logger = TensorBoardLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name,
+                               default_hp_metric=False)
+    if not resumed:
+        hp_metrics = getattr(module, "hp_metrics", HP_METRICS)  # a module may declare its own
+        logger.log_hyperparams({**_hparams(cfg), **(hparams or {})}, metrics={m: math.nan for m in hp_metrics})
+        # Flushed and closed: the writer reopens on next use, in the process that uses it (its thread would
+        # not survive into the ranks that strategy=ddp_fork forks, which would then hang on their first flush).
+        logger.experiment.close()
+    return logger
+
+
+def _trainer(cfg: DictConfig, run_dir: Path, logger: TensorBoardLogger, callbacks: list[L.Callback]) -> L.Trainer:
+    t = cfg.trainer
+    return L.Trainer(
+        max_steps=t.max_steps, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
+        limit_val_batches=t.limit_val_batches, log_every_n_steps=t.log_every_n_steps,
+        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
+        precision=_precision(cfg), accumulate_grad_batches=t.accumulate_grad_batches,
+        gradient_clip_val=cfg.optim.gradient_clip_val, deterministic=t.deterministic,
+        num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(run_dir), logger=logger,
+        plugins=[AtomicCheckpointIO()], callbacks=callbacks)
+
+
+def _final_scores(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule,
+                  best: Optional[ModelCheckpoint], validated_at: Optional[int], global_step: int) -> dict[str, Any]:
+    """val/* at the last step (validating once more if the last step was not validated), and for tasks
+    with a test split, test/* of the best validation checkpoint."""
+    if validated_at != global_step:
+        trainer.validate(module, datamodule=datamodule, verbose=False)
+    final = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    if is_overridden("test_dataloader", datamodule):
+        best_path = best.best_model_path if best is not None and best.best_model_path else None
+        scores = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False, weights_only=True)
+        final.update({k: float(v) for k, v in scores[0].items()})
+        if best_path is not None:
+            final.update({"best_checkpoint": best_path, f"best_{best.monitor}": float(best.best_model_score)})
+    return final
+
+
 def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Optional[dict] = None) -> dict[str, Any]:
     """Train one run and return its ``metrics.json`` content.
 
@@ -86,68 +154,25 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
     datamodule.prepare_data()
     datamodule.setup("fit")
     module = build_module(cfg, datamodule)
+    run_dir, resume_from = _open_run_dir(cfg, datamodule, module)
+    logger = _logger(cfg, module, run_dir, resume_from is not None, hparams)
 
-    # A DDP launch runs this in every rank (RANK / LOCAL_RANK / SLURM_PROCID); only rank 0 writes the directory.
-    rank = rank_zero_only.rank
-    run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, cfg.resume, rank)
-    ckpt = run_dir / CHECKPOINT
-    resume_from = str(ckpt) if cfg.resume and ckpt.is_file() else None
-    if resume_from is not None:  # a truncated or foreign checkpoint is refused before anything is written
-        resume_state = read_checkpoint(ckpt)
-        check_architecture(resume_state, module, ckpt)
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if resume_from is not None:
-            rollback_events(run_dir, resume_state)  # drop what the interrupted process logged after its checkpoint
-        atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-        if getattr(datamodule, "tokenizer", None) is not None:  # fine-tuning from this run encodes text with it
-            atomic_write_text(run_dir / TOKENIZER, datamodule.tokenizer.to_str())
-    if resume_from is not None:
-        del resume_state
-
-    logger = TensorBoardLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name,
-                               default_hp_metric=False)
-    if resume_from is None:
-        hp_metrics = getattr(module, "hp_metrics", HP_METRICS)  # a module may declare its own
-        logger.log_hyperparams({**_hparams(cfg), **(hparams or {})}, metrics={m: math.nan for m in hp_metrics})
-        # Flushed and closed: the writer reopens on next use, in the process that uses it (its thread would
-        # not survive into the ranks that strategy=ddp_fork forks, which would then hang on their first flush).
-        logger.experiment.close()
     run_metrics = RunMetrics()
     # Modules with a checkpoint_monitor (classifiers) also keep their best validation step, which is tested.
     monitor, mode = getattr(module, "checkpoint_monitor", (None, "min"))
     best = ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="best", monitor=monitor, mode=mode,
                            save_top_k=1, save_on_train_epoch_end=False) if monitor else None
-    t = cfg.trainer
-    trainer = L.Trainer(
-        max_steps=t.max_steps, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
-        limit_val_batches=t.limit_val_batches, log_every_n_steps=t.log_every_n_steps,
-        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
-        precision=_precision(cfg), accumulate_grad_batches=t.accumulate_grad_batches,
-        gradient_clip_val=cfg.optim.gradient_clip_val, deterministic=t.deterministic,
-        num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(run_dir), logger=logger,
-        plugins=[AtomicCheckpointIO()],
-        callbacks=[run_metrics, *callbacks,
-                   *([SpectrumMonitor(t.spectrum_every_n_val)] if t.spectrum_every_n_val > 0 else []),
-                   *([best] if best is not None else []),
-                   LastCheckpoint(ckpt)],  # after `best`: last.ckpt holds its state after each validation
-    )
+    every = cfg.trainer.spectrum_every_n_val
+    trainer = _trainer(cfg, run_dir, logger, [
+        run_metrics, *callbacks, *([SpectrumMonitor(every)] if every > 0 else []), *([best] if best else []),
+        LastCheckpoint(run_dir / CHECKPOINT)])  # after `best`: last.ckpt holds its state after each validation
     with shared_with_ranks(run_dir):
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
     global_step = trainer.global_step
     if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):  # fit ran in forked/spawned ranks
-        global_step = adopt_final_state(trainer, ckpt)
-    if run_metrics.validated_at != global_step:
-        trainer.validate(module, datamodule=datamodule, verbose=False)  # final validation at the last step
-    final = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-    if is_overridden("test_dataloader", datamodule):  # tasks with a test split: score the best checkpoint on it
-        best_path = best.best_model_path if best is not None and best.best_model_path else None
-        scores = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False, weights_only=True)
-        final.update({k: float(v) for k, v in scores[0].items()})
-        if best_path is not None:
-            final.update({"best_checkpoint": best_path, f"best_{monitor}": float(best.best_model_score)})
+        global_step = adopt_final_state(trainer, run_dir / CHECKPOINT)
     metrics = {
-        **final,
+        **_final_scores(trainer, module, datamodule, best, run_metrics.validated_at, global_step),
         **datamodule.trivial_baseline(),  # trivial_loss, trivial_accuracy: what "learned nothing" scores
         "global_step": global_step,
         "parameters": module.n_parameters,

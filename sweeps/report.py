@@ -2,9 +2,12 @@
 
 Writes ``<output_dir>/<study>_<preset>/report/``:
 
-* ``trials.csv``: one row per trial (number, state, objective values, params, arm, fail reason,
-  duration, every scalar of its metrics.json);
-* ``summary.md``: per arm, each objective's mean ± std over replicates (seeds), n, and the trivial
+* ``trials.csv``: one row per trial, the control's included (number, state, objective values, params,
+  arm, fail reason, duration, every scalar of its metrics.json);
+* ``summary.md``: the power check of the study's control (:func:`sweeps.stats.power_check`: does the
+  reference arm leave the trivial baseline, does the known contrast separate beyond the seed spread?
+  If not, it says above every verdict that the study has no power at this budget); per arm (the
+  control's two arms included), each objective's mean ± std over replicates (seeds), n, and the trivial
   baseline (``trivial_loss`` / ``trivial_accuracy`` of metrics.json) beside it; every pairwise
   comparison of arms with a 95 % CI and a verdict in words (:mod:`sweeps.stats`); failed trials and
   their reasons; the best parameters of open (non-grid) studies;
@@ -33,7 +36,7 @@ from optuna.trial import FrozenTrial, TrialState
 from experiments.config import ConfigError
 from sweeps import stats
 from sweeps import storage as S
-from sweeps.study import Study, load_study
+from sweeps.study import CONTROL_PARAM, Study, load_study
 from sweeps.sweep import check_objective
 
 TRIVIAL = {"trivial_loss": "trivial loss", "trivial_accuracy": "trivial accuracy"}
@@ -45,6 +48,7 @@ class Row:
     trial: FrozenTrial
     arm: str  # "learned" or "k=32 share=none"; "" when the study has no arms
     replicate: tuple  # the values of the non-arm params (e.g. (seed,))
+    role: str = ""  # control trials: "reference" or "degraded"
 
     @property
     def metrics(self) -> dict:
@@ -55,6 +59,12 @@ def _short(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
+def control_label(study: Study, role: str) -> str:
+    """``control reference (kind=full)``: a control arm named by its role and what it sets."""
+    bundle = study.spec.space[CONTROL_PARAM].choices[role]
+    return f"control {role} ({' '.join(f'{_short(k)}={v}' for k, v in bundle.items())})"
+
+
 def rows_of(study: Study, trials: list[FrozenTrial]) -> list[Row]:
     """Trials that count (retried and discarded ones left out), with their arm and replicate."""
     excluded = S.excluded_numbers(trials)
@@ -62,9 +72,13 @@ def rows_of(study: Study, trials: list[FrozenTrial]) -> list[Row]:
     for t in trials:
         if t.number in excluded or t.state in (TrialState.WAITING, TrialState.RUNNING):
             continue
+        replicate = tuple(v for p, v in t.params.items() if p not in study.arms)
+        if study.parent is not None:
+            role = t.params[CONTROL_PARAM]
+            rows.append(Row(t, control_label(study, role), replicate, role))
+            continue
         arm = " ".join(str(v) if study.is_bundle(p) else f"{_short(p)}={v}"
                        for p, v in t.params.items() if p in study.arms)
-        replicate = tuple(v for p, v in t.params.items() if p not in study.arms)
         rows.append(Row(t, arm, replicate))
     return rows
 
@@ -105,7 +119,40 @@ def _mean_std(values: list[float]) -> str:
     return "-" if s.n == 0 else stats.fmt(s.mean) if s.n == 1 else f"{stats.fmt(s.mean)} ± {stats.fmt(s.std)}"
 
 
-def arm_section(study: Study, rows: list[Row], advice: str) -> list[str]:
+def trivial_key(metric: str) -> Optional[str]:
+    """The metrics.json entry holding the trivial baseline of ``metric`` (val/loss -> trivial_loss)."""
+    for suffix in ("loss", "accuracy"):
+        if metric.endswith(suffix):
+            return f"trivial_{suffix}"
+    return None
+
+
+def power_section(study: Study, control_rows: list[Row], advice: str) -> tuple[list[str], Optional[bool]]:
+    """The control contrast of the first objective: (lines, whether the study has power; None: not run)."""
+    metric, direction = study.metrics[0], study.directions[0]
+    by_role: dict[str, dict] = {"reference": {}, "degraded": {}}
+    trivial: dict = {}
+    key = trivial_key(metric)
+    for r in control_rows:
+        if (v := _value(r, metric, study)) is not None:
+            by_role[r.role][r.replicate] = v
+            if r.role == "reference" and key in r.metrics:
+                trivial[r.replicate] = r.metrics[key]
+    c = study.control
+    lines = ["## Power check (control contrast)", "",
+             f"A contrast known to be real, run at every seed: {control_label(c, 'reference')} against "
+             f"{control_label(c, 'degraded')}; metric {metric} ({direction}).", ""]
+    missing = [role for role, values in by_role.items() if len(values) < 2]
+    if missing:
+        arms = f"{' and '.join(missing)} {'arms have' if len(missing) > 1 else 'arm has'}"
+        return lines + [f"Not judged: the control's {arms} fewer than 2 complete trials "
+                        f"(run the same `sweep` command again). Without it, nothing below says whether this "
+                        "budget can see an effect at all.", ""], None
+    check = stats.power_check(by_role["reference"], by_role["degraded"], trivial, direction, advice)
+    return lines + [f"- {line}" for line in check.lines] + [""], check.has_power
+
+
+def arm_section(study: Study, rows: list[Row], advice: str, has_power: Optional[bool] = None) -> list[str]:
     arms = list(dict.fromkeys(r.arm for r in rows))
     shown = list(study.metrics) + [m for m in ("val/accuracy",) if m not in study.metrics
                                    and any(m in r.metrics for r in rows)]
@@ -120,9 +167,14 @@ def arm_section(study: Study, rows: list[Row], advice: str) -> list[str]:
                      *[stats.fmt(stats.summarize([r.metrics[k] for r in ok if k in r.metrics]).mean) for k in trivial],
                      f"{sum(r.trial.state == TrialState.PRUNED for r in mine)}/"
                      f"{sum(r.trial.state == TrialState.FAIL for r in mine)}"])
-    out = ["## Arms", "", f"Replicates: {', '.join(p for p in study.spec.space if p not in study.arms) or 'none'}. "
+    # an open study's own trials have no arms: then only the control's are here, replicated over seeds
+    replicates = [p for p in study.spec.space if p not in study.arms] if study.arms else ["seed"]
+    out = ["## Arms", "", f"Replicates: {', '.join(replicates) or 'none'}. "
            "The trivial baseline is what a model that ignores its input reaches (unigram loss, chance accuracy).",
            "", *_table(header, body), ""]
+    if has_power is False:
+        out += ["**The power check failed (above): at this budget every verdict below is uninformative; "
+                f"{advice}.**", ""]
     for metric, direction in zip(study.metrics, study.directions):
         comparisons = []
         for a, b in itertools.combinations(arms, 2):
@@ -155,8 +207,8 @@ def best_section(study: Study, ostudy: optuna.Study) -> list[str]:
     return lines + [""]
 
 
-def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], url: Optional[str], plots: list[str],
-               skipped: list[str]) -> str:
+def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows: list[Row], url: Optional[str],
+               plots: list[str], skipped: list[str]) -> str:
     counts = {s: sum(r.trial.state == s for r in rows)
               for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
     advice = "add seeds or training steps" if study.preset == "gpu" else "run the GPU preset"
@@ -170,14 +222,19 @@ def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], url: Optiona
              *([f"- retried with the same params after their worker died or was interrupted: trials "
                 f"{', '.join(map(str, retried))}"] if retried else []),
              f"- sampler: {study.spec.sampler.kind}, pruner: {study.spec.pruner.kind}", ""]
-    if study.arms:
-        lines += arm_section(study, rows, advice)
+    has_power = None
+    if study.control is not None:
+        power, has_power = power_section(study, control_rows, advice)
+        lines += power
+    arm_rows = (rows if study.arms else []) + control_rows
+    if arm_rows:
+        lines += arm_section(study, arm_rows, advice, has_power)
     if not study.is_grid:
         lines += best_section(study, ostudy)
-    failed = [r for r in rows if r.trial.state == TrialState.FAIL]
+    failed = [r for r in rows + control_rows if r.trial.state == TrialState.FAIL]
     if failed:
         lines += ["## Failed trials", ""] + [
-            f"- trial {r.trial.number} ({', '.join(f'{p}={v}' for p, v in r.trial.params.items())}): "
+            f"- {'control ' if r.role else ''}trial {r.trial.number} ({', '.join(f'{p}={v}' for p, v in r.trial.params.items())}): "
             f"{r.trial.user_attrs.get('fail_reason', 'worker died and its retries ran out')}" for r in failed] + [""]
     lines += ["## Plots", ""] + [f"- `{p}`" for p in plots] + [f"- skipped: {s}" for s in skipped] + [""]
     return "\n".join(lines)
@@ -289,11 +346,17 @@ def load(study: Study, url: Optional[str]) -> optuna.Study:
 def write_report(study: Study, url: Optional[str] = None) -> Path:
     ostudy = load(study, url)
     rows = rows_of(study, ostudy.get_trials(deepcopy=False))
+    control_rows: list[Row] = []
+    if study.control is not None:
+        try:
+            control_rows = rows_of(study.control, load(study.control, url).get_trials(deepcopy=False))
+        except ConfigError:  # not run yet (e.g. a sweep interrupted before it began): the report says so
+            pass
     out = study.root / "report"
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(study, rows, out / "trials.csv")
-    plots, skipped = write_plots(study, ostudy, rows, out)
-    (out / "summary.md").write_text(summary_md(study, ostudy, rows, url, plots, skipped))
+    write_csv(study, rows + control_rows, out / "trials.csv")
+    plots, skipped = write_plots(study, ostudy, rows + control_rows, out)
+    (out / "summary.md").write_text(summary_md(study, ostudy, rows, control_rows, url, plots, skipped))
     return out
 
 

@@ -126,3 +126,53 @@ def verdict(name_a: str, name_b: str, c: Comparison, direction: str, advice: str
     a_better = (c.diff < 0) == (direction == "minimize")
     better, worse = (name_a, name_b) if a_better else (name_b, name_a)
     return f"{better} better than {worse} by {fmt(abs(c.diff))} ± {fmt(c.half_width)}"
+
+
+@dataclass(frozen=True)
+class PowerCheck:
+    leaves_trivial: bool  # the reference arm is better than the trivial baseline beyond the seed spread
+    separates: bool  # the reference arm is better than the degraded arm beyond the seed spread
+    lines: tuple[str, ...]  # the findings, in words
+
+    @property
+    def has_power(self) -> bool:
+        return self.leaves_trivial and self.separates
+
+
+def power_check(reference: Mapping[Hashable, float], degraded: Mapping[Hashable, float],
+                trivial: Mapping[Hashable, float], direction: str, advice: str = "run the GPU preset") -> PowerCheck:
+    """Whether a study can see an effect at its budget, from its control contrast (values keyed by seed):
+
+    1. the reference (baseline) arm leaves the trivial baseline: reference − trivial, paired by seed;
+    2. the reference is better than the degraded arm, a variant known to be worse: reference − degraded.
+
+    Each holds only when its 95 % CI excludes 0 on the better side. ``trivial`` empty: 1. is not judged.
+    """
+    def better(c: Comparison) -> bool:
+        return c.distinguishable and (c.diff < 0) == (direction == "minimize")
+
+    lines = []
+    if trivial:
+        c = compare(reference, trivial)
+        leaves = better(c)
+        shown = f"{fmt(summarize(list(reference.values())).mean)} vs {fmt(summarize(list(trivial.values())).mean)}"
+        lines.append(f"The reference arm leaves the trivial baseline ({shown}; difference {fmt(c.diff)} ± "
+                     f"{fmt(c.half_width)}, {c.test})." if leaves else
+                     f"The reference arm does NOT leave the trivial baseline ({shown}; difference {fmt(c.diff)} ± "
+                     f"{fmt(c.half_width)}, {c.test}): nothing was learned at this budget; {advice}.")
+    else:
+        leaves = True
+        lines.append("No trivial baseline for this metric: only the contrast is judged.")
+    c = compare(reference, degraded)
+    separates = better(c)
+    gap = f"{fmt(abs(c.diff))} ± {fmt(c.half_width)}, {c.test}"
+    if separates:
+        lines.append(f"The control separates: the reference is better than the degraded arm by {gap}. The study "
+                     "can see an effect of this size at this budget; a smaller one may still go unseen.")
+    elif c.distinguishable:
+        lines.append(f"The control is REVERSED: the degraded arm is better than the reference by {gap}. The "
+                     "control is not the contrast it was meant to be here; check its arms before reading on.")
+    else:
+        lines.append(f"The control does NOT separate (difference {fmt(c.diff)} ± {fmt(c.half_width)}, {c.test}): "
+                     f"this study has no power at this budget, so no verdict below can be trusted; {advice}.")
+    return PowerCheck(leaves, separates, tuple(lines))

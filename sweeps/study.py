@@ -15,6 +15,14 @@ for arms that differ in several keys at once. ``when: {key: value}`` makes a par
 trial's config so far. Every problem is a one-line :class:`ConfigError` naming the file and the key;
 :func:`load_study` also builds the config of every grid point (or of every range end of an open space)
 so that a bad value fails here, before any trial starts.
+
+``control`` is a contrast known to be real (e.g. full attention against a Linformer whose k is far too
+small for the task), run at every seed beside the study's own trials: its ``reference`` is the study's
+baseline arm, its ``degraded`` arm a variant known to be worse. It is a companion grid study,
+``<study>_<preset>_control`` under ``<study dir>/control/``, so that it never feeds the main study's
+sampler, pruner or budget. The report first checks the reference leaves the trivial baseline and the
+contrast separates beyond the seed spread: a study whose control does not separate has no power at its
+budget, and its report says so above every verdict.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SWEEPS_DIR = Path(__file__).resolve().parent
 SPAWN_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook")
 SCALAR = (str, int, float, bool, type(None))
+CONTROL_PARAM = "control"
+DEFAULT_CONTROL_SEEDS = [0, 1, 2]
 
 
 # --------------------------------------------------------------------------------------- schema
@@ -81,6 +91,14 @@ class BudgetSpec:
 
 
 @dataclass
+class ControlSpec:
+    reference: Dict[str, Any] = field(default_factory=dict)  # the baseline arm's overrides
+    degraded: Dict[str, Any] = field(default_factory=dict)  # a variant known to be worse on this task
+    # Seeds of the control trials; null: the study's `seed` choices, else [0, 1, 2].
+    seeds: Optional[List[int]] = None
+
+
+@dataclass
 class StudySpec:
     study: str = ""
     base: str = ""
@@ -92,6 +110,7 @@ class StudySpec:
     budget: BudgetSpec = field(default_factory=BudgetSpec)
     # Params that define an arm; the others (seed) are replicates. null: grid -> all but seed, else none.
     arms: Optional[List[str]] = None
+    control: Optional[ControlSpec] = None
     presets: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -192,15 +211,27 @@ class Study:
     base: dict  # the checked base experiment, as plain containers
     shared: DictConfig  # RunConfig of base < overrides, merged once (OmegaConf merges are slow)
     points: Optional[list[dict]] = None  # grid studies: every distinct grid point, in order
+    control: Optional["Study"] = None  # the companion control study (see the module docstring)
+    parent: Optional["Study"] = None  # of a control study: the study it checks
 
     @property
     def name(self) -> str:
+        if self.parent is not None:
+            return f"{self.parent.name}_control"
         return f"{self.spec.study}_{self.preset}" if self.preset else self.spec.study
 
     @property
     def root(self) -> Path:
-        """``<output_dir>/<name>``: the journal, the trial run directories and the report."""
+        """``<output_dir>/<name>``: the journal, the trial run directories and the report (a control
+        study: ``<its study's root>/control``)."""
+        if self.parent is not None:
+            return self.parent.root / "control"
         return Path(self.shared.output_dir) / self.name
+
+    @property
+    def studies(self) -> list["Study"]:
+        """The studies a sweep runs, in order: the control first (when there is one), then this one."""
+        return ([self.control] if self.control is not None else []) + [self]
 
     @property
     def metrics(self) -> list[str]:
@@ -342,6 +373,8 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig) -> Study:
         raise ConfigError(f"pruner.kind={spec.pruner.kind}: Optuna cannot prune multi-objective studies; "
                           "set pruner.kind: none or keep one objective")
     flat_keys = set(C.flatten(base))
+    if spec.control is not None and CONTROL_PARAM in spec.space:
+        raise ConfigError(f"space.{CONTROL_PARAM}: the name is taken by the study's control arms; rename the param")
     for name, p in spec.space.items():
         _check_param(name, p)
         if not isinstance(p.choices, DictConfig) and name not in flat_keys:
@@ -363,6 +396,8 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig) -> Study:
         study.config({})
     except ConfigError as err:
         raise ConfigError(f"overrides: {err}") from None
+    if spec.control is not None:
+        study.control = _control_study(study)
     if study.is_grid:
         study.points = study.grid()
         if b.n_trials is None:
@@ -381,6 +416,40 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig) -> Study:
             shown = ", ".join(f"{k}={v}" for k, v in params.items())
             raise ConfigError(f"trial with {shown}: {err}") from None
     return study
+
+
+def _control_study(study: Study) -> Study:
+    """The grid study of ``control``: param ``control`` ∈ {reference, degraded} × the control seeds."""
+    c = study.spec.control
+    for role in ("reference", "degraded"):
+        if not c[role]:
+            raise ConfigError(f"control.{role}: give the overrides of the {role} arm (e.g. model.attention.kind: full)")
+    if c.reference == c.degraded:
+        raise ConfigError("control: reference and degraded are the same overrides; a control contrasts two arms")
+    seed_param = study.spec.space.get("seed")
+    if c.seeds is not None:
+        seeds = list(c.seeds)
+    elif seed_param is not None and seed_param.type == "categorical" and not isinstance(seed_param.choices, DictConfig):
+        seeds = list(seed_param.choices)
+    else:
+        seeds = list(DEFAULT_CONTROL_SEEDS)
+    if len(set(seeds)) < 2:
+        raise ConfigError(f"control.seeds: at least 2 distinct seeds are needed to measure a spread, got {seeds}")
+    spec = OmegaConf.merge(OmegaConf.structured(StudySpec), {
+        "study": study.spec.study, "base": study.spec.base, "overrides": study.spec.overrides,
+        "space": {CONTROL_PARAM: {"choices": {"reference": c.reference, "degraded": c.degraded}},
+                  "seed": {"choices": seeds}},
+        "objective": study.spec.objective, "sampler": {"kind": "grid"}, "arms": [CONTROL_PARAM]})
+    control = Study(path=study.path, preset=study.preset, spec=spec, base_path=study.base_path, base=study.base,
+                    shared=study.shared, parent=study)
+    control.points = control.grid()
+    spec.budget.n_trials = len(control.points)
+    for params in control.points:
+        try:
+            control.config(params)
+        except ConfigError as err:
+            raise ConfigError(f"control.{params[CONTROL_PARAM]}: {err}") from None
+    return control
 
 
 def shipped_studies() -> list[Path]:

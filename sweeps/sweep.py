@@ -81,17 +81,33 @@ def _optuna_quiet() -> None:
 def work(study_file: str, preset: Optional[str], n_trials: Optional[int], timeout_s: Optional[float],
          url: Optional[str], workers: int, index: int, threads: int, deadline: Optional[float],
          log_path: Optional[str]) -> int:
-    """One worker process: run trials until the study's budget is met. Returns an exit code."""
+    """One worker process: run the control's trials, then the study's, until each budget is met.
+    Returns an exit code."""
     if log_path is not None:  # lightning, torch and optuna write to fd 1/2: send them all to the log
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
     import torch
 
-    from sweeps.objective import Objective, StudyMisconfigured
+    from sweeps.objective import StudyMisconfigured
 
     torch.set_num_threads(threads)
     study = load_study(study_file, preset, n_trials, timeout_s)
+    try:
+        for one in study.studies:
+            # The control never waits for its last running trials: the workers go on to the study itself
+            # (a control trial whose worker died is retried by the next `sweep` command).
+            _work_on(one, url, workers, index, deadline, wait_for_running=one is study)
+    except StudyMisconfigured as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _work_on(study: Study, url: Optional[str], workers: int, index: int, deadline: Optional[float],
+             wait_for_running: bool) -> None:
+    from sweeps.objective import Objective
+
     ostudy = open_study(study, url, workers)
     # A distinct sampler seed per worker and per resumption: identical seeds would propose identical params.
     ostudy.sampler = make_sampler(study, study.spec.sampler.seed + 1000 * len(ostudy.trials) + index)
@@ -102,20 +118,19 @@ def work(study_file: str, preset: Optional[str], n_trials: Optional[int], timeou
         state = S.budget_state(trials)
         n = study.n_trials
         if (n is not None and state.finished >= n) or (deadline is not None and time.time() > deadline):
-            return 0
+            return
         taken = n is not None and state.finished + state.running >= n
         # a grid study runs its enqueued points only: none waiting means nothing to start
         grid_empty = study.is_grid and not any(t.state == TrialState.WAITING for t in trials)
         if taken or grid_empty:
-            if state.running == 0:
-                return 0
+            if state.running == 0 or not wait_for_running:
+                return
             time.sleep(POLL_S)  # a running trial may yet die and be re-enqueued
             continue
         try:
             ostudy.optimize(objective, n_trials=1, gc_after_trial=True)
-        except StudyMisconfigured as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
+        except StudyMisconfigured:
+            raise
         except Exception:  # recorded on the trial (state FAIL, user attr fail_reason); the study goes on
             pass
 
@@ -166,13 +181,21 @@ def footer(study: Study, url: Optional[str]) -> str:
     ])
 
 
-def run(study: Study, url: Optional[str], workers: int) -> int:
-    ostudy = prepare(study, url, workers)
+def _progress(study: Study, trials: list[FrozenTrial]) -> str:
     n = study.n_trials
-    state = S.budget_state(ostudy.trials)
-    print(f"study {study.name}: {state.finished}/{n if n is not None else '∞'} trials finished; "
-          f"storage {S.storage_display(study, url)}", flush=True)
-    if n is not None and state.finished >= n:
+    return f"{S.budget_state(trials).finished}/{n if n is not None else '∞'}"
+
+
+def _met(study: Study, trials: list[FrozenTrial]) -> bool:
+    return study.n_trials is None or S.budget_state(trials).finished >= study.n_trials
+
+
+def run(study: Study, url: Optional[str], workers: int) -> int:
+    ostudies = {s.name: prepare(s, url, workers) for s in study.studies}
+    for s in study.studies:
+        print(f"study {s.name}: {_progress(s, ostudies[s.name].trials)} trials finished; "
+              f"storage {S.storage_display(s, url)}", flush=True)
+    if all(_met(s, ostudies[s.name].trials) for s in study.studies):
         print("budget already met: nothing to run")
         return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -183,13 +206,13 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     ctx = mp.get_context("spawn")
     procs = []
     for i in range(workers):
-        kwargs = dict(study_file=str(study.path), preset=study.preset, n_trials=n,
+        kwargs = dict(study_file=str(study.path), preset=study.preset, n_trials=study.spec.budget.n_trials,
                       timeout_s=study.spec.budget.timeout_s, url=url, workers=workers, index=i,
                       threads=threads, deadline=deadline, log_path=str(logs / f"worker_{i}.log"))
         procs.append(ctx.Process(target=_work_entry, kwargs=kwargs, name=f"sweep-worker-{i}"))
         procs[-1].start()
     print(f"{workers} worker(s) × {threads} thread(s); logs in {logs}/", flush=True)
-    seen = {t.number for t in ostudy.trials if t.state.is_finished()}
+    seen = {(s.name, t.number) for s in study.studies for t in ostudies[s.name].trials if t.state.is_finished()}
     started = time.time()
     try:
         alive = list(procs)
@@ -200,10 +223,11 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
                 alive.remove(p)
                 if p.exitcode != 0:
                     print(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}: see {logs}/", flush=True)
-            for t in ostudy.get_trials(deepcopy=False):
-                if t.state.is_finished() and t.number not in seen and S.DISCARDED not in t.user_attrs:
-                    seen.add(t.number)
-                    print(_describe(t, study), flush=True)
+            for s in study.studies:
+                for t in ostudies[s.name].get_trials(deepcopy=False):
+                    if t.state.is_finished() and (s.name, t.number) not in seen and S.DISCARDED not in t.user_attrs:
+                        seen.add((s.name, t.number))
+                        print(("control " if s.parent is not None else "") + _describe(t, s), flush=True)
     except KeyboardInterrupt:
         for p in procs:
             p.join(timeout=30)
@@ -211,16 +235,18 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
                 p.terminate()
         print("interrupted: run the same command again to resume", file=sys.stderr)
         return 130
-    trials = ostudy.get_trials(deepcopy=False)
-    state = S.budget_state(trials)
-    excluded = S.excluded_numbers(trials)
-    counts = ", ".join(f"{sum(t.state == s and t.number not in excluded for t in trials)} {s.name.lower()}"
-                       for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
-    print(f"study {study.name}: {state.finished}/{n if n is not None else '∞'} trials finished ({counts}) "
-          f"in {(time.time() - started) / 60:.1f} min")
-    met = n is None or state.finished >= n or (deadline is not None and time.time() > deadline)
-    if not met:
-        print(f"budget not met: {n - state.finished} trial(s) missing; see {logs}/, then run the same command again")
+    met = True
+    for s in study.studies:
+        trials = ostudies[s.name].get_trials(deepcopy=False)
+        excluded = S.excluded_numbers(trials)
+        counts = ", ".join(f"{sum(t.state == st and t.number not in excluded for t in trials)} {st.name.lower()}"
+                           for st in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+        print(f"study {s.name}: {_progress(s, trials)} trials finished ({counts}) "
+              f"in {(time.time() - started) / 60:.1f} min")
+        if not (_met(s, trials) or (deadline is not None and time.time() > deadline)):
+            met = False
+            print(f"budget not met: {s.n_trials - S.budget_state(trials).finished} trial(s) of {s.name} missing; "
+                  f"see {logs}/, then run the same command again")
     print(footer(study, url))
     return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)
 

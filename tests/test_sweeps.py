@@ -197,6 +197,13 @@ def test_every_shipped_study_validates_at_every_preset(path):
             assert len(study.points) == study.n_trials
             seeds = {p["seed"] for p in study.points}
             assert len(seeds) >= 3 and study.arms and "seed" not in study.arms
+        # every study carries its power check: full attention against a Linformer known to be worse
+        control = study.control
+        assert control is not None and len({p["seed"] for p in control.points}) >= 3
+        configs = {p["control"]: control.config(p) for p in control.points}
+        assert configs["reference"].model.attention.kind == "full"
+        assert configs["degraded"].model.attention.kind == "linformer"
+        assert configs["degraded"].model.attention.k < study.shared.model.max_len // 4
 
 
 @pytest.mark.parametrize("change, message", [
@@ -209,6 +216,16 @@ def test_every_shipped_study_validates_at_every_preset(path):
     ({"overrides": {"trainer.devices": 2}}, "ddp_spawn"),
     ({"space": {"optim.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}}, "a grid needs finite values"),
     ({"sampler": {"kind": "bayes"}}, "sampler.kind"),
+    ({"control": {"reference": {"model.attention.kind": "full"}, "seeds": [0, 1]}},
+     "control.degraded: give the overrides of the degraded arm"),
+    ({"control": {"reference": {"model.attention.k": 2}, "degraded": {"model.attention.k": 2}, "seeds": [0, 1]}},
+     "control: reference and degraded are the same overrides"),
+    ({"control": {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 999},
+                  "seeds": [0, 1]}}, "control.degraded: model.attention.k: k=999"),
+    ({"control": {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1}}},
+     "control.seeds: at least 2 distinct seeds"),
+    ({"control": {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1},
+                  "seeds": [0, 1]}, "space": {"control": {"choices": ["a", "b"]}}}, "space.control: the name is taken by the study's control arms"),
 ])
 def test_a_bad_study_file_is_one_line_and_exit_2_before_any_trial(tmp_path, tiny_overrides, capsys, change,
                                                                   message):
@@ -313,6 +330,93 @@ def test_one_seed_per_arm_is_never_distinguishable():
     c = stats.compare({0: 1.0}, {0: 9.0})
     assert not c.distinguishable
     assert stats.verdict("A", "B", c, "minimize").startswith("not distinguishable at this budget")
+
+
+# --------------------------------------------------------------------------------------- power check
+def test_a_control_that_separates_and_leaves_the_trivial_baseline_gives_the_study_power():
+    check = stats.power_check({0: 2.80, 1: 2.82, 2: 2.81}, {0: 3.08, 1: 3.09, 2: 3.10},
+                              {0: 3.09, 1: 3.09, 2: 3.09}, "minimize")
+    assert check.leaves_trivial and check.separates and check.has_power
+    assert check.lines[1].startswith("The control separates: the reference is better than the degraded arm by 0.28 ± ")
+
+
+def test_a_control_within_the_seed_noise_says_the_study_has_no_power():
+    check = stats.power_check({0: 2.9, 1: 3.1, 2: 3.0}, {0: 3.0, 1: 3.0, 2: 3.05}, {0: 3.09, 1: 3.09, 2: 3.09},
+                              "minimize")
+    assert not check.separates and not check.has_power
+    assert "does NOT separate" in check.lines[1] and "no verdict below can be trusted; run the GPU preset" in check.lines[1]
+
+
+def test_a_reference_on_the_trivial_plateau_is_caught_even_when_the_control_separates():
+    # both arms learn nothing useful, the degraded one diverges a little: a "separation" without learning
+    check = stats.power_check({0: 3.09, 1: 3.10, 2: 3.08}, {0: 3.5, 1: 3.6, 2: 3.55}, {0: 3.09, 1: 3.09, 2: 3.09},
+                              "minimize")
+    assert check.separates and not check.leaves_trivial and not check.has_power
+    assert "does NOT leave the trivial baseline" in check.lines[0]
+
+
+def test_a_reversed_control_is_named_as_such_and_accuracy_is_maximised():
+    check = stats.power_check({0: 0.30, 1: 0.31, 2: 0.29}, {0: 0.90, 1: 0.95, 2: 0.92}, {0: 0.0625, 1: 0.0625,
+                                                                                         2: 0.0625}, "maximize")
+    assert check.leaves_trivial and not check.separates and "REVERSED" in check.lines[1]
+    check = stats.power_check({0: 1.0, 1: 0.99, 2: 1.0}, {0: 0.30, 1: 0.35, 2: 0.28}, {}, "maximize")
+    assert check.has_power and check.lines[0].startswith("No trivial baseline")
+
+
+def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(tmp_path, tiny):
+    control = {"reference": {"model.attention.kind": "full"},
+               "degraded": {"model.attention.kind": "linformer", "model.attention.k": 1}}
+    path = write_study(tmp_path, tiny, "powered", {"seed": {"type": "categorical", "choices": [0, 1]},
+                                                     "model.attention.share": {"choices": ["headwise", "kv"]}},
+                       overrides={"model.attention.kind": "linformer", "trainer.max_steps": 3}, control=control)
+    assert cli.main(["sweep", str(path), "--workers", "2"]) == 0
+    main = counted(trials_of(path))
+    root = tmp_path / "runs" / "powered"
+    cstudy = load_study(path).control
+    ctrials = optuna.load_study(study_name="powered_control", storage=S.open_storage(cstudy, None)).get_trials()
+    # the control is its own study: the main study's sampler and budget never see it
+    assert len(main) == 4 and all("control" not in t.params for t in main)
+    assert sorted((t.params["control"], t.params["seed"]) for t in ctrials) == [
+        ("degraded", 0), ("degraded", 1), ("reference", 0), ("reference", 1)]
+    for t in ctrials:
+        assert t.state == TrialState.COMPLETE and Path(t.user_attrs["run_dir"]).parent == root / "control"
+        resolved = yaml.safe_load((Path(t.user_attrs["run_dir"]) / "config.yaml").read_text())
+        assert resolved["model"]["attention"]["kind"] == ("full" if t.params["control"] == "reference" else "linformer")
+        assert resolved["seed"] == t.params["seed"]
+
+    assert cli.main(["report", str(path)]) == 0
+    summary = (root / "report" / "summary.md").read_text()
+    by_role = {role: {(t.params["seed"],): t.value for t in ctrials if t.params["control"] == role}
+               for role in ("reference", "degraded")}
+    trivial = {(t.params["seed"],): t.user_attrs["metrics"]["trivial_loss"] for t in ctrials
+               if t.params["control"] == "reference"}
+    check = stats.power_check(by_role["reference"], by_role["degraded"], trivial, "minimize")
+    assert summary.index("## Power check") < summary.index("## Arms")
+    assert all(f"- {line}" in summary for line in check.lines)
+    assert ("The power check failed" in summary) == (not check.has_power)
+    # the control's arms sit in the table and in the comparisons beside the study's own arms
+    assert "| control reference (kind=full) | 2 |" in summary and "| control degraded (kind=linformer k=1) | 2 |" in summary
+    assert "| share=headwise | control reference (kind=full) |" in summary
+    with (root / "report" / "trials.csv").open() as fh:
+        assert len(list(csv.DictReader(fh))) == 8
+
+
+def test_a_report_whose_control_has_not_run_says_the_power_was_not_judged(tmp_path, tiny_overrides):
+    from optuna.distributions import CategoricalDistribution
+
+    from sweeps.report import write_report
+    from sweeps.sweep import open_study
+
+    control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1}}
+    path = write_study(tmp_path, tiny_overrides, "unjudged", {"seed": {"type": "categorical", "choices": [0, 1]}},
+                       overrides={"model.attention.kind": "linformer"}, control=control)
+    study = load_study(path)
+    open_study(study, None).add_trial(optuna.trial.create_trial(
+        params={"seed": 0}, distributions={"seed": CategoricalDistribution([0, 1])}, value=3.0,
+        user_attrs={"metrics": {"val/loss": 3.0, "trivial_loss": 3.1}}))
+    summary = (write_report(study) / "summary.md").read_text()
+    assert "Not judged: the control's reference and degraded arms have fewer than 2 complete trials" in summary
+    assert "The power check failed" not in summary
 
 
 # --------------------------------------------------------------------------------------- report
