@@ -17,14 +17,15 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The quickstart study: sweeps/random_vs_learned.yaml at its CPU preset, 2 worker processes, then its
-# report. Re-running resumes the study (a finished one is not re-run). Clean: rm -rf runs/$(QUICKSTART).
+# The quickstart study: sweeps/random_vs_learned.yaml at its CPU preset (its control first: full attention
+# vs a Linformer whose k is too small), 2 worker processes, then its report. Re-running resumes the study
+# (a finished one is not re-run). Clean: rm -rf runs/$(QUICKSTART).
 QUICKSTART := random_vs_learned_cpu
 WORKERS ?= 2
 run: setup
 	$(VENV)/bin/linformer-lab sweep sweeps/random_vs_learned.yaml --preset cpu --workers $(WORKERS)
 	$(VENV)/bin/linformer-lab report sweeps/random_vs_learned.yaml --preset cpu
-	@echo "report:      runs/$(QUICKSTART)/report/summary.md  (trials.csv, *.png beside it)"
+	@echo "report:      runs/$(QUICKSTART)/report/summary.md  (power check of the control first; trials.csv, *.png beside it)"
 	@echo "tensorboard: $(VENV)/bin/tensorboard --logdir runs/$(QUICKSTART) --host $(HOST)"
 	@echo "dashboard:   $(VENV)/bin/optuna-dashboard runs/$(QUICKSTART)/journal.log --host $(HOST)   (or: make dashboard)"
 
