@@ -5,20 +5,31 @@ The trial's config is the study's base < overrides < the trial's params, its run
 entry carries the trial's params, the study, the trial number and the objective's metric names. What
 a trial ends with is recorded on it: the objective values, the scalar ``metrics.json`` entries
 (user attr ``metrics``, so reports work from the storage alone), or ``fail_reason``.
+
+A trial that retries one whose worker died or was interrupted (same params, Optuna's ``retry_history``)
+continues from that attempt's last checkpoint: the attempt's run directory is copied into the new one
+(TensorBoard events, checkpoint with its RNG states) and the run resumes there (``resume=true``), so it
+ends exactly as an uninterrupted run would; the attempt's intermediate values up to that step are
+reported again, so pruners see the whole curve. User attr ``resumed_from``: ``{trial, step}``.
 """
 
 from __future__ import annotations
 
 import math
+import shutil
 import types
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 import lightning as L
 import optuna
 import torch
+from optuna.trial import FrozenTrial
 from optuna_integration import PyTorchLightningPruningCallback
 
 from experiments.config import ConfigError
+from experiments.resume import read_checkpoint
+from experiments.rundir import CHECKPOINT
 from sweeps import storage as S
 from sweeps.study import Study
 
@@ -59,6 +70,18 @@ def _reason(err: BaseException) -> str:
     return text[0] if isinstance(err, Diverged) else f"{type(err).__name__}: {text[0] if text else ''}"
 
 
+def continue_attempt(trials: list[FrozenTrial], frozen: FrozenTrial, run_dir: Path) -> Optional[tuple[FrozenTrial, int]]:
+    """If ``frozen`` retries an attempt that left a checkpoint, copy that attempt's run directory to
+    ``run_dir`` and return (the attempt, its checkpoint's step); else None (the trial starts afresh)."""
+    history = frozen.system_attrs.get("retry_history", [])
+    previous = next((t for t in trials if history and t.number == history[-1]), None)
+    old = Path(previous.user_attrs.get("run_dir", "")) if previous is not None else None
+    if old is None or not (old / CHECKPOINT).is_file() or run_dir.exists():
+        return None
+    shutil.copytree(old, run_dir)
+    return previous, int(read_checkpoint(run_dir / CHECKPOINT)["global_step"])
+
+
 class Objective:
     """``objective(trial) -> value(s)`` for ``optuna.Study.optimize``."""
 
@@ -80,7 +103,19 @@ class Objective:
 
         params = self.study.suggest(trial)
         run_dir = self.study.root / f"trial_{trial.number}"
-        cfg = self.study.config(params, {"experiment": self.study.name, "run_dir": str(run_dir)})
+        for inherited in ("fail_reason", "resumed_from"):  # copied from the attempt this trial retries
+            if trial.user_attrs.get(inherited) is not None:
+                trial.set_user_attr(inherited, None)
+        resumed = continue_attempt(trials, next(t for t in trials if t.number == trial.number), run_dir)
+        run = {"experiment": self.study.name, "run_dir": str(run_dir)}
+        if resumed is not None:
+            previous, step = resumed
+            run["resume"] = True
+            trial.set_user_attr("resumed_from", {"trial": previous.number, "step": step})
+            for at, value in sorted(previous.intermediate_values.items()):
+                if at <= step:
+                    trial.report(value, at)
+        cfg = self.study.config(params, run)
         trial.set_user_attr("run_dir", str(run_dir))
         pruning = StepPruning(trial, monitor=PRUNE_MONITOR) if self.prune else None
         callbacks: list[L.Callback] = [DivergenceGuard(), *([pruning] if pruning else [])]

@@ -96,7 +96,7 @@ def write_csv(study: Study, rows: list[Row], path: Path) -> None:
             t = r.trial
             values = t.values if t.state == TrialState.COMPLETE else [None] * len(study.metrics)
             w.writerow([t.number, t.state.name, *values, r.arm, *(t.params.get(p) for p in params),
-                        t.user_attrs.get("fail_reason", ""),
+                        t.user_attrs.get("fail_reason") or "",
                         round(t.duration.total_seconds(), 1) if t.duration else None,
                         *(r.metrics.get(k) for k in metric_keys), t.user_attrs.get("run_dir", "")])
 
@@ -235,7 +235,7 @@ def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows
     if failed:
         lines += ["## Failed trials", ""] + [
             f"- {'control ' if r.role else ''}trial {r.trial.number} ({', '.join(f'{p}={v}' for p, v in r.trial.params.items())}): "
-            f"{r.trial.user_attrs.get('fail_reason', 'worker died and its retries ran out')}" for r in failed] + [""]
+            f"{r.trial.user_attrs.get('fail_reason') or 'worker died and its retries ran out'}" for r in failed] + [""]
     lines += ["## Plots", ""] + [f"- `{p}`" for p in plots] + [f"- skipped: {s}" for s in skipped] + [""]
     return "\n".join(lines)
 

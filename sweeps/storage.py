@@ -11,7 +11,8 @@ storages detect it with Optuna's heartbeat (``heartbeat_interval`` / ``grace_per
 (``heartbeats/<trial_id>``: host and pid, refreshed every ``HEARTBEAT_S``): a trial is stale when its
 process is gone from this host, or its file is older than ``GRACE_S``. Optuna's
 ``fail_stale_trials`` then fails it and ``RetryHeartbeatStaleTrialCallback`` enqueues a copy with the
-same params (grid points included), which the next free worker runs.
+same params (grid points included), which the next free worker runs, continuing from the dead attempt's
+last checkpoint (:func:`sweeps.objective.continue_attempt`).
 
 Budget. ``n_trials`` counts finished trials (complete, pruned, failed), except failed trials that were
 retried (their copy counts instead) and trials discarded because concurrent workers had already

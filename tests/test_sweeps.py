@@ -135,9 +135,15 @@ def test_two_workers_run_the_exact_budget_with_one_run_dir_and_hparams_per_trial
 def test_rerunning_after_the_sweep_was_killed_completes_exactly_the_budget(tmp_path, tiny):
     path = write_study(tmp_path, tiny, "resume",
                        {"seed": {"type": "categorical", "choices": [0, 1, 2]}},
-                       overrides={"trainer.max_steps": 12})
+                       overrides={"trainer.max_steps": 30})
+
+    def running_with_checkpoint():
+        found = running_trial_with_beat(path)
+        run_dir = found and found[0].user_attrs.get("run_dir")
+        return run_dir and (Path(run_dir) / "checkpoints" / "last.ckpt").is_file()
+
     proc = sweep_process(path)
-    wait_for(lambda: any(t.state == TrialState.COMPLETE for t in trials_of(path)) and running_trial_with_beat(path))
+    wait_for(lambda: any(t.state == TrialState.COMPLETE for t in trials_of(path)) and running_with_checkpoint())
     os.killpg(proc.pid, signal.SIGKILL)  # the whole sweep: command and worker, mid-trial
     proc.wait()
     interrupted = [t for t in trials_of(path) if t.state == TrialState.RUNNING]
@@ -149,6 +155,18 @@ def test_rerunning_after_the_sweep_was_killed_completes_exactly_the_budget(tmp_p
     assert sorted(t.params["seed"] for t in mine) == [0, 1, 2]  # every grid point once, none repeated
     dead = next(t for t in trials if t.number == interrupted[0].number)
     assert dead.state == TrialState.FAIL and dead.number in S.excluded_numbers(trials)
+    # the retry continued from the dead attempt's checkpoint: one curve, every validation step once
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    retry = next(t for t in mine if dead.number in t.system_attrs.get("retry_history", []))
+    resumed = retry.user_attrs["resumed_from"]
+    assert resumed["trial"] == dead.number and resumed["step"] >= 3 and retry.user_attrs.get("fail_reason") is None
+    ea = EventAccumulator(retry.user_attrs["run_dir"])
+    ea.Reload()
+    events = ea.Scalars("val/loss")
+    assert [e.step for e in events] == list(range(2, 30, 3))  # logged at step - 1
+    before = [e for e in events if e.step < resumed["step"]]  # logged by the dead attempt, kept
+    assert before and all(e.wall_time < retry.datetime_start.timestamp() for e in before)
 
 
 def test_a_sigkilled_workers_trial_is_retried_and_the_study_completes(tmp_path, tiny):
