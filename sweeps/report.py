@@ -218,6 +218,9 @@ def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows
              f"- storage: `{S.storage_display(study, url)}`",
              f"- trials: {len(rows)} finished of {study.n_trials if study.n_trials is not None else 'an open budget'} "
              f"({', '.join(f'{v} {s.name.lower()}' for s, v in counts.items())})",
+             *([f"- control: {len(control_rows)} finished of {study.control.n_trials} "
+                f"(study `{study.control.name}`, storage `{S.storage_display(study.control, url)}`)"]
+               if study.control is not None else []),
              "- objective: " + ", ".join(f"{m} ({d})" for m, d in zip(study.metrics, study.directions)),
              *([f"- retried with the same params after their worker died or was interrupted: trials "
                 f"{', '.join(map(str, retried))}"] if retried else []),
