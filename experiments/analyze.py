@@ -4,8 +4,8 @@ Loads a trained run (its ``checkpoints/last.ckpt``, or the checkpoint given) and
 ``<run>/analysis/``:
 
 * ``spectrum_cumulative.png`` / ``spectrum_heatmap.png``: paper Fig. 1 (left, right) for this model's
-  context-mapping matrices on the first N validation sequences of the run's own data (not for
-  causal Linformer, whose blockwise softmax is not captured: its summary has ``spectrum: null``);
+  context-mapping matrices on the first N validation sequences of the run's own data (causal
+  Linformer: its T × (nb − 1 + T) matrix over [slots ; positions], see ``analysis.blockwise_context_matrix``);
 * ``k_schedule.yaml``: a ready ``model.attention.k`` list, per layer the smallest k that keeps
   ``--energy`` of every head's cumulative singular value;
 * Linformer only: ``projections_<layer>.png`` (rows of every distinct E/F over positions) and
@@ -111,8 +111,13 @@ def _spectrum(run: Run, module: L.LightningModule, sample: list[dict], energy: f
                          "layer_curves": [c.tolist() for c in spectrum.layer_curves],
                          "mean_singular_values": [s.mean((0, 1)).tolist() for s in spectrum.singular_values]},
             "suggested_k": spectrum.suggested_ks(energy)}
-    linformer = run.cfg.model.attention.kind == "linformer"
-    what = "P̄ = softmax(Q(EK)ᵀ/√d)" if linformer and run.cfg.model.attention.project == "kv" else "P = softmax(QKᵀ/√d)"
+    att = run.cfg.model.attention
+    if att.kind == "linformer" and att.causal:
+        what = "P̃ = softmax over [past slots ; own block]"
+    elif att.kind == "linformer" and att.project == "kv":
+        what = "P̄ = softmax(Q(EK)ᵀ/√d)"
+    else:
+        what = "P = softmax(QKᵀ/√d)"
     figures = {"spectrum_cumulative": A.figure_cumulative(spectrum, indices, f"{what}, step {run.global_step}"),
                "spectrum_heatmap": A.figure_heatmap(at_index, indices, "cumulative singular value at k")}
     return part, figures
@@ -168,13 +173,9 @@ def analyze(path: Path, samples: int = 16, energy: float = 0.9, index: Optional[
     sample = A.validation_sample(datamodule.val_dataloader(), samples)
     taken = sum(len(b["input_ids"]) for b in sample)
     summary: dict[str, Any] = {"run_dir": str(run.run_dir), "checkpoint": str(run.checkpoint),
-                               "global_step": run.global_step, "attention": kind, "samples": taken, "energy": energy,
-                               "spectrum": None, "suggested_k": None}
-    figures: dict[str, Any] = {}
-    if A.spectrum_supported(run.cfg.model):
-        part, figs = _spectrum(run, module, sample, energy, index)
-        summary.update(part)
-        figures.update(figs)
+                               "global_step": run.global_step, "attention": kind, "samples": taken, "energy": energy}
+    part, figures = _spectrum(run, module, sample, energy, index)
+    summary.update(part)
     if module.encoder.bank is not None:
         part, figs = _projections(run, module, datamodule, sample, energy, ref)
         summary.update(part)
@@ -190,8 +191,7 @@ def analyze(path: Path, samples: int = 16, energy: float = 0.9, index: Optional[
             writer.add_image(f"analysis/{name}", image, run.global_step, dataformats="HWC")
     finally:
         writer.close()
-    if summary["suggested_k"] is not None:
-        atomic_write_text(out / "k_schedule.yaml", _k_schedule_yaml(summary["suggested_k"], run, energy, taken))
+    atomic_write_text(out / "k_schedule.yaml", _k_schedule_yaml(summary["suggested_k"], run, energy, taken))
     summary["figures"] = sorted(f"{name}.png" for name in figures)
     write_json(out / "summary.json", summary)
     return summary
@@ -201,15 +201,12 @@ def report(summary: dict[str, Any]) -> str:
     """The numbers a reader wants first, as text."""
     lines = [f"{summary['attention']} attention, step {summary['global_step']}, {summary['samples']} validation sequences"]
     s = summary["spectrum"]
-    if s is None:
-        lines.append("spectrum: not available for causal Linformer (its blockwise softmax is not captured)")
-    else:
-        lines += [f"spectrum, effective rank at energy {summary['energy']:g}:",
-                  "layer  index  cumulative@index per head      effective rank (layer / per head)"]
-        for layer, (i, row, r, rh) in enumerate(zip(s["index"], s["cumulative_at_index"], s["effective_rank"],
-                                                     s["effective_rank_per_head"])):
-            lines.append(f"{layer:>5}  {i:>5}  {' '.join(f'{v:.3f}' for v in row):<29} {r} / {rh}")
-        lines.append(f"suggested model.attention.k: {summary['suggested_k']}")
+    lines += [f"spectrum, effective rank at energy {summary['energy']:g}:",
+              "layer  index  cumulative@index per head      effective rank (layer / per head)"]
+    for layer, (i, row, r, rh) in enumerate(zip(s["index"], s["cumulative_at_index"], s["effective_rank"],
+                                                 s["effective_rank_per_head"])):
+        lines.append(f"{layer:>5}  {i:>5}  {' '.join(f'{v:.3f}' for v in row):<29} {r} / {rh}")
+    lines.append(f"suggested model.attention.k: {summary['suggested_k']}")
     if "reference" in summary:
         lines.append(f"reference {summary['reference']['run_dir']}: effective rank {summary['reference']['effective_rank']}")
     if "projections" in summary:
@@ -238,7 +235,6 @@ def main(args: argparse.Namespace) -> int:
     summary = analyze(args.run, args.samples, args.energy, args.index, args.reference)
     print(report(summary))
     out = Path(summary["run_dir"]) / "analysis"
-    extra = ", k_schedule.yaml" if summary["suggested_k"] is not None else ""
-    print(f"written: {out}/ ({', '.join(summary['figures'])}, summary.json{extra}); "
+    print(f"written: {out}/ ({', '.join(summary['figures'])}, summary.json, k_schedule.yaml); "
           f"TensorBoard images under analysis/ in {summary['run_dir']}")
     return 0

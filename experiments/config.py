@@ -329,9 +329,6 @@ def check(cfg: DictConfig) -> None:
     _require(cfg.trainer.max_steps >= 1, f"trainer.max_steps: must be >= 1, got {cfg.trainer.max_steps}")
     _require(cfg.trainer.spectrum_every_n_val >= 0,
              f"trainer.spectrum_every_n_val: must be >= 0 (0: off), got {cfg.trainer.spectrum_every_n_val}")
-    _require(cfg.trainer.spectrum_every_n_val == 0 or not (att.kind == "linformer" and att.causal),
-             "trainer.spectrum_every_n_val: the attention spectrum is not available for causal Linformer "
-             "(its blockwise softmax is not captured); set 0")
     _require(cfg.optim.lr > 0, f"optim.lr: must be > 0, got {cfg.optim.lr}")
     _require(cfg.task != "clm" or att.causal,
              "task: 'clm' needs model.attention.causal=true (next-token prediction must not see the future)")

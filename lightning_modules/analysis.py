@@ -3,13 +3,17 @@ structure of the sequence projections E, F.
 
 Notation: N sequences of length T (= n = max_len for packed blocks), h heads, L layers; a layer's
 context-mapping matrix is P = softmax(QKᵀ/√d_h) ∈ R^{T×T} (full attention) or
-P̄ = softmax(Q(EK)ᵀ/√d_h) ∈ R^{T×k} (Linformer), per sequence and head.
+P̄ = softmax(Q(EK)ᵀ/√d_h) ∈ R^{T×k} (Linformer), per sequence and head. Causal Linformer (blocks of
+w tokens, nb = ⌈T/w⌉, see ``attention.py``) gives P̃ ∈ R^{T×(nb−1+T)} over [the nb − 1 slots ; the T
+token positions]: row i holds the weights of query i on the slots j < ⌊i/w⌋ and, at their absolute
+positions, on the keys of its own block up to i (:func:`blockwise_context_matrix`); out = P̃ [F-slots ; V].
 
 Spectrum
-    σ_1 ≥ … ≥ σ_m, m = min(T, S), the singular values of P (S = T or k). The normalised cumulative
-    curve is c_i = Σ_{j≤i} σ_j / Σ_j σ_j (the paper's Fig. 1 quantity: singular values, not their
-    squares), averaged over the sample. The effective rank at threshold τ is the smallest r with
-    c_r ≥ τ; a layer's suggested k is the largest such r over its heads (all heads of a layer share k).
+    σ_1 ≥ … ≥ σ_m, m = min(T, S), the singular values of P (S = T, k, or nb − 1 + T for P̃). The
+    normalised cumulative curve is c_i = Σ_{j≤i} σ_j / Σ_j σ_j (the paper's Fig. 1 quantity: singular
+    values, not their squares), averaged over the sample. The effective rank at threshold τ is the
+    smallest r with c_r ≥ τ; a layer's suggested k is the largest such r over its heads (all heads of
+    a layer share k).
 
 Projections (each row w ∈ R^n of E, over key positions t = 0 … n-1)
     locality   = share of |w|'s mass within ⌈n/k⌉ positions centred on its centre of mass
@@ -23,8 +27,8 @@ Projections (each row w ∈ R^n of E, over key positions t = 0 … n-1)
                  Fourier basis) and the top-k right singular vectors of a full-attention model's P.
 
 Attention probabilities are captured by :func:`recorded_attention` while the model runs unchanged:
-every variant the layer implements through ``scaled_dot_product_attention`` is covered without a
-second copy of its maths. Figures are matplotlib ``Figure`` objects rendered without pyplot.
+every variant runs its softmax through ``scaled_dot_product_attention``, so all are covered without
+a second copy of their maths. Figures are matplotlib ``Figure`` objects rendered without pyplot.
 """
 
 from __future__ import annotations
@@ -107,18 +111,42 @@ def recorded_attention(model: nn.Module) -> Iterator[list[list[Tensor]]]:
             handle.remove()
 
 
+def blockwise_context_matrix(p: Tensor, length: int, window: int) -> Tensor:
+    """Causal Linformer's context-mapping matrix P̃ from the probabilities of its one SDPA call.
+
+    p: (B·nr, h, u, nb − 1 + u), row r of sequence s (index s·nr + r) holding queries ru … ru + u − 1
+    against [slots 0 … nb − 2 ; the same u positions] (w = ``window``, nb = ⌈T/w⌉, T = ``length``,
+    nr = ⌈T/u⌉) → P̃ (B, h, T, nb − 1 + T): query i keeps its slot weights in columns 0 … nb − 2 and
+    puts its weight on key t at column nb − 1 + t (zero outside its row, where the layer's mask
+    already leaves only its own block), so that out_i = Σ_j P̃_ij [F-slots ; V]_j. Memory O(B·h·T²):
+    for analysis, not training.
+    """
+    u, slots = p.shape[-2], -(-length // window) - 1
+    nr = -(-length // u)
+    pr = p.unflatten(0, (-1, nr)).transpose(1, 2)                        # (B, h, nr, u, nb-1+u)
+    eye = torch.eye(nr, dtype=p.dtype, device=p.device)
+    local = torch.einsum("bhric,rs->bhrisc", pr[..., slots:], eye)       # block-diagonal (B, h, nr, u, nr, u)
+    local = local.flatten(4, 5).flatten(2, 3)                             # (B, h, nr·u, nr·u)
+    return torch.cat([pr[..., :slots].flatten(2, 3), local[..., :length]], -1)[:, :, :length]
+
+
 def attention_maps(encoder: nn.Module, input_ids: Tensor, mask: Optional[Tensor] = None) -> list[Tensor]:
-    """Every layer's context-mapping matrix for one batch: list over layers of (B, h, T, S).
+    """Every layer's context-mapping matrix for one batch: list over layers of (B, h, T, S), S = T
+    (full, one-sided), k' (Linformer) or nb − 1 + T (causal Linformer, :func:`blockwise_context_matrix`).
 
     Rows of padded query positions are zeroed (they attend but feed nothing that is scored)."""
     with torch.no_grad(), recorded_attention(encoder) as records:
         encoder(input_ids, mask)
+    layers = [m for m in encoder.modules() if isinstance(m, SelfAttention)]
+    length = input_ids.shape[1]
     maps = []
-    for layer, calls in enumerate(records):
+    for index, (layer, calls) in enumerate(zip(layers, records)):
         if len(calls) != 1:
-            raise RuntimeError(f"attention layer {layer} made {len(calls)} scaled_dot_product_attention calls; the "
-                               "spectrum needs exactly one context-mapping matrix per layer (see spectrum_supported)")
+            raise RuntimeError(f"attention layer {index} made {len(calls)} scaled_dot_product_attention calls; the "
+                               "spectrum needs exactly one context-mapping matrix per layer")
         p = calls[0]
+        if layer.kind == "linformer" and layer.causal:
+            p = blockwise_context_matrix(p, length, layer.bank.window(layer.layer))
         maps.append(p if mask is None else p * mask[:, None, :, None].to(p.dtype))
     return maps
 
@@ -200,13 +228,6 @@ def measure_spectrum(encoder: nn.Module, batches: Iterable[dict], grams: bool = 
     if not svs:
         raise ValueError("measure_spectrum: no batches")
     return Spectrum([torch.cat(s) for s in svs], sums if grams else None)
-
-
-def spectrum_supported(model_cfg: Any) -> bool:
-    """Every variant runs its softmax through ``scaled_dot_product_attention`` except causal Linformer,
-    whose blockwise softmax over [past slots ; own block] is computed inside the layer."""
-    att = model_config(model_cfg).attention
-    return not (att.kind == "linformer" and att.causal)
 
 
 def heatmap_indices(model_cfg: Any, spectrum: Spectrum) -> list[int]:

@@ -58,7 +58,6 @@ every key row anyway):
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 import torch
@@ -180,36 +179,52 @@ class SelfAttention(nn.Module):
     def _blockwise_causal(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float) -> Tensor:
         """Causal Linformer (module docstring): q, k, v (B, h, T, d_h) → (B, h, T, d_h).
 
-        Blocks b = 0 … nb − 1 (nb = ⌈T/w⌉, the tail zero-padded); slots of blocks 0 … nb − 2 (the
-        last block is nobody's past). Scores per block: slots (B, h, nb, w, nb − 1), local (B, h, nb, w, w).
+        Blocks b = 0 … nb − 1 (nb = ⌈T/w⌉); slots of blocks 0 … nb − 2 (the last block is nobody's
+        past). One ``scaled_dot_product_attention`` call over rows of u = g·w consecutive queries (g
+        whole blocks, the tail zero-padded; nr = ⌈T/u⌉ rows per sequence): queries (B·nr, h, u, d_h)
+        against keys and values [slots ; the row's own u positions] (B·nr, h, nb − 1 + u, d_h), with an
+        additive mask (B·nr, 1, u, nb − 1 + u) that leaves query i the slots j < ⌊i/w⌋ (non-empty) and
+        the real keys of its own block up to i. Every row repeats the slots: 2(nb − 1)d_h numbers,
+        against the u(nb − 1) slot scores of its queries, so rows of u ≥ 2d_h queries (g = ⌈2d_h/w⌉)
+        keep the repeat no larger than the scores a hand-written softmax would hold, for u − w extra
+        (masked) local scores per query.
         """
-        t, w = q.shape[2], self.bank.window(self.layer)
-        nb = -(-t // w)
+        batch, t, w = q.shape[0], q.shape[2], self.bank.window(self.layer)
+        nb, u = -(-t // w), w * -(-2 * self.d_head // w)
+        nr = -(-t // u)
         past = (nb - 1) * w                                                # tokens in completed-able blocks
         past_mask = None if mask is None else mask[:, :past]
         sk = self.bank.compress(self.layer, 0, k[:, :, :past], past_mask)  # (B, h, nb-1, d_h)
         sv = self.bank.compress(self.layer, 1, v[:, :, :past], past_mask)
-        qb = blocks(q * (1.0 / math.sqrt(self.d_head)), w)                # (B, h, nb, w, d_h), scaled
-        kb, vb = blocks(k, w), blocks(v, w)
-        slot_scores = torch.einsum("bhnid,bhjd->bhnij", qb, sk)            # (B, h, nb, w, nb-1)
-        local_scores = qb @ kb.transpose(-1, -2)                           # (B, h, nb, w, w)
-        # Visibility, without the head axis: (B or none, nb, w, nb-1+w).
-        dev, lead = q.device, () if mask is None else (mask.shape[0],)
-        slot_ok = torch.ones(nb, nb - 1, dtype=torch.bool, device=dev).tril(-1)[:, None, :]  # j < b
-        local_ok = torch.ones(w, w, dtype=torch.bool, device=dev).tril()   # key position ≤ query position
+
+        def rows(x: Tensor, slots: Optional[Tensor] = None) -> Tensor:
+            """(B, h, T, d_h) → (B·nr, h, u, d_h), preceded by the slots: (B·nr, h, nb-1+u, d_h)."""
+            xr = blocks(x, u).transpose(1, 2)                              # (B, nr, h, u, d_h)
+            if slots is not None:
+                xr = torch.cat([slots[:, None].expand(-1, nr, -1, -1, -1), xr], -2)
+            return xr.flatten(0, 1)
+
+        # Visibility, without the head axis: (B, nr, u, nb-1+u).
+        position = torch.arange(nr * u, device=q.device).view(nr, u)      # (nr, u)
+        block = position // w
+        own = block[:, :, None] == block[:, None, :]                       # (nr, u, u)
+        slot_ok = torch.arange(nb - 1, device=q.device) < block[..., None]                # j < b: (nr, u, nb-1)
+        local_ok = own & (position[:, None, :] <= position[:, :, None])    # own block, key ≤ query
         if mask is not None:
-            real_slot = self.bank.nonempty_slots(self.layer, past_mask)    # (B, nb-1)
-            slot_ok = slot_ok & real_slot[:, None, None, :]                # (B, nb, 1, nb-1)
-            local_ok = local_ok & blocks(mask[..., None], w)[:, :, None, :, 0]   # (B, nb, w, w)
-        visible = torch.cat([slot_ok.expand(*lead, nb, w, nb - 1), local_ok.expand(*lead, nb, w, w)], -1)
-        visible = visible.unsqueeze(-4)                                    # broadcast over heads
-        scores = torch.cat([slot_scores, local_scores], -1)                # (B, h, nb, w, nb-1+w)
-        # In place: cat's backward does not need its output. A finite floor keeps a row without any
-        # visible key (only an all-padding prefix) finite instead of NaN.
-        probs = scores.masked_fill_(~visible, torch.finfo(scores.dtype).min).softmax(-1)
-        probs = F.dropout(probs, p)
-        out = torch.einsum("bhnij,bhjd->bhnid", probs[..., : nb - 1], sv) + probs[..., nb - 1:] @ vb
-        return out.flatten(2, 3)[:, :, :t]
+            slot_ok = slot_ok & self.bank.nonempty_slots(self.layer, past_mask)[:, None, None, :]  # (B, nr, u, nb-1)
+            local_ok = local_ok & blocks(mask[..., None], u)[:, :, None, :, 0]                      # (B, nr, u, u)
+        visible = torch.cat([slot_ok.expand(batch, nr, u, nb - 1), local_ok.expand(batch, nr, u, u)], -1)
+        # Additive, with two floors: keys of the row's other blocks are outside query i's key set
+        # (the dtype's lowest value), hidden keys of its set [all slots ; own block] get half of it.
+        # A query without any visible key (only an all-padding prefix) then averages its set's values,
+        # finite, instead of SDPA's zeros (or NaN in an explicit softmax). Adding a score to half the
+        # lowest value never reaches −inf, and in fp32/bf16 leaves it unchanged.
+        lowest = torch.finfo(q.dtype).min
+        bias = q.new_zeros(visible.shape).masked_fill_(~visible, lowest / 2)
+        bias[..., nb - 1:].masked_fill_(~own, lowest)
+        out = F.scaled_dot_product_attention(rows(q), rows(k, sk), rows(v, sv), attn_mask=bias.flatten(0, 1)[:, None],
+                                             dropout_p=p)                  # (B·nr, h, u, d_h)
+        return out.unflatten(0, (batch, nr)).transpose(1, 2).flatten(2, 3)[:, :, :t]
 
     # ------------------------------------------------------------------------- incremental decoding
     def init_state(self, batch_size: int, capacity: int, device: Any = None, dtype: Any = None) -> dict:

@@ -76,8 +76,7 @@ class SpectrumMonitor(L.Callback):
     fixed sample (the first ``samples`` sequences of the first validation batch), so the evolution of
     rank during training is visible: the image ``spectrum/heatmap`` (layer × head normalised cumulative
     singular value at each layer's index, paper Fig. 1 right; see ``analysis.heatmap_indices``) and the
-    scalars ``spectrum/effective_rank/layer_<l>`` at ``energy``, at the global step. Rank zero only;
-    not for causal Linformer (see ``analysis.spectrum_supported``; the config check refuses it)."""
+    scalars ``spectrum/effective_rank/layer_<l>`` at ``energy``, at the global step. Rank zero only."""
 
     def __init__(self, every_n_val: int, samples: int = 8, energy: float = 0.9) -> None:
         if every_n_val < 1:

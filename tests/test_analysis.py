@@ -12,6 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from experiments import cli
 from experiments import config as C
 from lightning_modules import analysis as A
+from lightning_modules.attention import SelfAttention
 from lightning_modules.encoder import TransformerEncoder
 from lightning_modules.projections import ProjectionBank
 
@@ -212,13 +213,50 @@ def test_recorded_probabilities_are_the_ones_the_layer_attends_with(variant):
             assert torch.equal(p, p.tril())
 
 
-def test_causal_linformer_offers_no_spectrum_and_the_callback_knob_says_so():
-    cfg = C.load(None, ["task=clm", "model.attention.causal=true"])
-    assert not A.spectrum_supported(cfg.model)
-    assert A.spectrum_supported(C.load(None, ["task=clm", "model.attention.causal=true",
-                                              "model.attention.kind=full"]).model)
-    with pytest.raises(C.ConfigError, match="trainer.spectrum_every_n_val"):
-        C.load(None, ["task=clm", "model.attention.causal=true", "trainer.spectrum_every_n_val=1"])
+@pytest.mark.parametrize("projection, h", [("learned", 2), ("pool", 4)])   # SDPA rows of 2 blocks; of 1
+def test_causal_linformer_context_matrix_is_causal_row_stochastic_and_is_the_layer(projection, h):
+    """P̃ over [slots ; positions]: a real query's row sums to 1 and weights only the slots of earlier
+    blocks and the positions of its own block up to itself (never padding or an empty slot), and
+    P̃ [F-slots ; V] is the layer's output."""
+    t, w, nb, d = 14, 4, 4, 8                                              # blocks 4, 4, 4, 2; 3 slots
+    torch.manual_seed(0)
+    layer = SelfAttention(d, h, "linformer", causal=True,
+                          bank=ProjectionBank([4], t, h, projection=projection, causal=True)).eval()
+    x = torch.randn(3, t, d)
+    mask = torch.ones(3, t, dtype=torch.bool)
+    mask[1, 10:] = False                                                   # right padding
+    mask[2, :5] = False                                                    # left: block 0 (slot 0) all padding
+    p = A.attention_maps(layer, x, mask)[0]
+    assert p.shape == (3, h, t, nb - 1 + t)
+    torch.testing.assert_close(p.sum(-1), mask[:, None, :].float().expand(3, h, t))   # padded queries: zeroed
+    i, block = torch.arange(t)[:, None], torch.arange(t)[:, None] // w
+    slots = torch.arange(nb - 1)[None, :] < block                          # j < b
+    own = (torch.arange(t)[None, :] >= block * w) & (torch.arange(t)[None, :] <= i)
+    assert not p[..., ~torch.cat([slots, own], -1)].any()
+    assert not p[1, ..., nb - 1 + 10:].any()                               # padded keys
+    assert not p[2, ..., 0].any() and not p[2, ..., nb - 1: nb - 1 + 5].any()   # empty slot, padded keys
+    assert (p[0, ..., : nb - 1] > 0).sum() == h * w * (0 + 1 + 2) + h * 2 * 3   # every visible slot is weighted
+
+    with torch.no_grad():
+        v = layer.v_proj(x).view(3, t, h, d // h).transpose(1, 2)         # (B, h, T, d_h)
+        slot_v = layer.bank.compress(0, 1, v[:, :, : (nb - 1) * w], mask[:, : (nb - 1) * w])
+        heads = p @ torch.cat([slot_v, v], 2)                              # (B, h, T, d_h)
+        got = layer.out_proj(heads.transpose(1, 2).reshape(3, t, d))
+        expected = layer(x, mask)
+    torch.testing.assert_close(got[mask], expected[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_causal_linformer_spectrum_has_one_singular_value_per_position():
+    cfg = {"max_len": 16, "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "dropout": 0.0,
+           "attention": {"kind": "linformer", "k": 4, "causal": True}}
+    torch.manual_seed(0)
+    mask = torch.ones(3, 16, dtype=torch.bool)
+    mask[1, :6] = False                                                    # an all-padding prefix stays finite
+    batch = {"input_ids": torch.randint(5, 40, (3, 16)), "attention_mask": mask}
+    spectrum = A.measure_spectrum(TransformerEncoder(cfg, 40), [batch])
+    assert [tuple(s.shape) for s in spectrum.singular_values] == [(3, 2, 16)] * 2
+    assert all(torch.isfinite(s).all() for s in spectrum.singular_values)
+    assert A.heatmap_indices(cfg, spectrum) == [4, 4]
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -277,3 +315,11 @@ def test_callback_logs_spectrum_heatmaps_and_analyze_writes_figures(tiny_overrid
     assert cli.main(["analyze", str(linformer), "--reference", str(linformer)]) == 2
     assert cli.main(["analyze", str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("error: ") == 2
+
+
+def test_the_spectrum_callback_follows_a_causal_linformer_during_training(tiny_overrides, tmp_path):
+    _train(tiny_overrides, "experiment=causal", "task=clm", "model.attention.causal=true",
+           "model.attention.kind=linformer", "trainer.spectrum_every_n_val=1")
+    acc = _events(tmp_path / "runs" / "causal" / "version_0")
+    ranks = acc.Scalars("spectrum/effective_rank/layer_0")
+    assert [e.step for e in ranks] == [3, 6] and all(1 <= e.value <= 32 for e in ranks)
