@@ -70,7 +70,8 @@ def _reason(err: BaseException) -> str:
     return text[0] if isinstance(err, Diverged) else f"{type(err).__name__}: {text[0] if text else ''}"
 
 
-def continue_attempt(trials: list[FrozenTrial], frozen: FrozenTrial, run_dir: Path) -> Optional[tuple[FrozenTrial, int]]:
+def continue_attempt(trials: list[FrozenTrial], frozen: FrozenTrial,
+                     run_dir: Path) -> Optional[tuple[FrozenTrial, int]]:
     """If ``frozen`` retries an attempt that left a checkpoint, copy that attempt's run directory to
     ``run_dir`` and return (the attempt, its checkpoint's step); else None (the trial starts afresh)."""
     history = frozen.system_attrs.get("retry_history", [])

@@ -237,7 +237,8 @@ def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows
     failed = [r for r in rows + control_rows if r.trial.state == TrialState.FAIL]
     if failed:
         lines += ["## Failed trials", ""] + [
-            f"- {'control ' if r.role else ''}trial {r.trial.number} ({', '.join(f'{p}={v}' for p, v in r.trial.params.items())}): "
+            f"- {'control ' if r.role else ''}trial {r.trial.number} "
+            f"({', '.join(f'{p}={v}' for p, v in r.trial.params.items())}): "
             f"{r.trial.user_attrs.get('fail_reason') or 'worker died and its retries ran out'}" for r in failed] + [""]
     lines += ["## Plots", ""] + [f"- `{p}`" for p in plots] + [f"- skipped: {s}" for s in skipped] + [""]
     return "\n".join(lines)

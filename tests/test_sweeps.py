@@ -243,7 +243,8 @@ def test_every_shipped_study_validates_at_every_preset(path):
     ({"control": {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1}}},
      "control.seeds: at least 2 distinct seeds"),
     ({"control": {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1},
-                  "seeds": [0, 1]}, "space": {"control": {"choices": ["a", "b"]}}}, "space.control: the name is taken by the study's control arms"),
+                  "seeds": [0, 1]}, "space": {"control": {"choices": ["a", "b"]}}},
+     "space.control: the name is taken by the study's control arms"),
 ])
 def test_a_bad_study_file_is_one_line_and_exit_2_before_any_trial(tmp_path, tiny_overrides, capsys, change,
                                                                   message):
@@ -362,7 +363,8 @@ def test_a_control_within_the_seed_noise_says_the_study_has_no_power():
     check = stats.power_check({0: 2.9, 1: 3.1, 2: 3.0}, {0: 3.0, 1: 3.0, 2: 3.05}, {0: 3.09, 1: 3.09, 2: 3.09},
                               "minimize")
     assert not check.separates and not check.has_power
-    assert "does NOT separate" in check.lines[1] and "no verdict below can be trusted; run the GPU preset" in check.lines[1]
+    assert "does NOT separate" in check.lines[1]
+    assert "no verdict below can be trusted; run the GPU preset" in check.lines[1]
 
 
 def test_a_reference_on_the_trivial_plateau_is_caught_even_when_the_control_separates():
@@ -413,7 +415,8 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
     assert all(f"- {line}" in summary for line in check.lines)
     assert ("The power check failed" in summary) == (not check.has_power)
     # the control's arms sit in the table and in the comparisons beside the study's own arms
-    assert "| control reference (kind=full) | 2 |" in summary and "| control degraded (kind=linformer k=1) | 2 |" in summary
+    assert "| control reference (kind=full) | 2 |" in summary
+    assert "| control degraded (kind=linformer k=1) | 2 |" in summary
     assert "| share=headwise | control reference (kind=full) |" in summary
     with (root / "report" / "trials.csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == 8
