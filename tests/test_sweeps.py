@@ -188,6 +188,30 @@ def test_a_sigkilled_workers_trial_is_retried_and_the_study_completes(tmp_path, 
     assert sorted(t.params["seed"] for t in mine) == [0, 1, 2, 3]
 
 
+def test_a_retry_continues_from_its_attempts_checkpoint_only_when_there_is_one(tmp_path):
+    import torch
+
+    from sweeps.objective import continue_attempt
+
+    old = tmp_path / "trial_0"
+    dead = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"run_dir": str(old)})
+    dead.number = 0
+    retry = optuna.trial.create_trial(state=TrialState.WAITING, system_attrs={"retry_history": [0]})
+    retry.number = 1
+    fresh = optuna.trial.create_trial(state=TrialState.WAITING)
+    fresh.number = 2
+    old.mkdir()
+    (old / "events.out.tfevents.1").write_bytes(b"curve")
+    assert continue_attempt([dead, retry], retry, tmp_path / "trial_1") is None  # killed before its checkpoint
+    (old / "checkpoints").mkdir()
+    torch.save({"state_dict": {}, "global_step": 9}, old / "checkpoints" / "last.ckpt")
+    assert continue_attempt([dead, fresh], fresh, tmp_path / "trial_2") is None  # not a retry
+    previous, step = continue_attempt([dead, retry], retry, tmp_path / "trial_1")
+    assert previous.number == 0 and step == 9
+    assert (tmp_path / "trial_1" / "events.out.tfevents.1").read_bytes() == b"curve"
+    assert (tmp_path / "trial_1" / "checkpoints" / "last.ckpt").is_file() and (old / "checkpoints").is_dir()
+
+
 def test_the_median_pruner_prunes_trials_worse_than_the_first_ones(tmp_path, tiny):
     # Two good trials first (grid order), then two whose lr is too small to move the loss.
     path = write_study(tmp_path, tiny, "prune",
