@@ -75,7 +75,7 @@ def continue_attempt(trials: list[FrozenTrial], frozen: FrozenTrial,
     """If ``frozen`` retries an attempt that left a checkpoint, copy that attempt's run directory to
     ``run_dir`` and return (the attempt, its checkpoint's step); else None (the trial starts afresh)."""
     history = frozen.system_attrs.get("retry_history", [])
-    previous = next((t for t in trials if history and t.number == history[-1]), None)
+    previous = next((t for t in trials if t.number == history[-1]), None) if history else None
     old = Path(previous.user_attrs.get("run_dir", "")) if previous is not None else None
     if old is None or not (old / CHECKPOINT).is_file() or run_dir.exists():
         return None
@@ -95,9 +95,9 @@ class Objective:
 
         ostudy = trial.study
         trials = ostudy.get_trials(deepcopy=False)
+        frozen = next(t for t in trials if t.number == trial.number)  # its system attrs: grid point, retries
         if self.study.n_trials is not None and S.budget_position(trials, trial.number) >= self.study.n_trials:
             trial.set_user_attr(S.DISCARDED, "the budget was met by concurrent workers")
-            frozen = next(t for t in trials if t.number == trial.number)
             if "fixed_params" in frozen.system_attrs:  # an enqueued grid point: put it back
                 S.requeue(ostudy, frozen)
             raise optuna.TrialPruned("discarded: budget already met")
@@ -107,7 +107,7 @@ class Objective:
         for inherited in ("fail_reason", "resumed_from"):  # copied from the attempt this trial retries
             if trial.user_attrs.get(inherited) is not None:
                 trial.set_user_attr(inherited, None)
-        resumed = continue_attempt(trials, next(t for t in trials if t.number == trial.number), run_dir)
+        resumed = continue_attempt(trials, frozen, run_dir)
         run = {"experiment": self.study.name, "run_dir": str(run_dir)}
         if resumed is not None:
             previous, step = resumed

@@ -95,6 +95,10 @@ class Comparison:
     def distinguishable(self) -> bool:
         return math.isfinite(self.half_width) and abs(self.diff) > self.half_width
 
+    def a_better(self, direction: str) -> bool:
+        """Whether A's mean is the better one under ``direction`` (not whether that is beyond noise)."""
+        return (self.diff < 0) == (direction == "minimize")
+
 
 def compare(a: Mapping[Hashable, float], b: Mapping[Hashable, float], level: float = LEVEL) -> Comparison:
     """A − B for values keyed by replicate (e.g. seed): paired when both have the same replicates."""
@@ -123,8 +127,7 @@ def verdict(name_a: str, name_b: str, c: Comparison, direction: str, advice: str
     'not distinguishable at this budget: <advice>'."""
     if not c.distinguishable:
         return f"not distinguishable at this budget: {advice}"
-    a_better = (c.diff < 0) == (direction == "minimize")
-    better, worse = (name_a, name_b) if a_better else (name_b, name_a)
+    better, worse = (name_a, name_b) if c.a_better(direction) else (name_b, name_a)
     return f"{better} better than {worse} by {fmt(abs(c.diff))} ± {fmt(c.half_width)}"
 
 
@@ -148,23 +151,20 @@ def power_check(reference: Mapping[Hashable, float], degraded: Mapping[Hashable,
 
     Each holds only when its 95 % CI excludes 0 on the better side. ``trivial`` empty: 1. is not judged.
     """
-    def better(c: Comparison) -> bool:
-        return c.distinguishable and (c.diff < 0) == (direction == "minimize")
-
     lines = []
     if trivial:
         c = compare(reference, trivial)
-        leaves = better(c)
-        shown = f"{fmt(summarize(list(reference.values())).mean)} vs {fmt(summarize(list(trivial.values())).mean)}"
-        lines.append(f"The reference arm leaves the trivial baseline ({shown}; difference {fmt(c.diff)} ± "
-                     f"{fmt(c.half_width)}, {c.test})." if leaves else
-                     f"The reference arm does NOT leave the trivial baseline ({shown}; difference {fmt(c.diff)} ± "
-                     f"{fmt(c.half_width)}, {c.test}): nothing was learned at this budget; {advice}.")
+        leaves = c.distinguishable and c.a_better(direction)
+        means = f"{fmt(summarize(list(reference.values())).mean)} vs {fmt(summarize(list(trivial.values())).mean)}"
+        found = f"({means}; difference {fmt(c.diff)} ± {fmt(c.half_width)}, {c.test})"
+        lines.append(f"The reference arm leaves the trivial baseline {found}." if leaves else
+                     f"The reference arm does NOT leave the trivial baseline {found}: nothing was learned at this "
+                     f"budget; {advice}.")
     else:
         leaves = True
         lines.append("No trivial baseline for this metric: only the contrast is judged.")
     c = compare(reference, degraded)
-    separates = better(c)
+    separates = c.distinguishable and c.a_better(direction)
     gap = f"{fmt(abs(c.diff))} ± {fmt(c.half_width)}, {c.test}"
     if separates:
         lines.append(f"The control separates: the reference is better than the degraded arm by {gap}. The study "
