@@ -7,12 +7,12 @@ STAMP := $(VENV)/.installed-stamp
 TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 
-.PHONY: setup run test test-slow tensorboard dashboard clean
+.PHONY: setup run test test-slow lint format tensorboard dashboard clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)")
-	$(PY) -m pip install -q -e ".[test,postgres]"
+	$(PY) -m pip install -q -e ".[test,lint,postgres]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -34,6 +34,16 @@ test: setup
 
 test-slow: setup
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m slow
+
+# ruff (lint and format check) and import-linter (the floors in pyproject.toml: nothing imports upward).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 tensorboard: setup
 	$(VENV)/bin/tensorboard --logdir runs --host $(HOST)

@@ -1,4 +1,5 @@
-"""Stable hashes and atomic cache files shared by the data modules.
+"""Stable hashes and cache keys shared by the data modules (cache files are written by
+:func:`foundation.atomic.atomic_write`).
 
 Python's built-in ``hash`` is salted per process, so everything that must agree across runs, ranks and
 machines (splits, hold-outs, cache keys) goes through SHA-1 here. Cache files are written to a temporary
@@ -10,10 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable
+from typing import Any, Iterable
 
 # datasets fingerprints a module-level function by its qualified name only, so editing a rule (cleaning,
 # THE split, the hold-out) would silently reuse map/filter results cached under the old rule. Passing this
@@ -46,21 +45,3 @@ def fingerprint(texts: Iterable[str]) -> str:
 def cache_key(*parts: Any) -> str:
     """A short file-name-safe key for JSON-serialisable ``parts``."""
     return hashlib.sha1(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Write ``path`` through ``write(binary_file)`` via a temporary sibling, fsync and ``os.replace``:
-    a reader, or a resume after a kill mid-write, sees the old file or the new one, never half of one.
-    Other writers' temporaries are left alone: several workers may fill a shared cache at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a shared cache must be readable by others
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

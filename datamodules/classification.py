@@ -49,7 +49,7 @@ longest sequence: ``input_ids`` (B, T) long, ``attention_mask`` (B, T) bool (Tru
 ``labels`` (B,) long.
 
 Tokenizer: ``data.tokenizer.path`` if set; else, with ``init_from``, the pretraining run's
-``tokenizer.json`` (``experiments.train`` writes it into every run directory), so token ids mean what
+``tokenizer.json`` (``training.train`` writes it into every run directory), so token ids mean what
 they meant in pretraining; else a new one for ``data.tokenizer`` (BPE trained on the training texts, or
 the fixed byte vocabulary of ``kind: byte``: LRA's byte-level "Text" task).
 """
@@ -74,8 +74,8 @@ from datamodules.embedded import clean_text, load_embedded
 from datamodules.language_model import unigram_baseline
 from datamodules.sampling import make_loader
 from datamodules.tokenizer import CLS_ID, PAD_ID, SEP_ID, build_tokenizer
-from experiments.config import ConfigError
-from experiments.rundir import CHECKPOINT, TOKENIZER
+from foundation.errors import ConfigError
+from foundation.rundir import init_from_tokenizer
 
 UNLABELLED = -1  # GLUE's label for its hidden test labels
 SPLIT_FILES = {"train": "train", "dev": "validation", "validation": "validation", "test": "test"}
@@ -294,19 +294,6 @@ def collate(items: list[tuple[np.ndarray, torch.Tensor]]) -> dict:
             "labels": torch.stack([label for _, label in items])}
 
 
-def pretrained_tokenizer_path(init_from: str) -> Path:
-    """The ``tokenizer.json`` of the run that ``init_from`` (a run directory or one of its checkpoints) names."""
-    path = Path(init_from)
-    if not path.exists():
-        raise ConfigError(f"init_from: {init_from!r} not found")
-    run_dir = path if path.is_dir() else path.parents[1] if path.parent.name == CHECKPOINT.parent.name else path.parent
-    tokenizer = run_dir / TOKENIZER
-    if not tokenizer.is_file():
-        raise ConfigError(f"init_from: no {TOKENIZER} in {str(run_dir)!r} (set data.tokenizer.path to the "
-                          f"tokenizer the encoder was pretrained with)")
-    return tokenizer
-
-
 # ------------------------------------------------------------------------------------- data modules
 class LabelledSequenceDataModule(L.LightningDataModule):
     """Encoded train/validation/test splits (``self.datasets``, filled by ``setup``) served as padded
@@ -374,7 +361,7 @@ class ClassificationDataModule(LabelledSequenceDataModule):
     def _tokenizer(self, train: Dataset) -> Tokenizer:
         tok_cfg = self.data_cfg.tokenizer
         if not tok_cfg.path and self.init_from is not None:
-            tok_cfg = OmegaConf.merge(tok_cfg, {"path": str(pretrained_tokenizer_path(self.init_from))})
+            tok_cfg = OmegaConf.merge(tok_cfg, {"path": str(init_from_tokenizer(self.init_from))})
         texts = list(train["text"]) + (list(train["pair"]) if "pair" in train.column_names else [])
         return build_tokenizer(tok_cfg, texts, self.data_cfg.cache_dir)
 

@@ -30,7 +30,7 @@ from datasets.exceptions import DatasetGenerationError
 
 from datamodules.cache import rule_kwargs, unit_hash
 from datamodules.embedded import load_embedded
-from experiments.config import ConfigError
+from foundation.errors import ConfigError
 
 FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "json",
                  ".parquet": "parquet"}

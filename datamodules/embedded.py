@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 from datasets import DatasetDict, load_dataset
 
 from datamodules.cache import rule_kwargs, unit_hash
-from experiments.config import ConfigError
+from foundation.errors import ConfigError
 
 SPLITS = ("train", "validation", "test")
 SOURCES = ("imdb", "rotten_tomatoes")

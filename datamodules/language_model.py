@@ -25,11 +25,12 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, TensorDataset
 
-from datamodules.cache import atomic_write, cache_key, fingerprint
+from datamodules.cache import cache_key, fingerprint
 from datamodules.corpus import iter_texts, load_text_corpus
 from datamodules.sampling import make_loader
 from datamodules.tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID, build_tokenizer
-from experiments.config import ConfigError
+from foundation.atomic import atomic_write
+from foundation.errors import ConfigError
 
 IGNORE_INDEX = -100
 VAL_MASK_SEED = 1234  # fixed on purpose: the same validation masks for every run, seed and epoch

@@ -34,8 +34,9 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from datamodules.cache import CODE_VERSION, atomic_write, cache_key
+from datamodules.cache import CODE_VERSION, cache_key
 from datamodules.classification import EncodedSplit, LabelledSequenceDataModule
+from foundation.atomic import atomic_write
 
 VOCAB = ("[PAD]", "]", "[MAX", "[MIN", "[MED", "[SM", *map(str, range(10)))
 PAD_ID, CLOSE_ID, OPERATOR_IDS, DIGIT_0 = 0, 1, range(2, 6), 6

@@ -21,8 +21,9 @@ from typing import Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from datamodules.cache import atomic_write, cache_key, fingerprint
-from experiments.config import ConfigError
+from datamodules.cache import cache_key, fingerprint
+from foundation.atomic import atomic_write
+from foundation.errors import ConfigError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))

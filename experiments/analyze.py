@@ -27,10 +27,12 @@ from typing import Any, Optional
 import lightning as L
 from omegaconf import DictConfig
 
-from experiments import config as C
-from experiments.resume import check_architecture, read_checkpoint
-from experiments.rundir import CHECKPOINT, atomic_write_text, write_json
-from lightning_modules import analysis as A
+from foundation.atomic import atomic_write_text, write_json
+from foundation.checkpoint import check_architecture, read_checkpoint
+from foundation.errors import ConfigError
+from foundation.rundir import CHECKPOINT
+from lightning_modules import analysis
+from training import config as run_config
 
 # Data settings that change what a token id means or which sequences are sampled.
 _LOADER_ONLY = {"batch_size", "num_workers", "cache_dir"}
@@ -56,24 +58,24 @@ def read_run(path: Path) -> Run:
         ckpt_path = path
         run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     else:
-        raise C.ConfigError(f"{path}: no such run directory or checkpoint")
+        raise ConfigError(f"{path}: no such run directory or checkpoint")
     if not ckpt_path.is_file():
-        raise C.ConfigError(f"{path}: no {CHECKPOINT} (has the run saved a checkpoint yet?)")
+        raise ConfigError(f"{path}: no {CHECKPOINT} (has the run saved a checkpoint yet?)")
     ckpt = read_checkpoint(ckpt_path)  # weights_only=True; truncated or foreign files are one-line errors
     hparams = ckpt.get("hyper_parameters", {})
     if "config" not in hparams or "vocab_size" not in hparams:
-        raise C.ConfigError(f"{ckpt_path}: not a linformer-lab checkpoint (no config/vocab_size hyper-parameters)")
-    cfg = C.merge(C.RunConfig, [hparams["config"]])
-    C.check(cfg)
+        raise ConfigError(f"{ckpt_path}: not a linformer-lab checkpoint (no config/vocab_size hyper-parameters)")
+    cfg = run_config.merge_run([hparams["config"]])
+    run_config.check(cfg)
     return Run(run_dir, ckpt_path, cfg, int(ckpt.get("global_step", 0)), hparams["vocab_size"], ckpt["state_dict"])
 
 
 def load_module(run: Run, datamodule: L.LightningDataModule) -> L.LightningModule:
     """The run's trained module in eval mode; ``datamodule``'s tokenizer must match its vocabulary."""
-    from experiments.train import build_module
+    from training.train import build_module
 
     if datamodule.vocab_size != run.vocab_size:
-        raise C.ConfigError(f"{run.checkpoint}: trained with a vocabulary of {run.vocab_size} tokens, but the "
+        raise ConfigError(f"{run.checkpoint}: trained with a vocabulary of {run.vocab_size} tokens, but the "
                             f"tokenizer rebuilt from data.* has {datamodule.vocab_size}")
     module = build_module(run.cfg, datamodule)
     check_architecture({"state_dict": run.state_dict}, module, run.checkpoint)
@@ -84,11 +86,11 @@ def load_module(run: Run, datamodule: L.LightningDataModule) -> L.LightningModul
 def _same_data(run: DictConfig, reference: DictConfig) -> None:
     """The reference must have seen the same token ids: same task, data (loader knobs aside), n."""
     pairs = [("task", run.task, reference.task), ("model.max_len", run.model.max_len, reference.model.max_len)]
-    mine, theirs = (C.flatten(C.to_container(c.data)) for c in (run, reference))
+    mine, theirs = (run_config.flatten(run_config.to_container(c.data)) for c in (run, reference))
     pairs += [(f"data.{key}", mine[key], theirs.get(key)) for key in sorted(mine) if key not in _LOADER_ONLY]
     for key, a, b in pairs:
         if a != b:
-            raise C.ConfigError(f"--reference: {key} differs ({a!r} here, {b!r} in the reference run)")
+            raise ConfigError(f"--reference: {key} differs ({a!r} here, {b!r} in the reference run)")
 
 
 def _k_schedule_yaml(ks: list[int], run: Run, energy: float, samples: int) -> str:
@@ -102,8 +104,8 @@ def _k_schedule_yaml(ks: list[int], run: Run, energy: float, samples: int) -> st
 def _spectrum(run: Run, module: L.LightningModule, sample: list[dict], energy: float,
               index: Optional[int]) -> tuple[dict, dict]:
     """Summary entries and figures of the spectrum (paper Fig. 1) and the suggested k."""
-    spectrum = A.measure_spectrum(module.encoder, sample)
-    indices = [index] * run.cfg.model.n_layers if index is not None else A.heatmap_indices(run.cfg.model, spectrum)
+    spectrum = analysis.measure_spectrum(module.encoder, sample)
+    indices = [index] * run.cfg.model.n_layers if index is not None else analysis.heatmap_indices(run.cfg.model, spectrum)
     at_index = spectrum.at_index(indices)
     part = {"spectrum": {"index": indices, "cumulative_at_index": at_index.tolist(),
                          "effective_rank": spectrum.effective_ranks(energy),
@@ -114,12 +116,12 @@ def _spectrum(run: Run, module: L.LightningModule, sample: list[dict], energy: f
     att = run.cfg.model.attention
     if att.kind == "linformer" and att.causal:
         what = "P̃ = softmax over [past slots ; own block]"
-    elif att.kind == "linformer" and att.project == "kv":
+    elif att.kind == "linformer" and att.compress == "both":
         what = "P̄ = softmax(Q(EK)ᵀ/√d)"
     else:
         what = "P = softmax(QKᵀ/√d)"
-    figures = {"spectrum_cumulative": A.figure_cumulative(spectrum, indices, f"{what}, step {run.global_step}"),
-               "spectrum_heatmap": A.figure_heatmap(at_index, indices, "cumulative singular value at k")}
+    figures = {"spectrum_cumulative": analysis.figure_cumulative(spectrum, indices, f"{what}, step {run.global_step}"),
+               "spectrum_heatmap": analysis.figure_heatmap(at_index, indices, "cumulative singular value at k")}
     return part, figures
 
 
@@ -129,16 +131,16 @@ def _projections(run: Run, module: L.LightningModule, datamodule: L.LightningDat
     part: dict[str, Any] = {}
     ref_spectrum = None
     if reference is not None:
-        ref_spectrum = A.measure_spectrum(load_module(reference, datamodule).encoder, sample, grams=True)
+        ref_spectrum = analysis.measure_spectrum(load_module(reference, datamodule).encoder, sample, grams=True)
         part["reference"] = {"run_dir": str(reference.run_dir), "global_step": reference.global_step,
                              "effective_rank": ref_spectrum.effective_ranks(energy)}
-    projections = A.distinct_projections(module.encoder.bank)
-    part["projections"] = A.projection_report(projections, ref_spectrum, seed=run.cfg.seed)
+    projections = analysis.distinct_projections(module.encoder.bank)
+    part["projections"] = analysis.projection_report(projections, ref_spectrum, seed=run.cfg.seed)
     figures = {}
     for group in dict.fromkeys(p.name.split("/")[0] for p in projections):
-        figures[f"projections_{group}"] = A.figure_projection_rows(
+        figures[f"projections_{group}"] = analysis.figure_projection_rows(
             [p for p in projections if p.name.split("/")[0] == group], f"E/F rows over positions: {group}")
-    figures["projection_metrics"] = A.figure_projection_metrics(part["projections"])
+    figures["projection_metrics"] = analysis.figure_projection_metrics(part["projections"])
     return part, figures
 
 
@@ -148,29 +150,29 @@ def analyze(path: Path, samples: int = 16, energy: float = 0.9, index: Optional[
     from matplotlib.image import imsave
     from torch.utils.tensorboard import SummaryWriter
 
-    from experiments.train import build_datamodule
+    from training.train import build_datamodule
 
     if samples < 1:
-        raise C.ConfigError(f"--samples: must be >= 1, got {samples}")
+        raise ConfigError(f"--samples: must be >= 1, got {samples}")
     if not 0.0 < energy <= 1.0:
-        raise C.ConfigError(f"--energy: must be in (0, 1], got {energy}")
+        raise ConfigError(f"--energy: must be in (0, 1], got {energy}")
     if index is not None and index < 1:
-        raise C.ConfigError(f"--index: must be >= 1, got {index}")
+        raise ConfigError(f"--index: must be >= 1, got {index}")
     run = read_run(path)
     kind = run.cfg.model.attention.kind
     ref = None
     if reference is not None:  # checked before any heavy work
         if kind != "linformer":
-            raise C.ConfigError("--reference: compares a Linformer's E/F with full attention; this run is full attention")
+            raise ConfigError("--reference: compares a Linformer's E/F with full attention; this run is full attention")
         ref = read_run(reference)
         if ref.cfg.model.attention.kind != "full":
-            raise C.ConfigError(f"--reference: {reference} is not a full-attention run "
+            raise ConfigError(f"--reference: {reference} is not a full-attention run "
                                 f"(model.attention.kind={ref.cfg.model.attention.kind})")
         _same_data(run.cfg, ref.cfg)
     datamodule = build_datamodule(run.cfg)
     datamodule.setup("validate")
     module = load_module(run, datamodule)
-    sample = A.validation_sample(datamodule.val_dataloader(), samples)
+    sample = analysis.validation_sample(datamodule.val_dataloader(), samples)
     taken = sum(len(b["input_ids"]) for b in sample)
     summary: dict[str, Any] = {"run_dir": str(run.run_dir), "checkpoint": str(run.checkpoint),
                                "global_step": run.global_step, "attention": kind, "samples": taken, "energy": energy}
@@ -186,7 +188,7 @@ def analyze(path: Path, samples: int = 16, energy: float = 0.9, index: Optional[
     writer = SummaryWriter(log_dir=str(run.run_dir))
     try:
         for name, fig in figures.items():
-            image = A.figure_to_array(fig)                                # rendered once for both outputs
+            image = analysis.figure_to_array(fig)                                # rendered once for both outputs
             imsave(out / f"{name}.png", image)
             writer.add_image(f"analysis/{name}", image, run.global_step, dataformats="HWC")
     finally:

@@ -5,7 +5,7 @@ like the paper's Table 3), ``scaling.png`` (Figure 2 with fitted slopes) and Ten
 
 Per level (``layer``: one self-attention; ``model``: the whole encoder), mode (``fwd`` in inference
 mode, ``fwdbwd``) and n, all cases (the baselines ``naive`` and ``sdpa``, then every variant × k ×
-path) are built, run once under a FLOP counter (warm-up), once under the memory probe, once more to
+evaluation order) are built, run once under a FLOP counter (warm-up), once under the memory probe, once more to
 size a sample, then timed in interleaved rounds (``experiments.benchmarks.measure``). A case whose
 memory, extrapolated from the same case at the previous n as if it grew like n² (or computed for
 the naive baseline), would exceed the limit is skipped with a note, as is any case that fails.
@@ -26,11 +26,16 @@ from typing import Optional
 
 import torch
 
-from experiments.benchmarks import cases as K
-from experiments.benchmarks import report
-from experiments.benchmarks.measure import (calls_for, gemm_peak, interleaved_seconds, median, peak_memory_bytes,
-                                            seconds_per_call)
-from experiments.config import ConfigError
+from experiments.benchmarks import cases, report
+from experiments.benchmarks.measure import (
+    calls_for,
+    gemm_peak,
+    interleaved_seconds,
+    median,
+    peak_memory_bytes,
+    seconds_per_call,
+)
+from foundation.errors import ConfigError
 from lightning_modules.flops import count_flops
 
 LEVELS = ("layer", "model", "decode", "loop")
@@ -56,11 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=_ints, default=[512, 1024, 2048, 4096, 8192, 16384],
                         help="sequence lengths (default 512,...,16384)")
     parser.add_argument("--k", type=_ints, default=[128, 256], help="projected lengths (default 128,256)")
-    parser.add_argument("--variants", type=_names, default=list(K.VARIANTS),
-                        help=f"Linformer variants, from {','.join(K.VARIANTS)} (default all); "
+    parser.add_argument("--variants", type=_names, default=list(cases.VARIANTS),
+                        help=f"Linformer variants, from {','.join(cases.VARIANTS)} (default all); "
                              "the baselines naive and sdpa always run")
-    parser.add_argument("--paths", type=_names, default=["auto"],
-                        help="exact paths of E/F: auto,input,projected (default auto = the cheaper one)")
+    parser.add_argument("--orders", type=_names, default=["auto"],
+                        help="exact evaluation orders of E K: auto,compress_first,project_first (default auto = the cheaper)")
     parser.add_argument("--mode", type=_names, default=list(MODES), help="fwd,fwdbwd (default both)")
     parser.add_argument("--levels", type=_names, default=list(LEVELS), help="layer,model,decode,loop (default all)")
     parser.add_argument("--batch", type=int, default=1)
@@ -86,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for key, values, allowed in (("--variants", args.variants, K.VARIANTS), ("--paths", args.paths, K.PATHS),
+    for key, values, allowed in (("--variants", args.variants, cases.VARIANTS), ("--orders", args.orders, cases.ORDERS),
                                  ("--mode", args.mode, MODES), ("--levels", args.levels, LEVELS)):
         bad = [v for v in values if v not in allowed]
         if bad or not values:
@@ -120,7 +125,7 @@ def memory_limit_bytes(device: torch.device, limit_mb: float) -> float:
         return 0.5 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _naive_bytes(level: str, mode: str, n: int, shape: K.Shape) -> float:
+def _naive_bytes(level: str, mode: str, n: int, shape: cases.Shape) -> float:
     """The (B, h, n, n) matrices the naive baseline holds at once: scores and probabilities in a
     forward pass; probabilities of every layer plus two gradients in training."""
     layers = 1 if level == "layer" else shape.n_layers
@@ -128,9 +133,9 @@ def _naive_bytes(level: str, mode: str, n: int, shape: K.Shape) -> float:
     return matrices * shape.batch * shape.n_heads * n * n * torch.finfo(shape.dtype).bits / 8
 
 
-def _identity(level: str, mode: str, variant: str, k: Optional[int], path: str, causal: bool, n: int,
-              shape: K.Shape, threads: int) -> dict:
-    return {"level": level, "mode": mode, "variant": variant, "k": k, "path": path, "path_used": None,
+def _identity(level: str, mode: str, variant: str, k: Optional[int], order: str, causal: bool, n: int,
+              shape: cases.Shape, threads: int) -> dict:
+    return {"level": level, "mode": mode, "variant": variant, "k": k, "order": order, "order_used": None,
             "causal": causal, "n": n, "batch": shape.batch, "dtype": str(shape.dtype).removeprefix("torch."),
             "device": shape.device.type, "threads": threads}
 
@@ -140,7 +145,7 @@ class Probed:
     """A case ready to time, with what its probes measured."""
 
     ident: dict
-    case: K.Case
+    case: cases.Case
     flops: int
     peak_bytes: int
     calls: int
@@ -149,7 +154,7 @@ class Probed:
 class Bench:
     """One bench run: its shape, limits, measured GEMM peak, and the rows gathered so far."""
 
-    def __init__(self, args: argparse.Namespace, shape: K.Shape, peak_flops: float,
+    def __init__(self, args: argparse.Namespace, shape: cases.Shape, peak_flops: float,
                  peak_shape: tuple[int, int, int]) -> None:
         self.args, self.shape, self.peak, self.peak_shape = args, shape, peak_flops, peak_shape
         self.threads = torch.get_num_threads()
@@ -166,23 +171,23 @@ class Bench:
             return b0 * (n / n0) ** 2
         return _naive_bytes(level, mode, n, self.shape) if variant == "naive" else 0.0
 
-    def _probe(self, level: str, mode: str, n: int, variant: str, k: Optional[int], path: str,
+    def _probe(self, level: str, mode: str, n: int, variant: str, k: Optional[int], order: str,
                causal: bool) -> Optional[Probed]:
         """Build one case, count its FLOPs (the first warm-up), measure its memory and size its
         timing samples; None (and a row with a note) if it is skipped or fails."""
         shape = self.shape
-        ident = _identity(level, mode, variant, k, path, causal, n, shape, self.threads)
+        ident = _identity(level, mode, variant, k, order, causal, n, shape, self.threads)
         if k is not None and k >= n:
             self._skip(ident, f"k={k} ≥ n: nothing to compress")
             return None
-        key = (level, mode, variant, k, path, causal)
+        key = (level, mode, variant, k, order, causal)
         expected = self._expected_bytes(key, variant, level, mode, n)
         if expected > self.limit:
             self._skip(ident, f"would not fit: about {expected / 2**20:.0f} MB expected, "
                               f"limit {self.limit / 2**20:.0f} MB")
             return None
         try:
-            case = K.build(level, mode, variant, k, path, n, shape, causal)
+            case = cases.build(level, mode, variant, k, order, n, shape, causal)
             flops, _ = count_flops(case.run)
             case.clear()
             peak_bytes = peak_memory_bytes(case.run, shape.device)
@@ -197,8 +202,8 @@ class Bench:
     def group(self, level: str, mode: str, n: int) -> None:
         """Probe every case of one (level, mode, n), then time them all in interleaved rounds."""
         a, shape = self.args, self.shape
-        specs = [(b, None, "-", c) for c in sorted({K.is_causal(v) for v in a.variants}) for b in K.BASELINES]
-        specs += [(v, k, p, K.is_causal(v)) for v in a.variants for k in a.k for p in a.paths]
+        specs = [(b, None, "-", c) for c in sorted({cases.is_causal(v) for v in a.variants}) for b in cases.BASELINES]
+        specs += [(v, k, p, cases.is_causal(v)) for v in a.variants for k in a.k for p in a.orders]
         ready = [p for p in (self._probe(level, mode, n, *spec) for spec in specs) if p is not None]
         if not ready:
             return
@@ -213,16 +218,16 @@ class Bench:
             {"gemm": calls_for(seconds_per_call(gemm, shape.device), a.min_time),
              **{p.case.key: p.calls for p in ready}}, a.repeats, shape.device)
         gemm_rate = [2 * lhs.shape[0] * lhs.shape[1] * rhs.shape[1] / s for s in samples["gemm"]]
-        baselines = {(p.case.variant, p.case.causal): p for p in ready if p.case.variant in K.BASELINES}
+        baselines = {(p.case.variant, p.case.causal): p for p in ready if p.case.variant in cases.BASELINES}
         for p in ready:
             t = samples[p.case.key]
-            row = {**p.ident, "path_used": p.case.path_used, "repeats": a.repeats, "calls": p.calls,
+            row = {**p.ident, "order_used": p.case.order_used, "repeats": a.repeats, "calls": p.calls,
                    "time_ms_median": 1e3 * median(t), "time_ms_min": 1e3 * min(t), "time_ms_max": 1e3 * max(t),
                    "tokens_per_s": p.case.tokens / median(t), "peak_mem_mb": p.peak_bytes / 2**20,
                    "gflop": p.flops / 1e9, "gflops_per_s": p.flops / median(t) / 1e9,
                    "gemm_peak_gflops": self.peak / 1e9, "efficiency": p.flops / median(t) / self.peak,
                    "efficiency_paired": median([p.flops / s / g for s, g in zip(t, gemm_rate)])}
-            for name in K.BASELINES:
+            for name in cases.BASELINES:
                 base = baselines.get((name, p.case.causal))
                 if base is not None:
                     row[f"speedup_vs_{name}"] = median([x / y for x, y in zip(samples[base.case.key], t)])
@@ -340,7 +345,7 @@ def main(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     device = _device(args.device)
     dtype = DTYPES[args.dtype] if args.dtype != "auto" else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    shape = K.Shape(args.d_model, args.heads, args.layers, args.d_ff, args.vocab, args.batch, dtype, device)
+    shape = cases.Shape(args.d_model, args.heads, args.layers, args.d_ff, args.vocab, args.batch, dtype, device)
     out = _out_dir(args.out)
     load_before = os.getloadavg()
     peak, per_shape = gemm_peak(_gemm_shapes(args, args.levels), dtype, device, args.min_time)

@@ -11,11 +11,11 @@ import argparse
 import importlib
 import sys
 
-from experiments.config import ConfigError
-from experiments.redact import redact
+from foundation.errors import ConfigError
+from foundation.redact import redact
 
 COMMANDS = {
-    "train": ("experiments.train", "train one model from a YAML experiment file"),
+    "train": ("training.train", "train one model from a YAML experiment file"),
     "pipeline": ("experiments.pipeline", "pretrain variants, fine-tune each on classification tasks, tabulate (Table 2)"),
     "bench": ("experiments.bench", "time and memory of every attention variant vs naive and SDPA attention"),
     "time-to-target": ("experiments.time_to_target", "seconds and tokens each variant needed to reach a val ppl"),

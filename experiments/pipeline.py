@@ -3,7 +3,7 @@
 For every variant, pretrain (``pretrain.config`` + ``pretrain.overrides`` + the variant's overrides), then
 fine-tune the pretrained encoder on every task (``tasks.<name>.config`` + its overrides, with ``init_from``
 = the pretraining run and ``model`` = the pretraining run's model, so the architectures match by
-construction). Every stage is one :func:`experiments.train.train` call. The pipeline writes
+construction). Every stage is one :func:`training.train.train` call. The pipeline writes
 ``<output_dir>/<experiment>/version_<i>/``::
 
     config.yaml                     the resolved pipeline config
@@ -32,8 +32,11 @@ from typing import Dict, List
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import config as C
-from experiments.rundir import atomic_write_text, choose_run_dir
+from foundation.atomic import atomic_write_text
+from foundation.configfile import merge, parse_overrides, resolve_includes
+from foundation.errors import ConfigError
+from foundation.rundir import choose_run_dir
+from training import config as run_config
 
 METRICS = "metrics.json"
 
@@ -66,16 +69,16 @@ class Stage:
 
 
 def load(path: str | Path, overrides: list[str] = ()) -> DictConfig:
-    cfg = C.load(path, overrides, schema=PipelineConfig)
+    cfg = merge(PipelineConfig, [resolve_includes(Path(path)), parse_overrides(list(overrides))])
     if not cfg.pretrain.config:
-        raise C.ConfigError("pretrain.config: required (the base MLM experiment YAML)")
+        raise ConfigError("pretrain.config: required (the base MLM experiment YAML)")
     for key in ("variants", "tasks"):
         if not cfg[key]:
-            raise C.ConfigError(f"{key}: required (a mapping of names to "
+            raise ConfigError(f"{key}: required (a mapping of names to "
                                 f"{'override lists' if key == 'variants' else 'config + overrides'})")
     for name, task in cfg.tasks.items():
         if not task.config:
-            raise C.ConfigError(f"tasks.{name}.config: required (a fine-tuning experiment YAML)")
+            raise ConfigError(f"tasks.{name}.config: required (a fine-tuning experiment YAML)")
     return cfg
 
 
@@ -92,21 +95,21 @@ def stages(cfg: DictConfig, base_dir: Path, root: Path) -> list[Stage]:
                                                  f"run_dir={root / 'finetune' / variant / task}",
                                                  f"init_from={pre_dir}"], f"tasks.{task}")
             ft.model = pre.model  # the pretrained architecture, whatever the task YAML says
-            C.check(ft)
+            run_config.check(ft)
             out.append(Stage(variant, task, ft))
     return out
 
 
 def _stage_config(base_dir: Path, stage: DictConfig, extra: list[str], where: str) -> DictConfig:
     try:
-        return C.load(base_dir / stage.config, [*stage.overrides, *extra])
-    except C.ConfigError as err:
-        raise C.ConfigError(f"{where}: {err}") from None
+        return run_config.load(base_dir / stage.config, [*stage.overrides, *extra])
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
 
 
 def run(cfg: DictConfig, base_dir: Path) -> Path:
     """Run (or finish, with ``resume``) the pipeline; returns its run directory."""
-    from experiments.train import train
+    from training.train import train
 
     root = choose_run_dir(cfg.output_dir, cfg.experiment, None, False) if not cfg.resume else _newest(cfg)
     plan = stages(cfg, base_dir, root)  # everything checked before the first directory is made
@@ -129,7 +132,7 @@ def _newest(cfg: DictConfig) -> Path:
     versions = [p for p in (Path(cfg.output_dir) / cfg.experiment).glob("version_*")
                 if p.name.removeprefix("version_").isdigit()]
     if not versions:
-        raise C.ConfigError(f"resume: no run of pipeline {cfg.experiment!r} under {cfg.output_dir}/ to resume")
+        raise ConfigError(f"resume: no run of pipeline {cfg.experiment!r} under {cfg.output_dir}/ to resume")
     return max(versions, key=lambda p: int(p.name.removeprefix("version_")))
 
 

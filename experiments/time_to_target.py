@@ -24,7 +24,8 @@ from typing import Optional, Sequence
 
 import yaml
 
-from experiments.config import ConfigError, flatten
+from foundation.configfile import flatten
+from foundation.errors import ConfigError
 
 # Keys that differ between runs of the same variant.
 PER_RUN_KEYS = ("seed", "experiment", "run_dir", "output_dir", "resume", "data.cache_dir")
@@ -79,7 +80,7 @@ def rows(paths: Sequence[Path], target: float, by: Optional[Sequence[str]] = Non
     if unknown:
         raise ConfigError(f"--by: {', '.join(unknown)} is not a config key of these runs")
     groups: dict[str, list] = defaultdict(list)
-    for run, config, curve, metrics in loaded:
+    for _run, config, curve, metrics in loaded:
         label = ", ".join(f"{k.removeprefix('model.')}={config.get(k)}" for k in keys) or "all runs"
         groups[label].append((curve, metrics))
     out = []

@@ -43,9 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from experiments.config import layer_ks
 from lightning_modules.attention import SelfAttention
-from lightning_modules.encoder import model_config
+from lightning_modules.config import layer_ks, model_config
 from lightning_modules.projections import ProjectionBank
 
 if TYPE_CHECKING:
@@ -283,11 +282,11 @@ def distinct_projections(bank: ProjectionBank) -> list[Projection]:
     """Every distinct E/F of the bank, once (see projections.py for the sharing modes): named
     ``layer{l}/{E|F|E=F}[/head{g}]``, or ``all/…`` for the one matrix of ``layerwise`` (its k_max
     rows, which every layer slices). A side is ``E=F`` when its matrix equals the other's (``kv``,
-    ``layerwise``, parameter-free ``pool``); ``project: k`` / ``v`` store only E / F."""
+    ``layerwise``, parameter-free ``pool``); ``compress: keys`` / ``values`` store only E / F."""
     n_layers = len(bank.ks)
     layerwise = bank.share == "layerwise"
     layers = [max(range(n_layers), key=lambda l: bank.ks[l])] if layerwise else range(n_layers)
-    one_side = {"kv": "E=F", "k": "E", "v": "F"}[bank.project]
+    one_side = {"both": "E=F", "keys": "E", "values": "F"}[bank.compressed_side]
     out = []
     for layer in layers:
         sides = [projection_operator(bank, layer, side) for side in range(bank.sides)]

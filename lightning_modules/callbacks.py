@@ -33,6 +33,9 @@ class RunMetrics(L.Callback):
         self._t0 = 0.0
         self.curve: list[tuple[float, int, float]] = []  # (seconds, tokens, val ppl)
         self.validated_at = -1  # global step of the latest validation during fit
+        # Whether fit ran in this process: under ddp_spawn / ddp_fork it runs in worker processes, which have
+        # copies of this callback, and only the weights and the last metrics come back.
+        self.fit_here = False
 
     def state_dict(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "train_seconds": self.train_seconds, "curve": self.curve,
@@ -42,6 +45,9 @@ class RunMetrics(L.Callback):
         self.tokens, self.train_seconds = state["tokens"], state["train_seconds"]
         self.curve = [tuple(c) for c in state["curve"]]
         self.validated_at = state.get("validated_at", -1)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.fit_here = True
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:

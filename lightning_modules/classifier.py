@@ -20,7 +20,7 @@ validations), loading is refused rather than silently starting from older weight
 
 Metrics: ``val/`` and ``test/`` loss, accuracy and F1 (torchmetrics; binary tasks: F1 of class 1, GLUE's
 convention for QQP; more classes: macro F1); ``hp/val_loss`` and ``hp/val_accuracy`` for the HPARAMS tab.
-``experiments.train`` keeps the checkpoint of the best ``val/accuracy`` (``checkpoint_monitor``) as
+``training.train`` keeps the checkpoint of the best ``val/accuracy`` (``checkpoint_monitor``) as
 ``checkpoints/best.ckpt`` and evaluates it on the test split.
 """
 
@@ -38,14 +38,16 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import BinaryF1Score, MulticlassAccuracy, MulticlassF1Score
 
-from experiments.config import ConfigError, flatten, layer_ks
-from experiments.resume import read_checkpoint
-from experiments.rundir import CHECKPOINT
-from lightning_modules.encoder import TransformerEncoder, count_parameters, model_config
+from foundation.checkpoint import read_checkpoint
+from foundation.configfile import flatten
+from foundation.errors import ConfigError
+from foundation.rundir import init_from_checkpoint
+from lightning_modules.config import layer_ks, model_config
+from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.optim import build_optimizer
 
 # Model settings that no weight depends on: they may differ between pretraining and fine-tuning.
-WEIGHT_FREE_KEYS = {"dropout", "attention.dropout", "attention.path", "attention.init", "attention.delta"}
+WEIGHT_FREE_KEYS = {"dropout", "attention.dropout", "attention.order", "attention.init", "attention.delta"}
 
 
 class ClassificationHead(nn.Module):
@@ -63,12 +65,12 @@ class SequenceClassifierModule(L.LightningModule):
     """Encoder + mean pooling + head, trained on ``batch = {input_ids, attention_mask, labels (B,)}``.
 
     Args:
-        config: the whole run config as a plain dict (``experiments.config.to_container``).
+        config: the whole run config as a plain dict (``foundation.configfile.to_container``).
         vocab_size: size of the tokenizer's vocabulary.
         num_labels: number of classes C.
     """
 
-    checkpoint_monitor = ("val/accuracy", "max")  # experiments.train keeps the best checkpoint and tests it
+    checkpoint_monitor = ("val/accuracy", "max")  # training.train keeps the best checkpoint and tests it
     hp_metrics = ("hp/val_loss", "hp/val_accuracy")
 
     def __init__(self, config: dict, vocab_size: int, num_labels: int) -> None:
@@ -132,16 +134,6 @@ class SequenceClassifierModule(L.LightningModule):
 
 
 # ------------------------------------------------------------------------------------- init_from
-def checkpoint_path(init_from: str) -> Path:
-    """The checkpoint ``init_from`` names: ``<run dir>/checkpoints/last.ckpt`` or the file itself."""
-    path = Path(init_from)
-    ckpt = path / CHECKPOINT if path.is_dir() else path
-    if not ckpt.is_file():
-        raise ConfigError(f"init_from: no checkpoint at {str(ckpt)!r} (give a run directory holding "
-                          f"{CHECKPOINT} or a .ckpt file)")
-    return ckpt
-
-
 def architecture(model_cfg: Any) -> dict[str, Any]:
     """The model settings that weights depend on, flat (``attention.k`` as the k of every layer)."""
     model = model_config(model_cfg)
@@ -156,7 +148,7 @@ def architecture(model_cfg: Any) -> dict[str, Any]:
 
 def load_encoder(encoder: TransformerEncoder, init_from: str, model_cfg: Any, vocab_size: int) -> None:
     """Copy a pretraining checkpoint's encoder weights into ``encoder`` after checking it is the same model."""
-    ckpt = checkpoint_path(init_from)
+    ckpt = init_from_checkpoint(init_from)
     try:
         state = read_checkpoint(ckpt)  # weights_only=True
     except ConfigError as err:

@@ -1,12 +1,13 @@
-"""A Transformer encoder with pluggable self-attention (full or Linformer).
+"""A Transformer encoder with pluggable self-attention (any registered attention kind).
 
 Token + learned position embeddings, L blocks, then (pre-LN) a final LayerNorm. A block is
 
 * ``pre``  (default): x ← x + Attn(LN(x));  x ← x + FFN(LN(x))   — trains without LR tricks;
 * ``post`` (BERT/RoBERTa, the paper's setting): x ← LN(x + Attn(x));  x ← LN(x + FFN(x)).
 
-FFN(x) = W₂ GELU(W₁ x + b₁) + b₂ with W₁ ∈ R^{d_ff×d}. All Linformer projections of the model live
-in one :class:`ProjectionBank` registered here once, whatever the sharing mode or variant.
+FFN(x) = W₂ GELU(W₁ x + b₁) + b₂ with W₁ ∈ R^{d_ff×d}. What a kind shares across layers (Linformer: all
+projections of the model in one :class:`~lightning_modules.projections.ProjectionBank`, whatever the sharing mode
+or variant) is built once and registered here as ``bank``.
 
 Incremental decoding (causal attention only), for generation and for timing the causal variants::
 
@@ -16,6 +17,7 @@ Incremental decoding (causal attention only), for generation and for timing the 
 
 ``hidden_t`` equals ``encoder(input_ids)[:, t]`` (eval mode). Each layer keeps its own state
 (:meth:`SelfAttention.init_state`): a fixed-size one for causal Linformer, a KV cache for full attention.
+The model's config is checked (:func:`~lightning_modules.config.check_model`) before anything is built.
 """
 
 from __future__ import annotations
@@ -23,17 +25,10 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor, nn
 
-from experiments.config import ModelConfig, layer_ks
-from lightning_modules.attention import SelfAttention
-from lightning_modules.projections import ProjectionBank
-
-
-def model_config(cfg: Any) -> Any:
-    """A validated, attribute-accessible ModelConfig from a dict, DictConfig or dataclass."""
-    return OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg)
+from lightning_modules.attention import SelfAttention, attention_class
+from lightning_modules.config import check_model, model_config
 
 
 class Block(nn.Module):
@@ -66,20 +61,15 @@ class TransformerEncoder(nn.Module):
     def __init__(self, cfg: Any, vocab_size: int) -> None:
         super().__init__()
         cfg = model_config(cfg)
-        att = cfg.attention
+        check_model(cfg)
         self.max_len, self.vocab_size = cfg.max_len, vocab_size
         self.tok = nn.Embedding(vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.bank = None
-        if att.kind == "linformer":
-            self.bank = ProjectionBank(layer_ks(cfg), cfg.max_len, cfg.n_heads, att.share,
-                                       att.projection, att.init, att.delta, project=att.project,
-                                       causal=att.causal, d_head=cfg.d_model // cfg.n_heads)
+        attention = attention_class(cfg)
+        self.bank = attention.shared(cfg)  # None, or one module every layer shares (registered here, once)
         self.blocks = nn.ModuleList(
-            Block(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.norm,
-                  SelfAttention(cfg.d_model, cfg.n_heads, att.kind, att.causal, i, self.bank,
-                                att.path, att.dropout))
+            Block(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.norm, attention(cfg, i, self.bank))
             for i in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.apply(_init_weights)

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
-from lightning_modules.encoder import TransformerEncoder, count_parameters, model_config
+from lightning_modules.config import model_config
+from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.optim import build_optimizer
 
 
@@ -37,7 +38,7 @@ class TokenPredictionModule(L.LightningModule):
     """Encoder + LM head trained on ``batch = {input_ids, labels, attention_mask}``.
 
     Args:
-        config: the whole run config as a plain dict (``experiments.config.to_container``).
+        config: the whole run config as a plain dict (``foundation.configfile.to_container``).
         vocab_size: size of the tokenizer's vocabulary.
     """
 

@@ -4,7 +4,8 @@ A :class:`ProjectionBank` owns every distinct projection of a model and applies 
 ``max_len``, T ≤ n the input length, k_l the projected length of layer l, h heads of width d_h, G ∈
 {1, h} distinct matrices per layer and side, S ∈ {1, 2} sides (2: E ≠ F).
 
-Kinds (``projection``), all producing slots s_j from the rows x_t of a (T, C) sequence:
+Kinds (``projection``), each a registered :class:`ProjectionKind` (:func:`register_projection`), all producing
+slots s_j from the rows x_t of a (T, C) sequence:
 
 * ``learned`` / ``random`` (dense, Eq. 7): s_j = Σ_t E_jt x_t with E ∈ R^{k×n} cut to its first T
   columns. ``random`` draws E exactly like ``learned`` (same ``init``, same RNG calls) and freezes it
@@ -22,7 +23,7 @@ Padding: rows of x at padded positions are zeroed before any compression, so a p
 nothing to any slot. Windowed kinds can produce a slot whose window holds no real token;
 :meth:`ProjectionBank.nonempty_slots` reports them so attention can mask them out of the softmax.
 
-Causal variant (``causal=True``, blockwise, see ``attention.py``): every kind compresses only within
+Causal variant (``causal=True``, blockwise, see ``attention/linformer_causal.py``): every kind compresses only within
 blocks of w = ⌈n/k⌉ tokens; a dense E becomes block-diagonal, stored as per-slot weights
 e_j ∈ R^w: s_j = Σ_r e_{j,r} x_{jw+r}. The last block is never compressed (no query comes after it),
 so a dense causal matrix holds (⌈n/w⌉ − 1)·w ≈ n parameters instead of k·n.
@@ -42,7 +43,7 @@ share                 distinct matrices                          parameters (uni
 For ``conv`` the same modes mean: ``none`` a different kernel per channel of every head and side
 (c ∈ R^{d×w} per layer and side), ``headwise`` one kernel bank c ∈ R^{d_h×w} per layer and side
 shared by the heads, ``kv`` the same for keys and values, ``layerwise`` one c ∈ R^{d_h×w} for all.
-``project: k | v`` compresses one side only, so only E is stored (S = 1, counts halve).
+``compress: keys | values`` compresses one side only, so only E is stored (S = 1, counts halve).
 
 Nonuniform k (one k_l per layer) works with every mode; under ``layerwise`` layer l uses the first
 k_l rows of the single k_max × n matrix (count n·k_max). Blockwise kinds have one window per matrix,
@@ -58,7 +59,7 @@ positions a slot sums (n dense, w windowed):
 * ``theorem2``: R ~ N(0, 1/k), E = δR and F = e^{−δ}R, the scaling in the proof of Theorem 2
   (needs two stored sides).
 
-Lifting back (``project: k | v``, :meth:`ProjectionBank.lift`): P x with P = E_m⁺E_m the orthogonal
+Lifting back (``compress: keys | values``, :meth:`ProjectionBank.lift`): P x with P = E_m⁺E_m the orthogonal
 projector onto the row space of E restricted to the real positions (E_m = E diag(m)).
 """
 
@@ -76,6 +77,76 @@ def _draw(shape: tuple[int, ...], init: str, fan_in: int, k: int) -> Tensor:
         bound = 1.0 / math.sqrt(fan_in)
         return torch.empty(shape).uniform_(-bound, bound)
     return torch.randn(shape) / math.sqrt(k)  # jl, and R of theorem2
+
+
+class ProjectionKind:
+    """How a projection kind stores and draws its weights; the bank does the rest (sharing, padding, causal).
+
+    Flags: ``windowed`` (compresses windows of w = ⌈n/k⌉ rows instead of a dense k × n E), ``per_channel``
+    (weights differ per channel, so E does not commute with W_k), ``parametric`` (holds weights at all) and
+    ``trainable`` (parameters; otherwise frozen buffers, saved in checkpoints and never redrawn).
+    """
+
+    name = ""
+    windowed = False
+    per_channel = False
+    parametric = True
+    trainable = True
+
+    def draw(self, shape: tuple[int, ...], init: str, fan_in: int, k: int) -> Tensor:
+        """Initial weights of ``shape`` (dense (S, G, k, n); causal (S, G, slots, w, 1); per-channel
+        (S, G, 1, w, d_h)); ``fan_in`` positions per slot, ``k`` slots."""
+        return _draw(shape, init, fan_in, k)
+
+    def fixed_block(self, window: int, like: Tensor) -> Tensor:
+        """Block weights of a kind without parameters, (1, 1, w, 1)."""
+        raise NotImplementedError
+
+
+PROJECTION_KINDS: dict[str, ProjectionKind] = {}
+
+
+def register_projection(name: str):
+    """Class decorator: make a :class:`ProjectionKind` subclass the projection kind ``name``
+    (``model.attention.projection: name``)."""
+
+    def register(cls: type[ProjectionKind]) -> type[ProjectionKind]:
+        cls.name = name
+        PROJECTION_KINDS[name] = cls()
+        return cls
+
+    return register
+
+
+@register_projection("learned")
+class Learned(ProjectionKind):
+    """Dense E ∈ R^{k×n}, trained (Eq. 7)."""
+
+
+@register_projection("random")
+class Random(ProjectionKind):
+    """Dense E drawn exactly like ``learned`` (same init, same RNG calls), frozen as a buffer."""
+
+    trainable = False
+
+
+@register_projection("conv")
+class Conv(ProjectionKind):
+    """Depthwise convolution along the sequence, kernel = stride = w, per-channel weights c ∈ R^{C×w}."""
+
+    windowed = True
+    per_channel = True
+
+
+@register_projection("pool")
+class Pool(ProjectionKind):
+    """Mean over windows of w rows with the fixed divisor w; no parameters."""
+
+    windowed = True
+    parametric = False
+
+    def fixed_block(self, window: int, like: Tensor) -> Tensor:
+        return like.new_full((1, 1, window, 1), 1.0 / window)
 
 
 def blocks(x: Tensor, w: int) -> Tensor:
@@ -102,36 +173,33 @@ class ProjectionBank(nn.Module):
         max_len: n, the longest sequence; shorter inputs use the first T columns / windows.
         n_heads: h.
         share: none | headwise | kv | layerwise.
-        projection: learned (parameters) | random (frozen buffers) | conv | pool.
+        projection: a registered projection kind (learned, random, conv, pool, ...).
         init: jl | uniform | theorem2; delta is δ of theorem2.
-        project: kv (Eq. 7) | k | v (one side only: a single stored side).
-        causal: blockwise, block-diagonal storage (see ``attention.py``).
+        compress: both (Eq. 7) | keys | values (one side only: a single stored side).
+        causal: blockwise, block-diagonal storage (see ``attention/linformer_causal.py``).
         d_head: d_h, the channels of a conv kernel bank (needed for conv only).
     """
 
     def __init__(self, ks: Sequence[int], max_len: int, n_heads: int, share: str = "none",
-                 projection: str = "learned", init: str = "jl", delta: float = 1.0, project: str = "kv",
+                 projection: str = "learned", init: str = "jl", delta: float = 1.0, compress: str = "both",
                  causal: bool = False, d_head: Optional[int] = None) -> None:
         super().__init__()
         self.ks, self.max_len, self.share = list(ks), max_len, share
-        self.projection, self.project, self.causal = projection, project, causal
-        self.blockwise = causal or projection in ("conv", "pool")
+        self.projection, self.compressed_side, self.causal = projection, compress, causal
+        self.kind = kind = PROJECTION_KINDS[projection]
+        self.windowed = causal or kind.windowed  # compresses windows of w rows, not a dense k × n E
         self.windows = [math.ceil(max_len / k) for k in self.ks]
-        self.sides = 2 if share in ("none", "headwise") and project == "kv" else 1
+        self.sides = 2 if share in ("none", "headwise") and compress == "both" else 1
         self.groups = n_heads if share == "none" else 1
-        if projection == "conv" and d_head is None:
-            raise ValueError("a conv projection needs d_head (its channels)")
-        if init == "theorem2" and self.sides != 2 and projection != "pool":
-            raise ValueError("init 'theorem2' needs distinct E and F (share none or headwise, project kv)")
-        if share == "layerwise" and self.blockwise and projection != "pool" and len(set(self.ks)) > 1:
-            raise ValueError("layerwise sharing of a windowed projection needs the same k in every layer")
-        if projection == "pool":
+        if kind.per_channel and d_head is None:
+            raise ValueError(f"a {projection} projection needs d_head (its channels)")
+        if not kind.parametric:
             return
         layers = [0] if share == "layerwise" else range(len(self.ks))
         for i in layers:
             k = max(self.ks) if share == "layerwise" else self.ks[i]
             w = self.windows[i]
-            if projection == "conv":
+            if kind.per_channel:
                 shape, fan_in = (self.sides, self.groups, 1, w, d_head), w
             elif causal:
                 shape, fan_in = (self.sides, self.groups, self.slots(i), w, 1), w
@@ -139,13 +207,13 @@ class ProjectionBank(nn.Module):
                 shape, fan_in = (self.sides, self.groups, k, max_len), max_len
             if init == "theorem2":  # one R for both sides: E = δR, F = e^{-δ}R
                 scale = torch.tensor([delta, math.exp(-delta)]).view(2, *[1] * (len(shape) - 1))
-                weight = _draw((1, *shape[1:]), init, fan_in, k) * scale
+                weight = kind.draw((1, *shape[1:]), init, fan_in, k) * scale
             else:
-                weight = _draw(shape, init, fan_in, k)
-            if projection == "random":
-                self.register_buffer(f"weight_{i}", weight)
-            else:
+                weight = kind.draw(shape, init, fan_in, k)
+            if kind.trainable:
                 self.register_parameter(f"weight_{i}", nn.Parameter(weight))
+            else:
+                self.register_buffer(f"weight_{i}", weight)
 
     # ------------------------------------------------------------------------------ geometry
     def window(self, layer: int) -> int:
@@ -154,7 +222,7 @@ class ProjectionBank(nn.Module):
 
     def slots(self, layer: int) -> int:
         """Slots at full length: k_l (dense), ⌈n/w_l⌉ (windowed), ⌈n/w_l⌉ − 1 (causal)."""
-        if not self.blockwise:
+        if not self.windowed:
             return self.ks[layer]
         return math.ceil(self.max_len / self.windows[layer]) - (1 if self.causal else 0)
 
@@ -163,7 +231,7 @@ class ProjectionBank(nn.Module):
 
     def matrices(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
         """Dense (E, F) of a layer for a length-T input, each (G, k_l, T); F is E when shared."""
-        if self.blockwise:
+        if self.windowed:
             raise ValueError(f"{'causal' if self.causal else self.projection} projections are windowed: "
                              "use block_weights(), not matrices()")
         w = self._stored(layer)
@@ -174,8 +242,8 @@ class ProjectionBank(nn.Module):
 
     def block_weights(self, layer: int, side: int, like: Tensor) -> Tensor:
         """Windowed weights of one side, (G, S', w, C') with S' ∈ {1, slots} and C' ∈ {1, d_h}."""
-        if self.projection == "pool":
-            return like.new_full((1, 1, self.windows[layer], 1), 1.0 / self.windows[layer])
+        if not self.kind.parametric:
+            return self.kind.fixed_block(self.windows[layer], like)
         return self._stored(layer)[min(side, self.sides - 1)]
 
     # ------------------------------------------------------------------------------ operators
@@ -188,7 +256,7 @@ class ProjectionBank(nn.Module):
         """
         if mask is not None:
             x = x * mask[:, None, :, None].to(x.dtype)
-        if not self.blockwise:
+        if not self.windowed:
             e = self.matrices(layer, x.shape[-2])[min(side, 1)]            # (G, k, T)
             return e.unsqueeze(0) @ x
         xb = blocks(x, self.windows[layer])                                # (B, H, k', w, C)
@@ -203,7 +271,7 @@ class ProjectionBank(nn.Module):
     def nonempty_slots(self, layer: int, mask: Optional[Tensor]) -> Optional[Tensor]:
         """(B, T) real-token mask → (B, ⌈T/w⌉) True where a window holds a real token (windowed
         kinds); None when every slot is non-empty (dense E, or no padding)."""
-        if mask is None or not self.blockwise:
+        if mask is None or not self.windowed:
             return None
         return blocks(mask[..., None], self.windows[layer]).any(-2)[..., 0]
 
@@ -224,7 +292,7 @@ class ProjectionBank(nn.Module):
         t = x.shape[-2]
         m = (torch.ones(1, t, device=x.device) if mask is None else mask.float())   # (B', T)
         x = x * m[:, None, :, None].to(x.dtype)
-        if self.blockwise:
+        if self.windowed:
             c = self.block_weights(layer, side, x) * blocks(m[:, None, :, None], self.windows[layer])
             xb = blocks(x, self.windows[layer])                            # (B, H, k', w, C)
             norm = (c * c).sum(-2, keepdim=True)                           # (B', G, k', 1, C')

@@ -33,9 +33,8 @@ from typing import Any, Callable, Optional
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from experiments.config import ConfigError
-from sweeps import stats
-from sweeps import storage as S
+from foundation.errors import ConfigError
+from sweeps import stats, storage
 from sweeps.study import CONTROL_PARAM, Study, load_study
 from sweeps.sweep import check_objective
 
@@ -67,7 +66,7 @@ def control_label(study: Study, role: str) -> str:
 
 def rows_of(study: Study, trials: list[FrozenTrial]) -> list[Row]:
     """Trials that count (retried and discarded ones left out), with their arm and replicate."""
-    excluded = S.excluded_numbers(trials)
+    excluded = storage.excluded_numbers(trials)
     rows = []
     for t in trials:
         if t.number in excluded or t.state in (TrialState.WAITING, TrialState.RUNNING):
@@ -212,14 +211,14 @@ def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows
     counts = {s: sum(r.trial.state == s for r in rows)
               for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
     advice = "add seeds or training steps" if study.preset == "gpu" else "run the GPU preset"
-    retried = sorted(S.retried_numbers(ostudy.get_trials(deepcopy=False)))
+    retried = sorted(storage.retried_numbers(ostudy.get_trials(deepcopy=False)))
     lines = [f"# Study {study.name}", "",
              f"- study file: `{study.path}`" + (f", preset `{study.preset}`" if study.preset else ""),
-             f"- storage: `{S.storage_display(study, url)}`",
+             f"- storage: `{storage.storage_display(study, url)}`",
              f"- trials: {len(rows)} finished of {study.n_trials if study.n_trials is not None else 'an open budget'} "
              f"({', '.join(f'{v} {s.name.lower()}' for s, v in counts.items())})",
              *([f"- control: {len(control_rows)} finished of {study.control.n_trials} "
-                f"(study `{study.control.name}`, storage `{S.storage_display(study.control, url)}`)"]
+                f"(study `{study.control.name}`, storage `{storage.storage_display(study.control, url)}`)"]
                if study.control is not None else []),
              "- objective: " + ", ".join(f"{m} ({d})" for m, d in zip(study.metrics, study.directions)),
              *([f"- retried with the same params after their worker died or was interrupted: trials "
@@ -336,13 +335,13 @@ def write_plots(study: Study, ostudy: optuna.Study, rows: list[Row], out: Path) 
 
 # --------------------------------------------------------------------------------------- command
 def load(study: Study, url: Optional[str]) -> optuna.Study:
-    if url is None and not (study.root / S.JOURNAL).is_file():
-        raise ConfigError(f"{study.root / S.JOURNAL}: no study journal here; "
+    if url is None and not (study.root / storage.JOURNAL).is_file():
+        raise ConfigError(f"{study.root / storage.JOURNAL}: no study journal here; "
                           f"run `linformer-lab sweep {study.path}` first")
     try:
-        ostudy = optuna.load_study(study_name=study.name, storage=S.open_storage(study, url))
+        ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, url))
     except KeyError:
-        raise ConfigError(f"study {study.name}: not in {S.storage_display(study, url)}; run the sweep first") from None
+        raise ConfigError(f"study {study.name}: not in {storage.storage_display(study, url)}; run the sweep first") from None
     check_objective(study, ostudy, url)
     return ostudy
 

@@ -1,18 +1,18 @@
-"""Where a study lives, how stale trials are found, and how the trial budget is counted.
+"""Where a study lives, how trials of dead workers are found, and how the trial budget is counted.
 
 Default storage: Optuna's ``JournalStorage`` on ``<output_dir>/<study>/journal.log`` (a file; several
 worker processes on one machine append to it safely; no server). Any Optuna RDB URL
 (``postgresql+psycopg2://…``, ``mysql://…``) is accepted for workers on several machines; SQLite is refused for
 parallel workers.
 
-Stale trials. A worker killed mid-trial (SIGKILL, power loss) leaves a RUNNING trial behind. RDB
-storages detect it with Optuna's heartbeat (``heartbeat_interval`` / ``grace_period``);
-:class:`HeartbeatJournalStorage` gives the journal the same interface, with a heartbeat file per trial
-(``heartbeats/<trial_id>``: host and pid, refreshed every ``HEARTBEAT_S``): a trial is stale when its
-process is gone from this host, or its file is older than ``GRACE_S``. Optuna's
-``fail_stale_trials`` then fails it and ``RetryHeartbeatStaleTrialCallback`` enqueues a copy with the
-same params (grid points included), which the next free worker runs, continuing from the dead attempt's
-last checkpoint (:func:`sweeps.objective.continue_attempt`).
+Stale trials. A worker killed mid-trial (SIGKILL, power loss) leaves a RUNNING trial behind. RDB storages
+detect it with Optuna's own heartbeat (``heartbeat_interval`` / ``grace_period``). A journal gets the same
+from :func:`beating`, a thread that refreshes ``heartbeats/<trial number>`` (host and pid) every ``HEARTBEAT_S``
+while the trial runs: a trial is stale when its process is gone from this host, or its file is older than
+``GRACE_S`` (or it has none and started longer ago than that). :func:`fail_stale_trials` fails stale trials and
+enqueues a copy of each with the same params (``RetryHeartbeatStaleTrialCallback``, grid points included),
+which the next free worker runs, continuing from the dead attempt's last checkpoint
+(:func:`sweeps.trials.continue_dead_attempt`). Only public Optuna API is used.
 
 Budget. ``n_trials`` counts finished trials (complete, pruned, failed), except failed trials that were
 retried (their copy counts instead) and trials discarded because concurrent workers had already
@@ -21,23 +21,25 @@ started the last one (see :func:`budget_position`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
 import time
 import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Iterator, Optional
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
-from experiments.config import ConfigError
-from experiments.redact import redact
+from foundation.errors import ConfigError
+from foundation.redact import redact
 from sweeps.study import Study
 
 # Seconds between a running trial's heartbeats, and of silence after which it is stale (settable for networks
@@ -63,53 +65,71 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
-    """A file journal with Optuna's heartbeat interface (which Optuna implements for RDB only)."""
+def _heartbeat_file(study: Study, number: int) -> Path:
+    return study.root / "heartbeats" / str(number)
 
-    def __init__(self, path: Path, callback: Optional[Callable] = None,
-                 heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        super().__init__(JournalFileBackend(str(path)))
-        self._beats = path.parent / "heartbeats"
-        self._beats.mkdir(exist_ok=True)
-        self._callback, self._interval, self._grace = callback, heartbeat_s, grace_s
 
-    def record_heartbeat(self, trial_id: int) -> None:
-        tmp = self._beats / f".{trial_id}.{os.getpid()}"
-        tmp.write_text(f"{socket.gethostname()} {os.getpid()}\n")
-        os.replace(tmp, self._beats / str(trial_id))
+def record_heartbeat(study: Study, number: int) -> None:
+    """Write ``heartbeats/<number>``: this host and pid, now."""
+    path = _heartbeat_file(study, number)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{number}.{os.getpid()}"
+    tmp.write_text(f"{socket.gethostname()} {os.getpid()}\n")
+    os.replace(tmp, path)
 
-    def heartbeat_owner(self, trial_id: int) -> Optional[tuple[str, int]]:
-        """(host, pid) of the process running a trial, from its heartbeat file."""
-        try:
-            host, pid = (self._beats / str(trial_id)).read_text().split()
-        except (OSError, ValueError):
-            return None
-        return host, int(pid)
 
-    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
-        now, host = time.time(), socket.gethostname()
-        stale = []
-        for trial in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-            beat = self._beats / str(trial._trial_id)
-            owner = self.heartbeat_owner(trial._trial_id)
-            if owner is None:  # no beat yet: the trial has just started, unless it started long ago
-                started = trial.datetime_start or datetime.now(timezone.utc)
-                if now - started.timestamp() > self._grace:
-                    stale.append(trial._trial_id)
-            elif (owner[0] == host and not _pid_alive(owner[1])) or now - beat.stat().st_mtime > self._grace:
-                stale.append(trial._trial_id)
-        return stale
+def heartbeat_owner(study: Study, number: int) -> Optional[tuple[str, int]]:
+    """(host, pid) of the process running trial ``number`` of a journal study, from its heartbeat file."""
+    try:
+        host, pid = _heartbeat_file(study, number).read_text().split()
+    except (OSError, ValueError):
+        return None
+    return host, int(pid)
 
-    def get_heartbeat_interval(self) -> int:
-        return self._interval
 
-    def get_heartbeat_stale_trial_callback(self) -> Optional[Callable]:
-        return self._callback
+@contextlib.contextmanager
+def beating(study: Study, number: int, url: Optional[str], interval_s: float = HEARTBEAT_S) -> Iterator[None]:
+    """While the body runs, a journal study's trial ``number`` has a fresh heartbeat file (RDB storages beat
+    through Optuna itself)."""
+    if url is not None:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            record_heartbeat(study, number)
+            if stop.wait(interval_s):
+                return
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{number}", daemon=True)
+    record_heartbeat(study, number)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _stale_journal_trials(ostudy: optuna.Study, study: Study, grace_s: float) -> list[FrozenTrial]:
+    now, host = time.time(), socket.gethostname()
+    stale = []
+    for trial in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = heartbeat_owner(study, trial.number)
+        if owner is None:  # no beat yet: the trial has just started, unless it started long ago
+            started = trial.datetime_start or datetime.now(timezone.utc)
+            if now - started.timestamp() > grace_s:
+                stale.append(trial)
+        elif ((owner[0] == host and not _pid_alive(owner[1]))
+              or now - _heartbeat_file(study, trial.number).stat().st_mtime > grace_s):
+            stale.append(trial)
+    return stale
 
 
 def open_storage(study: Study, url: Optional[str], workers: int = 1) -> BaseStorage:
-    """The study's storage: the journal file by default, else an Optuna RDB URL, both with heartbeats."""
+    """The study's storage: the journal file by default (heartbeats by :func:`beating`), else an Optuna RDB URL
+    (with Optuna's heartbeats)."""
     if url is not None and url.startswith("sqlite") and workers > 1:
         raise ConfigError(f"--storage {redact(url)}: SQLite cannot take parallel workers; use the default journal "
                           "file (no --storage) or a PostgreSQL/MySQL URL")
@@ -117,7 +137,8 @@ def open_storage(study: Study, url: Optional[str], workers: int = 1) -> BaseStor
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
         if url is None:
-            return HeartbeatJournalStorage(study.root / JOURNAL, callback=retry)
+            (study.root / JOURNAL).parent.mkdir(parents=True, exist_ok=True)
+            return JournalStorage(JournalFileBackend(str(study.root / JOURNAL)))
         try:
             return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
                               heartbeat_stale_trial_callback=retry)
@@ -135,10 +156,21 @@ def storage_display(study: Study, url: Optional[str]) -> str:
     return redact(url) if url is not None else str(study.root / JOURNAL)
 
 
-def fail_stale_trials(ostudy: optuna.Study) -> None:
+def fail_stale_trials(ostudy: optuna.Study, study: Study, url: Optional[str], grace_s: float = GRACE_S) -> None:
+    """Fail the trials whose worker died and enqueue a retry of each (same params), at most ``MAX_RETRIES``
+    times per trial."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(ostudy)
+        if url is not None:
+            optuna.storages.fail_stale_trials(ostudy)
+            return
+        retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
+        for trial in _stale_journal_trials(ostudy, study, grace_s):
+            try:  # another worker may fail it first: only the one whose tell succeeds retries it
+                ostudy.tell(trial.number, state=TrialState.FAIL)
+            except (RuntimeError, UpdateFinishedTrialError):
+                continue
+            retry(ostudy, next(t for t in ostudy.get_trials(deepcopy=False) if t.number == trial.number))
 
 
 # --------------------------------------------------------------------------------------- budget

@@ -35,8 +35,9 @@ from typing import Any, Dict, List, Literal, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from experiments import config as C
-from experiments.config import ConfigError
+from foundation.configfile import merge, read_yaml
+from foundation.errors import ConfigError
+from training import config as run_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SWEEPS_DIR = Path(__file__).resolve().parent
@@ -274,13 +275,13 @@ class Study:
         when = self.spec.space[name].when
         if not when:
             return True
-        flat = C.flatten(OmegaConf.to_container(OmegaConf.merge(self.shared, _nested(self.param_overrides(params)))))
+        flat = run_config.flatten(OmegaConf.to_container(OmegaConf.merge(self.shared, _nested(self.param_overrides(params)))))
         return all(flat.get(key) == value for key, value in when.items())
 
     def config(self, params: dict, run: Optional[dict] = None) -> DictConfig:
         """The checked RunConfig of a trial: base < overrides < params < ``run`` (run_dir, experiment)."""
-        cfg = C.merge(self.shared, [_nested(self.param_overrides(params)), _nested(run or {})])
-        C.check(cfg)
+        cfg = run_config.merge_run([self.shared, _nested(self.param_overrides(params)), _nested(run or {})])
+        run_config.check(cfg)
         check_trial_devices(cfg)
         return cfg
 
@@ -333,7 +334,7 @@ def load_study(path: str | Path, preset: Optional[str] = None, n_trials: Optiona
     prefixed with the file) on any problem, including a trial config that would not validate.
     """
     path = Path(path)
-    raw = C._read_yaml(path)
+    raw = read_yaml(path)
     presets = raw.get("presets") or {}
     if not isinstance(presets, dict) or not all(isinstance(v, dict) for v in presets.values()):
         raise ConfigError(f"{path}: presets: must map preset names to partial studies")
@@ -348,7 +349,7 @@ def load_study(path: str | Path, preset: Optional[str] = None, n_trials: Optiona
         layers = [raw] + ([presets[preset]] if preset else [])
         command_line = {"n_trials": n_trials, "timeout_s": timeout_s}
         layers.append({"budget": {k: v for k, v in command_line.items() if v is not None}})
-        spec = C.merge(StudySpec, layers)
+        spec = merge(StudySpec, layers)
         study = _validate(path, preset, spec)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
@@ -362,7 +363,7 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig) -> Study:
         raise ConfigError("base: the experiment YAML every trial starts from is required")
     base_path = _resolve_base(path, spec.base)
     try:
-        base = C.to_container(C.load(base_path))
+        base = run_config.to_container(run_config.load(base_path))
     except ConfigError as err:
         raise ConfigError(f"base {spec.base}: {err}") from None
     if not 1 <= len(spec.objective) <= 2:
@@ -372,7 +373,7 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig) -> Study:
     if len(spec.objective) == 2 and spec.pruner.kind != "none":
         raise ConfigError(f"pruner.kind={spec.pruner.kind}: Optuna cannot prune multi-objective studies; "
                           "set pruner.kind: none or keep one objective")
-    flat_keys = set(C.flatten(base))
+    flat_keys = set(run_config.flatten(base))
     if spec.control is not None and CONTROL_PARAM in spec.space:
         raise ConfigError(f"space.{CONTROL_PARAM}: the name is taken by the study's control arms; rename the param")
     for name, p in spec.space.items():
@@ -391,7 +392,7 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig) -> Study:
         if b[key] is not None and b[key] <= 0:
             raise ConfigError(f"budget.{key}: must be > 0, got {b[key]}")
     try:
-        shared = C.merge(C.RunConfig, [base, _nested(dict(spec.overrides))])
+        shared = run_config.merge_run([base, _nested(dict(spec.overrides))])
         study = Study(path=path, preset=preset, spec=spec, base_path=base_path, base=base, shared=shared)
         study.config({})
     except ConfigError as err:

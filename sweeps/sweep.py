@@ -22,8 +22,8 @@ from typing import Optional
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from experiments.config import ConfigError
-from sweeps import storage as S
+from foundation.errors import ConfigError
+from sweeps import storage
 from sweeps.study import Study, load_study
 
 POLL_S = 1.0
@@ -51,8 +51,8 @@ def make_pruner(study: Study) -> optuna.pruners.BasePruner:
 def open_study(study: Study, url: Optional[str], workers: int = 1) -> optuna.Study:
     """Create the study, or load it: then its stored objective must be the file's (Optuna would silently
     keep the stored directions, and a changed metric would mix two objectives in one study)."""
-    storage = S.open_storage(study, url, workers)
-    ostudy = optuna.create_study(study_name=study.name, storage=storage, pruner=make_pruner(study),
+    opened = storage.open_storage(study, url, workers)
+    ostudy = optuna.create_study(study_name=study.name, storage=opened, pruner=make_pruner(study),
                                  sampler=make_sampler(study, study.spec.sampler.seed),
                                  directions=study.directions, load_if_exists=True)
     if "objective" not in ostudy.user_attrs:
@@ -68,7 +68,7 @@ def objective_of(study: Study) -> list[str]:
 def check_objective(study: Study, ostudy: optuna.Study, url: Optional[str]) -> None:
     stored = ostudy.user_attrs.get("objective")
     if stored is not None and stored != objective_of(study):
-        raise ConfigError(f"{study.path}: study {study.name} in {S.storage_display(study, url)} has objective "
+        raise ConfigError(f"{study.path}: study {study.name} in {storage.storage_display(study, url)} has objective "
                           f"{', '.join(stored)}, the file now says {', '.join(objective_of(study))}: rename the "
                           "study or delete its storage")
 
@@ -106,16 +106,16 @@ def work(study_file: str, preset: Optional[str], n_trials: Optional[int], timeou
 
 def _work_on(study: Study, url: Optional[str], workers: int, index: int, deadline: Optional[float],
              wait_for_running: bool) -> None:
-    from sweeps.objective import Objective
+    from sweeps.objective import StudyMisconfigured
+    from sweeps.trials import run_trial
 
     ostudy = open_study(study, url, workers)
     # A distinct sampler seed per worker and per resumption: identical seeds would propose identical params.
     ostudy.sampler = make_sampler(study, study.spec.sampler.seed + 1000 * len(ostudy.trials) + index)
-    objective = Objective(study)
     while True:
-        S.fail_stale_trials(ostudy)
+        storage.fail_stale_trials(ostudy, study, url)
         trials = ostudy.get_trials(deepcopy=False)
-        state = S.budget_state(trials)
+        state = storage.budget_state(trials)
         n = study.n_trials
         if (n is not None and state.finished >= n) or (deadline is not None and time.time() > deadline):
             return
@@ -128,7 +128,7 @@ def _work_on(study: Study, url: Optional[str], workers: int, index: int, deadlin
             time.sleep(POLL_S)  # a running trial may yet die and be re-enqueued
             continue
         try:
-            ostudy.optimize(objective, n_trials=1, gc_after_trial=True)
+            ostudy.optimize(lambda trial: run_trial(study, trial, url), n_trials=1, gc_after_trial=True)
         except StudyMisconfigured:
             raise
         except Exception:  # recorded on the trial (state FAIL, user attr fail_reason); the study goes on
@@ -164,7 +164,7 @@ def prepare(study: Study, url: Optional[str], workers: int) -> optuna.Study:
     ostudy = open_study(study, url, workers)
     ostudy.set_user_attr("study_file", str(study.path))
     ostudy.set_user_attr("preset", study.preset)
-    S.fail_stale_trials(ostudy)
+    storage.fail_stale_trials(ostudy, study, url)
     if study.is_grid:
         for point in study.points[: study.n_trials]:
             ostudy.enqueue_trial(point, skip_if_exists=True)
@@ -173,28 +173,28 @@ def prepare(study: Study, url: Optional[str], workers: int) -> optuna.Study:
 
 def footer(study: Study, url: Optional[str]) -> str:
     preset = f" --preset {study.preset}" if study.preset else ""
-    storage = f" --storage {S.storage_display(study, url)}" if url else ""
+    where = f" --storage {storage.storage_display(study, url)}" if url else ""
     return "\n".join([
-        f"report:      linformer-lab report {study.path}{preset}{storage}",
+        f"report:      linformer-lab report {study.path}{preset}{where}",
         f"tensorboard: tensorboard --logdir {study.root} --host {HOST}",
-        f"dashboard:   optuna-dashboard {S.storage_display(study, url)} --host {HOST}",
+        f"dashboard:   optuna-dashboard {storage.storage_display(study, url)} --host {HOST}",
     ])
 
 
 def _progress(study: Study, trials: list[FrozenTrial]) -> str:
     n = study.n_trials
-    return f"{S.budget_state(trials).finished}/{n if n is not None else '∞'}"
+    return f"{storage.budget_state(trials).finished}/{n if n is not None else '∞'}"
 
 
 def _met(study: Study, trials: list[FrozenTrial]) -> bool:
-    return study.n_trials is None or S.budget_state(trials).finished >= study.n_trials
+    return study.n_trials is None or storage.budget_state(trials).finished >= study.n_trials
 
 
 def run(study: Study, url: Optional[str], workers: int) -> int:
     ostudies = {s.name: prepare(s, url, workers) for s in study.studies}
     for s in study.studies:
         print(f"study {s.name}: {_progress(s, ostudies[s.name].trials)} trials finished; "
-              f"storage {S.storage_display(s, url)}", flush=True)
+              f"storage {storage.storage_display(s, url)}", flush=True)
     if all(_met(s, ostudies[s.name].trials) for s in study.studies):
         print("budget already met: nothing to run")
         return 0
@@ -225,7 +225,7 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
                     print(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}: see {logs}/", flush=True)
             for s in study.studies:
                 for t in ostudies[s.name].get_trials(deepcopy=False):
-                    if t.state.is_finished() and (s.name, t.number) not in seen and S.DISCARDED not in t.user_attrs:
+                    if t.state.is_finished() and (s.name, t.number) not in seen and storage.DISCARDED not in t.user_attrs:
                         seen.add((s.name, t.number))
                         print(("control " if s.parent is not None else "") + _describe(t, s), flush=True)
     except KeyboardInterrupt:
@@ -238,14 +238,14 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     met = True
     for s in study.studies:
         trials = ostudies[s.name].get_trials(deepcopy=False)
-        excluded = S.excluded_numbers(trials)
+        excluded = storage.excluded_numbers(trials)
         counts = ", ".join(f"{sum(t.state == st and t.number not in excluded for t in trials)} {st.name.lower()}"
                            for st in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
         print(f"study {s.name}: {_progress(s, trials)} trials finished ({counts}) "
               f"in {(time.time() - started) / 60:.1f} min")
         if not (_met(s, trials) or (deadline is not None and time.time() > deadline)):
             met = False
-            print(f"budget not met: {s.n_trials - S.budget_state(trials).finished} trial(s) of {s.name} missing; "
+            print(f"budget not met: {s.n_trials - storage.budget_state(trials).finished} trial(s) of {s.name} missing; "
                   f"see {logs}/, then run the same command again")
     print(footer(study, url))
     return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)

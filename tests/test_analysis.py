@@ -10,11 +10,12 @@ import torch.nn.functional as F
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from experiments import cli
-from experiments import config as C
-from lightning_modules import analysis as A
-from lightning_modules.attention import SelfAttention
+from lightning_modules import analysis
+from lightning_modules.attention import build_attention
+from lightning_modules.config import layer_ks
 from lightning_modules.encoder import TransformerEncoder
 from lightning_modules.projections import ProjectionBank
+from training import config as run_config
 
 
 def rank_r_stochastic(n: int, r: int, seed: int = 0) -> torch.Tensor:
@@ -37,28 +38,30 @@ def test_rank_r_context_matrix_has_r_nonzero_singular_values():
     assert torch.allclose(p.sum(-1), torch.ones(n, dtype=torch.float64))
     sv = torch.linalg.svdvals(p)
     assert int((sv > 1e-10 * sv[0]).sum()) == r
-    curve = A.cumulative_share(sv)
+    curve = analysis.cumulative_share(sv)
     assert curve[r - 1] == pytest.approx(1.0, abs=1e-9)
-    assert int(A.effective_rank(curve, 1.0)) == r
-    assert int(A.effective_rank(curve, 0.5)) < r
+    assert int(analysis.effective_rank(curve, 1.0)) == r
+    assert int(analysis.effective_rank(curve, 0.5)) < r
 
 
 def test_effective_rank_is_the_smallest_index_reaching_the_energy():
     n = 20
-    curve = A.cumulative_share(torch.ones(n, dtype=torch.float64))      # identity P: c_i = i / n
+    curve = analysis.cumulative_share(torch.ones(n, dtype=torch.float64))      # identity P: c_i = i / n
     assert torch.allclose(curve, torch.arange(1, n + 1, dtype=torch.float64) / n)
-    assert int(A.effective_rank(curve, 0.9)) == 18
-    assert int(A.effective_rank(curve, 0.91)) == 19
-    assert int(A.effective_rank(curve, 1.0)) == n
+    assert int(analysis.effective_rank(curve, 0.9)) == 18
+    assert int(analysis.effective_rank(curve, 0.91)) == 19
+    assert int(analysis.effective_rank(curve, 1.0)) == n
     with pytest.raises(ValueError):
-        A.effective_rank(curve, 0.0)
+        analysis.effective_rank(curve, 0.0)
 
 
 def test_suggested_k_keeps_the_energy_of_every_head():
     m = 8
-    flat = lambda r: torch.cat([torch.ones(r), torch.zeros(m - r)]).double()  # rank r, equal σ
+    def flat(r):  # rank r, equal σ
+        return torch.cat([torch.ones(r), torch.zeros(m - r)]).double()
+
     sv = torch.stack([torch.stack([flat(2), flat(6)])] * 3)                  # (N=3, h=2, m)
-    spectrum = A.Spectrum([sv, sv[:, :, :4]])
+    spectrum = analysis.Spectrum([sv, sv[:, :, :4]])
     assert spectrum.head_effective_ranks(1.0) == [[2, 6], [2, 4]]
     assert spectrum.suggested_ks(1.0) == [6, 4]
     # The layer curve averages heads: at index 2 it is (1 + 2/6) / 2.
@@ -67,11 +70,11 @@ def test_suggested_k_keeps_the_energy_of_every_head():
 
 
 def test_heatmap_reads_each_layer_at_its_k_or_half_a_compressed_spectrum():
-    cfg = C.load(None, ["model.n_layers=2", "model.attention.k=[8,4]", "model.max_len=32"]).model
-    full = A.Spectrum([torch.ones(1, 1, 32).double()] * 2)
-    compressed = A.Spectrum([torch.ones(1, 1, 8).double(), torch.ones(1, 1, 4).double()])
-    assert A.heatmap_indices(cfg, full) == [8, 4]
-    assert A.heatmap_indices(cfg, compressed) == [4, 2]
+    cfg = run_config.load(None, ["model.n_layers=2", "model.attention.k=[8,4]", "model.max_len=32"]).model
+    full = analysis.Spectrum([torch.ones(1, 1, 32).double()] * 2)
+    compressed = analysis.Spectrum([torch.ones(1, 1, 8).double(), torch.ones(1, 1, 4).double()])
+    assert analysis.heatmap_indices(cfg, full) == [8, 4]
+    assert analysis.heatmap_indices(cfg, compressed) == [4, 2]
 
 
 # ------------------------------------------------------------------------------ projections
@@ -79,49 +82,49 @@ def test_pooling_projection_is_maximally_local_and_smooth():
     k, n = 8, 128
     e = pooling(k, n)
     w = n // k
-    assert torch.allclose(A.locality(e), torch.ones(k, dtype=torch.float64))
-    assert torch.allclose(A.spread(e), torch.full((k,), math.sqrt((w * w - 1) / 12), dtype=torch.float64))
-    assert A.smoothness(e).min() > 0.95
-    for metric in (A.locality, A.spread, A.smoothness):                   # leading dims are batch dims
+    assert torch.allclose(analysis.locality(e), torch.ones(k, dtype=torch.float64))
+    assert torch.allclose(analysis.spread(e), torch.full((k,), math.sqrt((w * w - 1) / 12), dtype=torch.float64))
+    assert analysis.smoothness(e).min() > 0.95
+    for metric in (analysis.locality, analysis.spread, analysis.smoothness):                   # leading dims are batch dims
         assert torch.equal(metric(torch.stack([e, -e])), torch.stack([metric(e)] * 2))
-    assert A.subspace_alignment(e, A.dct_matrix(n)[:k]) > 0.75
+    assert analysis.subspace_alignment(e, analysis.dct_matrix(n)[:k]) > 0.75
     # The bank's parameter-free pool projection is exactly this matrix.
-    (entry,) = A.distinct_projections(ProjectionBank([k], n, 2, projection="pool"))
+    (entry,) = analysis.distinct_projections(ProjectionBank([k], n, 2, projection="pool"))
     assert entry.name == "layer0/E=F" and torch.allclose(entry.matrix[0], e)
 
 
 def test_random_projection_is_neither_local_nor_smooth():
     k, n = 8, 128
     e = torch.randn(k, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    assert A.locality(e).mean() < 0.25                                   # ≈ 1/k of the mass near μ
-    assert A.smoothness(e).mean() == pytest.approx(0.5, abs=0.1)         # white: half the energy is low
-    assert A.subspace_alignment(e, A.dct_matrix(n)[:k]) == pytest.approx(k / n, abs=0.06)
+    assert analysis.locality(e).mean() < 0.25                                   # ≈ 1/k of the mass near μ
+    assert analysis.smoothness(e).mean() == pytest.approx(0.5, abs=0.1)         # white: half the energy is low
+    assert analysis.subspace_alignment(e, analysis.dct_matrix(n)[:k]) == pytest.approx(k / n, abs=0.06)
 
 
 def test_smoothness_runs_from_high_frequency_to_constant_rows():
     n = 16
-    d = A.dct_matrix(n)
+    d = analysis.dct_matrix(n)
     rows = torch.stack([torch.ones(n).double(), d[n // 2] + d[n - 1], (-1.0) ** torch.arange(n).double()])
-    assert torch.allclose(A.smoothness(rows)[:2], torch.tensor([1.0, 0.0], dtype=torch.float64), atol=1e-12)
-    assert A.smoothness(rows)[2] < 0.05                                  # alternating signs: almost all high
+    assert torch.allclose(analysis.smoothness(rows)[:2], torch.tensor([1.0, 0.0], dtype=torch.float64), atol=1e-12)
+    assert analysis.smoothness(rows)[2] < 0.05                                  # alternating signs: almost all high
 
 
 def test_alignment_is_one_within_a_subspace_and_zero_across_orthogonal_ones():
     n, k = 32, 6
-    d = A.dct_matrix(n)
+    d = analysis.dct_matrix(n)
     assert torch.allclose(d @ d.T, torch.eye(n, dtype=torch.float64), atol=1e-12)
     mixed = torch.randn(k, k, generator=torch.Generator().manual_seed(1), dtype=torch.float64) @ d[:k]
-    assert A.subspace_alignment(mixed, d[:k]) == pytest.approx(1.0, abs=1e-9)
-    assert A.subspace_alignment(d[:k], d[k:2 * k]) == pytest.approx(0.0, abs=1e-9)
-    assert torch.allclose(A.principal_cosines(d[:2], d[1:3]), torch.tensor([1.0, 0.0], dtype=torch.float64), atol=1e-9)
+    assert analysis.subspace_alignment(mixed, d[:k]) == pytest.approx(1.0, abs=1e-9)
+    assert analysis.subspace_alignment(d[:k], d[k:2 * k]) == pytest.approx(0.0, abs=1e-9)
+    assert torch.allclose(analysis.principal_cosines(d[:2], d[1:3]), torch.tensor([1.0, 0.0], dtype=torch.float64), atol=1e-9)
 
 
 def test_attention_subspace_is_the_row_space_that_P_reads():
     n, r = 24, 4
     p = rank_r_stochastic(n, r, seed=3)
-    basis = A.attention_subspace(p.T @ p, r)
+    basis = analysis.attention_subspace(p.T @ p, r)
     assert basis.shape == (r, n)
-    assert A.subspace_alignment(basis, p) == pytest.approx(1.0, abs=1e-9)
+    assert analysis.subspace_alignment(basis, p) == pytest.approx(1.0, abs=1e-9)
 
 
 @pytest.mark.parametrize("share, names", [
@@ -132,7 +135,7 @@ def test_attention_subspace_is_the_row_space_that_P_reads():
 ])
 def test_distinct_projections_follow_the_sharing_mode(share, names):
     bank = ProjectionBank([4, 6], 16, 2, share=share)
-    entries = A.distinct_projections(bank)
+    entries = analysis.distinct_projections(bank)
     if share == "layerwise":
         assert [(p.name, p.layers, tuple(p.matrix.shape)) for p in entries] == [("all/E=F", (0, 1), (1, 6, 16))]
         return
@@ -153,7 +156,7 @@ def test_dense_form_is_the_operator_the_bank_applies(projection, causal):
     length = bank.slots(1) * bank.window(1) if causal else n
     x = torch.randn(2, heads, length, d_head)
     for side in range(bank.sides):
-        e = A.projection_operator(bank, 1, side)                            # (G, C, k', n)
+        e = analysis.projection_operator(bank, 1, side)                            # (G, C, k', n)
         assert e.shape[-1] == n and not e[..., length:].any()
         expected = bank.compress(1, side, x).double()                      # (B, h, k', d_h)
         e = e[..., :length].expand(heads, d_head, -1, -1)                   # G ∈ {1, h}, C ∈ {1, d_h}
@@ -161,15 +164,15 @@ def test_dense_form_is_the_operator_the_bank_applies(projection, causal):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     if causal:                                                             # slot j sees block j only
         w = bank.window(1)
-        for j, row in enumerate(A.projection_operator(bank, 1, 0)[0, 0]):
+        for j, row in enumerate(analysis.projection_operator(bank, 1, 0)[0, 0]):
             assert not row[: j * w].any() and not row[(j + 1) * w:].any()
 
 
 def test_projection_report_sets_each_matrix_beside_a_gaussian_of_its_shape():
     k, n = 4, 16
-    projections = [A.Projection("pool", (0,), pooling(k, n)[None])]
-    reference = A.Spectrum([torch.ones(1, 1, n).double()], grams=[rank_r_stochastic(n, k).T @ rank_r_stochastic(n, k)])
-    entry = A.projection_report(projections, reference)["pool"]
+    projections = [analysis.Projection("pool", (0,), pooling(k, n)[None])]
+    reference = analysis.Spectrum([torch.ones(1, 1, n).double()], grams=[rank_r_stochastic(n, k).T @ rank_r_stochastic(n, k)])
+    entry = analysis.projection_report(projections, reference)["pool"]
     assert entry["shape"] == [1, k, n] and entry["layers"] == [0]
     assert entry["model"]["locality"] == pytest.approx(1.0) and entry["model"]["smoothness"] > 0.9
     assert set(entry["model"]) == set(entry["gaussian"]) == {
@@ -183,7 +186,7 @@ VARIANTS = {
     "full-causal": {"kind": "full", "causal": True},
     "linformer": {"kind": "linformer"},
     "linformer-conv": {"kind": "linformer", "projection": "conv"},
-    "linformer-key-only": {"kind": "linformer", "project": "k"},
+    "linformer-key-only": {"kind": "linformer", "compress": "keys"},
 }
 
 
@@ -199,11 +202,11 @@ def test_recorded_probabilities_are_the_ones_the_layer_attends_with(variant):
     original = F.scaled_dot_product_attention
     with torch.no_grad():
         expected = encoder(ids, mask)
-        with A.recorded_attention(encoder) as records:
+        with analysis.recorded_attention(encoder) as records:
             got = encoder(ids, mask)
     assert F.scaled_dot_product_attention is original
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    compressed = att["kind"] == "linformer" and att.get("project", "kv") == "kv"
+    compressed = att["kind"] == "linformer" and att.get("compress", "both") == "both"
     for (p,) in records:
         assert p.shape == (3, 2, 16, 4 if compressed else 16)
         assert torch.allclose(p.sum(-1), torch.ones(3, 2, 16))
@@ -220,13 +223,14 @@ def test_causal_linformer_context_matrix_is_causal_row_stochastic_and_is_the_lay
     P̃ [F-slots ; V] is the layer's output."""
     t, w, nb, d = 14, 4, 4, 8                                              # blocks 4, 4, 4, 2; 3 slots
     torch.manual_seed(0)
-    layer = SelfAttention(d, h, "linformer", causal=True,
-                          bank=ProjectionBank([4], t, h, projection=projection, causal=True)).eval()
+    layer = build_attention({"max_len": t, "d_model": d, "n_heads": h,
+                             "attention": {"kind": "linformer", "k": 4, "causal": True, "projection": projection}},
+                            shared=ProjectionBank([4], t, h, projection=projection, causal=True)).eval()
     x = torch.randn(3, t, d)
     mask = torch.ones(3, t, dtype=torch.bool)
     mask[1, 10:] = False                                                   # right padding
     mask[2, :5] = False                                                    # left: block 0 (slot 0) all padding
-    p = A.attention_maps(layer, x, mask)[0]
+    p = analysis.attention_maps(layer, x, mask)[0]
     assert p.shape == (3, h, t, nb - 1 + t)
     torch.testing.assert_close(p.sum(-1), mask[:, None, :].float().expand(3, h, t))   # padded queries: zeroed
     i, block = torch.arange(t)[:, None], torch.arange(t)[:, None] // w
@@ -253,10 +257,10 @@ def test_causal_linformer_spectrum_has_one_singular_value_per_position():
     mask = torch.ones(3, 16, dtype=torch.bool)
     mask[1, :6] = False                                                    # an all-padding prefix stays finite
     batch = {"input_ids": torch.randint(5, 40, (3, 16)), "attention_mask": mask}
-    spectrum = A.measure_spectrum(TransformerEncoder(cfg, 40), [batch])
+    spectrum = analysis.measure_spectrum(TransformerEncoder(cfg, 40), [batch])
     assert [tuple(s.shape) for s in spectrum.singular_values] == [(3, 2, 16)] * 2
     assert all(torch.isfinite(s).all() for s in spectrum.singular_values)
-    assert A.heatmap_indices(cfg, spectrum) == [4, 4]
+    assert analysis.heatmap_indices(cfg, spectrum) == [4, 4]
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -291,7 +295,7 @@ def test_callback_logs_spectrum_heatmaps_and_analyze_writes_figures(tiny_overrid
     assert all(1 <= k <= 32 for k in summary["suggested_k"])
     experiment = tmp_path / "suggested.yaml"
     experiment.write_text(f"defaults: [{tiny_overrides.config}, {full / 'analysis' / 'k_schedule.yaml'}]\n")
-    assert C.layer_ks(C.load(experiment).model) == summary["suggested_k"]
+    assert layer_ks(run_config.load(experiment).model) == summary["suggested_k"]
     assert {"analysis/spectrum_cumulative", "analysis/spectrum_heatmap"} <= set(_events(full).Tags()["images"])
 
     # Linformer (given by its checkpoint): spectrum and E/F figures, E/F set against the full run's P.

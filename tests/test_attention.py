@@ -3,27 +3,32 @@
 import pytest
 import torch
 
-from lightning_modules.attention import SelfAttention
+from lightning_modules.attention import build_attention
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.projections import ProjectionBank
 
 D, H, N = 32, 4, 16
 
 
-def _pair(k=N, share="none", path="projected", groups_identity=True):
+def layer(d=D, h=H, n=N, shared=None, **attention):
+    """One attention layer of width d, h heads, n positions; ``attention`` the model.attention keys."""
+    return build_attention({"max_len": n, "d_model": d, "n_heads": h, "attention": attention}, shared=shared)
+
+
+def _pair(k=N, share="none", order="project_first", groups_identity=True):
     """A full-attention layer and a Linformer layer with the same Q/K/V/O weights."""
     torch.manual_seed(0)
-    full = SelfAttention(D, H, "full")
+    full = layer(kind="full")
     bank = ProjectionBank([k], N, H, share)
-    lin = SelfAttention(D, H, "linformer", layer=0, bank=bank, path=path)
+    lin = layer(kind="linformer", k=k, share=share, order=order, shared=bank)
     lin.load_state_dict(full.state_dict())
     return full, lin, bank
 
 
 @pytest.mark.parametrize("share", ["none", "headwise", "kv", "layerwise"])
-@pytest.mark.parametrize("path", ["projected", "input"])
-def test_identity_projection_with_k_equal_n_is_full_attention(share, path):
-    full, lin, bank = _pair(share=share, path=path)
+@pytest.mark.parametrize("order", ["project_first", "compress_first"])
+def test_identity_projection_with_k_equal_n_is_full_attention(share, order):
+    full, lin, bank = _pair(share=share, order=order)
     with torch.no_grad():
         bank.weight_0.copy_(torch.eye(N).expand_as(bank.weight_0))
     x = torch.randn(3, N, D)
@@ -31,9 +36,9 @@ def test_identity_projection_with_k_equal_n_is_full_attention(share, path):
 
 
 @pytest.mark.parametrize("share", ["none", "headwise", "kv", "layerwise"])
-def test_input_path_equals_projected_path(share):
-    _, projected, bank = _pair(k=5, share=share, path="projected")
-    first = SelfAttention(D, H, "linformer", layer=0, bank=bank, path="input")
+def test_compress_first_equals_project_first(share):
+    _, projected, bank = _pair(k=5, share=share, order="project_first")
+    first = layer(kind="linformer", k=5, share=share, order="compress_first", shared=bank)
     first.load_state_dict(projected.state_dict())
     with torch.no_grad():
         for lin in (projected, first):
@@ -48,11 +53,11 @@ def test_input_path_equals_projected_path(share):
 
 
 @pytest.mark.parametrize("kind", ["full", "linformer"])
-@pytest.mark.parametrize("path", ["projected", "input"])
-def test_padding_never_changes_real_token_outputs(kind, path):
+@pytest.mark.parametrize("order", ["project_first", "compress_first"])
+def test_padding_never_changes_real_token_outputs(kind, order):
     torch.manual_seed(1)
     enc = TransformerEncoder({"max_len": N, "d_model": D, "n_heads": H, "n_layers": 2, "d_ff": 64, "dropout": 0.0,
-                              "attention": {"kind": kind, "k": 4, "path": path}}, vocab_size=50).eval()
+                              "attention": {"kind": kind, "k": 4, "order": order}}, vocab_size=50).eval()
     with torch.no_grad():
         for name, p in enc.named_parameters():
             if name.endswith("bias"):
@@ -75,7 +80,8 @@ def test_short_sequence_uses_first_columns_of_e():
 
 
 def test_longer_than_max_len_is_an_error():
-    enc = TransformerEncoder({"max_len": 8, "d_model": D, "n_heads": H, "n_layers": 1, "d_ff": 64}, vocab_size=20)
+    enc = TransformerEncoder({"max_len": 8, "d_model": D, "n_heads": H, "n_layers": 1, "d_ff": 64,
+                              "attention": {"k": 4}}, vocab_size=20)
     with pytest.raises(ValueError, match="exceeds model.max_len=8"):
         enc(torch.zeros(1, 9, dtype=torch.long))
 
@@ -105,8 +111,8 @@ def test_every_parameter_gets_a_gradient(share):
     assert missing == []
 
 
-def test_auto_path_prefers_input_when_heads_share_e():
+def test_auto_order_compresses_first_when_heads_share_e():
     bank_shared = ProjectionBank([16], 512, 4, "headwise")
     bank_per_head = ProjectionBank([256], 512, 4, "none")
-    assert SelfAttention(64, 4, "linformer", bank=bank_shared).path == "input"
-    assert SelfAttention(64, 4, "linformer", bank=bank_per_head).path == "projected"
+    assert layer(64, 4, 512, kind="linformer", k=16, share="headwise", shared=bank_shared).order == "compress_first"
+    assert layer(64, 4, 512, kind="linformer", k=256, shared=bank_per_head).order == "project_first"

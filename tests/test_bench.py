@@ -8,11 +8,10 @@ import math
 import pytest
 import torch
 
-from experiments import bench, cli
-from experiments import time_to_target as ttt
-from experiments.benchmarks import cases as K
-from experiments.benchmarks import report
+from experiments import bench, cli, time_to_target
+from experiments.benchmarks import cases, report
 from experiments.benchmarks.measure import peak_memory_bytes
+from foundation.errors import ConfigError
 from lightning_modules.encoder import TransformerEncoder
 from lightning_modules.flops import count_flops
 
@@ -20,7 +19,7 @@ CPU = torch.device("cpu")
 TINY = ["--n", "32,64", "--k", "8", "--d-model", "32", "--heads", "2", "--layers", "2", "--d-ff", "64",
         "--vocab", "50", "--repeats", "2", "--min-time", "0.001", "--decode-window", "4",
         "--loop-batch", "2", "--loop-steps", "3", "--loop-rounds", "2", "--threads", "1"]
-SHAPE = K.Shape(d_model=32, n_heads=4, n_layers=2, d_ff=64, vocab=50, batch=2, dtype=torch.float32, device=CPU)
+SHAPE = cases.Shape(d_model=32, n_heads=4, n_layers=2, d_ff=64, vocab=50, batch=2, dtype=torch.float32, device=CPU)
 
 
 # ------------------------------------------------------------------------------ the bench end to end
@@ -63,7 +62,7 @@ def test_a_case_that_would_not_fit_is_skipped_with_a_note():
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     args = parser.parse_args([*TINY, "--variants", "learned", "--memory-limit-mb", "0.01"])
-    run = bench.Bench(args, K.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU), peak_flops=1e9,
+    run = bench.Bench(args, cases.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU), peak_flops=1e9,
                       peak_shape=(64, 32, 32))
     run.group("layer", "fwd", 64)
     # Naive needs 2·h·n² floats = 64 KiB, over the 10 KiB limit; the others are probed and run.
@@ -85,26 +84,26 @@ def _with_random_biases(model: torch.nn.Module) -> torch.nn.Module:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias"):
-                p.normal_()  # a non-zero bias exercises the (E m) bᵀ term of the input path
+                p.normal_()  # a non-zero bias exercises the (E m) bᵀ term of compress_first
     return model.eval()
 
 
-@pytest.mark.parametrize("variant", list(K.VARIANTS))
-def test_every_variant_fast_path_equals_its_reference_path(variant):
-    """The default path (auto: the fastest exact one) and, where it applies, ``input`` give the same
-    outputs as Eq. 7 evaluated as written (``projected``), with and without padding."""
+@pytest.mark.parametrize("variant", list(cases.VARIANTS))
+def test_every_variant_fast_order_equals_its_reference_order(variant):
+    """The default order (auto: the fastest exact one) and, where it applies, ``compress_first`` give the same
+    outputs as Eq. 7 evaluated as written (``project_first``), with and without padding."""
     models = {}
-    for path in ("projected", "auto", "input"):
+    for order in ("project_first", "auto", "compress_first"):
         torch.manual_seed(0)
         try:
-            models[path] = _with_random_biases(
-                TransformerEncoder(K.model_config("model", variant, 4, path, 16, SHAPE), SHAPE.vocab))
-        except ValueError as err:
-            assert path == "input" and "path 'input'" in str(err)  # input does not apply to this variant
+            models[order] = _with_random_biases(
+                TransformerEncoder(cases.model_config("model", variant, 4, order, 16, SHAPE), SHAPE.vocab))
+        except ConfigError as err:
+            assert order == "compress_first" and "order: 'compress_first'" in str(err)  # does not apply here
     ids = torch.randint(5, SHAPE.vocab, (2, 16))
     mask = torch.ones(2, 16, dtype=torch.bool)
     mask[1, 11:] = False
-    reference = models.pop("projected")
+    reference = models.pop("project_first")
     for model in models.values():
         torch.testing.assert_close(model(ids, mask), reference(ids, mask), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(model(ids), reference(ids), atol=1e-5, rtol=1e-5)
@@ -113,8 +112,8 @@ def test_every_variant_fast_path_equals_its_reference_path(variant):
 @pytest.mark.parametrize("causal", [False, True])
 def test_naive_baseline_computes_the_same_attention_as_sdpa(causal):
     torch.manual_seed(0)
-    sdpa = TransformerEncoder(K.model_config("layer", "sdpa", None, "-", 16, SHAPE, causal), SHAPE.vocab).blocks[0].attn
-    naive = K.NaiveAttention(sdpa)
+    sdpa = TransformerEncoder(cases.model_config("layer", "sdpa", None, "-", 16, SHAPE, causal), SHAPE.vocab).blocks[0].attn
+    naive = cases.NaiveAttention(sdpa)
     x = torch.randn(2, 16, SHAPE.d_model)
     torch.testing.assert_close(naive(x), sdpa(x), atol=1e-5, rtol=1e-5)
     mask = torch.ones(2, 16, dtype=torch.bool)
@@ -128,9 +127,9 @@ def test_flop_counts_follow_the_attention_formulas():
     n, k, d, b = 64, 8, SHAPE.d_model, SHAPE.batch
     for variant, expected in (("sdpa", 8 * n * d * d + 4 * n * n * d), ("naive", 8 * n * d * d + 4 * n * n * d),
                               ("learned", 8 * n * d * d + 8 * n * k * d)):
-        case = K.build("layer", "fwd", variant, k, "projected", n, SHAPE)
+        case = cases.build("layer", "fwd", variant, k, "project_first", n, SHAPE)
         assert count_flops(case.run)[0] == b * expected, variant
-    causal = K.build("layer", "fwd", "sdpa", None, "-", n, SHAPE, causal=True)
+    causal = cases.build("layer", "fwd", "sdpa", None, "-", n, SHAPE, causal=True)
     assert count_flops(causal.run)[0] == b * (8 * n * d * d + 2 * n * n * d)  # the kernel skips the upper half
 
 
@@ -168,9 +167,9 @@ def test_fitted_slope_recovers_the_exponent():
 # ------------------------------------------------------------------------------ time to target
 def test_reach_interpolates_between_the_bracketing_validations():
     curve = [(10.0, 1000, 100.0), (20.0, 2000, 60.0), (30.0, 3000, 40.0)]
-    assert ttt.reach(curve, 50.0) == pytest.approx((25.0, 2500.0))   # halfway from 60 to 40
-    assert ttt.reach(curve, 100.0) == (10.0, 1000.0)                  # the first validation already
-    assert ttt.reach(curve, 39.0) is None
+    assert time_to_target.reach(curve, 50.0) == pytest.approx((25.0, 2500.0))   # halfway from 60 to 40
+    assert time_to_target.reach(curve, 100.0) == (10.0, 1000.0)                  # the first validation already
+    assert time_to_target.reach(curve, 39.0) is None
 
 
 def _fake_run(path, k, seed, curve, tokens_per_sec=1000.0):
@@ -183,7 +182,7 @@ def test_time_to_target_table_has_one_row_per_variant(tmp_path, capsys):
     _fake_run(tmp_path / "a" / "version_0", 32, 0, [[10, 100, 80], [20, 200, 40]])
     _fake_run(tmp_path / "a" / "version_1", 32, 1, [[10, 100, 80], [30, 300, 40]])
     _fake_run(tmp_path / "b" / "version_0", 64, 0, [[10, 100, 90], [20, 200, 70]])
-    table_rows, keys = ttt.rows([tmp_path], target=60.0)
+    table_rows, keys = time_to_target.rows([tmp_path], target=60.0)
     assert keys == ["model.attention.k"]  # seeds and experiment names do not split variants
     by_variant = {r["variant"]: r for r in table_rows}
     k32, k64 = by_variant["attention.k=32"], by_variant["attention.k=64"]

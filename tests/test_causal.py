@@ -90,7 +90,7 @@ def test_linformer_decoding_state_has_a_fixed_size(name):
         k, w = attention.bank.ks[attention.layer], attention.bank.window(attention.layer)
         assert layer["slot_k"] == layer["slot_v"] == (2, H, math.ceil(N / w) - 1, D // H) and math.ceil(N / w) <= k
         assert layer["block_k"] == layer["block_v"] == (2, H, w, D // H)
-    for t in range(N):
+    for _ in range(N):
         enc.decode_step(torch.randint(0, V, (2,)), state)
         assert shapes() == before
 
@@ -104,7 +104,7 @@ def test_full_attention_decodes_with_a_kv_cache():
 def test_decoding_past_max_len_or_without_causal_attention_is_an_error():
     enc = causal_encoder({"k": 4}, n_layers=1)
     state = enc.init_decode_state(1)
-    for t in range(N):
+    for _ in range(N):
         enc.decode_step(torch.zeros(1, dtype=torch.long), state)
     with pytest.raises(ValueError, match=f"decoding position {N} exceeds model.max_len={N}"):
         enc.decode_step(torch.zeros(1, dtype=torch.long), state)

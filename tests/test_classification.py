@@ -15,16 +15,15 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from datamodules.cache import unit_hash
-from datamodules.classification import (ClassificationDataModule, encode, label_array, labelled_splits,
-                                        load_labelled)
+from datamodules.classification import ClassificationDataModule, encode, label_array, labelled_splits, load_labelled
+from datamodules.config import DataConfig, TokenizerConfig
 from datamodules.corpus import iter_texts, load_text_corpus
 from datamodules.embedded import load_embedded
 from datamodules.tokenizer import CLS_ID, SEP_ID, build_tokenizer
-from experiments import cli
-from experiments import config as C
-from experiments import pipeline
-from experiments.train import build_datamodule, build_module
+from experiments import cli, pipeline
 from lightning_modules.classifier import SequenceClassifierModule
+from training import config as run_config
+from training.train import build_datamodule, build_module
 
 WORDS = "the a film plot actor scene story music ending pace cast".split()
 QNLI = ["entailment", "not_entailment"]
@@ -42,7 +41,7 @@ def rows(n, seed, pair=False):
 
 
 def data_cfg(tmp_path, **overrides):
-    return OmegaConf.merge(OmegaConf.structured(C.DataConfig),
+    return OmegaConf.merge(OmegaConf.structured(DataConfig),
                            {"cache_dir": str(tmp_path / "cache"), "val_fraction": 0.2, **overrides})
 
 
@@ -144,7 +143,7 @@ def test_local_directory_laid_out_like_the_hub_repo_goes_through_the_hub_branch(
     assert num_labels == 2  # from the ClassLabel feature
     assert got["test"] == as_triples(splits["validation"])
     assert got["validation"] == held_out(splits["train"], 0.0, 0.2)
-    with pytest.raises(C.ConfigError, match=r"^data\.classify\.num_labels: 3, but the label feature has 2 classes"):
+    with pytest.raises(run_config.ConfigError, match=r"^data\.classify\.num_labels: 3, but the label feature has 2 classes"):
         loaded(OmegaConf.merge(cfg, {"classify": {"num_labels": 3}}))
 
 
@@ -167,7 +166,7 @@ def test_embedded_tasks_use_the_mlm_split_so_pretraining_never_saw_their_evaluat
 # ------------------------------------------------------------------------------- encoding
 @pytest.fixture(scope="module")
 def byte_tokenizer(tmp_path_factory):
-    return build_tokenizer(OmegaConf.structured(C.TokenizerConfig(kind="byte")), [], tmp_path_factory.mktemp("tok"))
+    return build_tokenizer(OmegaConf.structured(TokenizerConfig(kind="byte")), [], tmp_path_factory.mktemp("tok"))
 
 
 def encoded(tokenizer, max_len, text, pair=None):
@@ -205,9 +204,9 @@ def test_tokenizing_only_the_first_words_gives_the_tokens_of_the_whole_text(tmp_
            "  lead " * 40, ""]
     texts, pairs = reviews + odd, odd + reviews
     for kind in ("bpe", "byte"):
-        tok = build_tokenizer(OmegaConf.structured(C.TokenizerConfig(kind=kind, vocab_size=400)), reviews,
+        tok = build_tokenizer(OmegaConf.structured(TokenizerConfig(kind=kind, vocab_size=400)), reviews,
                               tmp_path)
-        full = lambda xs: [e.ids for e in tok.encode_batch(xs, add_special_tokens=False)]  # noqa: E731
+        full = lambda xs, tok=tok: [e.ids for e in tok.encode_batch(xs, add_special_tokens=False)]  # noqa: E731
         for max_len in (6, 32, 128):
             m = max_len - 3  # the documented pair rule, on the whole texts' tokens
             kept_a = [min(len(a), max((m + 1) // 2, m - len(b))) for a, b in zip(full(texts), full(pairs))]
@@ -267,7 +266,7 @@ LABEL_ERRORS = {
 def test_label_problems_are_one_line_errors_naming_the_key(tmp_path, case):
     name, content, overrides, message = LABEL_ERRORS[case]
     cfg = data_cfg(tmp_path, source=write(tmp_path / name, content), **overrides)
-    with pytest.raises(C.ConfigError) as err:
+    with pytest.raises(run_config.ConfigError) as err:
         loaded(cfg)
     assert str(err.value) == message
 
@@ -283,7 +282,7 @@ def test_an_empty_split_is_an_error_and_the_cli_exits_2_writing_nothing(tmp_path
     assert not (tmp_path / "runs").exists()
     header_only = write(tmp_path / "d" / "dev.csv", "text,label\n")
     write(tmp_path / "d" / "train.csv", "text,label\nhello,1\n")
-    with pytest.raises(C.ConfigError, match=f"^data.source: cannot read '{header_only}': "):
+    with pytest.raises(run_config.ConfigError, match=f"^data.source: cannot read '{header_only}': "):
         loaded(data_cfg(tmp_path, source=str(tmp_path / "d")))
 
 
@@ -346,7 +345,7 @@ def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tin
     pre_dir, ft_dir = root / "pretrain" / "linformer", root / "finetune" / "linformer" / "rotten_tomatoes"
     assert (ft_dir / "tokenizer.json").read_text() == (pre_dir / "tokenizer.json").read_text()
     assert (ft_dir / "checkpoints" / "best.ckpt").is_file()
-    cfg = C.load(ft_dir / "config.yaml", ["run_dir=null"])
+    cfg = run_config.load(ft_dir / "config.yaml", ["run_dir=null"])
     assert cfg.init_from == str(pre_dir)
     dm = build_datamodule(cfg)
     dm.setup("fit")
@@ -355,7 +354,7 @@ def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tin
     encoder = {k.removeprefix("encoder."): v for k, v in pretrained.items() if k.startswith("encoder.")}
     assert encoder.keys() == loaded_module.encoder.state_dict().keys()
     assert all(torch.equal(v, encoder[k]) for k, v in loaded_module.encoder.state_dict().items())
-    fresh = SequenceClassifierModule(C.to_container(OmegaConf.merge(cfg, {"init_from": None})), dm.vocab_size, 2)
+    fresh = SequenceClassifierModule(run_config.to_container(OmegaConf.merge(cfg, {"init_from": None})), dm.vocab_size, 2)
     assert not torch.equal(fresh.encoder.tok.weight, encoder["tok.weight"])
     assert math.isfinite(json.loads((ft_dir / "metrics.json").read_text())["best_val/accuracy"])
     ft_events = EventAccumulator(str(ft_dir), size_guidance={"scalars": 0})
@@ -364,7 +363,7 @@ def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tin
 
 
 def test_the_shipped_table2_pipeline_checks_every_stage_and_names_a_bad_variant(tmp_path, capsys):
-    shipped = C.CONFIG_DIR.parent / "pipelines" / "table2.yaml"
+    shipped = run_config.CONFIG_DIR.parent / "pipelines" / "table2.yaml"
     cfg = pipeline.load(shipped)
     stages = pipeline.stages(cfg, shipped.parent, tmp_path / "root")
     assert [(s.variant, s.task) for s in stages[:3]] == [("full", ""), ("full", "imdb"), ("full", "rotten_tomatoes")]
@@ -375,7 +374,7 @@ def test_the_shipped_table2_pipeline_checks_every_stage_and_names_a_bad_variant(
     bad = OmegaConf.to_container(OmegaConf.load(shipped))
     bad["output_dir"] = str(tmp_path / "runs")
     bad["variants"]["k64"] = ["model.attention.k=640"]
-    (tmp_path / "bad.yaml").write_text(OmegaConf.to_yaml(bad).replace("../configs/", f"{C.CONFIG_DIR}/"))
+    (tmp_path / "bad.yaml").write_text(OmegaConf.to_yaml(bad).replace("../configs/", f"{run_config.CONFIG_DIR}/"))
     assert cli.main(["pipeline", str(tmp_path / "bad.yaml")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: variants.k64: model.attention.k: k=640 (layer 0) must be in [1, model.max_len=128]")

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from experiments import cli
-from experiments import config as C
+from lightning_modules.config import ModelConfig, layer_ks
+from training import config as run_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
@@ -15,14 +16,14 @@ def test_merge_order_defaults_then_yaml_then_overrides(tmp_path):
     base.write_text("model:\n  d_model: 64\n  n_heads: 2\n")
     exp = tmp_path / "exp.yaml"
     exp.write_text("defaults: [base.yaml]\nmodel:\n  n_heads: 4\n")
-    cfg = C.load(exp, ["model.n_layers=3"])
+    cfg = run_config.load(exp, ["model.n_layers=3"])
     assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.n_layers) == (64, 4, 3)
-    assert cfg.model.d_ff == C.ModelConfig().d_ff
+    assert cfg.model.d_ff == ModelConfig().d_ff
 
 
 @pytest.mark.parametrize("override,message", [
-    ("model.attention.kind=performer", "model.attention.kind: Invalid value 'performer', expected one of ['full', 'linformer']"),
-    ("model.attention.shared=kv", "model.attention.shared: unknown key (allowed here: kind, k,"),
+    ("model.attention.kind=banana", "model.attention.kind: unknown kind 'banana' (allowed: full, linformer"),
+    ("model.attention.shared=kv", "model.attention.shared: unknown key (allowed here: kind, causal, dropout, k,"),
     ("model.d_model=wide", "model.d_model: Value 'wide' of type 'str' could not be converted to Integer"),
     ("model.attention.k=200", "model.attention.k: k=200 (layer 0) must be in [1, model.max_len=128]"),
     ("model.attention.k=[8,16,32]", "model.attention.k: has 3 entries but model.n_layers=2"),
@@ -30,22 +31,22 @@ def test_merge_order_defaults_then_yaml_then_overrides(tmp_path):
     ("task=clm", "task: 'clm' needs model.attention.causal=true"),
 ])
 def test_bad_values_name_the_key_and_what_is_allowed(override, message):
-    with pytest.raises(C.ConfigError) as err:
-        C.load(CONFIGS / "base.yaml", [override])
+    with pytest.raises(run_config.ConfigError) as err:
+        run_config.load(CONFIGS / "base.yaml", [override])
     assert message in str(err.value)
     assert "\n" not in str(err.value)
 
 
 def test_per_layer_k_from_list_and_schedule():
-    cfg = C.load(None, ["model.n_layers=4", "model.attention.k=[64,32,16,8]"])
-    assert C.layer_ks(cfg.model) == [64, 32, 16, 8]
-    cfg = C.load(None, ["model.n_layers=4", "model.attention.k_schedule={kind: linear, first: 64, last: 16}"])
-    assert C.layer_ks(cfg.model) == [64, 48, 32, 16]
+    cfg = run_config.load(None, ["model.n_layers=4", "model.attention.k=[64,32,16,8]"])
+    assert layer_ks(cfg.model) == [64, 32, 16, 8]
+    cfg = run_config.load(None, ["model.n_layers=4", "model.attention.k_schedule={kind: linear, first: 64, last: 16}"])
+    assert layer_ks(cfg.model) == [64, 48, 32, 16]
 
 
 @pytest.mark.parametrize("args,fragment", [
     (["train", "missing.yaml"], "config file missing.yaml: not found"),
-    (["train", "{bad}", "model.attention.kind=performer"], "model.attention.kind"),
+    (["train", "{bad}", "model.attention.kind=banana"], "model.attention.kind"),
     (["train", "{malformed}"], "malformed YAML at line"),
 ])
 def test_cli_config_errors_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, args, fragment):
@@ -61,4 +62,4 @@ def test_cli_config_errors_exit_2_with_one_line_and_write_nothing(tmp_path, caps
 
 def test_every_shipped_experiment_file_validates():
     for path in sorted(CONFIGS.glob("*.yaml")):
-        C.load(path)
+        run_config.load(path)

@@ -7,7 +7,6 @@ thread per process, where the same computation gives the same floats.
 import json
 import multiprocessing
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,8 +24,8 @@ from torch.utils.data import TensorDataset
 
 from datamodules.sampling import EpochShuffle, ResumableLoader
 from experiments import cli
-from experiments.resume import AtomicCheckpointIO, read_checkpoint
-from experiments.rundir import CHECKPOINT
+from foundation.checkpoint import AtomicCheckpointIO, read_checkpoint
+from foundation.rundir import CHECKPOINT
 
 TOLERANCE = 1e-6
 

@@ -10,12 +10,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from datamodules import language_model, tokenizer as tokenizer_mod
+from datamodules import language_model
+from datamodules import tokenizer as tokenizer_mod
+from datamodules.config import DataConfig
 from datamodules.corpus import iter_texts, load_text_corpus
 from datamodules.embedded import clean_text, load_embedded, split_of
 from datamodules.language_model import CausalLMDataModule, MLMDataModule
 from datamodules.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID, UNK_ID, build_tokenizer
-from experiments.config import ConfigError, DataConfig
+from foundation.errors import ConfigError
 
 WORDS = "the a film movie plot actor scene good bad great awful story music ending love hate slow fast".split()
 

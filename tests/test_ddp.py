@@ -20,14 +20,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.nn.parallel import DistributedDataParallel
 
-from experiments import config as C
-from experiments.rundir import RUN_DIR_ENV, choose_run_dir, shared_with_ranks
-from experiments.train import build_datamodule, build_module, train
+from foundation.rundir import RUN_DIR_ENV, choose_run_dir, shared_with_ranks
+from lightning_modules.config import AttentionConfig
 from lightning_modules.language_model import TokenPredictionModule
+from lightning_modules.projections import PROJECTION_KINDS
+from training import config as run_config
+from training.train import build_datamodule, build_module, train
 
 WORLD = 2
 
@@ -58,7 +60,7 @@ class RecordRank(L.Callback):
 
 def test_two_process_ddp_keeps_ranks_identical_and_validates_on_the_whole_set(tiny_overrides, tmp_path,
                                                                            small_corpus):
-    cfg = C.load(tiny_overrides.config, [
+    cfg = run_config.load(tiny_overrides.config, [
         *tiny_overrides.args, f"data.source={small_corpus}", "data.tokenizer.kind=byte", "data.val_fraction=0.15",
         "data.batch_size=4", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=1000",
         "model.dropout=0.0", "trainer.devices=2", "trainer.strategy=ddp_spawn", f"run_dir={tmp_path / 'ddp'}"])
@@ -97,17 +99,19 @@ def test_two_process_ddp_keeps_ranks_identical_and_validates_on_the_whole_set(ti
 
 # ---------------------------------------------------------------------------------------- every variant
 def _choices(cls: type, name: str) -> tuple:
+    if name == "projection":  # a registry, not a Literal: every registered projection kind
+        return tuple(PROJECTION_KINDS)
     return typing.get_args(typing.get_type_hints(cls)[name])
 
 
-STRUCTURAL = ("share", "projection", "project", "path", "causal")
+STRUCTURAL = ("share", "projection", "compress", "order", "causal")
 
 
 def attention_variants() -> list[dict]:
     """Every combination of the attention schema's structural choices (read from the schema, so variants are
-    covered as they are added); ``path: auto`` is one of ``input`` / ``projected``."""
-    choices = {f: _choices(C.AttentionConfig, f) for f in STRUCTURAL[:-1]}
-    choices["path"] = tuple(p for p in choices["path"] if p != "auto")
+    covered as they are added); ``order: auto`` is one of ``compress_first`` / ``project_first``."""
+    choices = {f: _choices(AttentionConfig, f) for f in STRUCTURAL[:-1]}
+    choices["order"] = tuple(p for p in choices["order"] if p != "auto")
     out = [{"kind": "full", "causal": causal} for causal in (False, True)]
     for combo in itertools.product(*choices.values(), (False, True)):
         out.append({"kind": "linformer", "k": 5, **dict(zip(STRUCTURAL, combo))})
@@ -116,17 +120,17 @@ def attention_variants() -> list[dict]:
 
 def accepted_configs(variants: list[dict]) -> list[dict]:
     """Run configs of the variants that the config checks accept (others are refused with a ConfigError)."""
-    base = OmegaConf.structured(C.RunConfig)
+    base = OmegaConf.structured(run_config.RunConfig)
     out = []
     for attention in variants:
         model = {"max_len": 16, "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "norm": "post",
                  "attention": attention}
         cfg = OmegaConf.merge(base, {"task": "clm" if attention["causal"] else "mlm", "model": model})
         try:
-            C.check(cfg)
-        except C.ConfigError:
+            run_config.check(cfg)
+        except run_config.ConfigError:
             continue
-        out.append(C.to_container(cfg))
+        out.append(run_config.to_container(cfg))
     return out
 
 
@@ -174,7 +178,7 @@ def test_every_attention_variant_and_sharing_mode_trains_under_ddp_without_unuse
     configs = accepted_configs(attention_variants())
     for field in STRUCTURAL:  # every value of every choice trains in at least one accepted combination
         seen = {c["model"]["attention"][field] for c in configs if c["model"]["attention"]["kind"] == "linformer"}
-        assert seen == set(_choices(C.AttentionConfig, field) if field != "causal" else (False, True)) - {"auto"}
+        assert seen == set(_choices(AttentionConfig, field) if field != "causal" else (False, True)) - {"auto"}
     ctx = multiprocessing.get_context("spawn")  # fork would copy this process's threads (a deadlock risk)
     results, rendezvous = ctx.Queue(), f"file://{tmp_path / 'rendezvous'}"
     procs = [ctx.Process(target=_train_every_variant, args=(rank, rendezvous, configs, results), daemon=True)
@@ -241,7 +245,7 @@ def test_every_rank_writes_to_the_run_directory_rank_0_chose(tmp_path, monkeypat
     # Ranks that torchrun or srun start side by side cannot agree on "the next free version".
     monkeypatch.setenv("WORLD_SIZE", "2")
     for rank in (0, 1):
-        with pytest.raises(C.ConfigError, match="needs run_dir="):
+        with pytest.raises(run_config.ConfigError, match="needs run_dir="):
             choose_run_dir(str(tmp_path), "exp", None, False, rank=rank)
     assert choose_run_dir(str(tmp_path), "exp", str(tmp_path / "job"), False, rank=1) == tmp_path / "job"
     assert choose_run_dir(str(tmp_path), "exp", str(tmp_path / "job"), False, rank=0) == tmp_path / "job"

@@ -22,8 +22,8 @@ import torch
 import yaml
 
 from experiments import cli
-from experiments.redact import redact
-from experiments.rundir import CHECKPOINT
+from foundation.redact import redact
+from foundation.rundir import CHECKPOINT
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "experiments" / "configs" / "base.yaml"

@@ -11,9 +11,11 @@ import torch
 from omegaconf import OmegaConf
 
 from datamodules import listops
+from datamodules.config import DataConfig, ListOpsConfig
 from datamodules.listops import VOCAB, ListOpsDataModule, decode, generate
 from experiments import cli
-from experiments.config import ConfigError, DataConfig, ListOpsConfig, load
+from foundation.errors import ConfigError
+from training.config import load
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 

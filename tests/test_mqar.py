@@ -13,7 +13,7 @@ import torch
 from datamodules.language_model import CausalLMDataModule, MLMDataModule, unigram_baseline
 from datamodules.mqar import MQARDataModule
 from experiments import cli
-from experiments import config as C
+from training import config as run_config
 
 IGNORE = -100
 
@@ -45,7 +45,7 @@ def decode(tokens: list[int], vocab_size: int) -> tuple[dict[int, int], list[int
 
 
 def _cfg(*overrides, max_len=48):
-    return C.load(None, ["task=recall", f"model.max_len={max_len}", "model.attention.kind=full",
+    return run_config.load(None, ["task=recall", f"model.max_len={max_len}", "model.attention.kind=full",
                          "data.mqar.n_train=64", "data.mqar.n_val=16", *overrides])
 
 
@@ -113,7 +113,7 @@ def test_recall_trivial_baseline_is_a_uniform_guess_among_the_values():
     ("data.mqar.n_train=0", "data.mqar.n_train"),
 ])
 def test_impossible_recall_settings_are_refused_naming_the_key(override, key):
-    with pytest.raises(C.ConfigError, match=rf"^{key}: "):
+    with pytest.raises(run_config.ConfigError, match=rf"^{key}: "):
         _cfg(override)
 
 
@@ -126,7 +126,7 @@ def test_unigram_baseline_scores_validation_targets_under_smoothed_training_coun
 
 @pytest.mark.parametrize("cls", [CausalLMDataModule, MLMDataModule])
 def test_language_model_trivial_baseline_is_the_training_unigram_cross_entropy(cls, tiny_overrides):
-    cfg = C.load(tiny_overrides.config, tiny_overrides.args)
+    cfg = run_config.load(tiny_overrides.config, tiny_overrides.args)
     dm = cls(cfg.data, cfg.model.max_len, 0)
     dm.setup("fit")
     # Independently: the target distribution of both objectives is that of the ordinary tokens of the

@@ -19,8 +19,8 @@ import sqlalchemy
 import yaml
 from optuna.trial import TrialState
 
-from experiments import cli, config
-from sweeps import storage as S
+from experiments import cli
+from sweeps import storage
 from sweeps.study import load_study
 
 pytestmark = pytest.mark.postgres
@@ -30,9 +30,10 @@ pytestmark = pytest.mark.postgres
 def tiny_study(tiny_overrides, tmp_path):
     """Writes a grid study over seeds on the tiny run config, its data prepared once here (workers starting
     together on an empty cache would each tokenize the corpus)."""
-    from experiments.train import build_datamodule
+    from training import config as run_config
+    from training.train import build_datamodule
 
-    datamodule = build_datamodule(config.load(tiny_overrides.config, tiny_overrides.args))
+    datamodule = build_datamodule(run_config.load(tiny_overrides.config, tiny_overrides.args))
     datamodule.prepare_data()
 
     def write(name: str, seeds: int, **overrides) -> Path:
@@ -55,7 +56,7 @@ def trials(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
 
 
 def counted(all_trials):
-    excluded = S.excluded_numbers(all_trials)
+    excluded = storage.excluded_numbers(all_trials)
     return [t for t in all_trials if t.number not in excluded]
 
 

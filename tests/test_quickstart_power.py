@@ -5,9 +5,9 @@ MLM base of the other bidirectional studies; minutes each on 2 cores: `slow`."""
 
 import pytest
 
-from experiments.train import train
 from sweeps.stats import compare, power_check, summarize
 from sweeps.study import REPO_ROOT, load_study
+from training.train import train
 
 TRIVIAL = {"val/accuracy": "trivial_accuracy", "val/loss": "trivial_loss"}
 

@@ -16,9 +16,8 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from experiments import cli, config
-from sweeps import stats
-from sweeps import storage as S
+from experiments import cli
+from sweeps import stats, storage
 from sweeps.study import load_study, shipped_studies
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,9 +33,10 @@ def tiny(tiny_overrides, data_cache):
     """``tiny_overrides`` with its data prepared once in this process: workers that start together on an
     empty cache would each tokenize the corpus."""
     if data_cache not in _PREPARED:
-        from experiments.train import build_datamodule
+        from training import config as run_config
+        from training.train import build_datamodule
 
-        datamodule = build_datamodule(config.load(tiny_overrides.config, tiny_overrides.args))
+        datamodule = build_datamodule(run_config.load(tiny_overrides.config, tiny_overrides.args))
         datamodule.prepare_data()
         datamodule.setup("fit")
         _PREPARED.add(data_cache)
@@ -56,13 +56,13 @@ def write_study(tmp_path: Path, tiny, name: str, space: dict, overrides: dict = 
 def trials_of(path: Path) -> list[optuna.trial.FrozenTrial]:
     study = load_study(path)
     try:
-        return optuna.load_study(study_name=study.name, storage=S.open_storage(study, None)).get_trials()
+        return optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).get_trials()
     except KeyError:  # not created yet
         return []
 
 
 def counted(trials):
-    excluded = S.excluded_numbers(trials)
+    excluded = storage.excluded_numbers(trials)
     return [t for t in trials if t.number not in excluded]
 
 
@@ -86,11 +86,10 @@ def wait_for(condition, timeout: float = 120.0, every: float = 0.5):
 def running_trial_with_beat(path: Path):
     """(trial, worker pid) of a RUNNING trial whose worker has written its heartbeat, if any."""
     study = load_study(path)
-    storage = S.open_storage(study, None)
     for t in trials_of(path):
         if t.state != TrialState.RUNNING:
             continue
-        owner = storage.heartbeat_owner(t._trial_id)
+        owner = storage.heartbeat_owner(study, t.number)
         if owner is not None:
             return t, owner[1]
     return None
@@ -154,7 +153,7 @@ def test_rerunning_after_the_sweep_was_killed_completes_exactly_the_budget(tmp_p
     assert len(mine) == 3 and all(t.state == TrialState.COMPLETE for t in mine)
     assert sorted(t.params["seed"] for t in mine) == [0, 1, 2]  # every grid point once, none repeated
     dead = next(t for t in trials if t.number == interrupted[0].number)
-    assert dead.state == TrialState.FAIL and dead.number in S.excluded_numbers(trials)
+    assert dead.state == TrialState.FAIL and dead.number in storage.excluded_numbers(trials)
     # the retry continued from the dead attempt's checkpoint: one curve, every validation step once
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -191,7 +190,7 @@ def test_a_sigkilled_workers_trial_is_retried_and_the_study_completes(tmp_path, 
 def test_a_retry_continues_from_its_attempts_checkpoint_only_when_there_is_one(tmp_path):
     import torch
 
-    from sweeps.objective import continue_attempt
+    from sweeps.trials import copy_attempt
 
     old = tmp_path / "trial_0"
     dead = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"run_dir": str(old)})
@@ -202,11 +201,11 @@ def test_a_retry_continues_from_its_attempts_checkpoint_only_when_there_is_one(t
     fresh.number = 2
     old.mkdir()
     (old / "events.out.tfevents.1").write_bytes(b"curve")
-    assert continue_attempt([dead, retry], retry, tmp_path / "trial_1") is None  # killed before its checkpoint
+    assert copy_attempt([dead, retry], retry, tmp_path / "trial_1") is None  # killed before its checkpoint
     (old / "checkpoints").mkdir()
     torch.save({"state_dict": {}, "global_step": 9}, old / "checkpoints" / "last.ckpt")
-    assert continue_attempt([dead, fresh], fresh, tmp_path / "trial_2") is None  # not a retry
-    previous, step = continue_attempt([dead, retry], retry, tmp_path / "trial_1")
+    assert copy_attempt([dead, fresh], fresh, tmp_path / "trial_2") is None  # not a retry
+    previous, step = copy_attempt([dead, retry], retry, tmp_path / "trial_1")
     assert previous.number == 0 and step == 9
     assert (tmp_path / "trial_1" / "events.out.tfevents.1").read_bytes() == b"curve"
     assert (tmp_path / "trial_1" / "checkpoints" / "last.ckpt").is_file() and (old / "checkpoints").is_dir()
@@ -320,13 +319,13 @@ def _trial(number, state, **attrs):
 def test_the_budget_counts_finished_trials_but_not_retried_or_discarded_ones():
     made = [_trial(0, TrialState.COMPLETE), _trial(1, TrialState.FAIL), _trial(2, TrialState.PRUNED),
             _trial(3, TrialState.COMPLETE, system_attrs={"retry_history": [1]}),
-            _trial(4, TrialState.PRUNED, user_attrs={S.DISCARDED: "budget met"}), _trial(5, TrialState.RUNNING)]
+            _trial(4, TrialState.PRUNED, user_attrs={storage.DISCARDED: "budget met"}), _trial(5, TrialState.RUNNING)]
     trials = []
     for t, number in made:
         t.number = number
         trials.append(t)
-    assert S.budget_state(trials) == S.BudgetState(finished=3, running=1)  # 0, 2, 3 finished; 5 running
-    assert S.budget_position(trials, 5) == 3
+    assert storage.budget_state(trials) == storage.BudgetState(finished=3, running=1)  # 0, 2, 3 finished; 5 running
+    assert storage.budget_position(trials, 5) == 3
 
 
 # --------------------------------------------------------------------------------------- statistics
@@ -417,7 +416,7 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
     main = counted(trials_of(path))
     root = tmp_path / "runs" / "powered"
     cstudy = load_study(path).control
-    ctrials = optuna.load_study(study_name="powered_control", storage=S.open_storage(cstudy, None)).get_trials()
+    ctrials = optuna.load_study(study_name="powered_control", storage=storage.open_storage(cstudy, None)).get_trials()
     # the control is its own study: the main study's sampler and budget never see it
     assert len(main) == 4 and all("control" not in t.params for t in main)
     assert sorted((t.params["control"], t.params["seed"]) for t in ctrials) == [
@@ -551,4 +550,4 @@ def test_two_workers_share_a_postgresql_study_and_the_report_reads_it(tmp_path, 
     assert sorted(t.params["seed"] for t in mine) == [0, 1, 2]
     assert cli.main(["report", str(path), "--storage", postgres_url]) == 0
     assert (tmp_path / "runs" / "rdb" / "report" / "summary.md").is_file()
-    assert not (tmp_path / "runs" / "rdb" / S.JOURNAL).exists()
+    assert not (tmp_path / "runs" / "rdb" / storage.JOURNAL).exists()

@@ -10,10 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments import config as C
-from lightning_modules.attention import SelfAttention
+from foundation.errors import ConfigError
+from lightning_modules.attention import build_attention
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.projections import ProjectionBank
+from training import config as run_config
 
 N, D, H, L, V = 16, 16, 2, 2, 40
 
@@ -26,10 +27,10 @@ VARIANTS = {
     "pool": {"k": 6, "projection": "pool"},            # w = 3: 6 slots, the last one partly padding
     "nonuniform_k": {"k": [6, 3]},
     "nonuniform_k_layerwise": {"k": [6, 3], "share": "layerwise"},
-    "key_only": {"k": 4, "project": "k"},
-    "value_only": {"k": 4, "project": "v"},
-    "key_only_pool": {"k": 4, "project": "k", "projection": "pool"},
-    "value_only_conv": {"k": 4, "project": "v", "projection": "conv"},
+    "key_only": {"k": 4, "compress": "keys"},
+    "value_only": {"k": 4, "compress": "values"},
+    "key_only_pool": {"k": 4, "compress": "keys", "projection": "pool"},
+    "value_only_conv": {"k": 4, "compress": "values", "projection": "conv"},
     "causal_full": {"kind": "full", "causal": True},
     "causal": {"k": 5, "causal": True},
     "causal_random": {"k": 4, "causal": True, "projection": "random", "share": "kv"},
@@ -43,6 +44,11 @@ def encoder(attention, seed=0, **model):
     cfg = {"max_len": N, "d_model": D, "n_heads": H, "n_layers": L, "d_ff": 32, "dropout": 0.0,
            "attention": {"kind": "linformer", **attention}, **model}
     return TransformerEncoder(cfg, vocab_size=V)
+
+
+def layer(d=D, h=H, n=N, shared=None, **attention):
+    """One attention layer of width d, h heads, n positions; ``attention`` the model.attention keys."""
+    return build_attention({"max_len": n, "d_model": d, "n_heads": h, "attention": attention}, shared=shared)
 
 
 def randomise_biases(module):
@@ -158,19 +164,21 @@ def test_a_window_of_padding_only_is_masked_out():
     assert bank.nonempty_slots(0, mask).tolist() == [[True, True, False, False], [True] * 4]
 
 
-def test_auto_path_is_projected_for_conv_and_input_is_refused():
+def test_auto_order_projects_first_for_conv_and_compress_first_is_refused():
     conv = ProjectionBank([4], 64, 4, "headwise", "conv", d_head=8)
-    assert SelfAttention(32, 4, "linformer", bank=conv).path == "projected"
-    with pytest.raises(ValueError, match="path 'input'"):
-        SelfAttention(32, 4, "linformer", bank=conv, path="input")
-    assert SelfAttention(32, 4, "linformer", bank=ProjectionBank([4], 64, 4, "none", "pool")).path == "input"
+    conv_layer = {"kind": "linformer", "k": 4, "share": "headwise", "projection": "conv"}
+    assert layer(32, 4, 64, shared=conv, **conv_layer).order == "project_first"
+    with pytest.raises(ConfigError, match="order: 'compress_first'"):
+        layer(32, 4, 64, shared=conv, order="compress_first", **conv_layer)
+    pool = ProjectionBank([4], 64, 4, "none", "pool")
+    assert layer(32, 4, 64, kind="linformer", k=4, projection="pool", shared=pool).order == "compress_first"
 
 
-def test_pool_input_path_equals_projected_path():
+def test_pool_compress_first_equals_project_first():
     bank = ProjectionBank([5], N, H, "none", "pool")
     torch.manual_seed(0)
-    projected = SelfAttention(D, H, "linformer", bank=bank, path="projected")
-    first = SelfAttention(D, H, "linformer", bank=bank, path="input")
+    projected = layer(kind="linformer", k=5, projection="pool", order="project_first", shared=bank)
+    first = layer(kind="linformer", k=5, projection="pool", order="compress_first", shared=bank)
     randomise_biases(projected)
     first.load_state_dict(projected.state_dict())
     x, mask = torch.randn(2, 13, D), torch.ones(2, 13, dtype=torch.bool)
@@ -179,20 +187,20 @@ def test_pool_input_path_equals_projected_path():
 
 
 # ----------------------------------------------------------------------------- key-only / value-only
-def _full_and_one_sided(project, k, projection="learned", share="none"):
+def _full_and_one_sided(compress, k, projection="learned", share="none"):
     torch.manual_seed(0)
-    full = SelfAttention(D, H, "full")
+    full = layer(kind="full")
     randomise_biases(full)
-    bank = ProjectionBank([k], N, H, share, projection, project=project, d_head=D // H)
-    one_sided = SelfAttention(D, H, "linformer", bank=bank)
+    bank = ProjectionBank([k], N, H, share, projection, compress=compress, d_head=D // H)
+    one_sided = layer(kind="linformer", k=k, share=share, projection=projection, compress=compress, shared=bank)
     one_sided.load_state_dict(full.state_dict())
     return full, one_sided, bank
 
 
-@pytest.mark.parametrize("project", ["k", "v"])
+@pytest.mark.parametrize("compress", ["keys", "values"])
 @pytest.mark.parametrize("e", ["identity", "random"])
-def test_one_sided_projection_with_k_equal_n_is_full_attention(project, e):
-    full, one_sided, bank = _full_and_one_sided(project, N)
+def test_one_sided_projection_with_k_equal_n_is_full_attention(compress, e):
+    full, one_sided, bank = _full_and_one_sided(compress, N)
     if e == "identity":
         with torch.no_grad():
             bank.weight_0.copy_(torch.eye(N).expand_as(bank.weight_0))
@@ -203,13 +211,13 @@ def test_one_sided_projection_with_k_equal_n_is_full_attention(project, e):
 
 
 def test_one_sided_pool_with_windows_of_one_is_full_attention():
-    full, one_sided, _ = _full_and_one_sided("k", N, "pool")              # w = 1: P = I
+    full, one_sided, _ = _full_and_one_sided("keys", N, "pool")              # w = 1: P = I
     x = torch.randn(2, N, D)
     torch.testing.assert_close(one_sided(x), full(x), atol=1e-5, rtol=1e-5)
 
 
 def test_lift_is_the_projector_onto_the_row_space_of_e_on_real_positions():
-    bank = ProjectionBank([4], N, H, "none", project="k")
+    bank = ProjectionBank([4], N, H, "none", compress="keys")
     t, real = 12, 9
     mask = torch.zeros(1, t, dtype=torch.bool)
     mask[0, :real] = True
@@ -223,7 +231,7 @@ def test_lift_is_the_projector_onto_the_row_space_of_e_on_real_positions():
 
 
 def test_windowed_lift_of_pool_is_the_window_mean_of_real_rows():
-    bank = ProjectionBank([4], 8, 1, "none", "pool", project="v")        # w = 2
+    bank = ProjectionBank([4], 8, 1, "none", "pool", compress="values")        # w = 2
     x = torch.arange(7.0).view(1, 1, 7, 1)
     mask = torch.tensor([[True] * 5 + [False] * 2])
     assert bank.lift(0, 0, x, mask).flatten().tolist() == [0.5, 0.5, 2.5, 2.5, 4.0, 0.0, 0.0]
@@ -256,16 +264,16 @@ def _windows(ks):
     ({"share": "layerwise", "k": KS}, n_ * max(KS)),
     ({"share": "none", "k_schedule": {"kind": "linear", "first": 16, "last": 6}}, 2 * h_ * n_ * (16 + 11 + 6)),
     # one-sided: only E is stored
-    ({"share": "none", "project": "k"}, layers * h_ * n_ * k_),
-    ({"share": "headwise", "project": "v"}, layers * n_ * k_),
-    ({"share": "layerwise", "project": "k"}, n_ * k_),
+    ({"share": "none", "compress": "keys"}, layers * h_ * n_ * k_),
+    ({"share": "headwise", "compress": "values"}, layers * n_ * k_),
+    ({"share": "layerwise", "compress": "keys"}, n_ * k_),
     # conv: w per-channel weights (d = h·d_h channels under none, d_h shared by heads otherwise)
     ({"projection": "conv", "share": "none"}, 2 * layers * h_ * d_h * 4),
     ({"projection": "conv", "share": "headwise"}, 2 * layers * d_h * 4),
     ({"projection": "conv", "share": "kv"}, layers * d_h * 4),
     ({"projection": "conv", "share": "layerwise"}, d_h * 4),
     ({"projection": "conv", "share": "headwise", "k": KS}, 2 * d_h * sum(_windows(KS))),
-    ({"projection": "conv", "share": "none", "project": "k"}, layers * h_ * d_h * 4),
+    ({"projection": "conv", "share": "none", "compress": "keys"}, layers * h_ * d_h * 4),
     # pool: nothing to learn, whatever the sharing mode or k
     ({"projection": "pool", "share": "none"}, 0),
     ({"projection": "pool", "share": "layerwise", "k": KS}, 0),
@@ -300,18 +308,18 @@ def test_nonuniform_k_gives_each_layer_its_k(share):
 
 # ----------------------------------------------------------------------------- config-time errors
 @pytest.mark.parametrize("overrides,message", [
-    (["model.attention.projection=conv", "model.attention.path=input"],
-     "model.attention.path: 'input' needs E to commute with W_k, which conv's per-channel weights do not; "
-     "use auto or projected"),
-    (["model.attention.project=k", "model.attention.path=input"],
-     "model.attention.path: 'input' does not apply with project='k' (the lift needs every key row); "
-     "use auto or projected"),
-    (["task=clm", "model.attention.causal=true", "model.attention.path=input"],
-     "model.attention.path: 'input' does not apply with causal=true (the local block needs every key); "
-     "use auto or projected"),
-    (["task=clm", "model.attention.causal=true", "model.attention.project=v"],
-     "model.attention.project: 'v' cannot be causal (its lift P = E⁺E mixes every position into every row); "
-     "use project=kv with causal=true"),
+    (["model.attention.projection=conv", "model.attention.order=compress_first"],
+     "model.attention.order: 'compress_first' needs E to commute with W_k, which conv's per-channel weights do not; "
+     "use auto or project_first"),
+    (["model.attention.compress=keys", "model.attention.order=compress_first"],
+     "model.attention.order: 'compress_first' does not apply with compress='keys' (the lift needs every key row); "
+     "use auto or project_first"),
+    (["task=clm", "model.attention.causal=true", "model.attention.order=compress_first"],
+     "model.attention.order: 'compress_first' does not apply with causal=true (the local block needs every key); "
+     "use auto or project_first"),
+    (["task=clm", "model.attention.causal=true", "model.attention.compress=values"],
+     "model.attention.compress: 'values' cannot be causal (its lift P = E⁺E mixes every position into every row); "
+     "use compress=both with causal=true"),
     (["model.attention.projection=conv", "model.attention.share=layerwise", "model.attention.k=[32,16]"],
      "model.attention.k: per-layer k [32, 16] needs one window per layer, which share=layerwise cannot give a "
      "conv projection; use share none, headwise or kv"),
@@ -320,17 +328,23 @@ def test_nonuniform_k_gives_each_layer_its_k(share):
      "model.attention.k: per-layer k [32, 8] needs one window per layer, which share=layerwise cannot give a "
      "causal projection; use share none, headwise or kv"),
     (["model.attention.init=theorem2", "model.attention.share=kv"],
-     "model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, project kv), "
-     "got share=kv, project=kv"),
-    (["model.attention.init=theorem2", "model.attention.project=k"],
-     "model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, project kv), "
-     "got share=none, project=k"),
+     "model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
+     "got share=kv, compress=both"),
+    (["model.attention.init=theorem2", "model.attention.compress=keys"],
+     "model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
+     "got share=none, compress=keys"),
+    (["model.attention.kind=nope"],
+     "model.attention.kind: unknown kind 'nope' (allowed: full, linformer)"),
+    (["model.attention.projection=nope"],
+     "model.attention.projection: unknown projection kind 'nope' (allowed: learned, random, conv, pool)"),
+    (["model.attention.kind=full", "model.attention.options={window: 4}"],
+     "model.attention.options: kind 'full' takes no options, got {'window': 4}"),
     (["model.attention.causal=true"],
      "task: 'mlm' needs model.attention.causal=false (a masked token is predicted from both sides)"),
 ])
 def test_combinations_that_cannot_work_fail_at_config_time_with_one_line(overrides, message):
-    with pytest.raises(C.ConfigError) as err:
-        C.load(C.CONFIG_DIR / "base.yaml", overrides)
+    with pytest.raises(ConfigError) as err:
+        run_config.load(run_config.CONFIG_DIR / "base.yaml", overrides)
     assert str(err.value) == message
 
 
@@ -341,15 +355,15 @@ def test_combinations_that_cannot_work_fail_at_config_time_with_one_line(overrid
     ["task=clm", "model.attention.causal=true", "model.attention.projection=conv", "model.attention.k=[32,16]"],
 ])
 def test_combinations_that_work_pass_the_config_check_and_build(overrides):
-    cfg = C.load(C.CONFIG_DIR / "base.yaml", overrides + ["model.max_len=64"])
-    assert TransformerEncoder(C.to_container(cfg.model), V)(torch.randint(0, V, (1, 64))).shape == (1, 64, 128)
+    cfg = run_config.load(run_config.CONFIG_DIR / "base.yaml", overrides + ["model.max_len=64"])
+    assert TransformerEncoder(run_config.to_container(cfg.model), V)(torch.randint(0, V, (1, 64))).shape == (1, 64, 128)
 
 
 VARIANT_FILES = {  # file → (task, what it sets under model.attention)
     "random_projection": ("mlm", {"projection": "random"}),
     "nonuniform_k": ("mlm", {"k_schedule": {"kind": "linear", "first": 48, "last": 16}}),
-    "key_only": ("mlm", {"project": "k"}),
-    "value_only": ("mlm", {"project": "v"}),
+    "key_only": ("mlm", {"compress": "keys"}),
+    "value_only": ("mlm", {"compress": "values"}),
     "conv_projection": ("mlm", {"projection": "conv"}),
     "pool_projection": ("mlm", {"projection": "pool"}),
     "causal_lm": ("clm", {"kind": "linformer", "causal": True}),
@@ -359,7 +373,7 @@ VARIANT_FILES = {  # file → (task, what it sets under model.attention)
 
 @pytest.mark.parametrize("name", VARIANT_FILES)
 def test_each_variant_has_an_experiment_file_that_selects_it(name):
-    cfg = C.to_container(C.load(C.CONFIG_DIR / f"{name}.yaml"))
+    cfg = run_config.to_container(run_config.load(run_config.CONFIG_DIR / f"{name}.yaml"))
     task, attention = VARIANT_FILES[name]
     assert (cfg["experiment"], cfg["task"]) == (name, task)
     assert {key: cfg["model"]["attention"][key] for key in attention} == attention

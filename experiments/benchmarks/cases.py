@@ -29,7 +29,7 @@ BASELINES = ("naive", "sdpa")
 BASELINE_LABELS = {"naive": "naive softmax attention (the paper's baseline)",
                    "sdpa": "scaled_dot_product_attention"}
 
-# Variant name → attention config for projected length k (paths are added separately).
+# Variant name → attention config for projected length k (evaluation orders are added separately).
 VARIANTS: dict[str, Callable[[int], dict]] = {
     "learned": lambda k: {"kind": "linformer", "k": k},                       # E_i, F_i per head (Eq. 7)
     "headwise": lambda k: {"kind": "linformer", "k": k, "share": "headwise"},
@@ -43,7 +43,7 @@ VARIANTS: dict[str, Callable[[int], dict]] = {
     "nonuniform": lambda k: {"kind": "linformer", "k_schedule": {"kind": "linear", "first": k,
                                                                  "last": max(1, k // 4)}},
 }
-PATHS = ("auto", "input", "projected")
+ORDERS = ("auto", "compress_first", "project_first")
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,8 @@ class Case:
     mode: str                   # fwd | fwdbwd
     variant: str                # a baseline or a VARIANTS name
     k: Optional[int]            # None for baselines
-    path: str                   # requested path ("-" for baselines)
-    path_used: str              # what the layer resolved it to
+    order: str                  # requested evaluation order of E K ("-" for baselines)
+    order_used: str             # what the layer resolved it to
     causal: bool
     n: int
     tokens: int                 # B·n tokens per call
@@ -79,7 +79,7 @@ class Case:
     @property
     def key(self) -> tuple:
         """What identifies the case at every n (one curve of the scaling plot)."""
-        return (self.level, self.mode, self.variant, self.k, self.path, self.causal)
+        return (self.level, self.mode, self.variant, self.k, self.order, self.causal)
 
 
 class NaiveAttention(nn.Module):
@@ -105,36 +105,36 @@ class NaiveAttention(nn.Module):
         return a.out_proj(out.transpose(1, 2).reshape(b, t, d))
 
 
-def attention_config(variant: str, k: Optional[int], path: str, causal: bool = False) -> dict:
+def attention_config(variant: str, k: Optional[int], order: str, causal: bool = False) -> dict:
     """The ``model.attention`` dict of a case (baselines: full attention with the given causality)."""
     if variant in BASELINES:
         return {"kind": "full", "causal": causal, "dropout": 0.0}
-    return {**VARIANTS[variant](k), "path": path, "dropout": 0.0}
+    return {**VARIANTS[variant](k), "order": order, "dropout": 0.0}
 
 
-def model_config(level: str, variant: str, k: Optional[int], path: str, n: int, shape: Shape,
+def model_config(level: str, variant: str, k: Optional[int], order: str, n: int, shape: Shape,
                  causal: bool = False) -> dict:
     return {"max_len": n, "d_model": shape.d_model, "n_heads": shape.n_heads,
             "n_layers": 1 if level == "layer" else shape.n_layers, "d_ff": shape.d_ff, "dropout": 0.0,
-            "attention": attention_config(variant, k, path, causal)}
+            "attention": attention_config(variant, k, order, causal)}
 
 
 def is_causal(variant: str) -> bool:
     return bool(VARIANTS[variant](1).get("causal", False))
 
 
-def build(level: str, mode: str, variant: str, k: Optional[int], path: str, n: int, shape: Shape,
+def build(level: str, mode: str, variant: str, k: Optional[int], order: str, n: int, shape: Shape,
           causal: bool = False, seed: int = 0) -> Case:
     """A ready-to-run case (its tensors allocated on ``shape.device``)."""
     causal = causal if variant in BASELINES else is_causal(variant)
     torch.manual_seed(seed)
-    encoder = TransformerEncoder(model_config(level, variant, k, path, n, shape, causal), shape.vocab)
+    encoder = TransformerEncoder(model_config(level, variant, k, order, n, shape, causal), shape.vocab)
     if variant == "naive":
         for block in encoder.blocks:
             block.attn = NaiveAttention(block.attn)
     encoder = encoder.to(device=shape.device, dtype=shape.dtype).train(mode == "fwdbwd")
     first = encoder.blocks[0].attn
-    path_used = getattr(first, "path", "-")
+    order_used = getattr(first, "order", "-")
     train = mode == "fwdbwd"
     if level == "layer":
         # requires_grad: a layer inside a network also back-propagates into its input.
@@ -155,5 +155,5 @@ def build(level: str, mode: str, variant: str, k: Optional[int], path: str, n: i
         clear()  # a training step starts without gradients (as after zero_grad(set_to_none=True))
         call().sum().backward()
 
-    return Case(level, mode, variant, k, path if variant not in BASELINES else "-", path_used, causal, n,
+    return Case(level, mode, variant, k, order if variant not in BASELINES else "-", order_used, causal, n,
                 shape.batch * n, run, clear)

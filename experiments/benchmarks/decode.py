@@ -33,7 +33,7 @@ def decode_seconds(positions: list[int], k: int, shape: Shape, window: int) -> d
     ids = torch.randint(0, shape.vocab, (shape.batch, length), device=shape.device)
     steps: dict[str, list[float]] = {name: [] for name in models}
     with torch.inference_mode():
-        for name, model in models.items():  # warm-up on a throwaway state: first calls are slow
+        for model in models.values():  # warm-up on a throwaway state: first calls are slow
             state = model.init_decode_state(shape.batch)
             for t in range(min(length, 2 * window)):
                 _, state = model.decode_step(ids[:, t], state)

@@ -97,7 +97,7 @@ def gemm_peak(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype, device
     for m, k, n in shapes:
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
-        fn = lambda: torch.mm(a, b)  # noqa: E731
+        fn = lambda a=a, b=b: torch.mm(a, b)  # noqa: E731
         calls = calls_for(seconds_per_call(fn, device), min_time)
         best = min(seconds_per_call(fn, device, calls) for _ in range(repeats))
         per_shape[(m, k, n)] = 2 * m * k * n / best

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional
 
 from experiments.benchmarks.cases import BASELINE_LABELS, BASELINES
 
-COLUMNS = ("level", "mode", "variant", "k", "path", "path_used", "causal", "n", "batch", "dtype", "device",
+COLUMNS = ("level", "mode", "variant", "k", "order", "order_used", "causal", "n", "batch", "dtype", "device",
            "threads", "repeats", "calls", "time_ms_median", "time_ms_min", "time_ms_max", "tokens_per_s",
            "peak_mem_mb", "gflop", "gflops_per_s", "gemm_peak_gflops", "efficiency", "efficiency_paired",
            "speedup_vs_sdpa",
@@ -49,7 +49,7 @@ def _timed(rows: Iterable[dict]) -> list[dict]:
 def _label(row: dict) -> str:
     if row["variant"] in BASELINES:
         return row["variant"] + (" causal" if row["causal"] else "")
-    return row["variant"] + ("" if row["path"] == "auto" else f" ({row['path']} path)")
+    return row["variant"] + ("" if row["order"] == "auto" else f" ({row['order']})")
 
 
 def _full_label(row: dict) -> str:
@@ -77,9 +77,9 @@ def _variant_sections(rows: list[dict]) -> list[str]:
         ks = sorted({r["k"] for r in group})
         ns = sorted({r["n"] for r in group})
         cell = {(r["n"], r["k"]): r for r in group}
-        used = sorted({r["path_used"] for r in group})
+        used = sorted({r["order_used"] for r in group})
         out += [f"### {level} · {MODE_NAMES[mode]} · {label}", "",
-                f"Exact path used: {', '.join(used)}. Multipliers are baseline ÷ this variant (higher is "
+                f"Evaluation order of E K used: {', '.join(used)}. Multipliers are baseline ÷ this variant (higher is "
                 "better), medians of per-round paired ratios. Efficiency: achieved matrix FLOP/s ÷ the start-up "
                 "GEMM peak, and in brackets ÷ the same peak GEMM timed again in the same rounds.", ""]
         for base in BASELINES:

@@ -20,9 +20,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from experiments import config as C
 from experiments.benchmarks.measure import median, synchronize
 from lightning_modules.language_model import MaskedLMModule
+from training import config as run_config
 
 
 def _batches(steps: int, batch: int, n: int, vocab: int, device: torch.device) -> list[dict]:
@@ -50,9 +50,9 @@ def _per_step(ends: list[float], warmup: int) -> float:
 
 
 def _module(overrides: list[str], vocab: int, device: torch.device) -> MaskedLMModule:
-    cfg = C.load(None, overrides)
+    cfg = run_config.load(None, overrides)
     torch.manual_seed(0)
-    return MaskedLMModule(C.to_container(cfg), vocab).to(device)
+    return MaskedLMModule(run_config.to_container(cfg), vocab).to(device)
 
 
 def _lightning_steps(module: MaskedLMModule, batches: list[dict], device: torch.device, bf16: bool,

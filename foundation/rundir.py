@@ -1,4 +1,4 @@
-"""Run directories and atomic files.
+"""Run directories: where a run writes, and what ``init_from`` names.
 
 A run directory ``<output_dir>/<experiment>/version_<i>/`` holds ``config.yaml`` (the resolved
 config), TensorBoard event files, ``checkpoints/last.ckpt``, ``tokenizer.json`` (when the data has a
@@ -9,37 +9,15 @@ run is overwritten; ``resume=true`` reopens the newest version that has a checkp
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
-from datamodules.cache import atomic_write
-from experiments.config import ConfigError
+from foundation.errors import ConfigError
 
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
 # The run's tokenizer (runs whose data has one): fine-tuning from this run encodes text with it.
 TOKENIZER = Path("tokenizer.json")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (see :func:`datamodules.cache.atomic_write`)."""
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no NaN/inf; keep them visible as strings
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def write_json(path: Path, data: dict) -> None:
-    atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
 
 
 def _versions(root: Path) -> list[Path]:
@@ -94,3 +72,34 @@ def shared_with_ranks(path: Path) -> Iterator[None]:
             os.environ.pop(RUN_DIR_ENV, None)
         else:
             os.environ[RUN_DIR_ENV] = previous
+
+
+# --------------------------------------------------------------------------------------- init_from
+def init_from_checkpoint(init_from: str) -> Path:
+    """The checkpoint ``init_from`` names: ``<run dir>/checkpoints/last.ckpt``, or the ``.ckpt`` file itself."""
+    path = Path(init_from)
+    ckpt = path / CHECKPOINT if path.is_dir() else path
+    if not ckpt.is_file():
+        raise ConfigError(f"init_from: no checkpoint at {str(ckpt)!r} (give a run directory holding "
+                          f"{CHECKPOINT} or a .ckpt file)")
+    return ckpt
+
+
+def init_from_run_dir(init_from: str) -> Path:
+    """The run directory ``init_from`` (a run directory, or a checkpoint inside or beside one) belongs to."""
+    path = Path(init_from)
+    if not path.exists():
+        raise ConfigError(f"init_from: {init_from!r} not found")
+    if path.is_dir():
+        return path
+    return path.parents[1] if path.parent.name == CHECKPOINT.parent.name else path.parent
+
+
+def init_from_tokenizer(init_from: str) -> Path:
+    """The ``tokenizer.json`` of the run that ``init_from`` names."""
+    run_dir = init_from_run_dir(init_from)
+    tokenizer = run_dir / TOKENIZER
+    if not tokenizer.is_file():
+        raise ConfigError(f"init_from: no {TOKENIZER} in {str(run_dir)!r} (set data.tokenizer.path to the "
+                          f"tokenizer the encoder was pretrained with)")
+    return tokenizer

@@ -17,18 +17,17 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import config as C
-from experiments.resume import (AtomicCheckpointIO, LastCheckpoint, adopt_final_state, check_architecture,
-                                read_checkpoint, rollback_events)
-from experiments.rundir import (CHECKPOINT, TOKENIZER, atomic_write_text, choose_run_dir, shared_with_ranks,
-                                write_json)
+from foundation.atomic import atomic_write_text, write_json
+from foundation.checkpoint import AtomicCheckpointIO, check_architecture, read_checkpoint
+from foundation.rundir import CHECKPOINT, TOKENIZER, choose_run_dir, shared_with_ranks
 from lightning_modules.callbacks import RunMetrics, SpectrumMonitor, peak_memory_mb
 from lightning_modules.encoder import count_parameters
+from training import config as run_config
+from training.resume import LastCheckpoint, adopt_final_state, rollback_events
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
 
@@ -51,10 +50,10 @@ def build_module(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.Lightn
     from lightning_modules.language_model import CausalLMModule, MaskedLMModule, TokenPredictionModule
 
     if cfg.task in ("classify", "listops"):
-        return SequenceClassifierModule(C.to_container(cfg), datamodule.vocab_size, datamodule.num_labels)
+        return SequenceClassifierModule(run_config.to_container(cfg), datamodule.vocab_size, datamodule.num_labels)
     # recall: loss on the queried values, with bidirectional or causal attention alike.
     cls = {"mlm": MaskedLMModule, "clm": CausalLMModule, "recall": TokenPredictionModule}[cfg.task]
-    return cls(C.to_container(cfg), datamodule.vocab_size)
+    return cls(run_config.to_container(cfg), datamodule.vocab_size)
 
 
 def _precision(cfg: DictConfig) -> str:
@@ -66,7 +65,7 @@ def _precision(cfg: DictConfig) -> str:
 
 def _hparams(cfg: DictConfig) -> dict[str, Any]:
     """Flat scalar hyper-parameters for TensorBoard's HPARAMS tab (lists become strings)."""
-    flat = C.flatten(C.to_container(cfg))
+    flat = run_config.flatten(run_config.to_container(cfg))
     return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in flat.items()}
 
 
@@ -169,7 +168,7 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
     with shared_with_ranks(run_dir):
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
     global_step = trainer.global_step
-    if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):  # fit ran in forked/spawned ranks
+    if not run_metrics.fit_here:  # fit ran in spawned/forked ranks (ddp_spawn, ddp_fork)
         global_step = adopt_final_state(trainer, run_dir / CHECKPOINT)
     metrics = {
         **_final_scores(trainer, module, datamodule, best, run_metrics.validated_at, global_step),
@@ -196,7 +195,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = C.load(args.config, args.overrides)
+    cfg = run_config.load(args.config, args.overrides)
     metrics = train(cfg)
     print(f"run directory: {metrics['run_dir']}")
     shown = [f"{k} {metrics[k]:.4g}" for k in ("val/ppl", "val/loss", "val/accuracy") if k in metrics]

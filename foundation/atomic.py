@@ -1,0 +1,53 @@
+"""Files that are either whole or absent: write to a temporary sibling, fsync, ``os.replace``.
+
+A reader, or a resume after a kill mid-write, sees the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Callable
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Write ``path`` through ``write(binary_file)`` via a temporary sibling, fsync and ``os.replace``.
+
+    Other writers' temporaries are left alone: several workers may fill a shared cache at once.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a shared cache must be readable by others
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf; keep them visible as strings
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def write_json(path: Path, data: dict) -> None:
+    """``data`` as indented, key-sorted JSON, atomically (non-finite floats as strings)."""
+    atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")

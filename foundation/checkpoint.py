@@ -1,0 +1,90 @@
+"""Checkpoint files: read with ``weights_only=True`` and refused in one line when damaged; saved atomically.
+
+* :func:`read_checkpoint` loads a Lightning checkpoint (a checkpoint cannot run code) and turns a missing,
+  truncated, corrupt or foreign file into one :class:`~foundation.errors.ConfigError` line;
+* :class:`AtomicCheckpointIO` writes a checkpoint to a temporary file beside its target, syncs it and renames it
+  over the target. Lightning's ``TorchCheckpointIO`` writes through an fsspec transaction whose temporary file
+  lives in the system temp folder and is then *moved*: a copy, not an atomic rename, when that folder is on
+  another filesystem (a tmpfs ``/tmp``), and never synced;
+* :func:`check_architecture` refuses a checkpoint of another model.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from foundation.atomic import atomic_write
+from foundation.configfile import flatten
+from foundation.errors import ConfigError
+
+
+def _load(path: str | Path) -> Any:
+    """``torch.load`` with ``weights_only=True`` (tensors memory-mapped, on CPU); a one-line ConfigError naming
+    the file when it is missing, truncated, corrupt or holds anything but tensors and plain containers."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {path}: not found")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive, whose directory comes last
+        raise ConfigError(f"checkpoint {path}: truncated or not a PyTorch checkpoint (no complete zip archive)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as err:  # weights_only met a global: unpickling it could run code
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        what = f" ({found[1]})" if found else ""
+        raise ConfigError(f"checkpoint {path}: holds objects that could run code when loaded{what}; refused: "
+                          "only tensors and plain containers load") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0]
+        raise ConfigError(f"checkpoint {path}: corrupt ({reason})") from None
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A Lightning checkpoint's content, or a one-line ConfigError naming the file (see :func:`_load`)."""
+    state = _load(path)
+    if not isinstance(state, dict) or "state_dict" not in state:
+        raise ConfigError(f"checkpoint {path}: not a Lightning checkpoint (no 'state_dict')")
+    return state
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    # One writer per run directory (rank 0): temporaries beside the checkpoint were left by a killed save.
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints saved by write-sync-rename in the target's folder and loaded with ``weights_only=True``."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_torch_save(checkpoint, path)
+
+    def load_checkpoint(self, path, map_location: Optional[Callable] = None, weights_only: Optional[bool] = None):
+        return _load(path)
+
+
+def check_architecture(state: dict[str, Any], module: torch.nn.Module, path: str | Path) -> None:
+    """ConfigError unless the checkpoint's tensors have exactly the names and shapes of ``module``'s."""
+    saved = {k: tuple(v.shape) for k, v in state["state_dict"].items()}
+    wanted = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    if saved == wanted:
+        return
+    theirs = flatten((state.get("hyper_parameters") or {}).get("config", {}).get("model", {}), "model.")
+    ours = flatten(getattr(module, "config", {}).get("model", {}), "model.")
+    differ = [f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here" for k in sorted(set(theirs) | set(ours))
+              if theirs and theirs.get(k) != ours.get(k)]
+    if not differ:
+        name = next(k for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k))
+        differ = [f"tensor {name} has shape {saved.get(name)} there, {wanted.get(name)} here"]
+    raise ConfigError(f"checkpoint {path}: another architecture ({'; '.join(differ[:3])})")

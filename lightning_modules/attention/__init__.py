@@ -1,0 +1,35 @@
+"""Self-attention kinds, each one module registered by name (``model.attention.kind``).
+
+* ``full`` (:mod:`.full`): softmax(Q Kᵀ/√d_h) V;
+* ``linformer`` (:mod:`.linformer`, with its key-/value-only and causal forms in :mod:`.linformer_one_sided` and
+  :mod:`.linformer_causal`): softmax(Q (E K)ᵀ/√d_h) (F V).
+
+A new kind is one module: subclass :class:`SelfAttention`, decorate it with :func:`register_attention`, write
+its ``attend`` as its equation, and import the module here (``docs/extending.md``).
+"""
+
+from typing import Any, Optional
+
+from torch import nn
+
+from lightning_modules.attention import full, linformer  # noqa: E402,F401  (the built-in kinds register)
+from lightning_modules.attention.base import ATTENTION_KINDS, SelfAttention, register_attention
+
+
+def attention_class(model: Any) -> type[SelfAttention]:
+    """The class that implements ``model.attention`` (its kind, in the form its options select)."""
+    return ATTENTION_KINDS[model.attention.kind].select(model)
+
+
+def build_attention(model: Any, layer: int = 0, shared: Optional[nn.Module] = None) -> SelfAttention:
+    """One attention layer of a model config (dict, DictConfig or ModelConfig; checked first), using ``shared``
+    as the model-wide module of its kind (built from the config when None)."""
+    from lightning_modules.config import check_model, model_config
+
+    cfg = model_config(model)
+    check_model(cfg)
+    cls = attention_class(cfg)
+    return cls(cfg, layer, cls.shared(cfg) if shared is None else shared)
+
+
+__all__ = ["ATTENTION_KINDS", "SelfAttention", "attention_class", "build_attention", "register_attention"]

@@ -1,0 +1,115 @@
+"""What every attention kind shares, and the registry of kinds.
+
+:class:`SelfAttention` owns the Q/K/V/O projections, the head split and the mask contract; a kind subclasses it,
+registers itself with :func:`register_attention` and implements :meth:`SelfAttention.attend`, which reads as
+its equation. Shapes: B batch, T sequence length (≤ n = ``max_len``), d model width, h heads, d_h = d / h.
+
+Mask contract, for every kind: ``mask`` is (B, T) bool, True at real tokens, or None when the batch has no
+padding. Appending padding never changes a real token's output, and a padded position never contributes to
+a real token's output (a kind zeroes or masks padded keys before anything mixes them). ``causal``: no output
+depends on a later position.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Optional
+
+from omegaconf import DictConfig
+from torch import Tensor, nn
+
+ATTENTION_KINDS: dict[str, type["SelfAttention"]] = {}
+
+
+def register_attention(name: str):
+    """Class decorator: make a :class:`SelfAttention` subclass the attention kind ``name``
+    (``model.attention.kind: name``)."""
+
+    def register(cls: type[SelfAttention]) -> type[SelfAttention]:
+        if name in ATTENTION_KINDS and ATTENTION_KINDS[name] is not cls:
+            raise ValueError(f"attention kind {name!r} is already registered ({ATTENTION_KINDS[name].__qualname__})")
+        cls.kind = name
+        ATTENTION_KINDS[name] = cls
+        return cls
+
+    return register
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention: x (B, T, d) [+ mask (B, T)] → (B, T, d).
+
+    ``forward`` computes Q = X W_qᵀ + b_q split into heads, lets the kind's :meth:`attend` produce the heads'
+    outputs, and applies W_o. Class attributes a kind may set:
+
+    * ``Options``: a dataclass of the kind's own options (``model.attention.options``), or None;
+    * ``has_causal_form``: False refuses ``causal: true`` in the config check;
+    * :meth:`check`: the kind's config rules; :meth:`select`: the class that implements the given options
+      (a kind may have several forms); :meth:`shared`: one module the whole model shares (built once by the
+      encoder, registered there, handed to every layer).
+    """
+
+    kind: ClassVar[str] = ""
+    Options: ClassVar[Optional[type]] = None
+    has_causal_form: ClassVar[bool] = True
+
+    def __init__(self, model: DictConfig, layer: int = 0, shared: Optional[nn.Module] = None) -> None:
+        super().__init__()
+        d = model.d_model
+        self.d_model, self.n_heads, self.d_head = d, model.n_heads, d // model.n_heads
+        self.causal, self.layer, self.dropout = bool(model.attention.causal), layer, float(model.attention.dropout)
+        self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
+        self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
+        # A shared module belongs to the encoder: keep it out of this module's children so it is registered
+        # (and counted, and synchronised by DDP) exactly once.
+        self.__dict__["bank"] = shared
+
+    # ------------------------------------------------------------------------------ plug-in interface
+    @classmethod
+    def check(cls, model: DictConfig) -> None:
+        """The kind's own rules (ConfigError naming key, value and what is allowed)."""
+
+    @classmethod
+    def select(cls, model: DictConfig) -> type["SelfAttention"]:
+        """The class that implements this kind with the given options (itself by default)."""
+        return cls
+
+    @classmethod
+    def shared(cls, model: DictConfig) -> Optional[nn.Module]:
+        """A module shared by every layer of the model (None: nothing shared)."""
+        return None
+
+    def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
+        """The heads' outputs: x (B, T, d), q (B, h, T, d_h), mask (B, T) or None → (B, h, T, d_h)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------ shared pieces
+    def heads(self, x: Tensor) -> Tensor:
+        """(B, T, d) → (B, h, T, d_h)."""
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
+
+    def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """K = X W_kᵀ + b_k and V = X W_vᵀ + b_v, each (B, h, T, d_h)."""
+        return self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """x: (B, T, d); mask: (B, T) bool, True at real tokens (None: no padding) → (B, T, d)."""
+        b, t, _ = x.shape
+        q = self.heads(self.q_proj(x))                                    # (B, h, T, d_h)
+        out = self.attend(x, q, mask, self.dropout if self.training else 0.0)  # (B, h, T, d_h)
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, self.d_model))
+
+    # ------------------------------------------------------------------------------ incremental decoding
+    def init_state(self, batch_size: int, capacity: int, device: Any = None, dtype: Any = None) -> dict:
+        """Empty decoding state of this layer (kinds with a streaming form override it)."""
+        if not self.causal:
+            raise ValueError("incremental decoding needs causal attention (attention.causal=true)")
+        raise ValueError(f"attention kind {self.kind!r} has no streaming form: incremental decoding needs a causal "
+                         "kind that has one")
+
+    def step(self, x: Tensor, state: dict) -> tuple[Tensor, dict]:
+        """The output at position state["t"] from its input x (B, 1, d) → ((B, 1, d), state), in place."""
+        raise ValueError(f"attention kind {self.kind!r} has no streaming form")
+
+    def merge_step(self, out: Tensor) -> Tensor:
+        """(B, h, 1, d_h) → (B, 1, d) through W_o."""
+        return self.out_proj(out.transpose(1, 2).reshape(out.shape[0], 1, self.d_model))

@@ -1,0 +1,50 @@
+"""Full softmax attention (``kind: full``), the Transformer's; ``causal`` masks keys after the query.
+
+    head_i = softmax(Q_i K_iᵀ / √d_h) V_i                       (B, h, T, d_h)      O(T²d)
+
+Evaluated by ``scaled_dot_product_attention`` (flash/efficient kernels when there is no padding mask).
+Incremental decoding keeps a KV cache of T rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lightning_modules.attention.base import SelfAttention, register_attention
+
+
+@register_attention("full")
+class FullAttention(SelfAttention):
+    def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
+        k, v = self.keys_values(x)                                        # (B, h, T, d_h) each
+        if mask is None:                                                  # no padding: the fast kernels
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=self.causal)
+        visible = mask[:, None, None, :]                                  # (B, 1, 1, T): real keys
+        if self.causal:
+            t = x.shape[1]
+            visible = visible & torch.ones(t, t, dtype=torch.bool, device=x.device).tril()  # (B, 1, T, T)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)
+
+    def init_state(self, batch_size: int, capacity: int, device: Any = None, dtype: Any = None) -> dict:
+        """A KV cache ``k``, ``v`` of (B, h, capacity, d_h); ``t`` is the next position."""
+        if not self.causal:
+            return super().init_state(batch_size, capacity, device, dtype)
+        shape = (batch_size, self.n_heads, capacity, self.d_head)
+        return {"t": 0, "k": torch.zeros(shape, device=device, dtype=dtype),
+                "v": torch.zeros(shape, device=device, dtype=dtype)}
+
+    def step(self, x: Tensor, state: dict) -> tuple[Tensor, dict]:
+        """Position t attends to the cached keys 0 … t: x (B, 1, d) → ((B, 1, d), state)."""
+        t = state["t"]
+        if t >= state["k"].shape[2]:
+            raise ValueError(f"decoding position {t} exceeds the state's capacity of {state['k'].shape[2]} tokens")
+        q = self.heads(self.q_proj(x))                                    # (B, h, 1, d_h)
+        k, v = self.keys_values(x)
+        state["k"][:, :, t], state["v"][:, :, t] = k[:, :, 0], v[:, :, 0]
+        out = F.scaled_dot_product_attention(q, state["k"][:, :, : t + 1], state["v"][:, :, : t + 1])
+        state["t"] = t + 1
+        return self.merge_step(out), state

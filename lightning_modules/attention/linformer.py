@@ -1,0 +1,152 @@
+"""Linformer (Wang et al. 2020, Eq. 7), ``kind: linformer``: keys and values projected along the sequence.
+
+Shapes as in :mod:`~lightning_modules.attention.base`; k_l the projected length of this layer, G ∈ {1, h}
+distinct E (or F) per layer, k' the slots (k_l dense, ⌈T/w⌉ windowed, w = ⌈n/k_l⌉). E, F and their kinds
+(learned, random, conv, pool, …) live in the model's :class:`~lightning_modules.projections.ProjectionBank`::
+
+    head_i = softmax(Q_i (E_i K_i)ᵀ / √d_h) (F_i V_i)            (B, h, T, d_h)      O(Tk'd)
+
+A windowed slot with no real token in its window is masked out of the softmax. Two other forms of the kind,
+chosen by :meth:`Linformer.select`: ``compress: keys | values``
+(:mod:`~lightning_modules.attention.linformer_one_sided`) and ``causal: true``
+(:mod:`~lightning_modules.attention.linformer_causal`).
+
+Padding: padded rows of K and V are zeroed *before* E/F (a padded position contributes nothing to any
+slot), so appending padding leaves real tokens' outputs unchanged. Short sequences use the first T columns
+of E/F (first ⌈T/w⌉ windows) *without rescaling*: a sequence's slots are then the same sums whatever padding
+or block length surrounds it.
+
+Two exact orders for E K with dense and pool projections (``order``; conv's per-channel weights do not
+commute with W_k, so conv uses ``project_first``):
+
+* ``project_first``: K = X W_kᵀ + 1 b_kᵀ first, then E K (Eq. 7 as written): T·d² + k·T·d flops;
+* ``compress_first``: E K = (E X) W_kᵀ + (E 1) b_kᵀ — compress the layer input along the sequence first,
+  then apply W_k to only k rows: G·k·T·d + k·d² flops, far cheaper when E is shared by heads. With padding,
+  E 1 becomes E m (m the 0/1 mask), i.e. E's columns at padded positions are zero.
+
+``auto`` picks the cheaper one from these counts.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch.nn.functional as F
+from omegaconf import DictConfig, ListConfig
+from torch import Tensor, nn
+
+from foundation.errors import require
+from lightning_modules.attention.base import SelfAttention, register_attention
+from lightning_modules.config import layer_ks
+from lightning_modules.projections import PROJECTION_KINDS, ProjectionBank
+
+
+def compress_first_is_cheaper(groups: int, k: int, n: int, d_model: int) -> bool:
+    """Flop count of both exact orders for one of E K or F V (multiply-adds, heads summed)."""
+    project_first = n * d_model * d_model + k * n * d_model
+    compress_first = groups * k * n * d_model + k * d_model * d_model
+    return compress_first < project_first
+
+
+@register_attention("linformer")
+class Linformer(SelfAttention):
+    """Eq. 7 with both sides compressed (``compress: both``, non-causal)."""
+
+    def __init__(self, model: DictConfig, layer: int = 0, shared: Optional[ProjectionBank] = None) -> None:
+        super().__init__(model, layer, shared)
+        if shared is None:
+            raise ValueError("linformer attention needs the model's ProjectionBank")
+        self.order = self._choose_order(model.attention.order)
+
+    # ------------------------------------------------------------------------------ plug-in interface
+    @classmethod
+    def select(cls, model: DictConfig) -> type[SelfAttention]:
+        from lightning_modules.attention.linformer_causal import CausalLinformer
+        from lightning_modules.attention.linformer_one_sided import OneSidedLinformer
+
+        att = model.attention
+        return CausalLinformer if att.causal else OneSidedLinformer if att.compress != "both" else cls
+
+    @classmethod
+    def shared(cls, model: DictConfig) -> ProjectionBank:
+        att = model.attention
+        return ProjectionBank(layer_ks(model), model.max_len, model.n_heads, att.share, att.projection, att.init,
+                              att.delta, compress=att.compress, causal=att.causal, d_head=model.d_model // model.n_heads)
+
+    @classmethod
+    def check(cls, model: DictConfig) -> None:
+        """Linformer's rules: k, and the variant combinations that cannot work."""
+        att = model.attention
+        k = att.k
+        if isinstance(k, (list, ListConfig)):
+            require(all(isinstance(v, int) and not isinstance(v, bool) for v in k),
+                    f"model.attention.k: a list must hold integers, got {list(k)}")
+            require(len(k) == model.n_layers,
+                    f"model.attention.k: has {len(k)} entries but model.n_layers={model.n_layers} (one per layer)")
+        else:
+            require(isinstance(k, int) and not isinstance(k, bool),
+                    f"model.attention.k: must be an integer or a list of integers, got {k!r}")
+        ks = layer_ks(model)
+        for i, kl in enumerate(ks):
+            require(1 <= kl <= model.max_len,
+                    f"model.attention.k: k={kl} (layer {i}) must be in [1, model.max_len={model.max_len}]")
+        projection = PROJECTION_KINDS.get(att.projection)
+        require(projection is not None, f"model.attention.projection: unknown projection kind {att.projection!r} "
+                                        f"(allowed: {', '.join(PROJECTION_KINDS)})")
+        one_sided = att.compress != "both"
+        require(not (one_sided and att.causal),
+                f"model.attention.compress: '{att.compress}' cannot be causal (its lift P = E⁺E mixes every position "
+                "into every row); use compress=both with causal=true")
+        if att.order == "compress_first":
+            require(not projection.per_channel,
+                    f"model.attention.order: 'compress_first' needs E to commute with W_k, which {att.projection}'s "
+                    "per-channel weights do not; use auto or project_first")
+            require(not att.causal, "model.attention.order: 'compress_first' does not apply with causal=true (the "
+                                    "local block needs every key); use auto or project_first")
+            require(not one_sided, f"model.attention.order: 'compress_first' does not apply with "
+                                   f"compress='{att.compress}' (the lift needs every key row); use auto or project_first")
+        one_window_per_matrix = projection.parametric and (projection.windowed or att.causal)
+        require(not (att.share == "layerwise" and one_window_per_matrix and len(set(ks)) > 1),
+                f"model.attention.k: per-layer k {ks} needs one window per layer, which share=layerwise cannot give a "
+                f"{att.projection if projection.windowed else 'causal'} projection; use share none, headwise or kv")
+        require(att.init != "theorem2" or not projection.parametric
+                or (att.share in ("none", "headwise") and not one_sided),
+                f"model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
+                f"got share={att.share}, compress={att.compress}")
+
+    # ------------------------------------------------------------------------------ Eq. 7
+    def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
+        k, v = self.compressed_keys_values(x, mask)                      # E K, F V: (B, h, k', d_h) each
+        real = self.bank.nonempty_slots(self.layer, mask)                 # (B, k') or None
+        visible = None if real is None else real[:, None, None, :]        # (B, 1, 1, k')
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)  # (B, h, T, d_h)
+
+    def _choose_order(self, order: str) -> str:
+        bank = self.bank
+        if order != "auto":
+            return order
+        if bank.windowed and bank.kind.per_channel:
+            return "project_first"
+        groups = 1 if bank.windowed else bank.groups
+        cheaper = compress_first_is_cheaper(groups, bank.slots(self.layer), bank.max_len, self.d_model)
+        return "compress_first" if cheaper else "project_first"
+
+    def compressed_keys_values(self, x: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        """E K and F V, each (B, h, k', d_h), in the layer's exact order."""
+        bank, layer = self.bank, self.layer
+        if self.order == "project_first":
+            k, v = self.keys_values(x)                                    # (B, h, T, d_h)
+            return bank.compress(layer, 0, k, mask), bank.compress(layer, 1, v, mask)
+        ones = x.new_ones(1, 1, x.shape[1], 1)
+        xe, mass = bank.compress(layer, 0, x.unsqueeze(1), mask), bank.compress(layer, 0, ones, mask)  # E X, E m
+        k = self._apply_linear(xe, mass, self.k_proj)                     # (B, G, k', d) → (B, h, k', d_h)
+        if bank.sides == 2:                                               # F ≠ E: compress again
+            xe, mass = bank.compress(layer, 1, x.unsqueeze(1), mask), bank.compress(layer, 1, ones, mask)
+        v = self._apply_linear(xe, mass, self.v_proj)
+        return k, v
+
+    def _apply_linear(self, xe: Tensor, mass: Tensor, linear: nn.Linear) -> Tensor:
+        """(E X) Wᵀ + (E m) bᵀ per head: (B, G, k, d), mass (B or 1, G, k, 1) → (B, h, k, d_h)."""
+        w = linear.weight.view(self.n_heads, self.d_head, self.d_model)  # (h, d_h, d)
+        bias = linear.bias.view(self.n_heads, 1, self.d_head)            # (h, 1, d_h)
+        return xe @ w.transpose(1, 2) + mass * bias

@@ -1,0 +1,111 @@
+"""Causal Linformer (``kind: linformer``, ``causal: true``), causal by construction.
+
+The sequence is cut into blocks of w = ⌈n/k⌉ tokens; slot j compresses block j only (block-diagonal E, or the
+conv/pool window j). Query i, in block b = ⌊i/w⌋, attends in ONE softmax to the slots of the completed blocks
+j < b (every token of which is ≤ bw − 1 < i) and exactly, causally, to the keys bw … i of its own block::
+
+    scores_i = [ q_i s_jᵀ / √d_h  for j < b ]  ⧺  [ q_i k_tᵀ / √d_h  for bw ≤ t ≤ i ]
+    out_i    = softmax(scores_i) · [ F-slots j < b ; v_t for bw ≤ t ≤ i ]      O(T(k + w)d)
+
+Every key of the prefix enters exactly once (compressed or exact); nothing at a position > i does.
+Incremental decoding (:meth:`CausalLinformer.step`) keeps a fixed-size state per layer and head: the completed
+slots (≤ k) and the current block's keys/values (≤ w), so a token costs O((k + w)·d) whatever its position.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lightning_modules.attention.linformer import Linformer
+from lightning_modules.projections import blocks
+
+
+class CausalLinformer(Linformer):
+    def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
+        k, v = self.keys_values(x)                                        # (B, h, T, d_h) each
+        return self.blockwise(q, k, v, mask, dropout_p)                   # (B, h, T, d_h)
+
+    def blockwise(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float) -> Tensor:
+        """Causal Linformer (module docstring): q, k, v (B, h, T, d_h) → (B, h, T, d_h).
+
+        Blocks b = 0 … nb − 1 (nb = ⌈T/w⌉); slots of blocks 0 … nb − 2 (the last block is nobody's
+        past). One ``scaled_dot_product_attention`` call over rows of u = g·w consecutive queries (g
+        whole blocks, the tail zero-padded; nr = ⌈T/u⌉ rows per sequence): queries (B·nr, h, u, d_h)
+        against keys and values [slots ; the row's own u positions] (B·nr, h, nb − 1 + u, d_h), with an
+        additive mask (B·nr, 1, u, nb − 1 + u) that leaves query i the slots j < ⌊i/w⌋ (non-empty) and
+        the real keys of its own block up to i. Every row repeats the slots: 2(nb − 1)d_h numbers,
+        against the u(nb − 1) slot scores of its queries, so rows of u ≥ 2d_h queries (g = ⌈2d_h/w⌉)
+        keep the repeat no larger than the scores a hand-written softmax would hold, for u − w extra
+        (masked) local scores per query.
+        """
+        batch, t, w = q.shape[0], q.shape[2], self.bank.window(self.layer)
+        nb, u = -(-t // w), w * -(-2 * self.d_head // w)
+        nr = -(-t // u)
+        past = (nb - 1) * w                                                # tokens in completed-able blocks
+        past_mask = None if mask is None else mask[:, :past]
+        sk = self.bank.compress(self.layer, 0, k[:, :, :past], past_mask)  # (B, h, nb-1, d_h)
+        sv = self.bank.compress(self.layer, 1, v[:, :, :past], past_mask)
+
+        def rows(x: Tensor, slots: Optional[Tensor] = None) -> Tensor:
+            """(B, h, T, d_h) → (B·nr, h, u, d_h), preceded by the slots: (B·nr, h, nb-1+u, d_h)."""
+            xr = blocks(x, u).transpose(1, 2)                              # (B, nr, h, u, d_h)
+            if slots is not None:
+                xr = torch.cat([slots[:, None].expand(-1, nr, -1, -1, -1), xr], -2)
+            return xr.flatten(0, 1)
+
+        # Visibility, without the head axis: (B, nr, u, nb-1+u).
+        position = torch.arange(nr * u, device=q.device).view(nr, u)      # (nr, u)
+        block = position // w
+        own = block[:, :, None] == block[:, None, :]                       # (nr, u, u)
+        slot_ok = torch.arange(nb - 1, device=q.device) < block[..., None]                # j < b: (nr, u, nb-1)
+        local_ok = own & (position[:, None, :] <= position[:, :, None])    # own block, key ≤ query
+        if mask is not None:
+            slot_ok = slot_ok & self.bank.nonempty_slots(self.layer, past_mask)[:, None, None, :]  # (B, nr, u, nb-1)
+            local_ok = local_ok & blocks(mask[..., None], u)[:, :, None, :, 0]                      # (B, nr, u, u)
+        visible = torch.cat([slot_ok.expand(batch, nr, u, nb - 1), local_ok.expand(batch, nr, u, u)], -1)
+        # Additive, with two floors: keys of the row's other blocks are outside query i's key set
+        # (the dtype's lowest value), hidden keys of its set [all slots ; own block] get half of it.
+        # A query without any visible key (only an all-padding prefix) then averages its set's values,
+        # finite, instead of SDPA's zeros (or NaN in an explicit softmax). Adding a score to half the
+        # lowest value never reaches −inf, and in fp32/bf16 leaves it unchanged.
+        lowest = torch.finfo(q.dtype).min
+        bias = q.new_zeros(visible.shape).masked_fill_(~visible, lowest / 2)
+        bias[..., nb - 1:].masked_fill_(~own, lowest)
+        out = F.scaled_dot_product_attention(rows(q), rows(k, sk), rows(v, sv), attn_mask=bias.flatten(0, 1)[:, None],
+                                             dropout_p=p)                  # (B·nr, h, u, d_h)
+        return out.unflatten(0, (batch, nr)).transpose(1, 2).flatten(2, 3)[:, :, :t]
+
+    # ------------------------------------------------------------------------------ incremental decoding
+    def init_state(self, batch_size: int, capacity: int, device: Any = None, dtype: Any = None) -> dict:
+        """Fixed size whatever the position (capacity unused; the bank's n bounds it): ``slot_k``, ``slot_v``
+        (B, h, slots, d_h), the current block's ``block_k``, ``block_v`` (B, h, w, d_h); ``t`` the next position."""
+        slots, w = self.bank.slots(self.layer), self.bank.window(self.layer)
+
+        def zeros(rows: int) -> Tensor:
+            return torch.zeros(batch_size, self.n_heads, rows, self.d_head, device=device, dtype=dtype)
+
+        return {"t": 0, "slot_k": zeros(slots), "slot_v": zeros(slots), "block_k": zeros(w), "block_v": zeros(w)}
+
+    def step(self, x: Tensor, state: dict) -> tuple[Tensor, dict]:
+        """Attend to the j = ⌊t/w⌋ completed slots and the r + 1 = t − jw + 1 keys of the current block; when
+        the block completes, compress it into slot j. x (B, 1, d) → ((B, 1, d), state), updated in place."""
+        t = state["t"]
+        if t >= self.bank.max_len:
+            raise ValueError(f"decoding position {t} exceeds the state's capacity of {self.bank.max_len} tokens")
+        q = self.heads(self.q_proj(x))                                    # (B, h, 1, d_h)
+        k, v = self.keys_values(x)
+        w = self.bank.window(self.layer)
+        j, r = divmod(t, w)
+        state["block_k"][:, :, r], state["block_v"][:, :, r] = k[:, :, 0], v[:, :, 0]
+        keys = torch.cat([state["slot_k"][:, :, :j], state["block_k"][:, :, : r + 1]], 2)      # (B, h, j+r+1, d_h)
+        values = torch.cat([state["slot_v"][:, :, :j], state["block_v"][:, :, : r + 1]], 2)
+        if r == w - 1 and j < self.bank.slots(self.layer):
+            state["slot_k"][:, :, j] = self.bank.compress_block(self.layer, 0, state["block_k"], j)
+            state["slot_v"][:, :, j] = self.bank.compress_block(self.layer, 1, state["block_v"], j)
+        out = F.scaled_dot_product_attention(q, keys, values)              # (B, h, 1, d_h)
+        state["t"] = t + 1
+        return self.merge_step(out), state

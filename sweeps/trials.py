@@ -1,0 +1,109 @@
+"""Around one trial: the budget, retries of dead workers, and what a trial ends with.
+
+:func:`run_trial` is what a worker hands to ``optuna.Study.optimize``; each concern is one named function:
+
+* :func:`discard_over_budget`: two workers that both saw one free slot both start a trial; the one ranked past
+  ``n_trials`` discards itself (user attr ``discarded``; an enqueued grid point is put back), so the budget is
+  never exceeded, whatever the storage;
+* :func:`continue_dead_attempt`: a trial that retries one whose worker died or was interrupted (same params,
+  Optuna's ``retry_history``) continues from that attempt's last checkpoint: the attempt's run directory is
+  copied into the new one (TensorBoard events, checkpoint with its RNG states) and the run resumes there, so it
+  ends exactly as an uninterrupted run would; the attempt's intermediate values up to that step are reported
+  again, so pruners see the whole curve (user attr ``resumed_from``: ``{trial, step}``);
+* :func:`record_failure`: a failed trial keeps its reason (user attr ``fail_reason``); an interrupted one is
+  re-enqueued for the resumed study.
+
+What a finished trial records: the objective values, the scalar ``metrics.json`` entries (user attr
+``metrics``, so reports work from the storage alone), or ``fail_reason``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from foundation.checkpoint import read_checkpoint
+from foundation.rundir import CHECKPOINT
+from sweeps import storage
+from sweeps.objective import Diverged, objective
+from sweeps.study import Study
+
+INHERITED = ("fail_reason", "resumed_from")  # user attrs a retry copies from its attempt, which are not its own
+
+
+def run_trial(study: Study, trial: optuna.Trial, url: Optional[str]) -> float | list[float]:
+    """One trial, start to end: budget check, continuation of a dead attempt, the objective, failure record."""
+    trials = trial.study.get_trials(deepcopy=False)
+    frozen = next(t for t in trials if t.number == trial.number)  # its system attrs: grid point, retries
+    with storage.beating(study, trial.number, url):
+        discard_over_budget(study, trial, trials, frozen)
+        run_dir = study.root / f"trial_{trial.number}"
+        trial.set_user_attr("run_dir", str(run_dir))
+        run = {"experiment": study.name, "run_dir": str(run_dir),
+               **continue_dead_attempt(trial, trials, frozen, run_dir)}
+        try:
+            return objective(study, trial, run)
+        except optuna.TrialPruned:
+            raise
+        except BaseException as err:
+            record_failure(trial, err)
+            raise
+
+
+def discard_over_budget(study: Study, trial: optuna.Trial, trials: list[FrozenTrial], frozen: FrozenTrial) -> None:
+    """Raise ``TrialPruned`` (marked ``discarded``) when concurrent workers have already started the last trial
+    of the budget; an enqueued grid point is put back."""
+    if study.n_trials is None or storage.budget_position(trials, trial.number) < study.n_trials:
+        return
+    trial.set_user_attr(storage.DISCARDED, "the budget was met by concurrent workers")
+    if "fixed_params" in frozen.system_attrs:
+        storage.requeue(trial.study, frozen)
+    raise optuna.TrialPruned("discarded: budget already met")
+
+
+def continue_dead_attempt(trial: optuna.Trial, trials: list[FrozenTrial], frozen: FrozenTrial,
+                          run_dir: Path) -> dict[str, Any]:
+    """Config overrides that continue the attempt this trial retries (``{"resume": True}``), or {} to start afresh."""
+    for inherited in INHERITED:
+        if trial.user_attrs.get(inherited) is not None:
+            trial.set_user_attr(inherited, None)
+    found = copy_attempt(trials, frozen, run_dir)
+    if found is None:
+        return {}
+    previous, step = found
+    trial.set_user_attr("resumed_from", {"trial": previous.number, "step": step})
+    for at, value in sorted(previous.intermediate_values.items()):
+        if at <= step:
+            trial.report(value, at)
+    return {"resume": True}
+
+
+def copy_attempt(trials: list[FrozenTrial], frozen: FrozenTrial, run_dir: Path) -> Optional[tuple[FrozenTrial, int]]:
+    """If ``frozen`` retries an attempt that left a checkpoint, copy that attempt's run directory to
+    ``run_dir`` and return (the attempt, its checkpoint's step); else None (the trial starts afresh)."""
+    history = frozen.system_attrs.get("retry_history", [])
+    previous = next((t for t in trials if t.number == history[-1]), None) if history else None
+    old = Path(previous.user_attrs.get("run_dir", "")) if previous is not None else None
+    if old is None or not (old / CHECKPOINT).is_file() or run_dir.exists():
+        return None
+    shutil.copytree(old, run_dir)
+    return previous, int(read_checkpoint(run_dir / CHECKPOINT)["global_step"])
+
+
+def reason(err: BaseException) -> str:
+    """A failure as one line: the divergence message, or the exception's type and first line."""
+    text = str(err).strip().splitlines()
+    return text[0] if isinstance(err, Diverged) else f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+def record_failure(trial: optuna.Trial, err: BaseException) -> None:
+    """Keep why the trial failed; an interrupted trial (Optuna fails it) gets an identical copy enqueued."""
+    if isinstance(err, KeyboardInterrupt):
+        trial.set_user_attr("fail_reason", "interrupted")
+        storage.requeue(trial.study, next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number))
+    elif isinstance(err, Exception):
+        trial.set_user_attr("fail_reason", reason(err))

@@ -1,0 +1,124 @@
+"""The house's structure as specifications: kinds are plug-ins, and no code leans on private Optuna or Lightning.
+
+A new projection kind or attention kind is one class registered by name: these tests register one from inside
+the test and train it one step through ``train()``, with nothing else changed.
+"""
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from foundation.errors import ConfigError
+from lightning_modules.attention import ATTENTION_KINDS, SelfAttention, register_attention
+from lightning_modules.projections import PROJECTION_KINDS, ProjectionKind, register_projection
+from training import config as run_config
+from training.train import train
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("foundation", "lightning_modules", "datamodules", "training", "sweeps", "experiments", "tests")
+PRIVATE_IMPORT = re.compile(r"^\s*(from|import)\s+(optuna|lightning|pytorch_lightning)[\w.]*\._\w*"
+                            r"|^\s*from\s+(optuna|lightning)[\w.]*\s+import\s+.*\b_[A-Za-z]", re.MULTILINE)
+
+
+def test_no_module_imports_a_private_optuna_or_lightning_module():
+    offenders = [f"{path.relative_to(ROOT)}: {m.group(0).strip()}"
+                 for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
+                 for m in PRIVATE_IMPORT.finditer(path.read_text())]
+    assert offenders == []
+
+
+def test_the_private_import_check_would_catch_one():
+    assert PRIVATE_IMPORT.search("from optuna.storages._heartbeat import BaseHeartbeat")
+    assert PRIVATE_IMPORT.search("from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher")
+    assert not PRIVATE_IMPORT.search("from optuna.storages import RetryHeartbeatStaleTrialCallback")
+
+
+def dct_rows(k: int, n: int) -> torch.Tensor:
+    """The first k rows of the orthonormal DCT-II matrix of size n: E_jt = c_j cos(π (t + ½) j / n)."""
+    t, j = torch.arange(n, dtype=torch.float64), torch.arange(k, dtype=torch.float64)[:, None]
+    scale = torch.full((k, 1), math.sqrt(2.0 / n), dtype=torch.float64)
+    scale[0] = math.sqrt(1.0 / n)
+    return (scale * torch.cos(math.pi * (t + 0.5) * j / n)).float()
+
+
+@pytest.fixture
+def dct_projection():
+    """A fixed projection kind, registered for the test only: E = the k lowest DCT-II frequencies."""
+
+    @register_projection("dct")
+    class DCT(ProjectionKind):
+        trainable = False  # fixed: a buffer, saved with the checkpoint
+
+        def draw(self, shape, init, fan_in, k):
+            if len(shape) != 4:
+                raise ValueError("the dct projection is dense (no causal or windowed form)")
+            sides, groups, k, n = shape
+            return dct_rows(k, n).expand(sides, groups, k, n).clone()
+
+    yield DCT
+    del PROJECTION_KINDS["dct"]
+
+
+def test_a_projection_kind_registered_in_a_test_trains_one_step_through_train(dct_projection, tiny_overrides):
+    cfg = run_config.load(tiny_overrides.config, [*tiny_overrides.args, "model.attention.projection=dct",
+                                                  "trainer.max_steps=1", "trainer.val_check_interval=1"])
+    metrics = train(cfg)
+    assert metrics["global_step"] == 1 and math.isfinite(metrics["val/loss"])
+    assert metrics["projection_parameters"] == 0                       # fixed: nothing to learn
+    state = torch.load(Path(metrics["run_dir"]) / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    stored = [v for k, v in state.items() if k.startswith("encoder.bank.weight_")]
+    assert stored and all(torch.equal(w[0, 0], dct_rows(8, 32)) for w in stored)   # saved, never redrawn
+
+
+def test_an_unregistered_projection_kind_is_one_config_line():
+    with pytest.raises(ConfigError, match=r"^model.attention.projection: unknown projection kind 'dct' \(allowed: "):
+        run_config.load(run_config.CONFIG_DIR / "base.yaml", ["model.attention.projection=dct"])
+
+
+@pytest.fixture
+def mean_attention():
+    """An attention kind registered for the test only: every query averages the real tokens' values."""
+
+    @register_attention("mean")
+    class MeanAttention(SelfAttention):
+        has_causal_form = False
+
+        def attend(self, x, q, mask, dropout_p):
+            _, v = self.keys_values(x)                                   # (B, h, T, d_h)
+            m = torch.ones(x.shape[:2], dtype=v.dtype) if mask is None else mask.to(v.dtype)
+            weights = m[:, None, None, :] / m.sum(-1)[:, None, None, None]  # (B, 1, 1, T)
+            return (weights @ v).expand_as(q)                            # (B, h, T, d_h)
+
+    yield MeanAttention
+    del ATTENTION_KINDS["mean"]
+
+
+def test_an_attention_kind_registered_in_a_test_trains_one_step_through_train(mean_attention, tiny_overrides):
+    cfg = run_config.load(tiny_overrides.config, [*tiny_overrides.args, "model.attention.kind=mean",
+                                                  "trainer.max_steps=1", "trainer.val_check_interval=1"])
+    metrics = train(cfg)
+    assert metrics["global_step"] == 1 and math.isfinite(metrics["val/loss"])
+    with pytest.raises(ConfigError, match="^model.attention.causal: kind 'mean' has no causal form"):
+        run_config.load(tiny_overrides.config, [*tiny_overrides.args, "task=clm", "model.attention.kind=mean",
+                                                "model.attention.causal=true"])
+
+
+def test_renamed_keys_still_work_for_one_release_with_a_warning(capsys):
+    cfg = run_config.load(run_config.CONFIG_DIR / "base.yaml",
+                          ["model.attention.project=k", "model.attention.path=projected"])
+    assert (cfg.model.attention.compress, cfg.model.attention.order) == ("keys", "project_first")
+    err = capsys.readouterr().err
+    assert "model.attention.project is deprecated, use model.attention.compress" in err
+    assert "model.attention.path is deprecated, use model.attention.order" in err
+
+
+def test_full_attention_without_a_mask_equals_it_with_an_all_true_mask():
+    from lightning_modules.attention import build_attention
+
+    torch.manual_seed(0)
+    layer = build_attention({"max_len": 8, "d_model": 16, "n_heads": 2, "attention": {"kind": "full", "causal": True}})
+    x = torch.randn(2, 8, 16)
+    torch.testing.assert_close(layer(x), layer(x, torch.ones(2, 8, dtype=torch.bool)), atol=1e-6, rtol=1e-6)
