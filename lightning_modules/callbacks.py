@@ -25,7 +25,11 @@ def peak_memory_mb(device: torch.device) -> float:
 class RunMetrics(L.Callback):
     """Logs ``perf/tokens_per_sec``, ``perf/step_time_s``, ``perf/peak_mem_mb`` every training step
     and ``val/ppl_vs_wallclock`` (x axis: seconds spent in training steps) after each validation; keeps the
-    totals that ``metrics.json`` reports."""
+    totals that ``metrics.json`` reports.
+
+    ``peak_mem_mb`` is read on the device the module trains on, while it trains: after ``fit`` Lightning's
+    teardown has moved the module back to the CPU, where the figure would be the process's peak RSS instead of
+    the CUDA allocator's peak."""
 
     def __init__(self) -> None:
         self.tokens = 0
@@ -33,18 +37,21 @@ class RunMetrics(L.Callback):
         self._t0 = 0.0
         self.curve: list[tuple[float, int, float]] = []  # (seconds, tokens, val ppl)
         self.validated_at = -1  # global step of the latest validation during fit
+        self.device = torch.device("cpu")  # the device of the latest training step
+        self.peak_mem_mb = 0.0  # peak memory during training, on that device (see peak_memory_mb)
         # Whether fit ran in this process: under ddp_spawn / ddp_fork it runs in worker processes, which have
         # copies of this callback, and only the weights and the last metrics come back.
         self.fit_here = False
 
     def state_dict(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "train_seconds": self.train_seconds, "curve": self.curve,
-                "validated_at": self.validated_at}
+                "validated_at": self.validated_at, "peak_mem_mb": self.peak_mem_mb}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tokens, self.train_seconds = state["tokens"], state["train_seconds"]
         self.curve = [tuple(c) for c in state["curve"]]
         self.validated_at = state.get("validated_at", -1)
+        self.peak_mem_mb = state.get("peak_mem_mb", 0.0)  # a resumed run reports the larger of both processes'
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.fit_here = True
@@ -61,8 +68,10 @@ class RunMetrics(L.Callback):
         n = batch["input_ids"].numel() * trainer.world_size
         self.tokens += n
         self.train_seconds += dt
+        self.device = pl_module.device
+        self.peak_mem_mb = max(self.peak_mem_mb, peak_memory_mb(self.device))
         pl_module.log_dict({"perf/tokens_per_sec": n / dt, "perf/step_time_s": dt,
-                            "perf/peak_mem_mb": peak_memory_mb(pl_module.device)})
+                            "perf/peak_mem_mb": self.peak_mem_mb})
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":

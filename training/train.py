@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from foundation.atomic import atomic_write_text, write_json
 from foundation.checkpoint import AtomicCheckpointIO, check_architecture, read_checkpoint
 from foundation.rundir import CHECKPOINT, TOKENIZER, choose_run_dir, shared_with_ranks
-from lightning_modules.callbacks import RunMetrics, SpectrumMonitor, peak_memory_mb
+from lightning_modules.callbacks import RunMetrics, SpectrumMonitor
 from lightning_modules.encoder import count_parameters
 from training import config as run_config
 from training.resume import LastCheckpoint, adopt_final_state, rollback_events
@@ -180,7 +180,7 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         "train_time_s": run_metrics.train_seconds,
         "tokens": run_metrics.tokens,
         "tokens_per_sec": run_metrics.tokens / max(run_metrics.train_seconds, 1e-9),
-        "peak_mem_mb": peak_memory_mb(module.device),
+        "peak_mem_mb": run_metrics.peak_mem_mb,  # read during training (the module is on the CPU by now)
         "ppl_vs_wallclock": [list(c) for c in run_metrics.curve],
         "run_dir": str(run_dir),
     }

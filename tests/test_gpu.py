@@ -1,0 +1,66 @@
+"""What would silently skew or break a GPU run, checked on a CPU machine with CUDA faked.
+
+No GPU is needed: the tests replace ``torch.cuda`` functions (device count, capability, RNG state, allocator
+peak) with fakes and give callbacks a module that reports a CUDA device.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import torch
+
+from lightning_modules import callbacks
+from lightning_modules.callbacks import RunMetrics
+from training import config as run_config
+from training.train import train
+
+CUDA = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+
+
+def fake_trainer(**attrs) -> types.SimpleNamespace:
+    defaults = dict(world_size=1, global_step=0, log_every_n_steps=1, sanity_checking=False, should_stop=False,
+                    state=types.SimpleNamespace(fn="fit"), loggers=[], callback_metrics={}, is_global_zero=True)
+    return types.SimpleNamespace(**{**defaults, **attrs})
+
+
+class FakeModule:
+    """What RunMetrics reads of a LightningModule: its device, and log_dict."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.logged = device, []
+
+    def log_dict(self, values: dict, **kwargs) -> None:
+        self.logged.append(values)
+
+
+# ---------------------------------------------------------------------------------------- 1. peak memory
+def test_the_peak_memory_is_the_cuda_allocators_peak_during_training_not_the_rss_after_teardown(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    run_metrics, module = RunMetrics(), FakeModule(CUDA)
+    batch = {"input_ids": torch.zeros(2, 8, dtype=torch.long)}
+    for step in range(1, 3):
+        trainer = fake_trainer(global_step=step)
+        run_metrics.on_train_batch_start(trainer, module, batch, step - 1)
+        run_metrics.on_train_batch_end(trainer, module, None, batch, step - 1)
+    run_metrics.on_train_end(fake_trainer(global_step=2), module)
+    module.device = CPU  # Lightning's teardown moves the module back to the CPU after fit
+    assert run_metrics.device == CUDA and run_metrics.peak_mem_mb == 3 * 1024
+    assert module.logged[-1]["perf/peak_mem_mb"] == 3 * 1024
+    restored = RunMetrics()  # the figure survives a resume and the end of a ddp_spawn fit (callback state)
+    restored.load_state_dict(run_metrics.state_dict())
+    assert restored.peak_mem_mb == 3 * 1024
+
+
+def test_train_reports_the_peak_measured_while_training(tiny_overrides, monkeypatch):
+    """metrics.json's peak_mem_mb is the figure RunMetrics took during fit, not one read afterwards from
+    ``module.device`` (the CPU by then)."""
+    monkeypatch.setattr(callbacks, "peak_memory_mb", lambda device: 2048.0)
+    cfg = run_config.load(tiny_overrides.config, [*tiny_overrides.args, "trainer.max_steps=2"])
+    metrics = train(cfg)
+    assert metrics["peak_mem_mb"] == 2048.0
+    assert json.loads((Path(metrics["run_dir"]) / "metrics.json").read_text())["peak_mem_mb"] == 2048.0
