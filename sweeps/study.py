@@ -127,14 +127,14 @@ def _nested(flat: dict) -> DictConfig:
     return layer
 
 
-def _devices(devices: Any) -> Optional[int]:
+def requested_devices(devices: Any) -> Optional[int]:
     """Number of devices a Lightning ``devices`` value asks for; None when it depends on the machine."""
     if isinstance(devices, int):
         return None if devices == -1 else devices
     if isinstance(devices, str):
         text = devices.strip()
         if text.lstrip("-").isdigit():
-            return _devices(int(text))
+            return requested_devices(int(text))
         return len([d for d in text.split(",") if d.strip()]) if "," in text else None
     return len(devices)
 
@@ -143,7 +143,7 @@ def check_trial_devices(cfg: DictConfig) -> None:
     """Refuse what would break inside an Optuna objective: 'ddp' re-executes the launching script in
     every extra rank (each rank would then run its own sweep and create its own trials)."""
     t = cfg.trainer
-    n = _devices(t.devices)
+    n = requested_devices(t.devices)
     multi = n is None or n > 1 or t.num_nodes > 1
     if t.strategy in SPAWN_STRATEGIES:
         return

@@ -7,6 +7,14 @@ its output in ``<study dir>/logs/``) and prints one line per finished trial. Eve
 fail stale trials; stop when ``n_trials`` trials are finished (or the timeout has passed); wait while
 the remaining budget is taken by running trials (one of them may yet die); else run one trial.
 The same command on another machine, against the same ``--storage`` RDB URL, joins the study.
+
+GPUs: the N GPUs this process may use (``CUDA_VISIBLE_DEVICES`` if set, else all; counted through NVML
+without initialising CUDA here) are dealt out as whole blocks of g = N // W per worker: worker i gets GPUs
+i·g … i·g + g − 1 as its ``CUDA_VISIBLE_DEVICES``, and N mod W stay idle (one line says so). A trial then sees
+its worker's g GPUs as cuda:0 … cuda:g − 1: ``trainer.devices=g trainer.strategy=ddp_spawn`` trains each
+trial on all of them (a trial asking for more than g is refused before any trial starts). With more workers
+than GPUs (one line says so), worker i shares GPU i mod N with the others dealt the same one. Trials on
+``trainer.accelerator=cpu`` get no GPU.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from foundation.errors import ConfigError
 from sweeps import storage
-from sweeps.study import Study, load_study
+from sweeps.study import Study, load_study, requested_devices
 
 POLL_S = 1.0
 HOST = "127.0.0.1"
@@ -73,6 +81,49 @@ def check_objective(study: Study, ostudy: optuna.Study, url: Optional[str]) -> N
                           "study or delete its storage")
 
 
+# --------------------------------------------------------------------------------------- GPUs
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries (indices or UUIDs).
+
+    ``torch.cuda.device_count()`` counts through NVML, honouring ``CUDA_VISIBLE_DEVICES``, and does not
+    initialise CUDA in this process (torch's documented contract: it does not "poison fork")."""
+    import torch
+
+    count = torch.cuda.device_count()
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return [str(i) for i in range(count)]
+    return [d.strip() for d in listed.split(",") if d.strip()][:count]
+
+
+def worker_gpus(gpus: list[str], workers: int) -> tuple[list[Optional[str]], Optional[str]]:
+    """Each worker's ``CUDA_VISIBLE_DEVICES`` (None: leave it as it is) and a one-line note, or None.
+
+    Blocks of g = N // W GPUs per worker; more workers than GPUs: worker i on GPU i mod N."""
+    n = len(gpus)
+    if n == 0:
+        return [None] * workers, None
+    if workers > n:
+        return [gpus[i % n] for i in range(workers)], (
+            f"warning: {workers} workers share {n} GPU(s) (worker i on GPU i mod {n}): trials on one GPU slow each "
+            f"other down and add their memory; --workers {n} gives each worker its own")
+    g = n // workers
+    note = None if n % workers == 0 else (
+        f"note: {n} GPUs for {workers} workers: {g} per worker, {n % workers} idle (--workers divides them evenly "
+        f"when it divides {n})")
+    return [",".join(gpus[i * g:(i + 1) * g]) for i in range(workers)], note
+
+
+def _check_trial_gpus(study: Study, per_worker: int) -> None:
+    """Refuse trials that ask for more GPUs than a worker has (Lightning would fail every one of them)."""
+    for s in study.studies:
+        t = s.shared.trainer
+        asked = requested_devices(t.devices)
+        if t.accelerator != "cpu" and asked is not None and asked > per_worker:
+            raise ConfigError(f"trainer.devices={t.devices}: each sweep worker has {per_worker} GPU(s) (the visible "
+                              f"GPUs divided by --workers); use fewer --workers or fewer devices per trial")
+
+
 def _optuna_quiet() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -80,13 +131,16 @@ def _optuna_quiet() -> None:
 # --------------------------------------------------------------------------------------- worker
 def work(study_file: str, preset: Optional[str], n_trials: Optional[int], timeout_s: Optional[float],
          url: Optional[str], workers: int, index: int, threads: int, deadline: Optional[float],
-         log_path: Optional[str]) -> int:
+         log_path: Optional[str], gpus: Optional[str] = None) -> int:
     """One worker process: run the control's trials, then the study's, until each budget is met.
-    Returns an exit code."""
+    ``gpus``: its ``CUDA_VISIBLE_DEVICES`` (set before anything here initialises CUDA). Returns an exit code."""
     if log_path is not None:  # lightning, torch and optuna write to fd 1/2: send them all to the log
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
+    if gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+        print(f"worker {index}: CUDA_VISIBLE_DEVICES={gpus}", flush=True)
     import torch
 
     from sweeps.objective import StudyMisconfigured
@@ -191,6 +245,10 @@ def _met(study: Study, trials: list[FrozenTrial]) -> bool:
 
 
 def run(study: Study, url: Optional[str], workers: int) -> int:
+    on_cpu = all(s.shared.trainer.accelerator == "cpu" for s in study.studies)
+    gpus, gpu_note = worker_gpus([] if on_cpu else visible_gpus(), workers)
+    if gpus[0] is not None:
+        _check_trial_gpus(study, len(gpus[0].split(",")))
     ostudies = {s.name: prepare(s, url, workers) for s in study.studies}
     for s in study.studies:
         print(f"study {s.name}: {_progress(s, ostudies[s.name].trials)} trials finished; "
@@ -198,6 +256,8 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     if all(_met(s, ostudies[s.name].trials) for s in study.studies):
         print("budget already met: nothing to run")
         return 0
+    if gpu_note:
+        print(gpu_note, flush=True)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // workers)
     deadline = time.time() + study.spec.budget.timeout_s if study.spec.budget.timeout_s else None
@@ -208,10 +268,11 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     for i in range(workers):
         kwargs = dict(study_file=str(study.path), preset=study.preset, n_trials=study.spec.budget.n_trials,
                       timeout_s=study.spec.budget.timeout_s, url=url, workers=workers, index=i,
-                      threads=threads, deadline=deadline, log_path=str(logs / f"worker_{i}.log"))
+                      threads=threads, deadline=deadline, log_path=str(logs / f"worker_{i}.log"), gpus=gpus[i])
         procs.append(ctx.Process(target=_work_entry, kwargs=kwargs, name=f"sweep-worker-{i}"))
         procs[-1].start()
-    print(f"{workers} worker(s) × {threads} thread(s); logs in {logs}/", flush=True)
+    on_gpus = f" × GPUs {' | '.join(gpus)}" if gpus[0] is not None else ""
+    print(f"{workers} worker(s) × {threads} thread(s){on_gpus}; logs in {logs}/", flush=True)
     seen = {(s.name, t.number) for s in study.studies for t in ostudies[s.name].trials if t.state.is_finished()}
     started = time.time()
     try:

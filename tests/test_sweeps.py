@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import optuna
@@ -129,6 +130,71 @@ def test_two_workers_run_the_exact_budget_with_one_run_dir_and_hparams_per_trial
     # the same command again finds the budget met and runs nothing
     assert cli.main(["sweep", str(path), "--workers", "2"]) == 0
     assert len(trials_of(path)) == 4
+
+
+class _NoWorker:
+    """Stands in for a worker process: records its arguments, starts nothing, has already exited."""
+
+    started: list[dict] = []
+
+    def __init__(self, target, kwargs, name):
+        self.kwargs, self.name, self.pid, self.exitcode = kwargs, name, 0, 0
+        read, write = os.pipe()
+        os.close(write)
+        self.sentinel = read  # readable at once (end of file): the worker "has ended"
+
+    def start(self):
+        _NoWorker.started.append(self.kwargs)
+
+    def join(self, timeout=None):
+        os.close(self.sentinel)
+
+    def is_alive(self):
+        return False
+
+
+@pytest.mark.parametrize("visible, count, workers, expected, line", [
+    (None, 4, 2, ["0,1", "2,3"], None),
+    ("3,5,6", 3, 2, ["3", "5"], "note: 3 GPUs for 2 workers: 1 per worker, 1 idle"),
+    (None, 1, 3, ["0", "0", "0"], "warning: 3 workers share 1 GPU(s)"),
+    (None, 0, 2, [None, None], None),
+])
+def test_each_sweep_worker_gets_its_own_gpus_counted_without_initialising_cuda(
+        tmp_path, tiny_overrides, monkeypatch, capsys, visible, count, workers, expected, line):
+    import torch
+
+    from sweeps import sweep
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "_lazy_init", lambda: pytest.fail("the sweep process initialised CUDA"))
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(sweep.mp, "get_context", lambda method: types.SimpleNamespace(Process=_NoWorker))
+    monkeypatch.setattr(_NoWorker, "started", [])
+    path = write_study(tmp_path, tiny_overrides, "gpus", {"seed": {"type": "categorical", "choices": [0, 1]}},
+                       overrides={"trainer.accelerator": "auto"})
+    cli.main(["sweep", str(path), "--workers", str(workers)])
+    assert [kwargs["gpus"] for kwargs in _NoWorker.started] == expected
+    out = capsys.readouterr().out
+    notes = [text for text in out.splitlines() if text.startswith(("note:", "warning:"))]
+    assert notes == ([] if line is None else [notes[0]]) and (line is None or notes[0].startswith(line))
+
+
+def test_a_trial_asking_for_more_gpus_than_its_worker_has_is_refused_before_any_trial(tmp_path, tiny_overrides,
+                                                                                      monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    path = write_study(tmp_path, tiny_overrides, "gpus", {"seed": {"type": "categorical", "choices": [0, 1]}},
+                       overrides={"trainer.accelerator": "auto", "trainer.devices": 2,
+                                  "trainer.strategy": "ddp_spawn"})
+    assert cli.main(["sweep", str(path), "--workers", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "trainer.devices=2: each sweep worker has 1 GPU(s)" in err
+    assert not (tmp_path / "runs" / "gpus").exists()
 
 
 def test_rerunning_after_the_sweep_was_killed_completes_exactly_the_budget(tmp_path, tiny):
