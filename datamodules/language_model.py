@@ -10,7 +10,10 @@ Lightning contract: ``prepare_data`` (one process per node) builds the caches an
 ``setup`` (every process) loads them, building whatever is missing, and is idempotent.
 
 Batches are dicts of ``input_ids`` (long, B x T), ``labels`` (long, B x T, -100 where nothing is
-predicted) and ``attention_mask`` (bool, B x T, True at real tokens). Subclasses differ only in
+predicted) and ``attention_mask`` None: a packed block has no padding, and None is the attention's "no
+padding" (base.py's mask contract), which lets full attention call SDPA without a mask (its flash kernel on
+CUDA; ``is_causal`` instead of a (B, 1, T, T) mask for CLM). Known here by construction, it costs no check; a
+check in the LightningModule would read a device tensor back to the host every batch. Subclasses differ only in
 :meth:`PackedTextDataModule.make_inputs_labels`.
 """
 
@@ -193,4 +196,4 @@ def pack(ids: np.ndarray, max_len: int) -> np.ndarray:
 
 
 def _as_batch(inputs: torch.Tensor, labels: torch.Tensor) -> dict:
-    return {"input_ids": inputs, "labels": labels, "attention_mask": inputs != PAD_ID}
+    return {"input_ids": inputs, "labels": labels, "attention_mask": None}  # packed: no padding

@@ -243,7 +243,7 @@ def validation_sample(loader: Iterable[dict], sequences: int) -> list[dict]:
     out, taken = [], 0
     for batch in loader:
         take = min(sequences - taken, batch["input_ids"].shape[0])
-        out.append({key: value[:take] for key, value in batch.items()})
+        out.append({key: None if value is None else value[:take] for key, value in batch.items()})  # no mask: None
         taken += take
         if taken >= sequences:
             break

@@ -109,7 +109,8 @@ class SpectrumMonitor(L.Callback):
     def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                                   batch_idx: int, dataloader_idx: int = 0) -> None:
         if self.sample is None and not trainer.sanity_checking:
-            self.sample = {key: batch[key][: self.samples].detach().cpu() for key in ("input_ids", "attention_mask")}
+            self.sample = {key: None if batch.get(key) is None else batch[key][: self.samples].detach().cpu()
+                           for key in ("input_ids", "attention_mask")}  # packed LM batches: no mask
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or self.sample is None:

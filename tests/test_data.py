@@ -239,9 +239,9 @@ def test_causal_labels_are_the_next_tokens(tmp_path, txt_corpus):
     rows = {tuple(r) for r in dm.train_blocks.tolist()}
     for batch in (next(iter(dm.train_dataloader())), next(iter(dm.val_dataloader()))):
         ids, labels = batch["input_ids"], batch["labels"]
-        assert ids.dtype == labels.dtype == torch.long and batch["attention_mask"].dtype == torch.bool
+        assert ids.dtype == labels.dtype == torch.long
         assert torch.equal(labels[:, :-1], ids[:, 1:]) and (labels[:, -1] == -100).all()
-        assert batch["attention_mask"].all()
+        assert batch["attention_mask"] is None  # packed blocks: no padding
     assert all(tuple(r) in rows for r in next(iter(dm.train_dataloader()))["input_ids"].tolist())
 
 
@@ -273,7 +273,7 @@ def test_mlm_validation_masks_are_fixed_and_training_masks_are_fresh(tmp_path, t
     torch.manual_seed(123)  # consuming the global RNG must not change validation masks
     second.setup("fit")
     for a, b in zip(first.val_dataloader(), second.val_dataloader(), strict=True):
-        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "labels"))
         assert (a["labels"] != -100).any()
     collate = first.train_dataloader().collate_fn
     rows = list(first.train_blocks[:8])

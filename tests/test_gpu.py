@@ -10,12 +10,14 @@ import json
 import types
 from pathlib import Path
 
+import pytest
 import torch
+import torch.nn.functional as F
 
 from lightning_modules import callbacks
 from lightning_modules.callbacks import RunMetrics
 from training import config as run_config
-from training.train import train
+from training.train import build_datamodule, build_module, train
 
 CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")
@@ -64,3 +66,30 @@ def test_train_reports_the_peak_measured_while_training(tiny_overrides, monkeypa
     metrics = train(cfg)
     assert metrics["peak_mem_mb"] == 2048.0
     assert json.loads((Path(metrics["run_dir"]) / "metrics.json").read_text())["peak_mem_mb"] == 2048.0
+
+
+# ---------------------------------------------------------------------------------------- 3. FlashAttention
+@pytest.mark.parametrize("task, causal", [("mlm", False), ("clm", True)])
+def test_packed_lm_batches_reach_full_attention_without_a_mask(tiny_overrides, monkeypatch, task, causal):
+    """Packed blocks hold no padding: SDPA must get attn_mask=None (is_causal for CLM), which is what lets
+    CUDA pick its flash kernel; an all-True mask would force the masked kernels and, causal, a (B, 1, T, T)
+    mask built in every layer."""
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        calls.append((attn_mask, is_causal))
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    cfg = run_config.load(tiny_overrides.config, [*tiny_overrides.args, f"task={task}", "model.attention.kind=full",
+                                                  f"model.attention.causal={str(causal).lower()}"])
+    datamodule = build_datamodule(cfg)
+    datamodule.setup("fit")
+    module = build_module(cfg, datamodule)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    for loader in (datamodule.train_dataloader(), datamodule.val_dataloader()):
+        batch = next(iter(loader))
+        assert batch["attention_mask"] is None
+        module._loss(batch)
+    assert len(calls) == 2 * cfg.model.n_layers
+    assert all(mask is None and flag == causal for mask, flag in calls)

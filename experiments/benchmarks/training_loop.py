@@ -32,7 +32,7 @@ def _batches(steps: int, batch: int, n: int, vocab: int, device: torch.device) -
         ids = torch.randint(5, vocab, (batch, n), generator=g)
         labels = torch.where(torch.rand(batch, n, generator=g) < 0.15, ids, torch.full_like(ids, -100))
         labels[:, 0] = ids[:, 0]  # at least one target per batch
-        out.append({"input_ids": ids, "labels": labels, "attention_mask": torch.ones(batch, n, dtype=torch.bool)})
+        out.append({"input_ids": ids, "labels": labels, "attention_mask": None})  # packed blocks: no padding
     return out
 
 
