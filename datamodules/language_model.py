@@ -78,7 +78,9 @@ class PackedTextDataModule(L.LightningDataModule):
         self.val_set = TensorDataset(*self.make_inputs_labels(val_ids, torch.Generator().manual_seed(VAL_MASK_SEED)))
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_blocks, self._train_batch, seed=self.seed)
+        # Workers only stack blocks; the masks are drawn per batch from (seed, epoch, rank, batch index), in
+        # this process (datamodules/sampling.py): a resumed run draws the uninterrupted run's masks.
+        return self._loader(self.train_blocks, _stack, seed=self.seed, draw=self._train_batch)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, self._val_batch, seed=None)
@@ -131,13 +133,13 @@ class PackedTextDataModule(L.LightningDataModule):
         atomic_write(path, lambda f: np.save(f, blocks))
         return blocks
 
-    def _loader(self, dataset, collate_fn, seed: Optional[int]) -> DataLoader:
+    def _loader(self, dataset, collate_fn, seed: Optional[int], draw=None) -> DataLoader:
         workers = self.data_cfg.num_workers
-        return make_loader(dataset, self.trainer, seed, batch_size=self.data_cfg.batch_size, collate_fn=collate_fn,
-                           num_workers=workers, persistent_workers=workers > 0)
+        return make_loader(dataset, self.trainer, seed, draw, batch_size=self.data_cfg.batch_size,
+                           collate_fn=collate_fn, num_workers=workers, persistent_workers=workers > 0)
 
-    def _train_batch(self, rows: list[torch.Tensor]) -> dict:
-        return _as_batch(*self.make_inputs_labels(torch.stack(rows).long(), None))
+    def _train_batch(self, ids: torch.Tensor, generator: torch.Generator) -> dict:
+        return _as_batch(*self.make_inputs_labels(ids, generator))
 
     def _val_batch(self, items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
         inputs, labels = (torch.stack(column) for column in zip(*items))
@@ -145,9 +147,10 @@ class PackedTextDataModule(L.LightningDataModule):
 
 
 class MLMDataModule(PackedTextDataModule):
-    """BERT-style dynamic masking: each training batch draws new masks from torch's global RNG (so
-    ``seed_everything`` reproduces them; in a DataLoader worker, the worker's RNG, which the loader seeds);
-    validation masks are drawn once, in ``setup``, with a fixed generator."""
+    """BERT-style dynamic masking: each training batch draws new masks from its own generator, seeded from
+    (seed, epoch, rank, batch index) (``datamodules/sampling.py``: a resumed run, with or without loader
+    workers, draws the same masks as an uninterrupted one); validation masks are drawn once, in ``setup``, with
+    a fixed generator."""
 
     def make_inputs_labels(self, ids, generator):
         selected = (torch.rand(ids.shape, generator=generator) < self.data_cfg.mask_prob) & (ids >= NUM_SPECIAL)
@@ -193,6 +196,11 @@ def pack(ids: np.ndarray, max_len: int) -> np.ndarray:
     """Cut a 1-D token stream into (n, max_len) blocks, dropping the incomplete tail."""
     n = len(ids) // max_len
     return ids[: n * max_len].reshape(n, max_len)
+
+
+def _stack(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Collate training blocks: (B, T) long."""
+    return torch.stack(rows).long()
 
 
 def _as_batch(inputs: torch.Tensor, labels: torch.Tensor) -> dict:

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
@@ -26,6 +27,8 @@ from datamodules.sampling import EpochShuffle, ResumableLoader
 from experiments import cli
 from foundation.checkpoint import AtomicCheckpointIO, read_checkpoint
 from foundation.rundir import CHECKPOINT
+from training import config as run_config
+from training.train import train
 
 TOLERANCE = 1e-6
 
@@ -138,6 +141,54 @@ def test_a_run_killed_mid_training_resumes_to_the_same_weights_metrics_and_curve
     before = {p: p.stat().st_mtime_ns for p in killed.rglob("*")}
     assert cli.main(["train", *args, f"run_dir={killed}", "resume=true"]) == 2
     assert {p: p.stat().st_mtime_ns for p in killed.rglob("*")} == before
+
+
+class Crash(Exception):
+    """What the crashing callback raises."""
+
+
+class CrashAt(L.Callback):
+    """Stops a run with an exception at the start of a step (after a checkpoint, before the next)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise Crash(f"crashed at step {self.step}")
+
+
+class RecordLabels(L.Callback):
+    """The MLM labels (where the masks fell) of every training step, by global step."""
+
+    def __init__(self) -> None:
+        self.labels: dict[int, torch.Tensor] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.labels[trainer.global_step] = batch["labels"].clone()
+
+
+def test_a_run_resumed_with_loader_workers_draws_the_masks_of_the_uninterrupted_run(tiny_overrides, tmp_path,
+                                                                                   one_thread):
+    """With data.num_workers=2 the loader's workers restart on resume; the MLM masks must not restart with
+    their RNG: every batch after the resume is masked as in the run that was never interrupted."""
+    args = [*tiny_overrides.args, "data.num_workers=2", "trainer.max_steps=8", "trainer.val_check_interval=4",
+            "trainer.deterministic=true", "trainer.cpu_threads=1"]
+    config = lambda *more: run_config.load(tiny_overrides.config, [*args, *more])  # noqa: E731
+    killed, straight = tmp_path / "killed", tmp_path / "straight"
+    reference, resumed = RecordLabels(), RecordLabels()
+    train(config(f"run_dir={straight}"), callbacks=[reference])
+    with pytest.raises(Crash):
+        train(config(f"run_dir={killed}"), callbacks=[CrashAt(6)])
+    assert read_checkpoint(killed / CHECKPOINT)["global_step"] == 4
+    train(config(f"run_dir={killed}", "resume=true"), callbacks=[resumed])
+
+    assert sorted(resumed.labels) == [4, 5, 6, 7]
+    for step, labels in resumed.labels.items():
+        assert torch.equal(labels, reference.labels[step]), f"the masks of step {step} differ after the resume"
+    ours, theirs = (read_checkpoint(d / CHECKPOINT)["state_dict"] for d in (killed, straight))
+    error = max((ours[k] - theirs[k]).abs().max().item() for k in theirs)
+    assert error <= TOLERANCE, f"max |resumed - uninterrupted| weight difference {error:.3g}"
 
 
 def _die_while_saving(path: Path) -> None:

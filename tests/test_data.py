@@ -16,6 +16,7 @@ from datamodules.config import DataConfig
 from datamodules.corpus import iter_texts, load_text_corpus
 from datamodules.embedded import clean_text, load_embedded, split_of
 from datamodules.language_model import CausalLMDataModule, MLMDataModule
+from datamodules.sampling import batch_generator
 from datamodules.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID, UNK_ID, build_tokenizer
 from foundation.errors import ConfigError
 
@@ -275,15 +276,20 @@ def test_mlm_validation_masks_are_fixed_and_training_masks_are_fresh(tmp_path, t
     for a, b in zip(first.val_dataloader(), second.val_dataloader(), strict=True):
         assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "labels"))
         assert (a["labels"] != -100).any()
-    collate = first.train_dataloader().collate_fn
-    rows = list(first.train_blocks[:8])
-    one, two = collate(rows), collate(rows)
-    assert not torch.equal(one["labels"], two["labels"])
+    # A training batch's masks are a function of (seed, epoch, rank, batch index) alone: fresh for every batch
+    # and rank, the same whenever the same batch is drawn again (a resumed run), whatever the global RNG.
+    draw = first.train_dataloader().draw
+    rows = first.train_blocks[:8].long()
+    one, two, other_rank = (draw(rows, batch_generator(1, 0, rank, index)) for rank, index in ((0, 0), (0, 1), (1, 0)))
+    assert not torch.equal(one["labels"], two["labels"]) and not torch.equal(one["labels"], other_rank["labels"])
     torch.manual_seed(7)
-    again = collate(rows)
-    torch.manual_seed(7)
-    assert torch.equal(collate(rows)["input_ids"], again["input_ids"])  # seed_everything reproduces them
+    assert torch.equal(draw(rows, batch_generator(1, 0, 0, 0))["input_ids"], one["input_ids"])
     loader = first.train_dataloader()
-    epoch1, epoch2 = ([b["labels"] for b in loader] for _ in range(2))
-    assert sum(len(b) for b in epoch1) == first.num_train_blocks
-    assert not any(torch.equal(a, b) for a, b in zip(epoch1, epoch2))
+    epochs = []
+    for epoch in (0, 1, 0):
+        loader.sampler.set_epoch(epoch)
+        torch.manual_seed(epoch)
+        epochs.append([b["labels"] for b in loader])
+    assert sum(len(b) for b in epochs[0]) == first.num_train_blocks
+    assert not any(torch.equal(a, b) for a, b in zip(epochs[0], epochs[1]))
+    assert all(torch.equal(a, b) for a, b in zip(epochs[0], epochs[2], strict=True))

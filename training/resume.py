@@ -6,8 +6,9 @@ duplicated or missing steps. What that takes, besides Lightning's own state (wei
 loop counters, callbacks' state), the resumable data order of ``datamodules/sampling.py`` and the atomic
 checkpoint files of :mod:`foundation.checkpoint`:
 
-- :class:`LastCheckpoint` saves ``last.ckpt`` after each validation with the RNG states (dropout and MLM
-  masks draw from the global RNG, which Lightning does not checkpoint) and the size of each TensorBoard event
+- :class:`LastCheckpoint` saves ``last.ckpt`` after each validation with the RNG states (dropout draws from
+  the global RNG, which Lightning does not checkpoint; MLM masks draw from a generator per batch, see
+  ``datamodules/sampling.py``) and the size of each TensorBoard event
   file, flushed first; :func:`rollback_events` cuts the event files back to those sizes before the resumed
   run logs, so the steps the killed process logged after its checkpoint are dropped and logged once more by
   the resumed run.
