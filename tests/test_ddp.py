@@ -24,7 +24,8 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.nn.parallel import DistributedDataParallel
 
-from foundation.rundir import RUN_DIR_ENV, choose_run_dir, shared_with_ranks
+from foundation.checkpoint import read_checkpoint
+from foundation.rundir import CHECKPOINT, RUN_DIR_ENV, choose_run_dir, shared_with_ranks
 from lightning_modules.config import AttentionConfig
 from lightning_modules.language_model import TokenPredictionModule
 from lightning_modules.projections import PROJECTION_KINDS
@@ -74,6 +75,9 @@ def test_two_process_ddp_keeps_ranks_identical_and_validates_on_the_whole_set(ti
     assert len(ranks[0]["blocks"]) == len(ranks[1]["blocks"]) == 16
     assert not set(ranks[0]["blocks"]) & set(ranks[1]["blocks"])
     assert metrics["global_step"] == 4 and metrics["tokens"] == 4 * 2 * 4 * 32
+    # The checkpoint holds each rank's own generators (gathered), for each rank to restore its own.
+    saved = read_checkpoint(tmp_path / "ddp" / CHECKPOINT)["resume_state"]["rng_by_rank"]
+    assert len(saved) == WORLD and all(state["cuda"] is None for state in saved)  # a CPU run: no CUDA state
 
     # The logged validation loss (at the last step, with the final weights) is that of the whole validation set
     # in one process: every block once, token-weighted, although each rank saw only its half.

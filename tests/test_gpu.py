@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from lightning_modules import callbacks
 from lightning_modules.callbacks import RunMetrics
 from training import config as run_config
+from training.resume import LastCheckpoint
 from training.train import build_datamodule, build_module, train
 
 CUDA = torch.device("cuda", 0)
@@ -93,3 +94,87 @@ def test_packed_lm_batches_reach_full_attention_without_a_mask(tiny_overrides, m
         module._loss(batch)
     assert len(calls) == 2 * cfg.model.n_layers
     assert all(mask is None and flag == causal for mask, flag in calls)
+
+
+# ---------------------------------------------------------------------------------------- 5. RNG per rank
+def rank_trainer(rank: int, world: int, device: torch.device) -> types.SimpleNamespace:
+    """What LastCheckpoint reads of a trainer: its rank, world size and device (no TensorBoard logger)."""
+    return fake_trainer(global_rank=rank, world_size=world, is_global_zero=rank == 0,
+                        strategy=types.SimpleNamespace(root_device=device))
+
+
+def fake_cuda_rng(monkeypatch, devices: int) -> dict[int, torch.Tensor]:
+    """CUDA generators faked per device (a state is 16 bytes: seed and offset); returns what was restored."""
+    states = {i: torch.full((16,), i, dtype=torch.uint8) for i in range(devices)}
+    restored: dict[int, torch.Tensor] = {}
+
+    def index(device) -> int:
+        return torch.device(device).index
+
+    def set_state(state, device="cuda"):
+        if index(device) >= devices:
+            raise IndexError(f"no CUDA device {index(device)}")
+        restored[index(device)] = state
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: devices)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[index(device)].clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_state)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [s.clone() for s in states.values()])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda all_states: [set_state(s, i) for i, s in
+                                                                              enumerate(all_states)])
+    return restored
+
+
+def test_each_rank_saves_and_restores_its_own_devices_rng_even_with_fewer_gpus_at_resume(tmp_path, monkeypatch):
+    import threading
+
+    import torch.distributed as dist
+
+    restored = fake_cuda_rng(monkeypatch, devices=2)
+    # Two DDP ranks saving the same checkpoint (threads standing in for processes; the gather is faked).
+    barrier, slots, local = threading.Barrier(2), [None, None], threading.local()
+
+    def all_gather_object(out, obj, group=None):
+        slots[local.rank] = obj
+        barrier.wait()
+        out[:] = list(slots)
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    written: dict[int, dict] = {}
+
+    def save(rank: int) -> None:
+        local.rank = rank
+        written[rank] = {}
+        LastCheckpoint(tmp_path / "last.ckpt").on_save_checkpoint(rank_trainer(rank, 2, torch.device("cuda", rank)),
+                                                                  None, written[rank])
+
+    threads = [threading.Thread(target=save, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    checkpoint = written[0]  # what rank 0 writes
+
+    # Resumed on the same two GPUs: rank 1 gets device 1's stream back, not rank 0's view of device 1.
+    LastCheckpoint(tmp_path / "last.ckpt").on_load_checkpoint(rank_trainer(1, 2, torch.device("cuda", 1)), None,
+                                                              checkpoint)
+    assert list(restored) == [1] and torch.equal(restored[1], torch.full((16,), 1, dtype=torch.uint8))
+    # Resumed on one GPU: rank 0 restores its own device's state, and nothing asks for a device that is gone.
+    restored = fake_cuda_rng(monkeypatch, devices=1)
+    LastCheckpoint(tmp_path / "last.ckpt").on_load_checkpoint(rank_trainer(0, 1, torch.device("cuda", 0)), None,
+                                                              checkpoint)
+    assert list(restored) == [0] and torch.equal(restored[0], torch.zeros(16, dtype=torch.uint8))
+
+
+def test_a_cpu_run_on_a_gpu_machine_never_touches_cuda(tmp_path, monkeypatch):
+    fake_cuda_rng(monkeypatch, devices=2)
+    for name in ("get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all", "_lazy_init"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, name=name, **k: pytest.fail(f"torch.cuda.{name} called"))
+    checkpoint: dict = {}
+    callback = LastCheckpoint(tmp_path / "last.ckpt")
+    callback.on_save_checkpoint(rank_trainer(0, 1, CPU), None, checkpoint)
+    before = torch.rand(3)
+    callback.on_load_checkpoint(rank_trainer(0, 1, CPU), None, checkpoint)
+    assert torch.equal(torch.rand(3), before)  # the CPU generator is restored

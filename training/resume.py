@@ -24,6 +24,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -34,22 +35,33 @@ _EVENTS_GLOB = "events.out.tfevents.*"
 
 
 # --------------------------------------------------------------------------------------- state
-def _rng_states() -> dict[str, Any]:
+def _rng_states(device: torch.device) -> dict[str, Any]:
+    """This process's generators: CPU (torch, NumPy, Python) and, on a CUDA device, that device's only (a run
+    on the CPU never touches CUDA, which would initialise it, or fail, in every process)."""
     np_state = np.random.get_state()
     return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
             # plain types only: the checkpoint must load with weights_only=True
             "numpy": [np_state[0], np_state[1].tolist(), *map(float, np_state[2:])],
             "python": random.getstate()}
 
 
-def _set_rng_states(states: dict[str, Any]) -> None:
+def _set_rng_states(states: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    if device.type == "cuda" and isinstance(states.get("cuda"), torch.Tensor):
+        torch.cuda.set_rng_state(states["cuda"], device)
     name, keys, pos, has_gauss, gauss = states["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), gauss))
     random.setstate(tuple(v if not isinstance(v, list) else tuple(v) for v in states["python"]))
+
+
+def _gathered(trainer: L.Trainer, mine: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's ``mine``, by global rank (a collective: every rank saves every checkpoint)."""
+    if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return [mine]
+    out: list[Any] = [None] * trainer.world_size
+    dist.all_gather_object(out, mine)
+    return out
 
 
 def _event_dirs(trainer: L.Trainer) -> list[TensorBoardLogger]:
@@ -64,8 +76,10 @@ class LastCheckpoint(Checkpoint):
     before the validation of that step, which a resumed run then skips): a resumed run neither repeats nor
     misses a validation. Lightning runs checkpoint callbacks last, in their order: put it after the others so
     that the checkpoint holds their state after that validation (e.g. a best-model tracker's). The RNG is
-    restored when the checkpoint is loaded, before anything of the resumed run draws from it. Under DDP every
-    rank draws the same amount from identically seeded generators, so rank 0's state is every rank's.
+    restored when the checkpoint is loaded, before anything of the resumed run draws from it. Under DDP each
+    rank's generators (its CPU ones and its own device's: dropout on a GPU draws from that device's) are
+    gathered into the checkpoint by global rank, and each rank restores its own; a rank the checkpoint does not
+    know (more ranks than when it was written) takes rank 0's CPU generators and keeps its device's as seeded.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -92,11 +106,18 @@ class LastCheckpoint(Checkpoint):
             for logger in _event_dirs(trainer):
                 logger.experiment.flush()
                 events.update({p.name: p.stat().st_size for p in Path(logger.log_dir).glob(_EVENTS_GLOB)})
-        checkpoint[_STATE_KEY] = {"rng": _rng_states(), "events": events}
+        rng = _gathered(trainer, _rng_states(trainer.strategy.root_device))
+        checkpoint[_STATE_KEY] = {"rng_by_rank": rng, "events": events}
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        if _STATE_KEY in checkpoint:
-            _set_rng_states(checkpoint[_STATE_KEY]["rng"])
+        state = checkpoint.get(_STATE_KEY, {})
+        # (checkpoints from before per-rank states hold rank 0's under "rng", its CUDA part for all devices)
+        by_rank = state.get("rng_by_rank") or ([{**state["rng"], "cuda": None}] if "rng" in state else [])
+        if not by_rank:
+            return
+        rank = trainer.global_rank
+        own = by_rank[rank] if rank < len(by_rank) else {**by_rank[0], "cuda": None}
+        _set_rng_states(own, trainer.strategy.root_device)
 
 
 def adopt_final_state(trainer: L.Trainer, path: str | Path) -> int:
