@@ -283,7 +283,10 @@ class ProjectionBank(nn.Module):
         * dense: P = Q Qᵀ with Q (T, k) from a reduced QR of E_mᵀ. A sequence with ≤ k real tokens
           has E_m of full column rank on its real positions (generic E), so P = diag(m) there; the
           QR then runs on a well-conditioned stand-in whose result is discarded (no NaN gradients).
-          Cost O(T·k²) per distinct (mask, E).
+          Cost O(T·k²) per distinct (mask, E): one QR per group G without padding (mask None), one per
+          sequence and group with it. Which sequences need P is selected on the device (no host sync),
+          and E is always part of the result (a zero gradient when no sequence needs it: DDP expects a
+          gradient for every parameter of every rank).
         * windowed: E_m is block-diagonal per channel with one row c_m (c restricted to the window's
           real positions) per block, so per block P = c_m c_mᵀ / ‖c_m‖² (0 for an all-padding
           window): x̂_{jw+r} = c_{m,r} (Σ_r' c_{m,r'} x_{jw+r'}) / ‖c_m‖². For pool this is the mean of
@@ -300,12 +303,14 @@ class ProjectionBank(nn.Module):
             return lifted.flatten(-3, -2)[..., :t, :].to(x.dtype)
         e = self.matrices(layer, t)[min(side, 1)]                          # (G, k, T)
         k = e.shape[-2]
-        bottleneck = m.sum(-1) > k                                         # (B',): rank-k P needed
-        if not bool(bottleneck.any()):
-            return x
-        a = (e.unsqueeze(0) * m[:, None, None, :]).transpose(-1, -2)       # (B', G, T, k) = E_mᵀ
+        if t <= k:  # no sequence has more than k real tokens: P = diag(m), and x is masked already
+            return x + 0 * e.sum()                                         # E in the graph, zero gradient
+        if mask is None:  # every sequence needs P, and all share it: one QR per group
+            q = torch.linalg.qr(e.transpose(-1, -2).float())[0].to(x.dtype)  # (G, T, k)
+            return q @ (q.transpose(-1, -2) @ x)                           # (B, H, T, C)
+        bottleneck = (m.sum(-1) > k)[:, None, None, None]                  # (B, 1, 1, 1): rank-k P needed
+        a = (e.unsqueeze(0) * m[:, None, None, :]).transpose(-1, -2)       # (B, G, T, k) = E_mᵀ
         stand_in = torch.eye(t, k, device=a.device, dtype=a.dtype)
-        a = torch.where(bottleneck[:, None, None, None], a, stand_in)
-        q = torch.linalg.qr(a.float())[0].to(x.dtype)                      # (B', G, T, k)
+        q = torch.linalg.qr(torch.where(bottleneck, a, stand_in).float())[0].to(x.dtype)  # (B, G, T, k)
         projected = q @ (q.transpose(-1, -2) @ x)                          # (B, H, T, C)
-        return torch.where(bottleneck[:, None, None, None], projected, x)
+        return torch.where(bottleneck, projected, x)
