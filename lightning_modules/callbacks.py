@@ -23,9 +23,15 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 class RunMetrics(L.Callback):
-    """Logs ``perf/tokens_per_sec``, ``perf/step_time_s``, ``perf/peak_mem_mb`` every training step
-    and ``val/ppl_vs_wallclock`` (x axis: seconds spent in training steps) after each validation; keeps the
-    totals that ``metrics.json`` reports.
+    """Logs ``perf/tokens_per_sec``, ``perf/step_time_s``, ``perf/peak_mem_mb`` every ``log_every_n_steps``
+    training steps and ``val/ppl_vs_wallclock`` (x axis: seconds spent in training steps) after each validation;
+    keeps the totals that ``metrics.json`` reports.
+
+    Timing without a device synchronisation per step: a stretch of consecutive training steps runs from the
+    start of its first batch to the end of its last, which synchronises the device once (a CUDA step returns
+    before its kernels finish); a stretch ends at each logging step, before a validation and at the end of
+    training. ``perf/*`` are the means over the steps since the last logging step (the time between steps,
+    fetching the next batch, included; validation excluded).
 
     ``peak_mem_mb`` is read on the device the module trains on, while it trains: after ``fit`` Lightning's
     teardown has moved the module back to the CPU, where the figure would be the process's peak RSS instead of
@@ -34,7 +40,6 @@ class RunMetrics(L.Callback):
     def __init__(self) -> None:
         self.tokens = 0
         self.train_seconds = 0.0
-        self._t0 = 0.0
         self.curve: list[tuple[float, int, float]] = []  # (seconds, tokens, val ppl)
         self.validated_at = -1  # global step of the latest validation during fit
         self.device = torch.device("cpu")  # the device of the latest training step
@@ -42,6 +47,9 @@ class RunMetrics(L.Callback):
         # Whether fit ran in this process: under ddp_spawn / ddp_fork it runs in worker processes, which have
         # copies of this callback, and only the weights and the last metrics come back.
         self.fit_here = False
+        self._opened: float | None = None  # perf_counter at the start of the open stretch of steps
+        self._logged_at = 0  # global step of the last perf/* log
+        self._window = [0.0, 0]  # seconds and tokens since then
 
     def state_dict(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "train_seconds": self.train_seconds, "curve": self.curve,
@@ -56,22 +64,49 @@ class RunMetrics(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.fit_here = True
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._logged_at, self._window = trainer.global_step, [0.0, 0]  # (a resumed run starts mid-way)
+
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        self._t0 = time.perf_counter()
+        if self._opened is None:
+            self._opened = time.perf_counter()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
-        dt = time.perf_counter() - self._t0
         n = batch["input_ids"].numel() * trainer.world_size
         self.tokens += n
-        self.train_seconds += dt
+        self._window[1] += n
         self.device = pl_module.device
+        step = trainer.global_step
+        if step == self._logged_at or step % max(1, trainer.log_every_n_steps):
+            return
+        self._close()
+        (seconds, tokens), steps = self._window, step - self._logged_at
+        # CPU tensors: a Python number would be copied to the device, and wait for it, at every call.
+        pl_module.log_dict({"perf/tokens_per_sec": torch.tensor(tokens / max(seconds, 1e-9)),
+                            "perf/step_time_s": torch.tensor(seconds / steps),
+                            "perf/peak_mem_mb": torch.tensor(self.peak_mem_mb)})
+        self._logged_at, self._window = step, [0.0, 0]
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._close()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        """End the open stretch of training steps: one device synchronisation, its seconds and the peak kept."""
+        if self._opened is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - self._opened
+        self._opened = None
+        self.train_seconds += seconds
+        self._window[0] += seconds
         self.peak_mem_mb = max(self.peak_mem_mb, peak_memory_mb(self.device))
-        pl_module.log_dict({"perf/tokens_per_sec": n / dt, "perf/step_time_s": dt,
-                            "perf/peak_mem_mb": self.peak_mem_mb})
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":

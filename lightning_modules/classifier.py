@@ -104,7 +104,8 @@ class SequenceClassifierModule(L.LightningModule):
         loss, logits = self._step(batch)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/accuracy", (logits.argmax(-1) == batch["labels"]).float().mean())
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        # A CPU tensor: a Python number would be copied to the device, and waited for, at every step.
+        self.log("train/lr", torch.tensor(self.trainer.optimizers[0].param_groups[0]["lr"]))
         return loss
 
     def _evaluate(self, batch: dict, loss_metric: MeanMetric, scores: MetricCollection) -> None:

@@ -69,7 +69,8 @@ class TokenPredictionModule(L.LightningModule):
         loss, _ = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", torch.exp(loss.detach().clamp(max=50)))
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        # A CPU tensor: a Python number would be copied to the device, and waited for, at every step.
+        self.log("train/lr", torch.tensor(self.trainer.optimizers[0].param_groups[0]["lr"]))
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

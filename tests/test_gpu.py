@@ -6,10 +6,12 @@ peak) with fakes and give callbacks a module that reports a CUDA device.
 
 from __future__ import annotations
 
+import functools
 import json
 import types
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +20,7 @@ from lightning_modules import callbacks
 from lightning_modules.callbacks import RunMetrics
 from training import config as run_config
 from training.resume import LastCheckpoint
-from training.train import build_datamodule, build_module, train
+from training.train import _trainer, build_datamodule, build_module, train
 
 CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")
@@ -178,3 +180,75 @@ def test_a_cpu_run_on_a_gpu_machine_never_touches_cuda(tmp_path, monkeypatch):
     before = torch.rand(3)
     callback.on_load_checkpoint(rank_trainer(0, 1, CPU), None, checkpoint)
     assert torch.equal(torch.rand(3), before)  # the CPU generator is restored
+
+
+# ---------------------------------------------------------------------------------------- 7. host syncs
+def test_run_metrics_synchronises_the_device_once_per_logging_window_not_every_step(monkeypatch):
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 2**30)
+    run_metrics, module = RunMetrics(), FakeModule(CUDA)
+    batch = {"input_ids": torch.zeros(4, 8, dtype=torch.long)}
+    run_metrics.on_train_start(fake_trainer(), module)
+    for step in range(1, 11):
+        trainer = fake_trainer(global_step=step, log_every_n_steps=5)
+        run_metrics.on_train_batch_start(trainer, module, batch, step - 1)
+        run_metrics.on_train_batch_end(trainer, module, None, batch, step - 1)
+    assert len(syncs) == 2 and len(module.logged) == 2  # at steps 5 and 10
+    run_metrics.on_train_end(fake_trainer(global_step=10), module)
+    assert len(syncs) == 2 and run_metrics.tokens == 10 * 32 and run_metrics.train_seconds > 0
+    window = module.logged[-1]
+    assert float(window["perf/tokens_per_sec"]) == pytest.approx(5 * 32 / (5 * float(window["perf/step_time_s"])))
+
+
+def test_the_divergence_guard_reads_the_loss_on_the_host_only_every_n_steps_and_names_the_step():
+    from sweeps.objective import Diverged, DivergenceGuard
+
+    guard, module = DivergenceGuard(every=4), FakeModule(CPU)
+    losses = {1: 2.0, 2: float("nan"), 3: 1.0, 4: float("nan")}
+    reads = pytest.MonkeyPatch()
+    for name in ("__bool__", "item", "tolist", "__float__", "__int__"):
+        reads.setattr(torch.Tensor, name, lambda *a, name=name: pytest.fail(f"Tensor.{name} between checks"))
+    try:
+        for step in (1, 2, 3):
+            guard.on_train_batch_end(fake_trainer(global_step=step), module, {"loss": torch.tensor(losses[step])},
+                                     None, step - 1)
+    finally:
+        reads.undo()
+    with pytest.raises(Diverged, match=r"diverged: train/loss=nan at step 2"):
+        guard.on_train_batch_end(fake_trainer(global_step=4), module, {"loss": torch.tensor(losses[4])}, None, 3)
+
+
+class LoggedTypes(L.Callback):
+    """Wraps the module's ``log`` to record the type of every value logged during training steps (from the
+    step's start to the end of RunMetrics' on_train_batch_end, which runs before this callback's)."""
+
+    def __init__(self) -> None:
+        self.types: dict[str, str] = {}
+        self.in_step = False
+
+    def record(self, log, name, value, *args, **kwargs):
+        if self.in_step:
+            self.types[name] = type(value).__name__
+        return log(name, value, *args, **kwargs)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if "log" not in vars(pl_module):
+            pl_module.log = functools.partial(self.record, pl_module.log)
+        self.in_step = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.in_step = False
+
+
+def test_a_training_step_logs_no_python_number_and_the_bar_refreshes_with_the_loggers(tiny_overrides):
+    """A Python number logged on a GPU becomes a host-to-device copy the host waits for, every step; the
+    progress bar reads train/loss back from the device whenever it refreshes."""
+    spy = LoggedTypes()
+    cfg = run_config.load(tiny_overrides.config, [*tiny_overrides.args, "trainer.max_steps=2",
+                                                  "trainer.log_every_n_steps=2"])
+    trainer = _trainer(cfg, Path(cfg.output_dir), None, [spy])
+    assert trainer.progress_bar_callback.refresh_rate == 2
+    train(cfg, callbacks=[spy])
+    assert {"train/loss", "train/lr"} <= set(spy.types)
+    assert set(spy.types.values()) == {"Tensor"}, spy.types

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -118,7 +118,9 @@ def _trainer(cfg: DictConfig, run_dir: Path, logger: TensorBoardLogger, callback
         precision=_precision(cfg), accumulate_grad_batches=t.accumulate_grad_batches,
         gradient_clip_val=cfg.optim.gradient_clip_val, deterministic=t.deterministic,
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(run_dir), logger=logger,
-        plugins=[AtomicCheckpointIO()], callbacks=callbacks)
+        plugins=[AtomicCheckpointIO()],
+        # The bar reads its metrics (train/loss) back from the device when it refreshes: as often as the loggers.
+        callbacks=[*callbacks, TQDMProgressBar(refresh_rate=max(1, t.log_every_n_steps))])
 
 
 def _final_scores(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule,
