@@ -20,7 +20,7 @@ from lightning_modules import callbacks
 from lightning_modules.callbacks import RunMetrics
 from training import config as run_config
 from training.resume import LastCheckpoint
-from training.train import _trainer, build_datamodule, build_module, train
+from training.train import _precision, _trainer, build_datamodule, build_module, train
 
 CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")
@@ -252,3 +252,18 @@ def test_a_training_step_logs_no_python_number_and_the_bar_refreshes_with_the_lo
     train(cfg, callbacks=[spy])
     assert {"train/loss", "train/lr"} <= set(spy.types)
     assert set(spy.types.values()) == {"Tensor"}, spy.types
+
+
+# ---------------------------------------------------------------------------------------- 7. precision
+@pytest.mark.parametrize("capability, expected", [((7, 0), "16-mixed"), ((7, 5), "16-mixed"), ((8, 0), "bf16-mixed"),
+                                                  ((9, 0), "bf16-mixed")])
+def test_mixed_precision_is_bf16_only_where_the_gpu_computes_it(tiny_overrides, monkeypatch, capability, expected):
+    """A V100 (7.0) or T4 (7.5) emulates bf16, slowly: fp16 mixed precision there; bf16 from Ampere (8.0) on."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("is_available() initialises CUDA"))
+    config = lambda *more: run_config.load(tiny_overrides.config, [*tiny_overrides.args, *more])  # noqa: E731
+    assert _precision(config("trainer.accelerator=auto")) == expected
+    assert _precision(config("trainer.accelerator=gpu")) == expected
+    assert _precision(config("trainer.accelerator=cpu")) == "32-true"
+    assert _precision(config("trainer.accelerator=auto", "trainer.precision=32-true")) == "32-true"

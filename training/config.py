@@ -37,7 +37,7 @@ class TrainerConfig:
     devices: Any = 1
     num_nodes: int = 1
     strategy: str = "auto"
-    # null: bf16-mixed on a GPU, 32-true on CPU.
+    # null: 32-true on CPU; on a GPU bf16-mixed from compute capability 8.0 (Ampere) on, 16-mixed on older ones.
     precision: Optional[str] = None
     accumulate_grad_batches: int = 1
     deterministic: bool = False

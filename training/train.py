@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing as mp
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -30,6 +31,7 @@ from training import config as run_config
 from training.resume import LastCheckpoint, adopt_final_state, rollback_events
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
+FORKING_STRATEGIES = ("ddp_fork", "ddp_notebook")
 
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
@@ -57,10 +59,25 @@ def build_module(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.Lightn
 
 
 def _precision(cfg: DictConfig) -> str:
-    if cfg.trainer.precision is not None:
-        return cfg.trainer.precision
-    gpu = cfg.trainer.accelerator in ("gpu", "cuda") or (cfg.trainer.accelerator == "auto" and torch.cuda.is_available())
-    return "bf16-mixed" if gpu else "32-true"
+    """trainer.precision, or when null: 32-true on CPU; on a GPU bf16-mixed from compute capability 8.0 (Ampere)
+    on, 16-mixed before (older GPUs emulate bf16, slowly)."""
+    t = cfg.trainer
+    if t.precision is not None:
+        return t.precision
+    # device_count() counts through NVML and, unlike is_available(), leaves CUDA uninitialised (fork-safe).
+    gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and torch.cuda.device_count() > 0)
+    if not gpu:
+        return "32-true"
+    return "bf16-mixed" if _compute_capability(t.strategy)[0] >= 8 else "16-mixed"
+
+
+def _compute_capability(strategy: str) -> tuple[int, int]:
+    """(major, minor) of the first visible GPU. Reading it initialises CUDA, which a process that forks its ranks
+    (ddp_fork, ddp_notebook) must not do: there a spawned process reads it."""
+    if strategy not in FORKING_STRATEGIES:
+        return torch.cuda.get_device_capability()
+    with mp.get_context("spawn").Pool(1) as pool:
+        return tuple(pool.apply(torch.cuda.get_device_capability))
 
 
 def _hparams(cfg: DictConfig) -> dict[str, Any]:
