@@ -73,7 +73,7 @@ def _bare_steps(module: MaskedLMModule, batches: list[dict], device: torch.devic
     module.train()
     ends = []
     for batch in DataLoader(batches, batch_size=None):
-        batch = {k: v.to(device) for k, v in batch.items()}
+        batch = {k: None if v is None else v.to(device) for k, v in batch.items()}
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = module._loss(batch)  # the loss of training_step, without its self.log calls
