@@ -6,9 +6,13 @@ like the paper's Table 3), ``scaling.png`` (Figure 2 with fitted slopes) and Ten
 Per level (``layer``: one self-attention; ``model``: the whole encoder), mode (``fwd`` in inference
 mode, ``fwdbwd``) and n, all cases (the baselines ``naive`` and ``sdpa``, then every variant × k ×
 evaluation order) are built, run once under a FLOP counter (warm-up), once under the memory probe, once more to
-size a sample, then timed in interleaved rounds (``experiments.benchmarks.measure``). A case whose
-memory, extrapolated from the same case at the previous n as if it grew like n² (or computed for
-the naive baseline), would exceed the limit is skipped with a note, as is any case that fails.
+size a sample, then timed in interleaved rounds (``experiments.benchmarks.measure``). All cases of a group
+are alive together while it is timed, so a case fits when its peak, beside the bytes every case of the group
+keeps between calls (weights, inputs, gradients), stays within the limit. A case whose memory, extrapolated
+from the same case at the previous n as if it grew like n² (or computed for the naive baseline), would not fit
+beside the cases probed before it is skipped with a note, as is any case that fails; after probing, the
+largest peaks are dropped (with a note) until the group fits together; out of memory while timing drops the
+largest peak and times the rest again.
 ``decode`` steps causal Linformer and causal full attention token by token; ``loop`` compares
 Lightning's loop with a bare PyTorch loop.
 """
@@ -70,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--levels", type=_names, default=list(LEVELS), help="layer,model,decode,loop (default all)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dtype", default="auto",
-                        help="float32|bfloat16|float16 (auto: bfloat16 on GPU, float32 on CPU)")
+                        help="float32|bfloat16|float16 (auto: float32 on CPU; bfloat16 on a GPU of compute "
+                             "capability >= 8.0, float16 on older ones)")
     parser.add_argument("--device", default="auto", help="cpu|cuda|auto")
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
@@ -149,6 +154,7 @@ class Probed:
     flops: int
     peak_bytes: int
     calls: int
+    held_bytes: int  # kept between calls while the group is alive
 
 
 class Bench:
@@ -172,9 +178,10 @@ class Bench:
         return _naive_bytes(level, mode, n, self.shape) if variant == "naive" else 0.0
 
     def _probe(self, level: str, mode: str, n: int, variant: str, k: Optional[int], order: str,
-               causal: bool) -> Optional[Probed]:
+               causal: bool, alive: list[Probed]) -> Optional[Probed]:
         """Build one case, count its FLOPs (the first warm-up), measure its memory and size its
-        timing samples; None (and a row with a note) if it is skipped or fails."""
+        timing samples; None (and a row with a note) if it is skipped or fails. ``alive``: the group's cases
+        probed so far, whose memory stays held."""
         shape = self.shape
         ident = _identity(level, mode, variant, k, order, causal, n, shape, self.threads)
         if k is not None and k >= n:
@@ -182,9 +189,11 @@ class Bench:
             return None
         key = (level, mode, variant, k, order, causal)
         expected = self._expected_bytes(key, variant, level, mode, n)
-        if expected > self.limit:
+        others = sum(p.held_bytes for p in alive)
+        if expected > self.limit - others:
+            held = f", {others / 2**20:.0f} MB of it held by the group's other cases" if others else ""
             self._skip(ident, f"would not fit: about {expected / 2**20:.0f} MB expected, "
-                              f"limit {self.limit / 2**20:.0f} MB")
+                              f"limit {self.limit / 2**20:.0f} MB{held}")
             return None
         try:
             case = cases.build(level, mode, variant, k, order, n, shape, causal)
@@ -194,17 +203,44 @@ class Bench:
             calls = calls_for(seconds_per_call(case.run, shape.device), self.args.min_time)
         except Exception as err:  # noqa: BLE001  (out of memory, a variant that cannot be built: note it)
             self._skip(ident, f"failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-            gc.collect()
+            self._free()
             return None
         self.last_peak[key] = (n, peak_bytes)
-        return Probed(ident, case, flops, peak_bytes, calls)
+        return Probed(ident, case, flops, peak_bytes, calls, case.held())
+
+    def _free(self) -> None:
+        gc.collect()
+        if self.shape.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _fit_together(self, ready: list[Probed]) -> list[Probed]:
+        """Drop the largest peaks (with a note) until each case that fits alone (its bytes held and its peak)
+        also fits beside what all of the group's cases hold. (A case that ran in its probe although its peak
+        exceeds the limit is kept, as before: the limit is an estimate for cases not yet run.)"""
+        while ready:
+            held = sum(p.held_bytes for p in ready)
+            crowded = [p for p in ready if p.held_bytes + p.peak_bytes <= self.limit < held + p.peak_bytes]
+            if not crowded:
+                break
+            largest = max(crowded, key=lambda p: p.peak_bytes)
+            self._skip(largest.ident, f"would not fit beside the group's other cases: {largest.peak_bytes / 2**20:.0f} "
+                                      f"MB peak + {held / 2**20:.0f} MB held by the group, limit "
+                                      f"{self.limit / 2**20:.0f} MB")
+            ready.remove(largest)
+            self._free()
+        return ready
 
     def group(self, level: str, mode: str, n: int) -> None:
         """Probe every case of one (level, mode, n), then time them all in interleaved rounds."""
         a, shape = self.args, self.shape
         specs = [(b, None, "-", c) for c in sorted({cases.is_causal(v) for v in a.variants}) for b in cases.BASELINES]
         specs += [(v, k, p, cases.is_causal(v)) for v in a.variants for k in a.k for p in a.orders]
-        ready = [p for p in (self._probe(level, mode, n, *spec) for spec in specs) if p is not None]
+        ready: list[Probed] = []
+        for spec in specs:
+            probed = self._probe(level, mode, n, *spec, alive=ready)
+            if probed is not None:
+                ready.append(probed)
+        ready = self._fit_together(ready)
         if not ready:
             return
         # The start-up peak's GEMM timed again in the same rounds: its FLOP/s per round is the
@@ -213,10 +249,22 @@ class Bench:
         lhs = torch.randn(m, inner, device=shape.device, dtype=shape.dtype)
         rhs = torch.randn(inner, cols, device=shape.device, dtype=shape.dtype)
         gemm = lambda: torch.mm(lhs, rhs)  # noqa: E731
-        samples = interleaved_seconds(
-            {"gemm": gemm, **{p.case.key: p.case.run for p in ready}},
-            {"gemm": calls_for(seconds_per_call(gemm, shape.device), a.min_time),
-             **{p.case.key: p.calls for p in ready}}, a.repeats, shape.device)
+        gemm_calls = calls_for(seconds_per_call(gemm, shape.device), a.min_time)
+        while True:
+            try:
+                samples = interleaved_seconds({"gemm": gemm, **{p.case.key: p.case.run for p in ready}},
+                                              {"gemm": gemm_calls, **{p.case.key: p.calls for p in ready}},
+                                              a.repeats, shape.device)
+                break
+            except torch.OutOfMemoryError as err:  # the group together, or the allocator's fragments: drop one
+                largest = max(ready, key=lambda p: p.peak_bytes)
+                reason = str(err).splitlines()[0] if str(err) else "OutOfMemoryError"
+                self._skip(largest.ident, f"failed: out of memory while timing beside the group's other cases "
+                                          f"({reason})")
+                ready.remove(largest)
+                self._free()
+                if not ready:
+                    return
         gemm_rate = [2 * lhs.shape[0] * lhs.shape[1] * rhs.shape[1] / s for s in samples["gemm"]]
         baselines = {(p.case.variant, p.case.causal): p for p in ready if p.case.variant in cases.BASELINES}
         for p in ready:
@@ -234,9 +282,7 @@ class Bench:
                     row[f"memory_saving_vs_{name}"] = base.peak_bytes / p.peak_bytes if p.peak_bytes > 0 else None
             self.rows.append(row)
         del ready, samples, baselines
-        gc.collect()
-        if shape.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self._free()
 
     def decode(self) -> None:
         from experiments.benchmarks.decode import decode_seconds
@@ -288,6 +334,14 @@ def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def _auto_dtype(device: torch.device) -> torch.dtype:
+    """float32 on CPU; on a GPU bfloat16 from compute capability 8.0 (Ampere) on, float16 before (older GPUs
+    emulate bfloat16, slowly)."""
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
 
 
 def _machine(device: torch.device) -> str:
@@ -344,7 +398,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     device = _device(args.device)
-    dtype = DTYPES[args.dtype] if args.dtype != "auto" else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = DTYPES[args.dtype] if args.dtype != "auto" else _auto_dtype(device)
     shape = cases.Shape(args.d_model, args.heads, args.layers, args.d_ff, args.vocab, args.batch, dtype, device)
     out = _out_dir(args.out)
     load_before = os.getloadavg()

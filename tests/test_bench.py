@@ -58,7 +58,8 @@ def test_tiny_bench_writes_every_output_with_the_expected_columns(tmp_path):
         assert heading in table
 
 
-def test_a_case_that_would_not_fit_is_skipped_with_a_note():
+def test_a_case_that_would_not_fit_is_skipped_with_a_note(monkeypatch):
+    holding_nothing(monkeypatch)  # the peaks alone (what the group's cases hold: the next test)
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     args = parser.parse_args([*TINY, "--variants", "learned", "--memory-limit-mb", "0.01"])
@@ -72,6 +73,63 @@ def test_a_case_that_would_not_fit_is_skipped_with_a_note():
     assert learned["time_ms_median"] > 0 and learned.get("speedup_vs_naive") is None
     run.group("layer", "fwd", 128)  # extrapolated from n = 64 as n²: now nothing fits
     assert all(r["note"].startswith("would not fit") for r in run.rows if r["n"] == 128)
+
+
+def _bench(*extra: str) -> bench.Bench:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return bench.Bench(parser.parse_args([*TINY, "--variants", "learned", *extra]),
+                       cases.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU), peak_flops=1e9, peak_shape=(64, 32, 32))
+
+
+def holding_nothing(monkeypatch, held: int = 0) -> None:
+    """Cases built from now on report ``held`` bytes kept between calls, and carry their variant on ``run``."""
+    build = cases.build
+
+    def built(level, mode, variant, *args, **kwargs):
+        case = build(level, mode, variant, *args, **kwargs)
+        case.held, case.run.variant = (lambda: held), variant
+        return case
+
+    monkeypatch.setattr(cases, "build", built)
+
+
+def test_the_memory_limit_counts_what_the_groups_other_cases_hold(monkeypatch):
+    """While a group is timed all its cases are alive: each case's peak must fit beside what every case holds
+    between calls (weights, inputs, gradients), not beside nothing."""
+    mib = 2**20
+    holding_nothing(monkeypatch, held=3 * mib)
+    monkeypatch.setattr(bench, "peak_memory_bytes", lambda fn, device: 4 * mib)
+    run = _bench("--memory-limit-mb", "10")  # each case alone: 3 + 4 MiB; three together: 9 + 4 MiB
+    run.group("layer", "fwd", 64)
+    skipped = [r for r in run.rows if r.get("note")]
+    timed = [r for r in run.rows if r.get("time_ms_median")]
+    assert len(skipped) == 1 and "would not fit beside the group's other cases" in skipped[0]["note"]
+    assert len(timed) == 2
+
+
+def test_out_of_memory_while_timing_drops_a_case_and_times_the_others(monkeypatch):
+    timed_together = bench.interleaved_seconds
+
+    def out_of_memory_with_naive(fns, calls, repeats, device):
+        if any(key[2] == "naive" for key in fns if key != "gemm"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return timed_together(fns, calls, repeats, device)
+
+    monkeypatch.setattr(bench, "interleaved_seconds", out_of_memory_with_naive)
+    holding_nothing(monkeypatch)
+    monkeypatch.setattr(bench, "peak_memory_bytes", lambda fn, device: 2**20 * (8 if fn.variant == "naive" else 1))
+    run = _bench()
+    run.group("layer", "fwd", 64)
+    rows = {r["variant"]: r for r in run.rows}
+    assert rows["naive"]["note"].startswith("failed: out of memory while timing")
+    assert rows["sdpa"]["time_ms_median"] > 0 and rows["learned"]["time_ms_median"] > 0
+
+
+@pytest.mark.parametrize("capability, dtype", [((7, 0), torch.float16), ((8, 0), torch.bfloat16)])
+def test_the_bench_times_bf16_only_where_the_gpu_computes_it(monkeypatch, capability, dtype):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert bench._auto_dtype(torch.device("cuda", 0)) == dtype and bench._auto_dtype(CPU) == torch.float32
 
 
 def test_unknown_variant_is_a_one_line_error(capsys):

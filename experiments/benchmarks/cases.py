@@ -75,6 +75,7 @@ class Case:
     tokens: int                 # B·n tokens per call
     run: Callable[[], Any]
     clear: Callable[[], None]   # drop gradients, so a memory probe starts from the weights alone
+    held: Callable[[], int]     # bytes kept between calls: weights, buffers, inputs, gradients of the last call
 
     @property
     def key(self) -> tuple:
@@ -148,6 +149,12 @@ def build(level: str, mode: str, variant: str, k: Optional[int], order: str, n: 
         for leaf in leaves:
             leaf.grad = None
 
+    kept = [*encoder.parameters(), *encoder.buffers(), x if level == "layer" else ids]
+
+    def held() -> int:
+        grads = [leaf.grad for leaf in leaves if leaf.grad is not None]
+        return sum(t.numel() * t.element_size() for t in (*kept, *grads))
+
     def run() -> Any:
         if not train:
             with torch.inference_mode():
@@ -156,4 +163,4 @@ def build(level: str, mode: str, variant: str, k: Optional[int], order: str, n: 
         call().sum().backward()
 
     return Case(level, mode, variant, k, order if variant not in BASELINES else "-", order_used, causal, n,
-                shape.batch * n, run, clear)
+                shape.batch * n, run, clear, held)
