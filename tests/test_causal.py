@@ -95,6 +95,28 @@ def test_linformer_decoding_state_has_a_fixed_size(name):
         assert shapes() == before
 
 
+def test_the_block_mask_is_built_once_per_shape_not_in_every_layer_and_step(monkeypatch):
+    """Without padding, causal Linformer's visibility mask depends on (B, T, w) only: the layers and steps
+    after the first reuse it (the same outputs as with an all-True mask, which builds it)."""
+    enc = causal_encoder(CAUSAL["learned"], n_layers=3)
+    ids = torch.randint(5, V, (2, N))
+    with torch.no_grad():
+        first = enc(ids)
+        fills, fill = [], torch.Tensor.masked_fill_
+        monkeypatch.setattr(torch.Tensor, "masked_fill_", lambda t, *a: fills.append(t.shape) or fill(t, *a))
+        again = enc(ids)
+        monkeypatch.undo()
+        padded_form = enc(ids, torch.ones(2, N, dtype=torch.bool))
+    assert fills == []
+    torch.testing.assert_close(again, first)
+    torch.testing.assert_close(padded_form, first, atol=1e-5, rtol=1e-5)
+    enc.train()
+    enc(ids).sum().backward()  # a mask first built without autograd serves a training step
+    with torch.inference_mode():
+        enc(ids[:1])  # one built in inference mode (which autograd cannot save) does not
+    enc(ids[:1]).sum().backward()
+
+
 def test_full_attention_decodes_with_a_kv_cache():
     enc = causal_encoder({"kind": "full"})
     state = enc.init_decode_state(2)

@@ -14,6 +14,7 @@ slots (≤ k) and the current block's keys/values (≤ w), so a token costs O((k
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import torch
@@ -22,6 +23,42 @@ from torch import Tensor
 
 from lightning_modules.attention.linformer import Linformer
 from lightning_modules.projections import blocks
+
+
+def _bias(batch: int, t: int, w: int, u: int, dtype: torch.dtype, device: torch.device,
+          mask: Optional[Tensor] = None, real_slots: Optional[Tensor] = None) -> Tensor:
+    """The additive mask of :meth:`CausalLinformer.blockwise`, (B·nr, 1, u, nb − 1 + u): query i sees the slots
+    j < ⌊i/w⌋ (non-empty: ``real_slots`` (B, nb − 1)) and the real keys of its own block up to i (``mask`` (B, T),
+    None: no padding)."""
+    nb, nr = -(-t // w), -(-t // u)
+    # Visibility, without the head axis: (B, nr, u, nb-1+u).
+    position = torch.arange(nr * u, device=device).view(nr, u)        # (nr, u)
+    block = position // w
+    own = block[:, :, None] == block[:, None, :]                       # (nr, u, u)
+    slot_ok = torch.arange(nb - 1, device=device) < block[..., None]  # j < b: (nr, u, nb-1)
+    local_ok = own & (position[:, None, :] <= position[:, :, None])    # own block, key ≤ query
+    if mask is not None:
+        slot_ok = slot_ok & real_slots[:, None, None, :]                # (B, nr, u, nb-1)
+        local_ok = local_ok & blocks(mask[..., None], u)[:, :, None, :, 0]                      # (B, nr, u, u)
+    visible = torch.cat([slot_ok.expand(batch, nr, u, nb - 1), local_ok.expand(batch, nr, u, u)], -1)
+    # Additive, with two floors: keys of the row's other blocks are outside query i's key set
+    # (the dtype's lowest value), hidden keys of its set [all slots ; own block] get half of it.
+    # A query without any visible key (only an all-padding prefix) then averages its set's values,
+    # finite, instead of SDPA's zeros (or NaN in an explicit softmax). Adding a score to half the
+    # lowest value never reaches −inf, and in fp32/bf16 leaves it unchanged.
+    lowest = torch.finfo(dtype).min
+    bias = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, lowest / 2)
+    bias[..., nb - 1:].masked_fill_(~own, lowest)
+    return bias.flatten(0, 1)[:, None]
+
+
+@functools.lru_cache(maxsize=32)
+def _unpadded_bias(batch: int, t: int, w: int, u: int, dtype: torch.dtype, device: torch.device,
+                   inference: bool) -> Tensor:
+    """:func:`_bias` without padding, cached per shape, dtype and device (every layer of that w, every step use
+    the same one instead of building it again); ``inference`` keys apart the tensors built in inference mode,
+    which autograd may not save for a training step."""
+    return _bias(batch, t, w, u, dtype, device)
 
 
 class CausalLinformer(Linformer):
@@ -57,25 +94,11 @@ class CausalLinformer(Linformer):
                 xr = torch.cat([slots[:, None].expand(-1, nr, -1, -1, -1), xr], -2)
             return xr.flatten(0, 1)
 
-        # Visibility, without the head axis: (B, nr, u, nb-1+u).
-        position = torch.arange(nr * u, device=q.device).view(nr, u)      # (nr, u)
-        block = position // w
-        own = block[:, :, None] == block[:, None, :]                       # (nr, u, u)
-        slot_ok = torch.arange(nb - 1, device=q.device) < block[..., None]                # j < b: (nr, u, nb-1)
-        local_ok = own & (position[:, None, :] <= position[:, :, None])    # own block, key ≤ query
-        if mask is not None:
-            slot_ok = slot_ok & self.bank.nonempty_slots(self.layer, past_mask)[:, None, None, :]  # (B, nr, u, nb-1)
-            local_ok = local_ok & blocks(mask[..., None], u)[:, :, None, :, 0]                      # (B, nr, u, u)
-        visible = torch.cat([slot_ok.expand(batch, nr, u, nb - 1), local_ok.expand(batch, nr, u, u)], -1)
-        # Additive, with two floors: keys of the row's other blocks are outside query i's key set
-        # (the dtype's lowest value), hidden keys of its set [all slots ; own block] get half of it.
-        # A query without any visible key (only an all-padding prefix) then averages its set's values,
-        # finite, instead of SDPA's zeros (or NaN in an explicit softmax). Adding a score to half the
-        # lowest value never reaches −inf, and in fp32/bf16 leaves it unchanged.
-        lowest = torch.finfo(q.dtype).min
-        bias = q.new_zeros(visible.shape).masked_fill_(~visible, lowest / 2)
-        bias[..., nb - 1:].masked_fill_(~own, lowest)
-        out = F.scaled_dot_product_attention(rows(q), rows(k, sk), rows(v, sv), attn_mask=bias.flatten(0, 1)[:, None],
+        if mask is None:  # the same for every layer of this w and every step: built once
+            bias = _unpadded_bias(batch, t, w, u, q.dtype, q.device, torch.is_inference_mode_enabled())
+        else:
+            bias = _bias(batch, t, w, u, q.dtype, q.device, mask, self.bank.nonempty_slots(self.layer, past_mask))
+        out = F.scaled_dot_product_attention(rows(q), rows(k, sk), rows(v, sv), attn_mask=bias,
                                              dropout_p=p)                  # (B·nr, h, u, d_h)
         return out.unflatten(0, (batch, nr)).transpose(1, 2).flatten(2, 3)[:, :, :t]
 
