@@ -25,7 +25,8 @@ from typing import Optional, Sequence
 import yaml
 
 from foundation.configfile import flatten
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, check_number
+from foundation.paths import check_path
 
 # Keys that differ between runs of the same variant.
 PER_RUN_KEYS = ("seed", "experiment", "run_dir", "output_dir", "resume", "data.cache_dir")
@@ -139,8 +140,14 @@ def main(args: argparse.Namespace) -> int:
         targets = [float(t) for t in args.target.split(",") if t.strip()]
     except ValueError:
         raise ConfigError(f"--target: expected numbers, got {args.target!r}") from None
-    if not targets or min(targets) <= 0:
+    if not targets:
         raise ConfigError(f"--target: expected positive perplexities, got {args.target!r}")
+    for target in targets:
+        check_number("--target", target, 0, None, low_open=True)
+    if args.out is not None:
+        check_path("--out", str(args.out))
+        if args.out.is_dir():
+            raise ConfigError(f"--out: {args.out} is a folder, not a markdown file")
     by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
     text = report(args.dirs, targets, by)
     print(text, end="")

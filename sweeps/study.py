@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from foundation.configfile import merge, read_yaml
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, check_number
 from training import config as run_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +45,7 @@ SPAWN_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook")
 SCALAR = (str, int, float, bool, type(None))
 CONTROL_PARAM = "control"
 DEFAULT_CONTROL_SEEDS = [0, 1, 2]
+MAX_TRIALS = 1_000_000
 
 
 # --------------------------------------------------------------------------------------- schema
@@ -388,9 +389,10 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig) -> Study:
         if name not in spec.space:
             raise ConfigError(f"arms: {name!r} is not a param of space (has: {', '.join(spec.space)})")
     b = spec.budget
-    for key in ("n_trials", "timeout_s"):
-        if b[key] is not None and b[key] <= 0:
-            raise ConfigError(f"budget.{key}: must be > 0, got {b[key]}")
+    if b.n_trials is not None:
+        check_number("budget.n_trials", b.n_trials, 1, MAX_TRIALS, integer=True)
+    if b.timeout_s is not None:
+        check_number("budget.timeout_s", b.timeout_s, 0, 365 * 86400, low_open=True)
     try:
         shared = run_config.merge_run([base, _nested(dict(spec.overrides))])
         study = Study(path=path, preset=preset, spec=spec, base_path=base_path, base=base, shared=shared)

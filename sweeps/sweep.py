@@ -22,11 +22,12 @@ from typing import Optional
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, check_number
 from sweeps import storage
-from sweeps.study import Study, load_study
+from sweeps.study import MAX_TRIALS, Study, load_study
 
 POLL_S = 1.0
+MAX_WORKERS = 1024  # a bound for the flag; the command starts no more than the trials left and the cores
 HOST = "127.0.0.1"
 
 
@@ -190,6 +191,17 @@ def _met(study: Study, trials: list[FrozenTrial]) -> bool:
     return study.n_trials is None or storage.budget_state(trials).finished >= study.n_trials
 
 
+def usable_workers(asked: int, trials_left: Optional[int], cores: int) -> int:
+    """Worker processes worth starting: no more than the trials left (None: an open study) and the cores here."""
+    return max(1, min(asked, cores, trials_left if trials_left is not None else asked))
+
+
+def _trials_left(study: Study, ostudies: dict[str, optuna.Study]) -> Optional[int]:
+    if any(s.n_trials is None for s in study.studies):
+        return None
+    return sum(max(0, s.n_trials - storage.budget_state(ostudies[s.name].trials).finished) for s in study.studies)
+
+
 def run(study: Study, url: Optional[str], workers: int) -> int:
     ostudies = {s.name: prepare(s, url, workers) for s in study.studies}
     for s in study.studies:
@@ -199,6 +211,11 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
         print("budget already met: nothing to run")
         return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    left = _trials_left(study, ostudies)
+    if usable_workers(workers, left, cores) < workers:
+        print(f"--workers {workers}: starting {usable_workers(workers, left, cores)} "
+              f"({left if left is not None else 'open'} trial(s) left, {cores} core(s) here)", flush=True)
+        workers = usable_workers(workers, left, cores)
     threads = max(1, cores // workers)
     deadline = time.time() + study.spec.budget.timeout_s if study.spec.budget.timeout_s else None
     logs = study.root / "logs"
@@ -262,8 +279,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.workers < 1:
-        raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
+    check_number("--workers", args.workers, 1, MAX_WORKERS, integer=True)
+    if args.n_trials is not None:
+        check_number("--n-trials", args.n_trials, 1, MAX_TRIALS, integer=True)
+    if args.timeout_s is not None:
+        check_number("--timeout-s", args.timeout_s, 0, 365 * 86400, low_open=True)
     study = load_study(args.study, args.preset, args.n_trials, args.timeout_s)
     _optuna_quiet()
     return run(study, args.storage, args.workers)
