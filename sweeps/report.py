@@ -235,35 +235,44 @@ def _add_seeds_command(study: Study, n: int) -> str:
     return f"`linformer-lab sweep {study.path}{preset} --add-seeds {n}`"
 
 
+def _p(p: float) -> str:
+    text = stats.fmt_p(p)
+    return f"p {text}" if text.startswith("<") else f"p = {text}"
+
+
 def _pair_sentence(study: Study, c: Compared, rates: list[RatesCompared]) -> str:
-    pair, v = c.pair, c.verdict
+    pair, v, comparison = c.pair, c.verdict, c.pair.comparison
     metric, delta = pair.metric, stats.fmt(pair.delta)
     if v.kind == stats.ON_PAR:
-        text = (f"{pair.a} and {pair.b} are on par within ±{delta} {metric} "
-                f"(TOST p = {stats.fmt_p(v.tost_p_holm)} after Holm, {c.seeds})")
+        text = f"{pair.a} and {pair.b} are on par within ±{delta} {metric} (TOST {_p(v.tost_p_holm)} after Holm, {c.seeds})"
     elif v.kind == stats.BETTER:
-        text = (f"{v.text.replace(' by ', f' on {metric} by ', 1)[:-1]}, Holm-adjusted p = {stats.fmt_p(v.p_holm)}, "
-                f"{c.seeds})")
+        a_wins = comparison.a_better(pair.direction)
+        better, worse = (pair.a, pair.b) if a_wins else (pair.b, pair.a)
+        sign = 1 if a_wins == (pair.direction == "maximize") else -1
+        lo, hi = sorted(sign * x for x in comparison.ci())
+        text = (f"{better} is better than {worse} on {metric} by {stats.fmt(abs(comparison.diff))} (95 % CI "
+                f"[{stats.fmt(lo)}, {stats.fmt(hi)}], Holm-adjusted {_p(v.p_holm)}, {c.seeds})")
     elif v.more_seeds is not None:
-        diff = stats.fmt(pair.comparison.diff)
         if v.deciding == stats.BETTER:
-            other = (f"'on par' would need {v.more(v.seeds_on_par)}" if v.seeds_on_par is not None else
-                     f"parity within ±{delta} is out of reach" if abs(pair.comparison.diff) >= pair.delta else
+            other = (f"'on par' would need {v.more(v.seeds_on_par)} more" if v.seeds_on_par is not None else
+                     f"parity within ±{delta} is out of reach" if abs(comparison.diff) >= pair.delta else
                      f"'on par' would need over {stats.MAX_SEEDS} seeds per arm")
         else:
-            other = (f"'better' would need {v.more(v.seeds_better)}" if v.seeds_better is not None else
-                     "'better' is out of reach")
+            other = (f"'better' would need {v.more(v.seeds_better)} more" if v.seeds_better is not None else
+                     "no difference was observed to plan 'better' for" if comparison.diff == 0 else
+                     f"'better' would need over {stats.MAX_SEEDS} seeds per arm")
         text = (f"{pair.a} vs {pair.b} on {metric} is undecided after {c.seeds}: {v.more_seeds} more seeds per arm "
                 f"would show '{v.deciding}'" + (f" within ±{delta}" if v.deciding == stats.ON_PAR else "")
-                + f" at {stats.PCT} power if the observed difference ({diff}) and spread hold ({other})")
+                + f" at {stats.PCT} power if the observed difference ({stats.fmt(comparison.diff)}) and spread hold "
+                f"({other})")
     else:
         text = f"{pair.a} vs {pair.b} on {metric} is undecided at ±{delta} after {c.seeds}: " \
                f"{v.text.removeprefix('undecided: ')}"
     for r in rates:
         if (r.metric, r.a, r.b) == (metric, pair.a, pair.b):
             text += (f"; runs reaching {metric} {'≥' if pair.direction == 'maximize' else '≤'} {stats.fmt(r.threshold)}: "
-                     f"{r.rate_a.k}/{r.rate_a.n} vs {r.rate_b.k}/{r.rate_b.n}, Boschloo p = {stats.fmt_p(r.p_holm)} "
-                     f"after Holm" + (f": {r.better} solves it more often" if r.better else ""))
+                     f"{r.rate_a.k}/{r.rate_a.n} vs {r.rate_b.k}/{r.rate_b.n}, Boschloo {_p(r.p_holm)} after Holm"
+                     + (f": {r.better} solves it more often" if r.better else ""))
     if v.kind == stats.UNDECIDED and v.more_seeds is not None:
         text += f"; plan the seeds now and add them all with {_add_seeds_command(study, v.more_seeds)}"
     return text

@@ -278,18 +278,18 @@ def _decide(pair: Pair, p_holm: float, level: float, tost_holm: float, tost_leve
         if p_holm < ALPHA:
             better = pair.a if c.a_better(pair.direction) else pair.b
             text += f"; {better} is better by {fmt(abs(c.diff))}, less than δ"
-        return Verdict(ON_PAR, text, p, p_holm, tost, tost_holm)
+        return Verdict(ON_PAR, text, p, p_holm, tost, tost_holm, c.n)
     if p_holm < ALPHA:
         a_wins = c.a_better(pair.direction)
         better, worse = (pair.a, pair.b) if a_wins else (pair.b, pair.a)
         sign = 1 if a_wins == (pair.direction == "maximize") else -1  # the gain, in the metric's units
         lo, hi = sorted(sign * x for x in c.ci())
         return Verdict(BETTER, f"{better} better than {worse} by {fmt(abs(c.diff))} (95 % CI {_interval(lo, hi)})",
-                       p, p_holm, tost, tost_holm)
+                       p, p_holm, tost, tost_holm, c.n)
     if not _plannable(c):
         why = ("fewer than 2 seeds in an arm: no spread to plan from; add seeds, then read the plan here"
                if not c.judged else "no spread in an arm to plan from")
-        return Verdict(UNDECIDED, f"undecided: {why}", p, p_holm, tost, tost_holm)
+        return Verdict(UNDECIDED, f"undecided: {why}", p, p_holm, tost, tost_holm, c.n)
     n_better, n_par = seeds_for_better(c, level), seeds_for_on_par(c, delta, tost_level)
     v = Verdict(UNDECIDED, "", p, p_holm, tost, tost_holm, c.n, n_better, n_par)
     return Verdict(UNDECIDED, f"undecided: {plan(v, c, delta)}", p, p_holm, tost, tost_holm, c.n, n_better, n_par)
@@ -298,12 +298,13 @@ def _decide(pair: Pair, p_holm: float, level: float, tost_holm: float, tost_leve
 def plan(v: Verdict, c: Comparison, delta: float) -> str:
     """What seeds per arm each verdict would need, in words."""
     def count(n: Optional[int], missing: str) -> str:
-        return missing if n is None else f"{n} seeds per arm ({v.more(n)} more)"
+        return missing if n is None else f"needs {n} seeds per arm ({v.more(n)} more)"
 
-    better = count(v.seeds_better, "no difference observed" if c.diff == 0 else f"over {MAX_SEEDS} seeds per arm")
-    par = count(v.seeds_on_par, f"out of reach (|A − B| = {fmt(abs(c.diff))} ≥ δ)" if abs(c.diff) >= delta
-                else f"over {MAX_SEEDS} seeds per arm")
-    return f"'better' needs {better}, 'on par' {par}, at {PCT} power"
+    better = count(v.seeds_better, "cannot be planned: no difference observed" if c.diff == 0
+                   else f"needs over {MAX_SEEDS} seeds per arm")
+    par = count(v.seeds_on_par, f"is out of reach: |A − B| = {fmt(abs(c.diff))} ≥ δ" if abs(c.diff) >= delta
+                else f"needs over {MAX_SEEDS} seeds per arm")
+    return f"'better' {better}; 'on par' {par}; at {PCT} power"
 
 
 def judge(pairs: Sequence[Pair], other_better_p: Sequence[float] = ()) -> tuple[list[Verdict], list[float]]:
