@@ -90,6 +90,14 @@ def test_a_real_difference_smaller_than_delta_is_on_par_and_says_so():
     assert v.text.endswith("; A is better by 0.002, less than δ")
 
 
+def test_identical_arms_are_on_par_and_arms_within_the_seed_noise_are_undecided():
+    a = {0: 5.1, 1: 5.3, 2: 5.2}
+    same = one(a, dict(a))
+    assert same.kind == stats.ON_PAR and same.text == "on par within ±0.01 (90 % CI of A − B [0, 0])"
+    noisy = one({0: 5.0, 1: 5.4, 2: 4.9}, {0: 5.1, 1: 5.2, 2: 5.1}, delta=0.01)
+    assert noisy.kind == stats.UNDECIDED and noisy.seeds_better is not None and noisy.seeds_better > 3
+
+
 def test_one_seed_per_arm_is_undecided_with_no_plan():
     v = one({0: 1.0}, {0: 9.0})
     assert v.kind == stats.UNDECIDED and v.more_seeds is None
