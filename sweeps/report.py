@@ -235,6 +235,10 @@ def _add_seeds_command(study: Study, n: int) -> str:
     return f"`linformer-lab sweep {study.path}{preset} --add-seeds {n}`"
 
 
+def _at_or_beyond(direction: str) -> str:
+    return "≥" if direction == "maximize" else "≤"
+
+
 def _p(p: float) -> str:
     text = stats.fmt_p(p)
     return f"p {text}" if text.startswith("<") else f"p = {text}"
@@ -244,7 +248,8 @@ def _pair_sentence(study: Study, c: Compared, rates: list[RatesCompared]) -> str
     pair, v, comparison = c.pair, c.verdict, c.pair.comparison
     metric, delta = pair.metric, stats.fmt(pair.delta)
     if v.kind == stats.ON_PAR:
-        text = f"{pair.a} and {pair.b} are on par within ±{delta} {metric} (TOST {_p(v.tost_p_holm)} after Holm, {c.seeds})"
+        text = (f"{pair.a} and {pair.b} are on par within ±{delta} {metric} "
+                f"(TOST {_p(v.tost_p_holm)} after Holm, {c.seeds})")
     elif v.kind == stats.BETTER:
         a_wins = comparison.a_better(pair.direction)
         better, worse = (pair.a, pair.b) if a_wins else (pair.b, pair.a)
@@ -270,7 +275,7 @@ def _pair_sentence(study: Study, c: Compared, rates: list[RatesCompared]) -> str
                f"{v.text.removeprefix('undecided: ')}"
     for r in rates:
         if (r.metric, r.a, r.b) == (metric, pair.a, pair.b):
-            text += (f"; runs reaching {metric} {'≥' if pair.direction == 'maximize' else '≤'} {stats.fmt(r.threshold)}: "
+            text += (f"; runs reaching {metric} {_at_or_beyond(pair.direction)} {stats.fmt(r.threshold)}: "
                      f"{r.rate_a.k}/{r.rate_a.n} vs {r.rate_b.k}/{r.rate_b.n}, Boschloo {_p(r.p_holm)} after Holm"
                      + (f": {r.better} solves it more often" if r.better else ""))
     if v.kind == stats.UNDECIDED and v.more_seeds is not None:
@@ -312,8 +317,8 @@ def answer(study: Study, ostudy: optuna.Study, found: Findings, rows: list[Row])
             lines.append(_pair_sentence(study, mine[0], rates) + ".")
             continue
         groups = []
-        for kind, title in ((stats.BETTER, "better"), (stats.ON_PAR, f"on par within ±{stats.fmt(mine[0].pair.delta)}"),
-                            (stats.UNDECIDED, "undecided")):
+        par = f"on par within ±{stats.fmt(mine[0].pair.delta)}"
+        for kind, title in ((stats.BETTER, "better"), (stats.ON_PAR, par), (stats.UNDECIDED, "undecided")):
             these = [_short_verdict(c) for c in mine if c.verdict.kind == kind]
             if these:
                 groups.append(f"{title}: {', '.join(these)}")
@@ -335,15 +340,16 @@ def header_section(study: Study, ostudy: optuna.Study, found: Findings, rows: li
     m_better, m_par = found.family()
     if m_par:
         n_rates = f", {len(found.rates)} comparisons of success rates" if found.rates else ""
+        rate = f"{stats.ALPHA * 100:.0f} %"
         out.append(f"- Holm's correction over the {m_better} 'better' tests of this report ({m_par} comparisons of "
-                   f"means{n_rates}) keeps their family-wise error rate at {stats.ALPHA * 100:.0f} %; the {m_par} 'on par' "
-                   f"tests (TOST: the 90 % CI of A − B inside ±δ) are a second Holm family at {stats.ALPHA * 100:.0f} %. "
+                   f"means{n_rates}) keeps their family-wise error rate at {rate}; the {m_par} 'on par' tests "
+                   f"(TOST: the 90 % CI of A − B inside ±δ) are a second Holm family at {rate}. "
                    f"Seed counts are planned at {stats.PCT} power for the observed difference and spread, at "
                    "the level Holm applies to each test now. The control's power check is a design check outside "
                    "both families.")
     for m, direction in zip(study.metrics, study.directions):
         if (threshold := study.success(m)) is not None:
-            out.append(f"- Success: a run with {m} {'≥' if direction == 'maximize' else '≤'} {stats.fmt(threshold)} "
+            out.append(f"- Success: a run with {m} {_at_or_beyond(direction)} {stats.fmt(threshold)} "
                        "solved the task (study file); success rates with exact (Clopper–Pearson) 95 % intervals, "
                        "compared by Boschloo's exact test.")
     return out + [""]
@@ -357,7 +363,7 @@ def arm_section(study: Study, rows: list[Row], found: Findings, advice: str,
     trivial = [k for k in TRIVIAL if any(k in r.metrics for r in rows)]
     successes = [(m, d, t) for m, d in zip(study.metrics, study.directions) if (t := study.success(m)) is not None]
     header = ["arm", "n", *[f"{m} mean ± std" for m in shown],
-              *[f"{m} {'≥' if d == 'maximize' else '≤'} {stats.fmt(t)}: solved [95 % CI]" for m, d, t in successes],
+              *[f"{m} {_at_or_beyond(d)} {stats.fmt(t)}: solved [95 % CI]" for m, d, t in successes],
               *[TRIVIAL[k] for k in trivial], "pruned/failed"]
     body = []
     for arm in arms:
@@ -395,7 +401,7 @@ def arm_section(study: Study, rows: list[Row], found: Findings, advice: str,
                 ""]
         rates = [r for r in found.rates if r.metric == metric]
         if rates:
-            sign = "≥" if direction == "maximize" else "≤"
+            sign = _at_or_beyond(direction)
             out += [f"### Success rates ({metric} {sign} {stats.fmt(rates[0].threshold)}: solved)", "",
                     *_table(["A", "B", "A solved", "B solved", "Boschloo p (Holm)", "verdict"],
                             [[r.a, r.b, str(r.rate_a), str(r.rate_b), f"{stats.fmt_p(r.p)} ({stats.fmt_p(r.p_holm)})",

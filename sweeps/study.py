@@ -345,7 +345,8 @@ class Study:
         for name, p in self.spec.space.items():
             if not self._active(name, params):
                 continue
-            if name == SEED_PARAM and self.int_seeds and not seed_is_categorical(trial.study.get_trials(deepcopy=False)):
+            stored = trial.study.get_trials(deepcopy=False) if name == SEED_PARAM and self.int_seeds else None
+            if stored is not None and not seed_is_categorical(stored):
                 params[name] = trial.suggest_int(name, min(p.choices), max(p.choices))
             elif p.type == "categorical":
                 params[name] = trial.suggest_categorical(name, list(p.choices))
