@@ -113,7 +113,7 @@ def work(study_file: str, preset: Optional[str], n_trials: Optional[int], timeou
 
 def _work_on(study: Study, url: Optional[str], workers: int, index: int, deadline: Optional[float],
              wait_for_running: bool) -> None:
-    from sweeps.objective import Objective
+    from sweeps.objective import Objective, StudyMisconfigured
 
     ostudy = open_study(study, url, workers)
     # A distinct sampler seed per worker and per resumption: identical seeds would propose identical params.
