@@ -399,13 +399,14 @@ def test_a_report_whose_control_has_not_run_says_the_power_was_not_judged(tmp_pa
 
 
 # --------------------------------------------------------------------------------------- report
-def test_a_diverging_trial_is_recorded_with_its_reason_and_the_report_holds_every_trial(tmp_path, tiny):
+def test_a_diverging_trial_is_recorded_with_its_reason_and_the_report_holds_every_trial(tmp_path, tiny, capsys):
     diverges = {"optim.lr": 1.0e30, "optim.gradient_clip_val": 0.0}
     path = write_study(tmp_path, tiny, "report",
                        {"seed": {"type": "categorical", "choices": [0, 1]},
                         "arm": {"type": "categorical", "choices": {**ARMS, "diverges": diverges}}},
                        overrides={"trainer.max_steps": 3}, arms=["arm"])
     assert cli.main(["sweep", str(path), "--workers", "2"]) == 0
+    assert "exited with code" not in capsys.readouterr().out  # a failed trial leaves its worker running
     trials = {t.number: t for t in trials_of(path)}
     assert len(trials) == 6
     for t in trials.values():
