@@ -1,4 +1,4 @@
-"""``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W]``.
+"""``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W] [--add-seeds N]``.
 
 Launches, or resumes, an Optuna study. The command validates the study file (exit 2 before any
 trial), opens the study, fails and re-enqueues trials left running by dead workers, enqueues the grid
@@ -7,6 +7,13 @@ its output in ``<study dir>/logs/``) and prints one line per finished trial. Eve
 fail stale trials; stop when ``n_trials`` trials are finished (or the timeout has passed); wait while
 the remaining budget is taken by running trials (one of them may yet die); else run one trial.
 The same command on another machine, against the same ``--storage`` RDB URL, joins the study.
+
+``--add-seeds N`` adds N replicate seeds to a grid study and to its control: the next unused seed
+numbers (above every seed of the file, of the control and of the stored trials), stored on the study
+(user attr ``added_seeds``) so that every later ``sweep`` and ``report`` includes them. The grid points
+already run are not run again; only the new seeds' points are enqueued. Plan N from the report's power
+calculation before running, and do not stop adding seeds once a verdict appears: stopping on a result
+inflates the error rates the verdicts promise (docs/verdicts.md).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from foundation.errors import ConfigError, check_number
 from sweeps import storage
-from sweeps.study import MAX_TRIALS, Study, load_study
+from sweeps.study import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM, Study, load_study, seed_is_categorical
 
 POLL_S = 1.0
 MAX_WORKERS = 1024  # a bound for the flag; the command starts no more than the trials left and the cores
@@ -81,7 +88,7 @@ def _optuna_quiet() -> None:
 # --------------------------------------------------------------------------------------- worker
 def work(study_file: str, preset: Optional[str], n_trials: Optional[int], timeout_s: Optional[float],
          url: Optional[str], workers: int, index: int, threads: int, deadline: Optional[float],
-         log_path: Optional[str]) -> int:
+         log_path: Optional[str], added_seeds: tuple[int, ...] = ()) -> int:
     """One worker process: run the control's trials, then the study's, until each budget is met.
     Returns an exit code."""
     if log_path is not None:  # lightning, torch and optuna write to fd 1/2: send them all to the log
@@ -93,7 +100,7 @@ def work(study_file: str, preset: Optional[str], n_trials: Optional[int], timeou
     from sweeps.objective import StudyMisconfigured
 
     torch.set_num_threads(threads)
-    study = load_study(study_file, preset, n_trials, timeout_s)
+    study = load_study(study_file, preset, n_trials, timeout_s, added_seeds)
     try:
         for one in study.studies:
             # The control never waits for its last running trials: the workers go on to the study itself
@@ -225,7 +232,8 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     for i in range(workers):
         kwargs = dict(study_file=str(study.path), preset=study.preset, n_trials=study.spec.budget.n_trials,
                       timeout_s=study.spec.budget.timeout_s, url=url, workers=workers, index=i,
-                      threads=threads, deadline=deadline, log_path=str(logs / f"worker_{i}.log"))
+                      threads=threads, deadline=deadline, log_path=str(logs / f"worker_{i}.log"),
+                      added_seeds=study.added_seeds)
         procs.append(ctx.Process(target=_work_entry, kwargs=kwargs, name=f"sweep-worker-{i}"))
         procs[-1].start()
     print(f"{workers} worker(s) × {threads} thread(s); logs in {logs}/", flush=True)
@@ -268,6 +276,34 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)
 
 
+# --------------------------------------------------------------------------------------- seeds
+def with_added_seeds(study: Study, url: Optional[str], workers: int, add: int = 0,
+                     n_trials: Optional[int] = None, timeout_s: Optional[float] = None) -> Study:
+    """``study`` with the seeds earlier ``--add-seeds`` stored on it, and ``add`` more (the next unused
+    numbers, stored first). Creates the study in its storage when it is not there yet."""
+    ostudy = open_study(study, url, workers)
+    added = [int(s) for s in ostudy.user_attrs.get(ADDED_SEEDS, [])]
+    if add:
+        trials = ostudy.get_trials(deepcopy=False)
+        if study.control is not None:
+            trials += open_study(study.control, url, workers).get_trials(deepcopy=False)
+        if seed_is_categorical(trials):
+            raise ConfigError(f"--add-seeds: study {study.name} in {storage.storage_display(study, url)} stores its seeds "
+                              "as a fixed list (it was run before --add-seeds existed) and Optuna cannot extend "
+                              "it; run the study afresh (delete its storage) to add seeds")
+        used = set(added) | {t.params[SEED_PARAM] for t in trials if isinstance(t.params.get(SEED_PARAM), int)}
+        for s in [study, study.control] if study.control is not None else [study]:
+            used |= set(s.seeds)
+        new = list(range(max(used, default=-1) + 1, max(used, default=-1) + 1 + add))
+        grown = load_study(study.path, study.preset, n_trials, timeout_s, added + new)  # check before storing
+        added += new
+        ostudy.set_user_attr(ADDED_SEEDS, added)
+        print(f"study {study.name}: added seeds {', '.join(map(str, new))} (to its control too); seeds now "
+              f"{', '.join(map(str, grown.seeds))}", flush=True)
+        return grown
+    return load_study(study.path, study.preset, n_trials, timeout_s, added) if added else study
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study file, e.g. sweeps/random_vs_learned.yaml")
     parser.add_argument("--preset", help="preset of the study file (default: cpu when it has one), e.g. gpu")
@@ -276,6 +312,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-trials", type=int, help="total finished trials wanted (overrides budget.n_trials)")
     parser.add_argument("--timeout-s", type=float, help="start no trial after this many seconds")
     parser.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
+    parser.add_argument("--add-seeds", type=int, metavar="N",
+                        help="add N replicate seeds (the next unused numbers) to a grid study and its control, "
+                             "then resume it; plan N from the report's power calculation before running")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -284,6 +323,11 @@ def main(args: argparse.Namespace) -> int:
         check_number("--n-trials", args.n_trials, 1, MAX_TRIALS, integer=True)
     if args.timeout_s is not None:
         check_number("--timeout-s", args.timeout_s, 0, 365 * 86400, low_open=True)
+    if args.add_seeds is not None:
+        check_number("--add-seeds", args.add_seeds, 1, 10_000, integer=True)
     study = load_study(args.study, args.preset, args.n_trials, args.timeout_s)
+    if args.add_seeds:  # before any storage is touched: a study that cannot grow is refused first
+        load_study(args.study, args.preset, args.n_trials, args.timeout_s, [max(study.seeds, default=0) + 1])
     _optuna_quiet()
+    study = with_added_seeds(study, args.storage, args.workers, args.add_seeds or 0, args.n_trials, args.timeout_s)
     return run(study, args.storage, args.workers)
