@@ -37,7 +37,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from foundation.errors import ConfigError
-from sweeps import stats, storage
+from sweeps import efficiency, stats, storage
 from sweeps.study import ADDED_SEEDS, CONTROL_PARAM, Study, load_study
 from sweeps.sweep import check_objective
 
@@ -457,6 +457,7 @@ def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows
              f"- sampler: {study.spec.sampler.kind}, pruner: {study.spec.pruner.kind}", "", *power]
     if arm_rows:
         lines += arm_section(study, arm_rows, found, advice, has_power)
+    lines += efficiency.section(speeds_of(study, rows), study.metrics[0], study.directions[0] == "maximize")
     if not study.is_grid:
         lines += best_section(study, ostudy)
     failed = [r for r in rows + control_rows if r.trial.state == TrialState.FAIL]
@@ -467,6 +468,12 @@ def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows
             f"{r.trial.user_attrs.get('fail_reason') or 'worker died and its retries ran out'}" for r in failed] + [""]
     lines += ["## Plots", ""] + [f"- `{p}`" for p in plots] + [f"- skipped: {s}" for s in skipped] + [""]
     return "\n".join(lines)
+
+
+def speeds_of(study: Study, rows: list[Row]) -> list[efficiency.ArmSpeed]:
+    """Quality and speed of each arm of the study's own complete trials (none for a study without arms)."""
+    complete = [r for r in rows if r.trial.state == TrialState.COMPLETE]
+    return efficiency.arm_speeds(complete, study.metrics[0]) if study.arms else []
 
 
 # --------------------------------------------------------------------------------------- plots
@@ -588,6 +595,8 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_csv(study, rows + control_rows, out / "trials.csv")
     plots, skipped = write_plots(study, ostudy, rows + control_rows, out)
+    if efficiency.plot(speeds_of(study, rows), study.metrics[0], study.directions[0] == "maximize", out / "pareto.png"):
+        plots.append("pareto.png")
     (out / "summary.md").write_text(summary_md(study, ostudy, rows, control_rows, url, plots, skipped))
     return out
 

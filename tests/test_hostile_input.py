@@ -167,7 +167,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "train/devices 0": (lambda w: train(w, "trainer.devices=0"), "trainer.devices"),
     "train/seed negative": (lambda w: train(w, "seed=-1"), "seed: must be an integer"),
     # out of range
-    "train/lr inf": (lambda w: train(w, "optim.lr=inf"), "optim.lr: must be a finite number in (0, 10], got inf"),
+    "train/lr inf": (lambda w: train(w, "optim.lr=inf"), "optim.lr: must be a finite number in (0, inf], got inf"),
     "train/lr nan": (lambda w: train(w, "optim.lr=nan"), "optim.lr"),
     "train/negative warm-up": (lambda w: train(w, "optim.warmup_steps=-5"), "optim.warmup_steps"),
     "train/eps zero": (lambda w: train(w, "optim.eps=0"), "optim.eps"),

@@ -559,7 +559,7 @@ def test_add_seeds_runs_only_the_new_seeds_points_and_the_report_counts_them(tmp
 
 
 @pytest.mark.parametrize("keys, args, message", [
-    ({}, ["--add-seeds", "0"], "--add-seeds: must be >= 1, got 0"),
+    ({}, ["--add-seeds", "0"], "--add-seeds: must be an integer in [1, 10000], got 0"),
     ({"sampler": {"kind": "random"}, "budget": {"n_trials": 2}}, ["--add-seeds", "2"],
      "--add-seeds: an open study (sampler.kind=random) has no grid to add seeds to"),
     ({"budget": {"n_trials": 1}}, ["--add-seeds", "1"], "--add-seeds: budget.n_trials=1 fixes the number of trials"),

@@ -122,7 +122,7 @@ def check(cfg: DictConfig) -> None:
 
 
 def check_optim(optim: DictConfig) -> None:
-    check_number("optim.lr", optim.lr, 0, 10, low_open=True)
+    check_number("optim.lr", optim.lr, 0, None, low_open=True)
     check_number("optim.weight_decay", optim.weight_decay, 0, 10)
     require(len(optim.betas) == 2, f"optim.betas: must be two numbers [beta1, beta2], got {list(optim.betas)}")
     for i, beta in enumerate(optim.betas):
