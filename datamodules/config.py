@@ -12,7 +12,8 @@ from typing import Any, List, Literal, Optional
 
 from omegaconf import DictConfig
 
-from foundation.errors import require
+from foundation.errors import check_number, require
+from foundation.paths import check_path
 
 
 @dataclass
@@ -94,9 +95,16 @@ def _in_unit(value: Any) -> bool:
 
 def check_data(data: DictConfig, task: str, max_len: int) -> None:
     """Every rule of the data config for ``task`` and a model of ``max_len`` positions."""
-    require(data.batch_size >= 1, f"data.batch_size: must be >= 1, got {data.batch_size}")
-    require(data.num_workers >= 0, f"data.num_workers: must be >= 0, got {data.num_workers}")
-    require(data.max_texts is None or data.max_texts >= 1, f"data.max_texts: must be >= 1 or null, got {data.max_texts}")
+    check_number("data.batch_size", data.batch_size, 1, 1 << 20, integer=True)
+    check_number("data.num_workers", data.num_workers, 0, 256, integer=True)
+    if data.max_texts is not None:
+        check_number("data.max_texts", data.max_texts, 1, None, integer=True)
+    check_path("data.cache_dir", data.cache_dir)
+    check_path("data.source", data.source)
+    check_number("data.tokenizer.vocab_size", data.tokenizer.vocab_size, 1, 1 << 22, integer=True)
+    check_number("data.tokenizer.min_frequency", data.tokenizer.min_frequency, 1, None, integer=True)
+    if data.tokenizer.path is not None:
+        check_path("data.tokenizer.path", data.tokenizer.path)
     require(_in_unit(data.mask_prob), f"data.mask_prob: must be in (0, 1), got {data.mask_prob}")
     require(_in_unit(data.val_fraction), f"data.val_fraction: must be in (0, 1), got {data.val_fraction}")
     if task == "recall":

@@ -39,7 +39,8 @@ from experiments.benchmarks.measure import (
     peak_memory_bytes,
     seconds_per_call,
 )
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, check_number
+from foundation.paths import check_folder
 from lightning_modules.flops import count_flops
 
 LEVELS = ("layer", "model", "decode", "loop")
@@ -95,6 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench", help="parent folder of the timestamped result folder")
 
 
+MAX_LENGTH = 1 << 20  # sequence lengths and k the bench accepts
+
+
 def _check(args: argparse.Namespace) -> None:
     for key, values, allowed in (("--variants", args.variants, cases.VARIANTS), ("--orders", args.orders, cases.ORDERS),
                                  ("--mode", args.mode, MODES), ("--levels", args.levels, LEVELS)):
@@ -114,6 +118,14 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--d-model: {args.d_model} is not divisible by --heads={args.heads}")
     if args.loop_steps < 2:
         raise ConfigError(f"--loop-steps: must be >= 2, got {args.loop_steps}")
+    for n in [*args.n, *(args.decode_positions or [])]:
+        check_number("--n" if n in args.n else "--decode-positions", n, 1, MAX_LENGTH, integer=True)
+    for k in args.k:
+        check_number("--k", k, 1, MAX_LENGTH, integer=True)
+    check_number("--threads", args.threads, 0, 4 * (os.cpu_count() or 1), integer=True)
+    check_number("--min-time", args.min_time, 0, 60, low_open=True)
+    check_number("--memory-limit-mb", args.memory_limit_mb, 0, 2**40)
+    check_folder("--out", args.out)
 
 
 def memory_limit_bytes(device: torch.device, limit_mb: float) -> float:

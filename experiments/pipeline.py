@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from foundation.atomic import atomic_write_text
 from foundation.configfile import merge, parse_overrides, resolve_includes
 from foundation.errors import ConfigError
+from foundation.paths import check_folder, check_name
 from foundation.rundir import choose_run_dir
 from training import config as run_config
 
@@ -70,6 +71,8 @@ class Stage:
 
 def load(path: str | Path, overrides: list[str] = ()) -> DictConfig:
     cfg = merge(PipelineConfig, [resolve_includes(Path(path)), parse_overrides(list(overrides))])
+    check_name("experiment", cfg.experiment)
+    check_folder("output_dir", cfg.output_dir)
     if not cfg.pretrain.config:
         raise ConfigError("pretrain.config: required (the base MLM experiment YAML)")
     for key in ("variants", "tasks"):

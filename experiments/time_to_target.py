@@ -25,24 +25,12 @@ from typing import Optional, Sequence
 import yaml
 
 from foundation.configfile import flatten
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, check_number
+from foundation.paths import check_path
+from training.curves import reach
 
 # Keys that differ between runs of the same variant.
 PER_RUN_KEYS = ("seed", "experiment", "run_dir", "output_dir", "resume", "data.cache_dir")
-
-
-def reach(curve: Sequence[Sequence[float]], target: float) -> Optional[tuple[float, float]]:
-    """(seconds, tokens) at which the curve first gets to val ppl ≤ target; None if it never does."""
-    previous = None
-    for seconds, tokens, ppl in curve:
-        if ppl <= target:
-            if previous is None or previous[2] == ppl:
-                return float(seconds), float(tokens)
-            s0, t0, p0 = previous
-            f = (p0 - target) / (p0 - ppl)
-            return s0 + f * (seconds - s0), t0 + f * (tokens - t0)
-        previous = (float(seconds), float(tokens), float(ppl))
-    return None
 
 
 def find_runs(paths: Sequence[Path]) -> list[Path]:
@@ -139,8 +127,14 @@ def main(args: argparse.Namespace) -> int:
         targets = [float(t) for t in args.target.split(",") if t.strip()]
     except ValueError:
         raise ConfigError(f"--target: expected numbers, got {args.target!r}") from None
-    if not targets or min(targets) <= 0:
+    if not targets:
         raise ConfigError(f"--target: expected positive perplexities, got {args.target!r}")
+    for target in targets:
+        check_number("--target", target, 0, None, low_open=True)
+    if args.out is not None:
+        check_path("--out", str(args.out))
+        if args.out.is_dir():
+            raise ConfigError(f"--out: {args.out} is a folder, not a markdown file")
     by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
     text = report(args.dirs, targets, by)
     print(text, end="")

@@ -1,7 +1,8 @@
 """Checkpoint files: read with ``weights_only=True`` and refused in one line when damaged; saved atomically.
 
 * :func:`read_checkpoint` loads a Lightning checkpoint (a checkpoint cannot run code) and turns a missing,
-  truncated, corrupt or foreign file into one :class:`~foundation.errors.ConfigError` line;
+  truncated, damaged (any entry failing the archive's CRC-32), corrupt or foreign file into one
+  :class:`~foundation.errors.ConfigError` line;
 * :class:`AtomicCheckpointIO` writes a checkpoint to a temporary file beside its target, syncs it and renames it
   over the target. Lightning's ``TorchCheckpointIO`` writes through an fsspec transaction whose temporary file
   lives in the system temp folder and is then *moved*: a copy, not an atomic rename, when that folder is on
@@ -33,6 +34,7 @@ def _load(path: str | Path) -> Any:
         raise ConfigError(f"checkpoint {path}: not found")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive, whose directory comes last
         raise ConfigError(f"checkpoint {path}: truncated or not a PyTorch checkpoint (no complete zip archive)")
+    verify_archive(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as err:  # weights_only met a global: unpickling it could run code
@@ -43,6 +45,19 @@ def _load(path: str | Path) -> Any:
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0]
         raise ConfigError(f"checkpoint {path}: corrupt ({reason})") from None
+
+
+def verify_archive(path: Path) -> None:
+    """Every entry of the checkpoint's zip archive against its stored CRC-32 (the archive's own checksums):
+    a damaged file is refused in one line instead of loading, silently, weights that were never saved."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as err:
+        raise ConfigError(f"checkpoint {path}: damaged ({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
+                          "refused") from None
+    if bad is not None:
+        raise ConfigError(f"checkpoint {path}: damaged (entry {bad} fails its CRC-32 check); refused")
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -6,6 +6,11 @@ one :class:`~foundation.errors.ConfigError` line naming the full key and what is
 
 Renamed keys (``renamed``: old dotted key → (new dotted key, {old value: new value})) keep working for one
 release: each layer is rewritten before the merge and one deprecation line per old key goes to stderr.
+
+Bounds: a YAML file or override is refused in one line, before anything is built from it, when it is larger
+than ``MAX_FILE_BYTES`` or would expand to more than ``MAX_VALUES`` values. YAML aliases share one object, so
+a few hundred bytes of nested aliases (``a: &a [1, 1]``, ``b: &b [*a, *a]``, …) describe billions of values
+that a merge would copy one by one; :func:`expanded_size` counts them without expanding anything.
 """
 
 from __future__ import annotations
@@ -23,6 +28,49 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from foundation.errors import ConfigError
 
 Renamed = Mapping[str, tuple[str, Mapping[Any, Any]]]
+MAX_FILE_BYTES = 1 << 20  # a config or study file
+MAX_VALUES = 100_000  # values a file or an override may expand to (every config here has a few hundred)
+
+
+def expanded_size(data: Any, limit: int = MAX_VALUES) -> int:
+    """How many values ``data`` (as loaded: aliases are shared objects) holds once every alias is expanded;
+    counting stops early at ``limit`` + 1. Linear in the number of distinct objects."""
+    memo: dict[int, int] = {}
+
+    def size(node: Any, depth: int) -> int:
+        if depth > 100:
+            return limit + 1  # nesting this deep is no configuration
+        if not isinstance(node, (dict, list)):
+            return 1
+        if id(node) in memo:
+            return memo[id(node)]
+        memo[id(node)] = limit + 1  # a cycle (a recursive alias) expands forever
+        children = node.values() if isinstance(node, dict) else node
+        total = 1
+        for child in children:
+            total += size(child, depth + 1)
+            if total > limit:
+                break
+        memo[id(node)] = min(total, limit + 1)
+        return memo[id(node)]
+
+    return size(data, 0)
+
+
+def safe_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load`` of ``text``, refused in one line when malformed or when it expands past the bound."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{where}: malformed YAML{at} ({problem})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply") from None
+    if expanded_size(data) > MAX_VALUES:
+        raise ConfigError(f"{where}: expands to more than {MAX_VALUES} values (nested YAML aliases?); refused")
+    return data
 
 
 def one_line(err: OmegaConfBaseException, schema: Any) -> str:
@@ -43,15 +91,18 @@ def one_line(err: OmegaConfBaseException, schema: Any) -> str:
 
 def read_yaml(path: Path) -> dict:
     """A YAML file's top-level mapping ({} for an empty file); one ConfigError line for anything else."""
+    if "\x00" in str(path):
+        raise ConfigError(f"config file {str(path)!r}: a path cannot hold a NUL byte")
     if not path.is_file():
         raise ConfigError(f"config file {path}: not found")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise ConfigError(f"config file {path}: {path.stat().st_size} bytes, more than the {MAX_FILE_BYTES} a config "
+                          "file may have")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None)
-        raise ConfigError(f"config file {path}: malformed YAML{where}" + (f" ({problem})" if problem else "")) from None
+        text = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as err:
+        raise ConfigError(f"config file {path}: cannot read ({type(err).__name__})") from None
+    data = safe_yaml(text, f"config file {path}")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -67,20 +118,29 @@ def resolve_includes(path: Path, seen: tuple = ()) -> dict:
     bases = data.pop("defaults", []) or []
     if isinstance(bases, str):
         bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) and b for b in bases):
+        raise ConfigError(f"config file {path}: defaults: must be a file name or a list of file names, got {bases!r}")
     merged: Any = OmegaConf.create()
-    for base in bases:
-        merged = OmegaConf.merge(merged, resolve_includes(path.parent / str(base), seen + (path.resolve(),)))
-    return OmegaConf.to_container(OmegaConf.merge(merged, OmegaConf.create(data)))
+    try:
+        for base in bases:
+            merged = OmegaConf.merge(merged, resolve_includes(path.parent / base, seen + (path.resolve(),)))
+        return OmegaConf.to_container(OmegaConf.merge(merged, OmegaConf.create(data)))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"config file {path}: {str(err).splitlines()[0]}") from None
 
 
 def parse_overrides(overrides: list[str]) -> DictConfig:
     """``key=value`` strings as one nested config (values parsed as YAML)."""
-    bad = [o for o in overrides if "=" not in o]
-    if bad:
-        raise ConfigError(f"override {bad[0]!r}: expected key=value")
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        if not eq:
+            raise ConfigError(f"override {override!r}: expected key=value")
+        if not key or any(not part.isidentifier() for part in key.split(".")):
+            raise ConfigError(f"override {override!r}: the key must be dotted names (like model.attention.k)")
+        safe_yaml(value, f"{key}: value {value!r}")  # malformed, or expanding past the bound
     try:
         return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as err:
+    except (OmegaConfBaseException, yaml.YAMLError) as err:
         raise ConfigError(f"overrides: {str(err).splitlines()[0]}") from None
 
 
@@ -135,10 +195,31 @@ def merge(schema: Any, layers: list[Any], renamed: Optional[Renamed] = None) -> 
     cfg = OmegaConf.structured(schema)
     try:
         for layer in layers:
-            cfg = OmegaConf.merge(cfg, rename_keys(layer, renamed or {}))
+            layer = rename_keys(layer, renamed or {})
+            try:
+                cfg = OmegaConf.merge(cfg, layer)
+            except (TypeError, ValueError) as err:  # e.g. a list given where a mapping is: OmegaConf names no key
+                raise ConfigError(f"{_blame(cfg, layer)}: {str(err).splitlines()[0]}") from None
+        OmegaConf.resolve(cfg)  # interpolations (${...}) now, while an error is still one line
     except OmegaConfBaseException as err:
         raise ConfigError(one_line(err, schema)) from None
     return cfg
+
+
+def _blame(cfg: DictConfig, layer: Any) -> str:
+    """The dotted key of ``layer`` whose merge onto ``cfg`` fails (the error path only)."""
+    plain = _plain(layer)
+    if not isinstance(plain, dict):
+        return "config"
+    for key, value in flatten(plain).items():
+        nested: Any = value
+        for part in reversed(key.split(".")):
+            nested = {part: nested}
+        try:
+            OmegaConf.merge(cfg, nested)
+        except Exception:  # noqa: BLE001  (any failure names this key)
+            return key
+    return "config"
 
 
 def to_container(cfg: DictConfig) -> dict:

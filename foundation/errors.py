@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class ConfigError(ValueError):
     """A configuration or input problem: the CLI prints it as one line (``error: …``) and exits with code 2.
@@ -14,3 +16,25 @@ def require(ok: bool, message: str) -> None:
     """Raise :class:`ConfigError` with ``message`` unless ``ok``."""
     if not ok:
         raise ConfigError(message)
+
+
+def check_number(key: str, value: object, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False, integer: bool = False) -> None:
+    """``value`` must be a finite number (an integer when ``integer``) in the given range; else one ConfigError
+    line naming ``key``, the value and the range, e.g. ``--threads: must be an integer in [0, 64], got -4``."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    finite = is_number and math.isfinite(value)
+    ok = finite and (not integer or float(value).is_integer())
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        lo = "(" if low_open else "["
+        hi = ")" if high_open else "]"
+        span = f"{lo}{'-inf' if low is None else _fmt(low)}, {'inf' if high is None else _fmt(high)}{hi}"
+        raise ConfigError(f"{key}: must be {'an integer' if integer else 'a finite number'} in {span}, got {value!r}")
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"

@@ -4,7 +4,7 @@ structure of the sequence projections E, F.
 Notation: N sequences of length T (= n = max_len for packed blocks), h heads, L layers; a layer's
 context-mapping matrix is P = softmax(QKᵀ/√d_h) ∈ R^{T×T} (full attention) or
 P̄ = softmax(Q(EK)ᵀ/√d_h) ∈ R^{T×k} (Linformer), per sequence and head. Causal Linformer (blocks of
-w tokens, nb = ⌈T/w⌉, see ``attention.py``) gives P̃ ∈ R^{T×(nb−1+T)} over [the nb − 1 slots ; the T
+w tokens, nb = ⌈T/w⌉, see ``attention/linformer_causal.py``) gives P̃ ∈ R^{T×(nb−1+T)} over [the nb − 1 slots ; the T
 token positions]: row i holds the weights of query i on the slots j < ⌊i/w⌋ and, at their absolute
 positions, on the keys of its own block up to i (:func:`blockwise_context_matrix`); out = P̃ [F-slots ; V].
 

@@ -8,11 +8,11 @@ and ListOps / byte-level text of the Long Range Arena.
 
 Mean pooling rather than the [CLS] vector: MLM pretraining packs documents into blocks without [CLS], so
 that vector is untrained when fine-tuning starts, while every position's state was trained; the masked
-mean is also unchanged by padding, like every real token's state (``attention.py``).
+mean is also unchanged by padding, like every real token's state (``attention/base.py``).
 
 ``init_from`` (a run directory, whose ``checkpoints/last.ckpt`` is read, or a ``.ckpt`` file) loads the
 encoder's weights, E/F included, with ``torch.load(weights_only=True)``. The checkpoint's architecture must
-equal ``model.*`` up to settings that change no weight (dropouts, ``attention.path``, ``attention.init``/
+equal ``model.*`` up to settings that change no weight (dropouts, ``attention.order``, ``attention.init``/
 ``delta``: the loaded E/F replace the initial ones), and its vocabulary size the tokenizer's; otherwise
 one ConfigError line names the first differing key. A run directory stands for the end of its training:
 if its ``last.ckpt`` holds an earlier step than its ``metrics.json`` (checkpoints are written at

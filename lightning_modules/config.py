@@ -18,7 +18,11 @@ from typing import Any, Dict, List, Literal, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from foundation.configfile import merge
-from foundation.errors import ConfigError, require
+from foundation.errors import ConfigError, check_number, require
+
+# Upper bounds of the model's sizes: far above any model this suite trains, low enough that a typo (an extra
+# zero or three) is one config line instead of a failed allocation after the run directory exists.
+MAX_SIZE = {"max_len": 1 << 20, "d_model": 1 << 16, "n_heads": 1024, "n_layers": 1024, "d_ff": 1 << 18}
 
 # Keys renamed in this release (old → new, old value → new value); the old ones work, with a warning, until
 # the next. ``project`` collided with ``projection`` and its ``kv`` with ``share: kv``; ``path`` with file paths.
@@ -129,7 +133,7 @@ def check_model(model: DictConfig) -> None:
     from lightning_modules.attention import ATTENTION_KINDS  # the kinds register themselves on import
 
     for key in ("max_len", "d_model", "n_heads", "n_layers", "d_ff"):
-        require(model[key] >= 1, f"model.{key}: must be >= 1, got {model[key]}")
+        check_number(f"model.{key}", model[key], 1, MAX_SIZE[key], integer=True)
     require(model.d_model % model.n_heads == 0,
             f"model.d_model: {model.d_model} is not divisible by model.n_heads={model.n_heads}")
     require(_finite(model.dropout) and 0.0 <= model.dropout < 1.0,

@@ -8,9 +8,12 @@ Writes ``<output_dir>/<study>_<preset>/report/``:
   reference arm leave the trivial baseline, does the known contrast separate beyond the seed spread?
   If not, it says above every verdict that the study has no power at this budget); per arm (the
   control's two arms included), each objective's mean ± std over replicates (seeds), n, and the trivial
-  baseline (``trivial_loss`` / ``trivial_accuracy`` of metrics.json) beside it; every pairwise
-  comparison of arms with a 95 % CI and a verdict in words (:mod:`sweeps.stats`); failed trials and
-  their reasons; the best parameters of open (non-grid) studies;
+  baseline (``trivial_loss`` / ``trivial_accuracy`` of metrics.json) beside it, and its success rate
+  where the study file sets a threshold; every pairwise comparison of arms on every objective with a
+  95 % CI and one of three verdicts (:mod:`sweeps.stats`, docs/verdicts.md): better, on par within ±δ,
+  or undecided with the seeds that would decide it; failed trials and their reasons; the best
+  parameters of open (non-grid) studies. Its first lines answer the study's question in one sentence
+  (from the study's own arms), then give the δ used and the multiplicity (Holm) statement;
 * PNG plots (``optuna.visualization.matplotlib``): optimisation history, parameter importances (when
   at least 2 params vary), parallel coordinates, the Pareto front (2 objectives), and the validation
   loss against step of every trial, coloured by arm, read from the trials' TensorBoard events.
@@ -34,8 +37,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from foundation.errors import ConfigError
-from sweeps import stats, storage
-from sweeps.study import CONTROL_PARAM, Study, load_study
+from sweeps import efficiency, stats, storage
+from sweeps.study import ADDED_SEEDS, CONTROL_PARAM, Study, load_study
 from sweeps.sweep import check_objective
 
 TRIVIAL = {"trivial_loss": "trivial loss", "trivial_accuracy": "trivial accuracy"}
@@ -151,18 +154,223 @@ def power_section(study: Study, control_rows: list[Row], advice: str) -> tuple[l
     return lines + [f"- {line}" for line in check.lines] + [""], check.has_power
 
 
-def arm_section(study: Study, rows: list[Row], advice: str, has_power: Optional[bool] = None) -> list[str]:
+# --------------------------------------------------------------------------------------- verdicts
+@dataclass
+class Compared:
+    """One comparison of the report: a pair of arms on one metric, with its verdict."""
+
+    pair: stats.Pair
+    verdict: stats.Verdict
+    n_a: int  # replicates with a value, per arm
+    n_b: int
+    own: bool  # both arms are the study's own (not the control's)
+
+    @property
+    def seeds(self) -> str:
+        return f"{self.n_a} seeds each" if self.n_a == self.n_b else f"{self.n_a} and {self.n_b} seeds"
+
+
+@dataclass
+class RatesCompared:
+    metric: str
+    threshold: float
+    a: str
+    b: str
+    rate_a: stats.Rate
+    rate_b: stats.Rate
+    p: float  # Boschloo's two-sided p, and Holm-adjusted (a member of the "better" family)
+    p_holm: float = math.nan
+
+    @property
+    def better(self) -> Optional[str]:
+        """The arm that solves the task more often, when Boschloo's test shows it after Holm."""
+        if self.p_holm >= stats.ALPHA:
+            return None
+        return self.a if self.rate_a.k / self.rate_a.n > self.rate_b.k / self.rate_b.n else self.b
+
+    @property
+    def text(self) -> str:
+        return f"{self.better} solves it more often" if self.better else "undecided (no difference shown)"
+
+
+@dataclass
+class Findings:
+    arms: list[str]
+    values: dict  # (arm, metric) -> {replicate: value}
+    compared: list[Compared]
+    rates: list[RatesCompared]
+
+    def family(self) -> tuple[int, int]:
+        """(size of the "better" family, size of the "on par" family)."""
+        return len(self.compared) + len(self.rates), len(self.compared)
+
+
+def findings(study: Study, rows: list[Row]) -> Findings:
+    """Every pair of arms on every objective metric, judged together (Holm over the report's tests)."""
     arms = list(dict.fromkeys(r.arm for r in rows))
+    own = {r.arm for r in rows if not r.role}
+    values = {(arm, m): {r.replicate: v for r in rows if r.arm == arm and (v := _value(r, m, study)) is not None}
+              for arm in arms for m in study.metrics}
+    pairs, rates = [], []
+    for metric, direction in zip(study.metrics, study.directions):
+        delta, _ = study.delta(metric)
+        threshold = study.success(metric)
+        for a, b in itertools.combinations(arms, 2):
+            va, vb = values[(a, metric)], values[(b, metric)]
+            pairs.append((stats.Pair(a, b, metric, direction, delta, stats.compare(va, vb)), len(va), len(vb),
+                          a in own and b in own))
+            if threshold is not None:
+                ra, rb = (stats.success_rate(list(v.values()), threshold, direction) for v in (va, vb))
+                rates.append(RatesCompared(metric, threshold, a, b, ra, rb, stats.compare_rates(ra, rb)))
+    verdicts, rate_p = stats.judge([p for p, *_ in pairs], [r.p for r in rates])
+    for r, p in zip(rates, rate_p):
+        r.p_holm = p
+    compared = [Compared(pair, v, n_a, n_b, own_pair) for (pair, n_a, n_b, own_pair), v in zip(pairs, verdicts)]
+    return Findings(arms, values, compared, rates)
+
+
+def _add_seeds_command(study: Study, n: int) -> str:
+    preset = f" --preset {study.preset}" if study.preset else ""
+    return f"`linformer-lab sweep {study.path}{preset} --add-seeds {n}`"
+
+
+def _at_or_beyond(direction: str) -> str:
+    return "≥" if direction == "maximize" else "≤"
+
+
+def _p(p: float) -> str:
+    text = stats.fmt_p(p)
+    return f"p {text}" if text.startswith("<") else f"p = {text}"
+
+
+def _pair_sentence(study: Study, c: Compared, rates: list[RatesCompared]) -> str:
+    pair, v, comparison = c.pair, c.verdict, c.pair.comparison
+    metric, delta = pair.metric, stats.fmt(pair.delta)
+    if v.kind == stats.ON_PAR:
+        text = (f"{pair.a} and {pair.b} are on par within ±{delta} {metric} "
+                f"(TOST {_p(v.tost_p_holm)} after Holm, {c.seeds})")
+    elif v.kind == stats.BETTER:
+        a_wins = comparison.a_better(pair.direction)
+        better, worse = (pair.a, pair.b) if a_wins else (pair.b, pair.a)
+        sign = 1 if a_wins == (pair.direction == "maximize") else -1
+        lo, hi = sorted(sign * x for x in comparison.ci())
+        text = (f"{better} is better than {worse} on {metric} by {stats.fmt(abs(comparison.diff))} (95 % CI "
+                f"[{stats.fmt(lo)}, {stats.fmt(hi)}], Holm-adjusted {_p(v.p_holm)}, {c.seeds})")
+    elif v.more_seeds is not None:
+        if v.deciding == stats.BETTER:
+            other = (f"'on par' would need {v.more(v.seeds_on_par)} more" if v.seeds_on_par is not None else
+                     f"parity within ±{delta} is out of reach" if abs(comparison.diff) >= pair.delta else
+                     f"'on par' would need over {stats.MAX_SEEDS} seeds per arm")
+        else:
+            other = (f"'better' would need {v.more(v.seeds_better)} more" if v.seeds_better is not None else
+                     "no difference was observed to plan 'better' for" if comparison.diff == 0 else
+                     f"'better' would need over {stats.MAX_SEEDS} seeds per arm")
+        text = (f"{pair.a} vs {pair.b} on {metric} is undecided after {c.seeds}: {v.more_seeds} more seeds per arm "
+                f"would show '{v.deciding}'" + (f" within ±{delta}" if v.deciding == stats.ON_PAR else "")
+                + f" at {stats.PCT} power if the observed difference ({stats.fmt(comparison.diff)}) and spread hold "
+                f"({other})")
+    else:
+        text = f"{pair.a} vs {pair.b} on {metric} is undecided at ±{delta} after {c.seeds}: " \
+               f"{v.text.removeprefix('undecided: ')}"
+    for r in rates:
+        if (r.metric, r.a, r.b) == (metric, pair.a, pair.b):
+            text += (f"; runs reaching {metric} {_at_or_beyond(pair.direction)} {stats.fmt(r.threshold)}: "
+                     f"{r.rate_a.k}/{r.rate_a.n} vs {r.rate_b.k}/{r.rate_b.n}, Boschloo {_p(r.p_holm)} after Holm"
+                     + (f": {r.better} solves it more often" if r.better else ""))
+    if v.kind == stats.UNDECIDED and v.more_seeds is not None:
+        text += f"; plan the seeds now and add them all with {_add_seeds_command(study, v.more_seeds)}"
+    return text
+
+
+def _short_verdict(c: Compared) -> str:
+    pair, v = c.pair, c.verdict
+    if v.kind == stats.BETTER:
+        return v.text
+    if v.kind == stats.ON_PAR:
+        return f"{pair.a} and {pair.b}"
+    more = f"{v.more_seeds} more seeds" if v.more_seeds is not None else "no plan yet"
+    return f"{pair.a} vs {pair.b} ({more})"
+
+
+def answer(study: Study, ostudy: optuna.Study, found: Findings, rows: list[Row]) -> list[str]:
+    """The answer to the study's question, one sentence per objective metric, from its own arms."""
+    own = [a for a in found.arms if any(r.arm == a and not r.role for r in rows)]
+    if not study.is_grid:
+        complete = [t for t in ostudy.trials if t.state == TrialState.COMPLETE]
+        if not complete:
+            return ["Open study: no complete trial yet."]
+        if len(study.metrics) > 1:
+            return [f"Open study ({study.spec.sampler.kind}): {len(ostudy.best_trials)} Pareto-optimal trials of "
+                    f"{len(complete)} (below); it has no arms to compare."]
+        best = ostudy.best_trial
+        return [f"Open study ({study.spec.sampler.kind}): the best of {len(complete)} trials, {best.number}, reached "
+                f"{study.metrics[0]} = {stats.fmt(best.value)} (parameters below); it has no arms to compare."]
+    if len(own) < 2:
+        what = f"one arm ({own[0]})" if own else "no arm"
+        return [f"Nothing to compare: the study has {what} of its own; the control's arms are compared below."]
+    lines = []
+    for metric in study.metrics:
+        mine = [c for c in found.compared if c.own and c.pair.metric == metric]
+        rates = [r for r in found.rates if r.metric == metric]
+        if len(mine) == 1:
+            lines.append(_pair_sentence(study, mine[0], rates) + ".")
+            continue
+        groups = []
+        par = f"on par within ±{stats.fmt(mine[0].pair.delta)}"
+        for kind, title in ((stats.BETTER, "better"), (stats.ON_PAR, par), (stats.UNDECIDED, "undecided")):
+            these = [_short_verdict(c) for c in mine if c.verdict.kind == kind]
+            if these:
+                groups.append(f"{title}: {', '.join(these)}")
+        lines.append(f"Of the {len(mine)} pairs of arms on {metric}: {'; '.join(groups)}.")
+    return lines
+
+
+def header_section(study: Study, ostudy: optuna.Study, found: Findings, rows: list[Row],
+                   has_power: Optional[bool], advice: str) -> list[str]:
+    """The first lines of summary.md: the answer, the δ used, the Holm statement."""
+    label = "**Answer:**"
+    if has_power is False:
+        label = f"**Answer (uninformative: the control's power check below failed; {advice}):**"
+    elif has_power is None and study.control is not None:
+        label = "**Answer (power not judged yet: the control has not run):**"
+    out = [f"{label} {line}" for line in answer(study, ostudy, found, rows)] + [""]
+    deltas = [f"{m} ±{stats.fmt(d)} ({source})" for m in study.metrics for d, source in [study.delta(m)]]
+    out.append(f"- δ, the margin within which two arms are on par: {', '.join(deltas)}.")
+    m_better, m_par = found.family()
+    if m_par:
+        n_rates = f", {len(found.rates)} comparisons of success rates" if found.rates else ""
+        rate = f"{stats.ALPHA * 100:.0f} %"
+        out.append(f"- Holm's correction over the {m_better} 'better' tests of this report ({m_par} comparisons of "
+                   f"means{n_rates}) keeps their family-wise error rate at {rate}; the {m_par} 'on par' tests "
+                   f"(TOST: the 90 % CI of A − B inside ±δ) are a second Holm family at {rate}. "
+                   f"Seed counts are planned at {stats.PCT} power for the observed difference and spread, at "
+                   "the level Holm applies to each test now. The control's power check is a design check outside "
+                   "both families.")
+    for m, direction in zip(study.metrics, study.directions):
+        if (threshold := study.success(m)) is not None:
+            out.append(f"- Success: a run with {m} {_at_or_beyond(direction)} {stats.fmt(threshold)} "
+                       "solved the task (study file); success rates with exact (Clopper–Pearson) 95 % intervals, "
+                       "compared by Boschloo's exact test.")
+    return out + [""]
+
+
+def arm_section(study: Study, rows: list[Row], found: Findings, advice: str,
+                has_power: Optional[bool] = None) -> list[str]:
+    arms = found.arms
     shown = list(study.metrics) + [m for m in ("val/accuracy",) if m not in study.metrics
                                    and any(m in r.metrics for r in rows)]
     trivial = [k for k in TRIVIAL if any(k in r.metrics for r in rows)]
-    header = ["arm", "n", *[f"{m} mean ± std" for m in shown], *[TRIVIAL[k] for k in trivial], "pruned/failed"]
+    successes = [(m, d, t) for m, d in zip(study.metrics, study.directions) if (t := study.success(m)) is not None]
+    header = ["arm", "n", *[f"{m} mean ± std" for m in shown],
+              *[f"{m} {_at_or_beyond(d)} {stats.fmt(t)}: solved [95 % CI]" for m, d, t in successes],
+              *[TRIVIAL[k] for k in trivial], "pruned/failed"]
     body = []
     for arm in arms:
         mine = [r for r in rows if r.arm == arm]
         ok = [r for r in mine if r.trial.state == TrialState.COMPLETE]
         body.append([arm, str(len(ok)),
                      *[_mean_std([v for r in ok if (v := _value(r, m, study)) is not None]) for m in shown],
+                     *[str(stats.success_rate(list(found.values[(arm, m)].values()), t, d)) for m, d, t in successes],
                      *[stats.fmt(stats.summarize([r.metrics[k] for r in ok if k in r.metrics]).mean) for k in trivial],
                      f"{sum(r.trial.state == TrialState.PRUNED for r in mine)}/"
                      f"{sum(r.trial.state == TrialState.FAIL for r in mine)}"])
@@ -175,20 +383,36 @@ def arm_section(study: Study, rows: list[Row], advice: str, has_power: Optional[
         out += ["**The power check failed (above): at this budget every verdict below is uninformative; "
                 f"{advice}.**", ""]
     for metric, direction in zip(study.metrics, study.directions):
-        comparisons = []
-        for a, b in itertools.combinations(arms, 2):
-            va = {r.replicate: v for r in rows if r.arm == a and (v := _value(r, metric, study)) is not None}
-            vb = {r.replicate: v for r in rows if r.arm == b and (v := _value(r, metric, study)) is not None}
-            c = stats.compare(va, vb)
-            lo, hi = c.diff - c.half_width, c.diff + c.half_width
-            ci = f"[{stats.fmt(lo)}, {stats.fmt(hi)}]" if math.isfinite(c.half_width) else "-"
-            comparisons.append([a, b, stats.fmt(c.diff), ci, c.test, stats.verdict(a, b, c, direction, advice)])
-        if comparisons:
-            out += [f"## Comparisons of {metric} ({direction}; A − B with its 95 % CI)", "",
-                    *_table(["A", "B", "A − B", "95 % CI", "test", "verdict"], comparisons), ""]
-            if len(comparisons) > 1:
-                out += [f"Each interval is 95 %: of {len(comparisons)} comparisons of arms that do not differ, "
-                        f"about {0.05 * len(comparisons):.2g} would separate by chance alone.", ""]
+        mine = [c for c in found.compared if c.pair.metric == metric]
+        if not mine:
+            continue
+        table = []
+        for c in mine:
+            lo, hi = c.pair.comparison.ci()
+            ci = f"[{stats.fmt(lo)}, {stats.fmt(hi)}]" if math.isfinite(lo) else "-"
+            v = c.verdict
+            table.append([c.pair.a, c.pair.b, stats.fmt(c.pair.comparison.diff), ci, c.pair.comparison.test,
+                          f"{stats.fmt_p(v.p)} ({stats.fmt_p(v.p_holm)})",
+                          f"{stats.fmt_p(v.tost_p)} ({stats.fmt_p(v.tost_p_holm)})", f"±{stats.fmt(c.pair.delta)}",
+                          v.text])
+        out += [f"## Comparisons of {metric} ({direction}; A − B with its 95 % CI)", "",
+                *_table(["A", "B", "A − B", "95 % CI", "test", "p (Holm)", "TOST p (Holm)", "δ", "verdict"], table),
+                ""]
+        rates = [r for r in found.rates if r.metric == metric]
+        if rates:
+            sign = _at_or_beyond(direction)
+            out += [f"### Success rates ({metric} {sign} {stats.fmt(rates[0].threshold)}: solved)", "",
+                    *_table(["A", "B", "A solved", "B solved", "Boschloo p (Holm)", "verdict"],
+                            [[r.a, r.b, str(r.rate_a), str(r.rate_b), f"{stats.fmt_p(r.p)} ({stats.fmt_p(r.p_holm)})",
+                              r.text] for r in rates]), ""]
+    undecided = [c.verdict.more_seeds for c in found.compared
+                 if c.own and c.verdict.kind == stats.UNDECIDED and c.verdict.more_seeds is not None]
+    if undecided:
+        n = max(undecided)
+        out += [f"To decide every undecided pair of the study's arms at {stats.PCT} power, add {n} seeds: "
+                f"{_add_seeds_command(study, n)} (every arm and the control; the runs done are kept). Decide the "
+                "count before running and run all of it: adding seeds until a verdict appears (optional stopping) "
+                "inflates the error rates these verdicts promise (docs/verdicts.md).", ""]
     return out
 
 
@@ -212,7 +436,12 @@ def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows
               for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
     advice = "add seeds or training steps" if study.preset == "gpu" else "run the GPU preset"
     retried = sorted(storage.retried_numbers(ostudy.get_trials(deepcopy=False)))
-    lines = [f"# Study {study.name}", "",
+    has_power, power = None, []
+    if study.control is not None:
+        power, has_power = power_section(study, control_rows, advice)
+    arm_rows = (rows if study.arms else []) + control_rows
+    found = findings(study, arm_rows)
+    lines = [f"# Study {study.name}", "", *header_section(study, ostudy, found, arm_rows, has_power, advice),
              f"- study file: `{study.path}`" + (f", preset `{study.preset}`" if study.preset else ""),
              f"- storage: `{storage.storage_display(study, url)}`",
              f"- trials: {len(rows)} finished of {study.n_trials if study.n_trials is not None else 'an open budget'} "
@@ -223,14 +452,12 @@ def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows
              "- objective: " + ", ".join(f"{m} ({d})" for m, d in zip(study.metrics, study.directions)),
              *([f"- retried with the same params after their worker died or was interrupted: trials "
                 f"{', '.join(map(str, retried))}"] if retried else []),
-             f"- sampler: {study.spec.sampler.kind}, pruner: {study.spec.pruner.kind}", ""]
-    has_power = None
-    if study.control is not None:
-        power, has_power = power_section(study, control_rows, advice)
-        lines += power
-    arm_rows = (rows if study.arms else []) + control_rows
+             *([f"- seeds added by `sweep --add-seeds`: {', '.join(map(str, study.added_seeds))}"]
+               if study.added_seeds else []),
+             f"- sampler: {study.spec.sampler.kind}, pruner: {study.spec.pruner.kind}", "", *power]
     if arm_rows:
-        lines += arm_section(study, arm_rows, advice, has_power)
+        lines += arm_section(study, arm_rows, found, advice, has_power)
+    lines += efficiency.section(speeds_of(study, rows), study.metrics[0], study.directions[0] == "maximize")
     if not study.is_grid:
         lines += best_section(study, ostudy)
     failed = [r for r in rows + control_rows if r.trial.state == TrialState.FAIL]
@@ -241,6 +468,12 @@ def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows
             f"{r.trial.user_attrs.get('fail_reason') or 'worker died and its retries ran out'}" for r in failed] + [""]
     lines += ["## Plots", ""] + [f"- `{p}`" for p in plots] + [f"- skipped: {s}" for s in skipped] + [""]
     return "\n".join(lines)
+
+
+def speeds_of(study: Study, rows: list[Row]) -> list[efficiency.ArmSpeed]:
+    """Quality and speed of each arm of the study's own complete trials (none for a study without arms)."""
+    complete = [r for r in rows if r.trial.state == TrialState.COMPLETE]
+    return efficiency.arm_speeds(complete, study.metrics[0]) if study.arms else []
 
 
 # --------------------------------------------------------------------------------------- plots
@@ -348,6 +581,9 @@ def load(study: Study, url: Optional[str]) -> optuna.Study:
 
 def write_report(study: Study, url: Optional[str] = None) -> Path:
     ostudy = load(study, url)
+    added = [int(s) for s in ostudy.user_attrs.get(ADDED_SEEDS, [])]
+    if added and tuple(added) != study.added_seeds:  # the grid and budget as `sweep --add-seeds` grew them
+        study = load_study(study.path, study.preset, added_seeds=added)
     rows = rows_of(study, ostudy.get_trials(deepcopy=False))
     control_rows: list[Row] = []
     if study.control is not None:
@@ -359,6 +595,8 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_csv(study, rows + control_rows, out / "trials.csv")
     plots, skipped = write_plots(study, ostudy, rows + control_rows, out)
+    if efficiency.plot(speeds_of(study, rows), study.metrics[0], study.directions[0] == "maximize", out / "pareto.png"):
+        plots.append("pareto.png")
     (out / "summary.md").write_text(summary_md(study, ostudy, rows, control_rows, url, plots, skipped))
     return out
 

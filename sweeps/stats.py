@@ -1,73 +1,48 @@
-"""Comparing a study's arms over replicates (seeds): mean ± std, differences with 95 % confidence
-intervals, and a verdict in words.
+"""Comparing a study's arms over replicates (seeds), and the verdict a researcher can act on.
 
-For arms A and B with values a_i, b_j of one metric:
+For arms A and B with values a_i, b_j of one metric, the difference A − B, its standard error and
+degrees of freedom are
 
-* paired (both arms ran the same seeds, n ≥ 2 pairs): d_i = a_i − b_i,
-  CI = d̄ ± t_{0.975, n−1} · s_d / √n;
+* paired (both arms ran the same seeds, n ≥ 2 pairs): d_i = a_i − b_i, se = s_d / √n, ν = n − 1;
 * otherwise Welch: d = ā − b̄, se = √(s_a²/n_a + s_b²/n_b),
-  ν = se⁴ / ((s_a²/n_a)²/(n_a−1) + (s_b²/n_b)²/(n_b−1)), CI = d ± t_{0.975, ν} · se.
+  ν = se⁴ / ((s_a²/n_a)²/(n_a−1) + (s_b²/n_b)²/(n_b−1)) (Welch–Satterthwaite, an approximation).
 
-The verdict names the better arm only when the interval excludes 0; otherwise it says the arms are not
-distinguishable at this budget. With fewer than 2 replicates per arm there is no spread to judge by:
-never distinguishable. Student's t quantile is computed here (no SciPy dependency) from the
-regularised incomplete beta function: P(|T| ≤ t) = 1 − I_{ν/(ν+t²)}(ν/2, 1/2).
+Each pair of arms gets one of three verdicts (docs/verdicts.md):
+
+* **better**: the two-sided t test of A = B, T = d / se ~ t_ν, rejects at the Holm-adjusted level: the
+  family of all "better" tests of one report keeps a family-wise error rate of ``ALPHA``. Shown with the
+  95 % CI d ± t_{0.975, ν} · se.
+* **on par within ±δ**: two one-sided tests (TOST) of |A − B| ≥ δ, p = max(P(t_ν ≥ (d + δ)/se),
+  P(t_ν ≤ (d − δ)/se)), reject at the Holm-adjusted level of a second family: for one test this is the
+  90 % CI d ± t_{0.95, ν} · se lying inside [−δ, δ].
+* **undecided**: neither; with the seeds per arm that would decide it at ``POWER``, planned for the
+  observed difference and spread at the level Holm's step applies to the pair now: the two-sided t
+  test's power from the noncentral t, P(|T'| > t_{1−α/2, ν}) with T' ~ t_ν(nc = d / se(n)), and the
+  TOST's power at true difference d, bounded below by P(T₁ > t_{1−α, ν}) + P(T₂ < −t_{1−α, ν}) − 1 with
+  T₁ ~ t_ν((d + δ)/se(n)), T₂ ~ t_ν((d − δ)/se(n)) (so its seed count errs on the safe side).
+
+Runs whose outcome splits into "solved" and "stuck" (recall near 1 or on a plateau) are counted against
+a threshold: the success rate k/n with its exact (Clopper–Pearson) 95 % interval, and two arms' rates
+compared with Boschloo's exact test (uniformly more powerful than Fisher's), a member of the "better"
+family. Every distribution and test here is SciPy's.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Hashable, Mapping, Sequence
+from typing import Hashable, Mapping, Optional, Sequence
 
-LEVEL = 0.95
+import numpy as np
+from scipy import stats as sp
 
+LEVEL = 0.95  # confidence of the interval shown beside a difference
+ALPHA = 0.05  # family-wise error rate of the "better" verdicts of one report, and of its "on par" ones
+POWER = 0.80  # the power seed counts are planned for
+PCT = f"{POWER * 100:.0f} %"
+MAX_SEEDS = 1000  # seed counts are searched up to this many per arm
 
-# --------------------------------------------------------------------------------------- Student's t
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta I_x(a, b) by its continued fraction (modified Lentz), 1e-14 accurate."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    if x > (a + 1) / (a + b + 2):  # the fraction converges fast below the mean; use symmetry above it
-        return 1.0 - _betainc(b, a, 1.0 - x)
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    f = d
-    for m in range(1, 500):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            f *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            break
-    return math.exp(log_front) * f / a
-
-
-def t_cdf(t: float, df: float) -> float:
-    tail = 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """x with P(T_df ≤ x) = p, by bisection on :func:`t_cdf`."""
-    lo, hi = -1.0, 1.0
-    while t_cdf(lo, df) > p:
-        lo *= 2
-    while t_cdf(hi, df) < p:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-        if hi - lo < 1e-12 * max(1.0, abs(mid)):
-            break
-    return (lo + hi) / 2
+BETTER, ON_PAR, UNDECIDED = "better", "on par", "undecided"
 
 
 # --------------------------------------------------------------------------------------- summaries
@@ -80,57 +55,305 @@ class Summary:
 
 def summarize(values: Sequence[float]) -> Summary:
     n = len(values)
-    mean = sum(values) / n if n else math.nan
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n >= 2 else math.nan
+    mean = float(np.mean(values)) if n else math.nan
+    std = float(np.std(values, ddof=1)) if n >= 2 else math.nan
     return Summary(n, mean, std)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    diff: float  # mean(A) − mean(B)
-    half_width: float  # of the 95 % CI; nan when there is no spread to judge by
-    test: str  # "paired t (n=3)", "Welch t (3 vs 2)" or "none (1 vs 3 replicates)"
-
-    @property
-    def distinguishable(self) -> bool:
-        return math.isfinite(self.half_width) and abs(self.diff) > self.half_width
-
-    def a_better(self, direction: str) -> bool:
-        """Whether A's mean is the better one under ``direction`` (not whether that is beyond noise)."""
-        return (self.diff < 0) == (direction == "minimize")
-
-
-def compare(a: Mapping[Hashable, float], b: Mapping[Hashable, float], level: float = LEVEL) -> Comparison:
-    """A − B for values keyed by replicate (e.g. seed): paired when both have the same replicates."""
-    q = (1 + level) / 2
-    if set(a) == set(b) and len(a) >= 2:
-        d = summarize([a[k] - b[k] for k in a])
-        hw = t_quantile(q, d.n - 1) * d.std / math.sqrt(d.n) if d.std > 0 else 0.0
-        return Comparison(d.mean, hw, f"paired t (n={d.n})")
-    sa, sb = summarize(list(a.values())), summarize(list(b.values()))
-    if sa.n < 2 or sb.n < 2:
-        return Comparison(sa.mean - sb.mean, math.nan, f"none ({sa.n} vs {sb.n} replicates)")
-    va, vb = sa.std ** 2 / sa.n, sb.std ** 2 / sb.n
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return Comparison(sa.mean - sb.mean, 0.0, f"Welch t ({sa.n} vs {sb.n})")
-    df = (va + vb) ** 2 / (va ** 2 / (sa.n - 1) + vb ** 2 / (sb.n - 1))
-    return Comparison(sa.mean - sb.mean, t_quantile(q, df) * se, f"Welch t ({sa.n} vs {sb.n})")
 
 
 def fmt(x: float) -> str:
     return "nan" if not math.isfinite(x) else f"{x:.3g}"
 
 
-def verdict(name_a: str, name_b: str, c: Comparison, direction: str, advice: str = "run the GPU preset") -> str:
-    """'A better than B by x ± y' when the 95 % CI of the difference excludes 0, else
-    'not distinguishable at this budget: <advice>'."""
-    if not c.distinguishable:
-        return f"not distinguishable at this budget: {advice}"
-    better, worse = (name_a, name_b) if c.a_better(direction) else (name_b, name_a)
-    return f"{better} better than {worse} by {fmt(abs(c.diff))} ± {fmt(c.half_width)}"
+def fmt_p(p: float) -> str:
+    return "-" if not math.isfinite(p) else "< 0.001" if p < 0.001 else f"{p:.2g}"
 
 
+# --------------------------------------------------------------------------------------- A − B
+@dataclass(frozen=True)
+class Comparison:
+    diff: float  # mean(A) − mean(B)
+    se: float  # standard error of diff; nan when an arm has fewer than 2 replicates
+    df: float  # degrees of freedom of its t distribution; nan likewise
+    test: str  # "paired t (n=3)", "Welch t (3 vs 2)" or "none (1 vs 3 replicates)"
+    n: int  # replicates per arm: pairs (paired) or the smaller arm's (Welch)
+    paired: bool = False
+    sd_a: float = math.nan  # the spreads seed counts are planned from: paired, s_d (and sd_b nan);
+    sd_b: float = math.nan  # Welch, each arm's standard deviation
+
+    @property
+    def judged(self) -> bool:
+        """Whether there is a spread to judge by (at least 2 replicates per arm)."""
+        return math.isfinite(self.se)
+
+    def ci(self, level: float = LEVEL) -> tuple[float, float]:
+        """Two-sided ``level`` confidence interval of A − B (nan, nan when not judged)."""
+        if not self.judged:
+            return math.nan, math.nan
+        hw = float(sp.t.ppf((1 + level) / 2, self.df)) * self.se if self.se > 0 else 0.0
+        return self.diff - hw, self.diff + hw
+
+    @property
+    def half_width(self) -> float:
+        """Of the 95 % CI; nan when there is no spread to judge by."""
+        lo, hi = self.ci()
+        return (hi - lo) / 2
+
+    @property
+    def distinguishable(self) -> bool:
+        """The 95 % CI excludes 0 (one test, no multiplicity correction: the power check's rule)."""
+        return self.judged and abs(self.diff) > self.half_width
+
+    @property
+    def p_value(self) -> float:
+        """Two-sided p of the t test of A = B (1 when not judged: no evidence)."""
+        if not self.judged:
+            return 1.0
+        if self.se == 0:
+            return 0.0 if self.diff != 0 else 1.0
+        return float(2 * sp.t.sf(abs(self.diff) / self.se, self.df))
+
+    def tost_p(self, delta: float) -> float:
+        """p of the equivalence test |A − B| < δ by two one-sided t tests (1 when not judged)."""
+        if not self.judged:
+            return 1.0
+        if self.se == 0:
+            return 0.0 if abs(self.diff) < delta else 1.0
+        above = sp.t.sf((self.diff + delta) / self.se, self.df)  # H0: A − B ≤ −δ
+        below = sp.t.cdf((self.diff - delta) / self.se, self.df)  # H0: A − B ≥ δ
+        return float(max(above, below))
+
+    def a_better(self, direction: str) -> bool:
+        """Whether A's mean is the better one under ``direction`` (not whether that is beyond noise)."""
+        return (self.diff < 0) == (direction == "minimize")
+
+
+def compare(a: Mapping[Hashable, float], b: Mapping[Hashable, float]) -> Comparison:
+    """A − B for values keyed by replicate (e.g. seed): paired when both have the same replicates."""
+    if set(a) == set(b) and len(a) >= 2:
+        d = summarize([a[k] - b[k] for k in a])
+        return Comparison(d.mean, d.std / math.sqrt(d.n), d.n - 1, f"paired t (n={d.n})", d.n, True, d.std)
+    sa, sb = summarize(list(a.values())), summarize(list(b.values()))
+    diff, n = sa.mean - sb.mean, min(sa.n, sb.n)
+    if n < 2:
+        return Comparison(diff, math.nan, math.nan, f"none ({sa.n} vs {sb.n} replicates)", n)
+    va, vb = sa.std ** 2 / sa.n, sb.std ** 2 / sb.n
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (sa.n - 1) + vb ** 2 / (sb.n - 1)) if se > 0 else sa.n + sb.n - 2
+    return Comparison(diff, se, df, f"Welch t ({sa.n} vs {sb.n})", n, False, sa.std, sb.std)
+
+
+# --------------------------------------------------------------------------------------- planning
+def _design(c: Comparison, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(se, ν) of the same comparison with ``n`` replicates per arm, at the observed spread."""
+    if c.paired:
+        return c.sd_a / np.sqrt(n), n - 1.0
+    va, vb = c.sd_a ** 2 / n, c.sd_b ** 2 / n
+    return np.sqrt(va + vb), (va + vb) ** 2 / ((va ** 2 + vb ** 2) / (n - 1.0))
+
+
+def power_better(c: Comparison, n: np.ndarray | int, alpha: float = ALPHA) -> np.ndarray:
+    """Power of the two-sided t test at level ``alpha`` with ``n`` seeds per arm, if the true difference
+    and spread are the observed ones."""
+    n = np.asarray(n, dtype=float)
+    se, df = _design(c, n)
+    nc = c.diff / se
+    crit = sp.t.ppf(1 - alpha / 2, df)
+    return sp.nct.sf(crit, df, nc) + sp.nct.cdf(-crit, df, nc)
+
+
+def power_on_par(c: Comparison, delta: float, n: np.ndarray | int, alpha: float = ALPHA) -> np.ndarray:
+    """A lower bound on the power of the TOST at level ``alpha`` with ``n`` seeds per arm, if the true
+    difference and spread are the observed ones."""
+    n = np.asarray(n, dtype=float)
+    se, df = _design(c, n)
+    crit = sp.t.ppf(1 - alpha, df)
+    both = sp.nct.sf(crit, df, (c.diff + delta) / se) + sp.nct.cdf(-crit, df, (c.diff - delta) / se) - 1
+    return np.clip(both, 0.0, 1.0)
+
+
+def _smallest(power: np.ndarray, ns: np.ndarray, target: float) -> Optional[int]:
+    reached = np.flatnonzero(power >= target)
+    return int(ns[reached[0]]) if reached.size else None
+
+
+def _plannable(c: Comparison) -> bool:
+    spreads = [c.sd_a] if c.paired else [c.sd_a, c.sd_b]
+    return c.judged and all(math.isfinite(s) for s in spreads) and c.se > 0
+
+
+def seeds_for_better(c: Comparison, alpha: float = ALPHA, power: float = POWER) -> Optional[int]:
+    """Seeds per arm at which the t test would find the observed difference with ``power``; None when no
+    count up to MAX_SEEDS does (no difference observed, or one far below the spread)."""
+    if not _plannable(c) or c.diff == 0:
+        return None
+    ns = np.arange(2, MAX_SEEDS + 1)
+    return _smallest(power_better(c, ns, alpha), ns, power)
+
+
+def seeds_for_on_par(c: Comparison, delta: float, alpha: float = ALPHA, power: float = POWER) -> Optional[int]:
+    """Seeds per arm at which the TOST would show parity within ±δ with ``power``; None when no count up
+    to MAX_SEEDS does (the observed difference is at or beyond δ, or δ far below the spread)."""
+    if not _plannable(c) or abs(c.diff) >= delta:
+        return None
+    ns = np.arange(2, MAX_SEEDS + 1)
+    return _smallest(power_on_par(c, delta, ns, alpha), ns, power)
+
+
+# --------------------------------------------------------------------------------------- multiplicity
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values: sorted ascending, p_(i) · (m − i + 1), made monotone, capped at 1.
+    A hypothesis is rejected at family-wise level α when its adjusted p is below α."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted, running = [1.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def holm_levels(p_values: Sequence[float], alpha: float = ALPHA) -> list[float]:
+    """The level Holm's step applies to each test now: α / (m − rank + 1), rank 1 for the smallest p."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    levels = [alpha] * m
+    for rank, i in enumerate(order):
+        levels[i] = alpha / (m - rank)
+    return levels
+
+
+# --------------------------------------------------------------------------------------- verdicts
+@dataclass(frozen=True)
+class Pair:
+    """One comparison of a report: arms ``a`` and ``b`` on ``metric``."""
+
+    a: str
+    b: str
+    metric: str
+    direction: str  # "minimize" or "maximize"
+    delta: float  # the equivalence margin δ of the metric
+    comparison: Comparison
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # BETTER, ON_PAR or UNDECIDED
+    text: str  # the verdict in words
+    p: float  # two-sided p of A = B, and Holm-adjusted
+    p_holm: float
+    tost_p: float  # TOST p of |A − B| ≥ δ, and Holm-adjusted
+    tost_p_holm: float
+    n: int = 0  # seeds per arm now (pairs, or the smaller arm's)
+    seeds_better: Optional[int] = None  # undecided: seeds per arm for each verdict at POWER
+    seeds_on_par: Optional[int] = None
+
+    def more(self, total: Optional[int]) -> Optional[int]:
+        return None if total is None else max(total - self.n, 1)
+
+    @property
+    def more_seeds(self) -> Optional[int]:
+        """Undecided: the fewest seeds per arm to add that would decide it (None: unknown)."""
+        counts = [n for n in (self.seeds_better, self.seeds_on_par) if n is not None]
+        return self.more(min(counts)) if counts else None
+
+    @property
+    def deciding(self) -> str:
+        """Undecided: the verdict the fewest added seeds would reach ("better" or "on par"), if any."""
+        if self.more_seeds is None:
+            return ""
+        return BETTER if self.seeds_on_par is None or (self.seeds_better or MAX_SEEDS + 1) <= self.seeds_on_par \
+            else ON_PAR
+
+
+def _interval(lo: float, hi: float) -> str:
+    return f"[{fmt(lo)}, {fmt(hi)}]"
+
+
+def _decide(pair: Pair, p_holm: float, level: float, tost_holm: float, tost_level: float) -> Verdict:
+    c, delta = pair.comparison, pair.delta
+    p, tost = c.p_value, c.tost_p(delta)
+    if tost_holm < ALPHA:
+        lo, hi = c.ci(1 - 2 * ALPHA)
+        text = f"on par within ±{fmt(delta)} (90 % CI of A − B {_interval(lo, hi)})"
+        if p_holm < ALPHA:
+            better = pair.a if c.a_better(pair.direction) else pair.b
+            text += f"; {better} is better by {fmt(abs(c.diff))}, less than δ"
+        return Verdict(ON_PAR, text, p, p_holm, tost, tost_holm, c.n)
+    if p_holm < ALPHA:
+        a_wins = c.a_better(pair.direction)
+        better, worse = (pair.a, pair.b) if a_wins else (pair.b, pair.a)
+        sign = 1 if a_wins == (pair.direction == "maximize") else -1  # the gain, in the metric's units
+        lo, hi = sorted(sign * x for x in c.ci())
+        return Verdict(BETTER, f"{better} better than {worse} by {fmt(abs(c.diff))} (95 % CI {_interval(lo, hi)})",
+                       p, p_holm, tost, tost_holm, c.n)
+    if not _plannable(c):
+        why = ("fewer than 2 seeds in an arm: no spread to plan from; add seeds, then read the plan here"
+               if not c.judged else "no spread in an arm to plan from")
+        return Verdict(UNDECIDED, f"undecided: {why}", p, p_holm, tost, tost_holm, c.n)
+    n_better, n_par = seeds_for_better(c, level), seeds_for_on_par(c, delta, tost_level)
+    v = Verdict(UNDECIDED, "", p, p_holm, tost, tost_holm, c.n, n_better, n_par)
+    return Verdict(UNDECIDED, f"undecided: {plan(v, c, delta)}", p, p_holm, tost, tost_holm, c.n, n_better, n_par)
+
+
+def plan(v: Verdict, c: Comparison, delta: float) -> str:
+    """What seeds per arm each verdict would need, in words."""
+    def count(n: Optional[int], missing: str) -> str:
+        return missing if n is None else f"needs {n} seeds per arm ({v.more(n)} more)"
+
+    better = count(v.seeds_better, "cannot be planned: no difference observed" if c.diff == 0
+                   else f"needs over {MAX_SEEDS} seeds per arm")
+    par = count(v.seeds_on_par, f"is out of reach: |A − B| = {fmt(abs(c.diff))} ≥ δ" if abs(c.diff) >= delta
+                else f"needs over {MAX_SEEDS} seeds per arm")
+    return f"'better' {better}; 'on par' {par}; at {PCT} power"
+
+
+def judge(pairs: Sequence[Pair], other_better_p: Sequence[float] = ()) -> tuple[list[Verdict], list[float]]:
+    """The verdict of every pair of one report, with Holm's correction over the report's "better" tests
+    (the pairs' t tests and ``other_better_p``, e.g. success-rate tests) and, as a second family, over
+    its TOST tests. Returns (verdicts, Holm-adjusted ``other_better_p``)."""
+    p = [pair.comparison.p_value for pair in pairs] + list(other_better_p)
+    tost = [pair.comparison.tost_p(pair.delta) for pair in pairs]
+    p_holm, levels = holm(p), holm_levels(p)
+    tost_holm, tost_levels = holm(tost), holm_levels(tost)
+    verdicts = [_decide(pair, p_holm[i], levels[i], tost_holm[i], tost_levels[i]) for i, pair in enumerate(pairs)]
+    return verdicts, p_holm[len(pairs):]
+
+
+# --------------------------------------------------------------------------------------- success rates
+@dataclass(frozen=True)
+class Rate:
+    k: int  # runs that solved the task
+    n: int  # runs
+    lo: float  # exact (Clopper–Pearson) 95 % interval of the success probability; nan when n = 0
+    hi: float
+
+    def __str__(self) -> str:
+        return f"{self.k}/{self.n}" + (f" [{self.lo:.2f}, {self.hi:.2f}]" if self.n else "")
+
+
+def solved(value: float, threshold: float, direction: str) -> bool:
+    """A run solved the task: its value is at or beyond ``threshold`` in the objective's direction."""
+    return value >= threshold if direction == "maximize" else value <= threshold
+
+
+def success_rate(values: Sequence[float], threshold: float, direction: str, level: float = LEVEL) -> Rate:
+    k, n = sum(solved(v, threshold, direction) for v in values), len(values)
+    if n == 0:
+        return Rate(0, 0, math.nan, math.nan)
+    ci = sp.binomtest(k, n).proportion_ci(confidence_level=level, method="exact")
+    return Rate(k, n, float(ci.low), float(ci.high))
+
+
+def compare_rates(a: Rate, b: Rate) -> float:
+    """Two-sided p of Boschloo's exact test of equal success probabilities (1 when an arm has no runs)."""
+    if a.n == 0 or b.n == 0:
+        return 1.0
+    table = [[a.k, b.k], [a.n - a.k, b.n - b.k]]  # one column per arm
+    p = sp.boschloo_exact(table, alternative="two-sided").pvalue
+    return float(p) if math.isfinite(p) else 1.0
+
+
+# --------------------------------------------------------------------------------------- power check
 @dataclass(frozen=True)
 class PowerCheck:
     leaves_trivial: bool  # the reference arm is better than the trivial baseline beyond the seed spread
@@ -149,7 +372,8 @@ def power_check(reference: Mapping[Hashable, float], degraded: Mapping[Hashable,
     1. the reference (baseline) arm leaves the trivial baseline: reference − trivial, paired by seed;
     2. the reference is better than the degraded arm, a variant known to be worse: reference − degraded.
 
-    Each holds only when its 95 % CI excludes 0 on the better side. ``trivial`` empty: 1. is not judged.
+    Each holds only when its 95 % CI excludes 0 on the better side (a design check, outside the report's
+    Holm families). ``trivial`` empty: 1. is not judged.
     """
     lines = []
     if trivial:

@@ -23,6 +23,15 @@ baseline arm, its ``degraded`` arm a variant known to be worse. It is a companio
 sampler, pruner or budget. The report first checks the reference leaves the trivial baseline and the
 contrast separates beyond the seed spread: a study whose control does not separate has no power at its
 budget, and its report says so above every verdict.
+
+``verdict`` says what the report's verdicts (:mod:`sweeps.stats`, docs/verdicts.md) need per objective
+metric: ``delta``, the margin δ within which two arms are "on par" (default by the metric's name,
+:data:`DEFAULT_DELTA`; a metric with no default must be given one), and ``success``, a threshold past
+which a run counts as having solved the task (the report then gives success rates per arm).
+
+``linformer-lab sweep --add-seeds N`` adds replicate seeds to a grid study and its control; they are
+stored on the study (user attr ``added_seeds``) and passed back here as ``added_seeds``, which extends
+the ``seed`` choices (and the control's seeds) so that every later ``sweep`` and ``report`` sees them.
 """
 
 from __future__ import annotations
@@ -30,13 +39,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from foundation.configfile import merge, read_yaml
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, check_number
 from training import config as run_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +54,12 @@ SPAWN_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook")
 SCALAR = (str, int, float, bool, type(None))
 CONTROL_PARAM = "control"
 DEFAULT_CONTROL_SEEDS = [0, 1, 2]
+MAX_TRIALS = 1_000_000
+SEED_PARAM = "seed"  # the replicate param that `sweep --add-seeds` extends
+ADDED_SEEDS = "added_seeds"  # user attr of a stored study: the seeds `sweep --add-seeds` added, in order
+# The equivalence margin δ of a metric that a study file gives none, by the end of its name: 0.01 nats of a
+# loss, half an accuracy point of an accuracy in [0, 1]. Any other metric needs verdict.delta.<metric>.
+DEFAULT_DELTA = {"loss": 0.01, "accuracy": 0.005}
 
 
 # --------------------------------------------------------------------------------------- schema
@@ -100,6 +115,17 @@ class ControlSpec:
 
 
 @dataclass
+class VerdictSpec:
+    # Per objective metric, the margin δ (in the metric's units) within which two arms count as "on par"
+    # (equivalence test); a metric missing here gets DEFAULT_DELTA by its name, or must be given.
+    delta: Dict[str, float] = field(default_factory=dict)
+    # Per objective metric, the value at or beyond which (in the objective's direction) a run solved the
+    # task: the report gives each arm's success rate and compares the rates (for outcomes that split into
+    # solved and stuck runs, e.g. recall at ~1 or on a plateau).
+    success: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class StudySpec:
     study: str = ""
     base: str = ""
@@ -112,6 +138,7 @@ class StudySpec:
     # Params that define an arm; the others (seed) are replicates. null: grid -> all but seed, else none.
     arms: Optional[List[str]] = None
     control: Optional[ControlSpec] = None
+    verdict: VerdictSpec = field(default_factory=VerdictSpec)
     presets: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -214,6 +241,7 @@ class Study:
     points: Optional[list[dict]] = None  # grid studies: every distinct grid point, in order
     control: Optional["Study"] = None  # the companion control study (see the module docstring)
     parent: Optional["Study"] = None  # of a control study: the study it checks
+    added_seeds: tuple[int, ...] = ()  # seeds `sweep --add-seeds` added to the file's (see the module docstring)
 
     @property
     def name(self) -> str:
@@ -256,6 +284,30 @@ class Study:
             return list(self.spec.arms)
         return [p for p in self.spec.space if p != "seed"] if self.is_grid else []
 
+    @property
+    def int_seeds(self) -> bool:
+        """Whether this is a grid whose ``seed`` param lists integer seeds (what ``--add-seeds`` extends)."""
+        p = self.spec.space.get(SEED_PARAM)
+        return (self.is_grid and p is not None and p.type == "categorical" and OmegaConf.is_list(p.choices)
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in p.choices))
+
+    @property
+    def seeds(self) -> list[int]:
+        """The replicate seeds of a grid (its ``seed`` choices, added seeds included); [] when it has none."""
+        return list(self.spec.space[SEED_PARAM].choices) if self.int_seeds else []
+
+    def delta(self, metric: str) -> tuple[float, str]:
+        """The equivalence margin δ of ``metric`` and where it comes from ("study file" or "default")."""
+        verdict = (self.parent or self).spec.verdict
+        if metric in verdict.delta:
+            return float(verdict.delta[metric]), "study file"
+        return float(DEFAULT_DELTA[_metric_kind(metric)]), "default"
+
+    def success(self, metric: str) -> Optional[float]:
+        """The success threshold of ``metric``, if the study file gives one."""
+        verdict = (self.parent or self).spec.verdict
+        return float(verdict.success[metric]) if metric in verdict.success else None
+
     def is_bundle(self, name: str) -> bool:
         """Whether param ``name`` is a free label whose choices name bundles of overrides."""
         return isinstance(self.spec.space[name].choices, DictConfig)
@@ -286,12 +338,19 @@ class Study:
         return cfg
 
     def suggest(self, trial: Any) -> dict:
-        """Ask an Optuna trial for every active param, in space order."""
+        """Ask an Optuna trial for every active param, in space order.
+
+        A grid's integer seeds are asked as an int range: every grid point is enqueued, and a range keeps
+        the param's Optuna distribution compatible when ``--add-seeds`` extends the seeds (Optuna refuses a
+        categorical whose choices change within a study). Studies stored with a categorical seed keep it."""
         params: dict = {}
         for name, p in self.spec.space.items():
             if not self._active(name, params):
                 continue
-            if p.type == "categorical":
+            stored = trial.study.get_trials(deepcopy=False) if name == SEED_PARAM and self.int_seeds else None
+            if stored is not None and not seed_is_categorical(stored):
+                params[name] = trial.suggest_int(name, min(p.choices), max(p.choices))
+            elif p.type == "categorical":
                 params[name] = trial.suggest_categorical(name, list(p.choices))
             elif p.type == "int":
                 params[name] = trial.suggest_int(name, p.low, p.high, step=p.step or 1, log=p.log)
@@ -318,6 +377,58 @@ class Study:
         return list(unique.values())
 
 
+def seed_is_categorical(trials: Sequence[Any]) -> bool:
+    """Whether stored trials hold the seed as a categorical param (studies run before ``--add-seeds``
+    existed): Optuna checks every trial's param against the first one's, so such a study keeps it."""
+    from optuna.distributions import CategoricalDistribution
+
+    first = next((t for t in trials if SEED_PARAM in t.distributions), None)
+    return first is not None and isinstance(first.distributions[SEED_PARAM], CategoricalDistribution)
+
+
+def _metric_kind(metric: str) -> Optional[str]:
+    """The DEFAULT_DELTA entry that applies to ``metric`` by the end of its name; None: no default."""
+    return next((kind for kind in DEFAULT_DELTA if metric.endswith(kind)), None)
+
+
+def _check_verdict(spec: DictConfig, file_metrics: set[str]) -> None:
+    """verdict.delta / verdict.success: keys are objective metrics of the file (some preset's at least),
+    values in range; every objective metric of this preset has a δ."""
+    known = ", ".join(sorted(file_metrics))
+    for section in ("delta", "success"):
+        for metric, value in spec.verdict[section].items():
+            where = f"verdict.{section}.{metric}"
+            if metric not in file_metrics:
+                raise ConfigError(f"{where}: not an objective metric of this study file (objectives: {known})")
+            if section == "delta" and not value > 0:
+                raise ConfigError(f"{where}: the margin δ must be > 0 (in the metric's units), got {value}")
+            if _metric_kind(metric) == "accuracy":
+                rule, ok = (("0 < δ < 1 (half an accuracy point is 0.005)", value < 1) if section == "delta" else
+                            ("0 < threshold <= 1 (90 % is 0.9)", 0 < value <= 1))
+                if not ok:
+                    raise ConfigError(f"{where}: an accuracy is a fraction in [0, 1], so {rule}, got {value}")
+    for metric in (o.metric for o in spec.objective):
+        if metric not in spec.verdict.delta and _metric_kind(metric) is None:
+            raise ConfigError(f"verdict.delta.{metric}: objective metric {metric!r} has no default margin δ "
+                              "(defaults: *loss 0.01, *accuracy 0.005); give the smallest difference that "
+                              "matters, in its units")
+
+
+def _add_seeds(spec: DictConfig, added_seeds: Sequence[int]) -> None:
+    """Extend the ``seed`` choices of a grid study by ``added_seeds`` (see the module docstring)."""
+    if spec.sampler.kind != "grid":
+        raise ConfigError(f"--add-seeds: an open study (sampler.kind={spec.sampler.kind}) has no grid to add "
+                          "seeds to; add-seeds is for grid studies")
+    p = spec.space.get(SEED_PARAM)
+    if p is None:
+        raise ConfigError(f"--add-seeds: space has no {SEED_PARAM!r} param (the replicates to add to)")
+    if p.type != "categorical" or not OmegaConf.is_list(p.choices) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in p.choices):
+        raise ConfigError(f"--add-seeds: space.{SEED_PARAM}.choices must be a list of integer seeds, got "
+                          f"{OmegaConf.to_container(p.choices) if OmegaConf.is_config(p.choices) else p.choices!r}")
+    p.choices = list(p.choices) + [s for s in added_seeds if s not in p.choices]
+
+
 # --------------------------------------------------------------------------------------- loading
 def _resolve_base(study_path: Path, base: str) -> Path:
     for root in (study_path.parent, REPO_ROOT, Path.cwd()):
@@ -327,11 +438,12 @@ def _resolve_base(study_path: Path, base: str) -> Path:
 
 
 def load_study(path: str | Path, preset: Optional[str] = None, n_trials: Optional[int] = None,
-               timeout_s: Optional[float] = None) -> Study:
+               timeout_s: Optional[float] = None, added_seeds: Sequence[int] = ()) -> Study:
     """Read, merge (file < preset < command-line budget) and validate a study file.
 
-    ``preset`` None picks ``cpu`` when the file has presets. Raises :class:`ConfigError` (one line,
-    prefixed with the file) on any problem, including a trial config that would not validate.
+    ``preset`` None picks ``cpu`` when the file has presets. ``added_seeds``: seeds ``sweep --add-seeds``
+    stored on the study, added to its grid and control. Raises :class:`ConfigError` (one line, prefixed
+    with the file) on any problem, including a trial config that would not validate.
     """
     path = Path(path)
     raw = read_yaml(path)
@@ -350,13 +462,25 @@ def load_study(path: str | Path, preset: Optional[str] = None, n_trials: Optiona
         command_line = {"n_trials": n_trials, "timeout_s": timeout_s}
         layers.append({"budget": {k: v for k, v in command_line.items() if v is not None}})
         spec = merge(StudySpec, layers)
-        study = _validate(path, preset, spec)
+        study = _validate(path, preset, spec, _file_metrics(raw, presets), tuple(added_seeds))
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
     return study
 
 
-def _validate(path: Path, preset: Optional[str], spec: DictConfig) -> Study:
+def _file_metrics(raw: dict, presets: dict) -> set[str]:
+    """The objective metrics of a study file at any preset (what a verdict key may name)."""
+    metrics = {ObjectiveSpec.metric}
+    for layer in [raw, *presets.values()]:
+        objective = layer.get("objective")
+        for o in objective if isinstance(objective, list) else []:
+            if isinstance(o, dict) and isinstance(o.get("metric", ObjectiveSpec.metric), str):
+                metrics.add(o.get("metric", ObjectiveSpec.metric))
+    return metrics
+
+
+def _validate(path: Path, preset: Optional[str], spec: DictConfig, file_metrics: set[str],
+              added_seeds: tuple[int, ...] = ()) -> Study:
     if not re.fullmatch(r"[A-Za-z0-9_-]+", spec.study or ""):
         raise ConfigError(f"study: a name of letters, digits, '_' or '-' is required, got {spec.study!r}")
     if not spec.base:
@@ -373,6 +497,9 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig) -> Study:
     if len(spec.objective) == 2 and spec.pruner.kind != "none":
         raise ConfigError(f"pruner.kind={spec.pruner.kind}: Optuna cannot prune multi-objective studies; "
                           "set pruner.kind: none or keep one objective")
+    _check_verdict(spec, file_metrics)
+    if added_seeds:
+        _add_seeds(spec, added_seeds)
     flat_keys = set(run_config.flatten(base))
     if spec.control is not None and CONTROL_PARAM in spec.space:
         raise ConfigError(f"space.{CONTROL_PARAM}: the name is taken by the study's control arms; rename the param")
@@ -388,12 +515,14 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig) -> Study:
         if name not in spec.space:
             raise ConfigError(f"arms: {name!r} is not a param of space (has: {', '.join(spec.space)})")
     b = spec.budget
-    for key in ("n_trials", "timeout_s"):
-        if b[key] is not None and b[key] <= 0:
-            raise ConfigError(f"budget.{key}: must be > 0, got {b[key]}")
+    if b.n_trials is not None:
+        check_number("budget.n_trials", b.n_trials, 1, MAX_TRIALS, integer=True)
+    if b.timeout_s is not None:
+        check_number("budget.timeout_s", b.timeout_s, 0, 365 * 86400, low_open=True)
     try:
         shared = run_config.merge_run([base, _nested(dict(spec.overrides))])
-        study = Study(path=path, preset=preset, spec=spec, base_path=base_path, base=base, shared=shared)
+        study = Study(path=path, preset=preset, spec=spec, base_path=base_path, base=base, shared=shared,
+                      added_seeds=added_seeds)
         study.config({})
     except ConfigError as err:
         raise ConfigError(f"overrides: {err}") from None
@@ -401,6 +530,9 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig) -> Study:
         study.control = _control_study(study)
     if study.is_grid:
         study.points = study.grid()
+        if added_seeds and b.n_trials is not None and b.n_trials != len(study.points):
+            raise ConfigError(f"--add-seeds: budget.n_trials={b.n_trials} fixes the number of trials of this grid; "
+                              f"remove it (a grid runs all its {len(study.points)} points)")
         if b.n_trials is None:
             b.n_trials = len(study.points)
         elif b.n_trials > len(study.points):
@@ -429,11 +561,11 @@ def _control_study(study: Study) -> Study:
         raise ConfigError("control: reference and degraded are the same overrides; a control contrasts two arms")
     seed_param = study.spec.space.get("seed")
     if c.seeds is not None:
-        seeds = list(c.seeds)
+        seeds = list(c.seeds) + [s for s in study.added_seeds if s not in c.seeds]
     elif seed_param is not None and seed_param.type == "categorical" and not isinstance(seed_param.choices, DictConfig):
         seeds = list(seed_param.choices)
     else:
-        seeds = list(DEFAULT_CONTROL_SEEDS)
+        seeds = list(DEFAULT_CONTROL_SEEDS) + [s for s in study.added_seeds if s not in DEFAULT_CONTROL_SEEDS]
     if len(set(seeds)) < 2:
         raise ConfigError(f"control.seeds: at least 2 distinct seeds are needed to measure a spread, got {seeds}")
     spec = OmegaConf.merge(OmegaConf.structured(StudySpec), {
@@ -442,7 +574,7 @@ def _control_study(study: Study) -> Study:
                   "seed": {"choices": seeds}},
         "objective": study.spec.objective, "sampler": {"kind": "grid"}, "arms": [CONTROL_PARAM]})
     control = Study(path=study.path, preset=study.preset, spec=spec, base_path=study.base_path, base=study.base,
-                    shared=study.shared, parent=study)
+                    shared=study.shared, parent=study, added_seeds=study.added_seeds)
     control.points = control.grid()
     spec.budget.n_trials = len(control.points)
     for params in control.points:

@@ -1,4 +1,4 @@
-"""``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W]``.
+"""``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W] [--add-seeds N]``.
 
 Launches, or resumes, an Optuna study. The command validates the study file (exit 2 before any
 trial), opens the study, fails and re-enqueues trials left running by dead workers, enqueues the grid
@@ -15,6 +15,13 @@ its worker's g GPUs as cuda:0 … cuda:g − 1: ``trainer.devices=g trainer.stra
 trial on all of them (a trial asking for more than g is refused before any trial starts). With more workers
 than GPUs (one line says so), worker i shares GPU i mod N with the others dealt the same one. Trials on
 ``trainer.accelerator=cpu`` get no GPU.
+
+``--add-seeds N`` adds N replicate seeds to a grid study and to its control: the next unused seed
+numbers (above every seed of the file, of the control and of the stored trials), stored on the study
+(user attr ``added_seeds``) so that every later ``sweep`` and ``report`` includes them. The grid points
+already run are not run again; only the new seeds' points are enqueued. Plan N from the report's power
+calculation before running, and do not stop adding seeds once a verdict appears: stopping on a result
+inflates the error rates the verdicts promise (docs/verdicts.md).
 """
 
 from __future__ import annotations
@@ -30,11 +37,12 @@ from typing import Optional
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, check_number
 from sweeps import storage
-from sweeps.study import Study, load_study, requested_devices
+from sweeps.study import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM, Study, load_study, requested_devices, seed_is_categorical
 
 POLL_S = 1.0
+MAX_WORKERS = 1024  # a bound for the flag; the command starts no more than the trials left and the cores
 HOST = "127.0.0.1"
 
 
@@ -114,8 +122,18 @@ def worker_gpus(gpus: list[str], workers: int) -> tuple[list[Optional[str]], Opt
     return [",".join(gpus[i * g:(i + 1) * g]) for i in range(workers)], note
 
 
+def study_gpus(study: Study, workers: int) -> list[str]:
+    """The GPUs the study's workers share (none when its trials run on the CPU), after refusing trials that ask
+    for more GPUs than each of ``workers`` workers would have (Lightning would fail every one of them)."""
+    if all(s.shared.trainer.accelerator == "cpu" for s in study.studies):
+        return []
+    gpus = visible_gpus()
+    if gpus:  # the layout the command asks for (fewer workers may start: more GPUs each)
+        _check_trial_gpus(study, max(1, len(gpus) // workers))
+    return gpus
+
+
 def _check_trial_gpus(study: Study, per_worker: int) -> None:
-    """Refuse trials that ask for more GPUs than a worker has (Lightning would fail every one of them)."""
     for s in study.studies:
         t = s.shared.trainer
         asked = requested_devices(t.devices)
@@ -131,7 +149,7 @@ def _optuna_quiet() -> None:
 # --------------------------------------------------------------------------------------- worker
 def work(study_file: str, preset: Optional[str], n_trials: Optional[int], timeout_s: Optional[float],
          url: Optional[str], workers: int, index: int, threads: int, deadline: Optional[float],
-         log_path: Optional[str], gpus: Optional[str] = None) -> int:
+         log_path: Optional[str], added_seeds: tuple[int, ...] = (), gpus: Optional[str] = None) -> int:
     """One worker process: run the control's trials, then the study's, until each budget is met.
     ``gpus``: its ``CUDA_VISIBLE_DEVICES`` (set before anything here initialises CUDA). Returns an exit code."""
     if log_path is not None:  # lightning, torch and optuna write to fd 1/2: send them all to the log
@@ -146,7 +164,7 @@ def work(study_file: str, preset: Optional[str], n_trials: Optional[int], timeou
     from sweeps.objective import StudyMisconfigured
 
     torch.set_num_threads(threads)
-    study = load_study(study_file, preset, n_trials, timeout_s)
+    study = load_study(study_file, preset, n_trials, timeout_s, added_seeds)
     try:
         for one in study.studies:
             # The control never waits for its last running trials: the workers go on to the study itself
@@ -244,11 +262,19 @@ def _met(study: Study, trials: list[FrozenTrial]) -> bool:
     return study.n_trials is None or storage.budget_state(trials).finished >= study.n_trials
 
 
+def usable_workers(asked: int, trials_left: Optional[int], cores: int) -> int:
+    """Worker processes worth starting: no more than the trials left (None: an open study) and the cores here."""
+    return max(1, min(asked, cores, trials_left if trials_left is not None else asked))
+
+
+def _trials_left(study: Study, ostudies: dict[str, optuna.Study]) -> Optional[int]:
+    if any(s.n_trials is None for s in study.studies):
+        return None
+    return sum(max(0, s.n_trials - storage.budget_state(ostudies[s.name].trials).finished) for s in study.studies)
+
+
 def run(study: Study, url: Optional[str], workers: int) -> int:
-    on_cpu = all(s.shared.trainer.accelerator == "cpu" for s in study.studies)
-    gpus, gpu_note = worker_gpus([] if on_cpu else visible_gpus(), workers)
-    if gpus[0] is not None:
-        _check_trial_gpus(study, len(gpus[0].split(",")))
+    visible = study_gpus(study, workers)
     ostudies = {s.name: prepare(s, url, workers) for s in study.studies}
     for s in study.studies:
         print(f"study {s.name}: {_progress(s, ostudies[s.name].trials)} trials finished; "
@@ -256,10 +282,16 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     if all(_met(s, ostudies[s.name].trials) for s in study.studies):
         print("budget already met: nothing to run")
         return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    left = _trials_left(study, ostudies)
+    if usable_workers(workers, left, cores) < workers:
+        print(f"--workers {workers}: starting {usable_workers(workers, left, cores)} "
+              f"({left if left is not None else 'open'} trial(s) left, {cores} core(s) here)", flush=True)
+        workers = usable_workers(workers, left, cores)
+    threads = max(1, cores // workers)
+    gpus, gpu_note = worker_gpus(visible, workers)
     if gpu_note:
         print(gpu_note, flush=True)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = max(1, cores // workers)
     deadline = time.time() + study.spec.budget.timeout_s if study.spec.budget.timeout_s else None
     logs = study.root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -268,7 +300,8 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     for i in range(workers):
         kwargs = dict(study_file=str(study.path), preset=study.preset, n_trials=study.spec.budget.n_trials,
                       timeout_s=study.spec.budget.timeout_s, url=url, workers=workers, index=i,
-                      threads=threads, deadline=deadline, log_path=str(logs / f"worker_{i}.log"), gpus=gpus[i])
+                      threads=threads, deadline=deadline, log_path=str(logs / f"worker_{i}.log"),
+                      added_seeds=study.added_seeds, gpus=gpus[i])
         procs.append(ctx.Process(target=_work_entry, kwargs=kwargs, name=f"sweep-worker-{i}"))
         procs[-1].start()
     on_gpus = f" × GPUs {' | '.join(gpus)}" if gpus[0] is not None else ""
@@ -312,6 +345,34 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)
 
 
+# --------------------------------------------------------------------------------------- seeds
+def with_added_seeds(study: Study, url: Optional[str], workers: int, add: int = 0,
+                     n_trials: Optional[int] = None, timeout_s: Optional[float] = None) -> Study:
+    """``study`` with the seeds earlier ``--add-seeds`` stored on it, and ``add`` more (the next unused
+    numbers, stored first). Creates the study in its storage when it is not there yet."""
+    ostudy = open_study(study, url, workers)
+    added = [int(s) for s in ostudy.user_attrs.get(ADDED_SEEDS, [])]
+    if add:
+        trials = ostudy.get_trials(deepcopy=False)
+        if study.control is not None:
+            trials += open_study(study.control, url, workers).get_trials(deepcopy=False)
+        if seed_is_categorical(trials):
+            raise ConfigError(f"--add-seeds: study {study.name} in {storage.storage_display(study, url)} stores its seeds "
+                              "as a fixed list (it was run before --add-seeds existed) and Optuna cannot extend "
+                              "it; run the study afresh (delete its storage) to add seeds")
+        used = set(added) | {t.params[SEED_PARAM] for t in trials if isinstance(t.params.get(SEED_PARAM), int)}
+        for s in [study, study.control] if study.control is not None else [study]:
+            used |= set(s.seeds)
+        new = list(range(max(used, default=-1) + 1, max(used, default=-1) + 1 + add))
+        grown = load_study(study.path, study.preset, n_trials, timeout_s, added + new)  # check before storing
+        added += new
+        ostudy.set_user_attr(ADDED_SEEDS, added)
+        print(f"study {study.name}: added seeds {', '.join(map(str, new))} (to its control too); seeds now "
+              f"{', '.join(map(str, grown.seeds))}", flush=True)
+        return grown
+    return load_study(study.path, study.preset, n_trials, timeout_s, added) if added else study
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study file, e.g. sweeps/random_vs_learned.yaml")
     parser.add_argument("--preset", help="preset of the study file (default: cpu when it has one), e.g. gpu")
@@ -320,11 +381,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-trials", type=int, help="total finished trials wanted (overrides budget.n_trials)")
     parser.add_argument("--timeout-s", type=float, help="start no trial after this many seconds")
     parser.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
+    parser.add_argument("--add-seeds", type=int, metavar="N",
+                        help="add N replicate seeds (the next unused numbers) to a grid study and its control, "
+                             "then resume it; plan N from the report's power calculation before running")
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.workers < 1:
-        raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
+    check_number("--workers", args.workers, 1, MAX_WORKERS, integer=True)
+    if args.n_trials is not None:
+        check_number("--n-trials", args.n_trials, 1, MAX_TRIALS, integer=True)
+    if args.timeout_s is not None:
+        check_number("--timeout-s", args.timeout_s, 0, 365 * 86400, low_open=True)
+    if args.add_seeds is not None:
+        check_number("--add-seeds", args.add_seeds, 1, 10_000, integer=True)
     study = load_study(args.study, args.preset, args.n_trials, args.timeout_s)
+    study_gpus(study, args.workers)  # before any storage is touched: trials the GPUs cannot hold are refused
+    if args.add_seeds:  # before any storage is touched: a study that cannot grow is refused first
+        load_study(args.study, args.preset, args.n_trials, args.timeout_s, [max(study.seeds, default=0) + 1])
     _optuna_quiet()
+    study = with_added_seeds(study, args.storage, args.workers, args.add_seeds or 0, args.n_trials, args.timeout_s)
     return run(study, args.storage, args.workers)

@@ -245,3 +245,60 @@ def test_a_resumed_loader_hands_out_exactly_the_remaining_batches(stop_after):
     second.load_state_dict(state)
     rest = _batches(second, 0) + _batches(second, 1)
     assert seen + rest == reference
+
+
+def test_a_failing_rename_or_sync_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.arange(3.0)}, "global_step": 4}, path)
+    for target in ("replace", "fsync"):
+        def fail(*args, _target=target, **kwargs):
+            raise OSError(f"injected {_target} failure")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(os, target, fail)
+            with pytest.raises(OSError, match=f"injected {target} failure"):
+                AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 8}, path)
+        state = read_checkpoint(path)
+        assert state["global_step"] == 4 and torch.equal(state["state_dict"]["w"], torch.arange(3.0))
+        assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # the temporary is gone too
+
+
+def _finished_run(tiny_overrides, run_dir: Path) -> dict:
+    args = [str(tiny_overrides.config), *tiny_overrides.args, f"run_dir={run_dir}"]
+    assert cli.main(["train", *args]) == 0
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def test_resuming_a_finished_run_is_a_no_op_that_says_so(tiny_overrides, tmp_path, capsys):
+    run_dir = tmp_path / "finished"
+    recorded = _finished_run(tiny_overrides, run_dir)
+    before = {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")}
+    capsys.readouterr()
+    assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, f"run_dir={run_dir}",
+                     "resume=true"]) == 0
+    assert "already finished at step 6" in capsys.readouterr().out
+    assert {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")} == before
+    assert json.loads((run_dir / "metrics.json").read_text()) == recorded
+    assert any(k.startswith("val/") for k in recorded)
+
+
+def test_a_run_killed_after_its_final_checkpoint_resumes_to_the_same_metrics(tiny_overrides, tmp_path):
+    run_dir = tmp_path / "killed_at_the_end"
+    recorded = _finished_run(tiny_overrides, run_dir)
+    (run_dir / "metrics.json").unlink()  # what a kill between the last checkpoint and metrics.json leaves
+    assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, f"run_dir={run_dir}",
+                     "resume=true"]) == 0
+    again = json.loads((run_dir / "metrics.json").read_text())
+    same = ("global_step", "tokens", "train_time_s", "parameters", "val/loss", "val/ppl", "val/accuracy")
+    for key in same:
+        assert again[key] == pytest.approx(recorded[key], rel=1e-6, abs=1e-9), key
+    assert again["ppl_vs_wallclock"] == recorded["ppl_vs_wallclock"]
+
+
+def test_training_a_finished_run_further_keeps_its_earlier_metrics(tiny_overrides, tmp_path):
+    run_dir = tmp_path / "extended"
+    recorded = _finished_run(tiny_overrides, run_dir)
+    assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, f"run_dir={run_dir}",
+                     "resume=true", "trainer.max_steps=9"]) == 0
+    assert json.loads((run_dir / "metrics.step_6.json").read_text()) == recorded
+    assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == 9

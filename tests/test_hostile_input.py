@@ -67,6 +67,8 @@ def world(tmp_path_factory, data_cache):
     torch.save(state, files / "foreign.ckpt")
     torch.save({"state_dict": {}, "payload": RunsCode(root / "code_ran")}, files / "runs_code.ckpt")
     (files / "truncated.ckpt").write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    shutil.copy(ckpt, files / "zeroed.ckpt")
+    zero_inside(files / "zeroed.ckpt")
     return types.SimpleNamespace(
         root=root, tiny=tiny, trained=trained, ckpt=ckpt, files=files, write=write,
         study=lambda name, **changes: write(name, yaml.safe_dump({**good_study, **changes})),
@@ -92,6 +94,24 @@ def train(world, *args: str) -> list[str]:
 
 def source(world, name: str, text: str) -> str:
     return f"data.source={world.write(name, text)}"
+
+
+# 320 bytes that expand to 10^7 values: each line repeats the previous alias ten times.
+ALIAS_BOMB = "a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcde", "bcdef")) + "g: [*f]\n"
+ALIAS_BOMB_FLOW = "{a: &a [1,1,1,1,1,1,1,1,1,1], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], " \
+                  "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], " \
+                  "e: [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]}"
+PIPELINE_BAD_OVERRIDE = (f"pretrain: {{config: {CONFIG}}}\nvariants: {{a: ['model.attention.k=[1,2']}}\n"
+                         f"tasks: {{t: {{config: {CONFIG}}}}}\n")
+
+
+def zero_inside(path: Path) -> None:
+    """4 KiB of zeros inside the archive (past its first entry's header, before the directory at the end)."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 4096] = bytes(4096)
+    path.write_bytes(bytes(data))
 
 
 STRING_LABELS = "text,label\n" + "".join(f"review {i},positive\n" for i in range(20))
@@ -125,6 +145,46 @@ CASES: dict[str, tuple[Callable, str]] = {
         lambda w: train(w, f"run_dir={resumable(w, 'r_code', lambda c: shutil.copy(w.files / 'runs_code.ckpt', c))}",
                         "resume=true"), "holds objects that could run code when loaded (posix.system); refused"),
     "train/run_dir holds a run": (lambda w: train(w, f"run_dir={w.trained}"), "already holds a run"),
+    # not valid YAML, or a shape the loader cannot take
+    "train/override not valid yaml": (lambda w: train(w, "model.attention.k=[1,2"), "model.attention.k: value '[1,2'"),
+    "train/override a bad key": (lambda w: train(w, "model..k=3"), "the key must be dotted names"),
+    "train/defaults not a list of names": (lambda w: ["train", str(w.write("d5.yaml", "defaults: 5\n"))],
+                                           "defaults: must be a file name or a list of file names"),
+    "train/nul byte in a name": (lambda w: train(w, "experiment=a\x00b"), "experiment"),
+    "train/control character in a path": (lambda w: train(w, 'output_dir="runs\\nx"'), "output_dir"),
+    "train/run_dir is a file": (lambda w: train(w, f"run_dir={w.write('a_file.txt', 'x')}"), "is a file, not a folder"),
+    "train/max_len past any allocation": (lambda w: train(w, "model.max_len=100000000"), "model.max_len"),
+    "train/model larger than the machine": (
+        lambda w: train(w, "model.d_model=65536", "model.d_ff=262144", "model.n_heads=1", "model.n_layers=64"),
+        "more than this machine's"),
+    # values Lightning, torch or Optuna would refuse only after the run directory exists
+    "train/val_check_interval 0": (lambda w: train(w, "trainer.val_check_interval=0"), "trainer.val_check_interval"),
+    "train/limit_val_batches -1": (lambda w: train(w, "trainer.limit_val_batches=-1"), "trainer.limit_val_batches"),
+    "train/accumulate 0": (lambda w: train(w, "trainer.accumulate_grad_batches=0"), "trainer.accumulate_grad_batches"),
+    "train/one beta": (lambda w: train(w, "optim.betas=[0.9]"), "optim.betas: must be two numbers"),
+    "train/precision banana": (lambda w: train(w, "trainer.precision=banana"), "trainer.precision: 'banana'"),
+    "train/strategy unknown": (lambda w: train(w, "trainer.strategy=warp"), "trainer.strategy: 'warp'"),
+    "train/devices 0": (lambda w: train(w, "trainer.devices=0"), "trainer.devices"),
+    "train/seed negative": (lambda w: train(w, "seed=-1"), "seed: must be an integer"),
+    # out of range
+    "train/lr inf": (lambda w: train(w, "optim.lr=inf"), "optim.lr: must be a finite number in (0, inf], got inf"),
+    "train/lr nan": (lambda w: train(w, "optim.lr=nan"), "optim.lr"),
+    "train/negative warm-up": (lambda w: train(w, "optim.warmup_steps=-5"), "optim.warmup_steps"),
+    "train/eps zero": (lambda w: train(w, "optim.eps=0"), "optim.eps"),
+    "train/batch 0": (lambda w: train(w, "data.batch_size=0"), "data.batch_size"),
+    "train/huge batch": (lambda w: train(w, "data.batch_size=1e30"), "data.batch_size"),
+    # escaping the output folder
+    "train/experiment escapes": (lambda w: train(w, "experiment=../../x"), "must be a relative name inside"),
+    "train/experiment absolute": (lambda w: train(w, f"experiment={w.root / 'elsewhere'}"), "not absolute"),
+    # resource exhaustion
+    "train/yaml alias bomb": (lambda w: ["train", str(w.write("bomb.yaml", ALIAS_BOMB))], "expands to more than"),
+    "train/override alias bomb": (lambda w: train(w, "model.attention.options=" + ALIAS_BOMB_FLOW),
+                                  "expands to more than"),
+    "train/yaml file too large": (lambda w: ["train", str(w.write("big.yaml", "# " + "x" * (1 << 20) + "\n"))],
+                                  "more than the"),
+    # silent corruption
+    "train/resume zeroed checkpoint": (
+        lambda w: train(w, f"run_dir={resumable(w, 'r_zero', zero_inside)}", "resume=true"), "damaged"),
     # ----------------------------------------------------------------------------------------- sweep
     "sweep/missing study": (lambda w: ["sweep", str(w.files / "none.yaml")], "not found"),
     "sweep/malformed yaml": (lambda w: ["sweep", str(w.write("s_bad.yaml", "study: [x\n"))], "malformed YAML"),
@@ -133,6 +193,12 @@ CASES: dict[str, tuple[Callable, str]] = {
     "sweep/wrong type": (lambda w: ["sweep", str(w.study("s_type.yaml", budget={"n_trials": "many"}))],
                          "budget.n_trials"),
     "sweep/out of range": (lambda w: ["sweep", str(w.study("s_ok.yaml")), "--workers", "0"], "--workers"),
+    "sweep/timeout nan": (lambda w: ["sweep", str(w.study("s_ok.yaml")), "--timeout-s", "nan"], "--timeout-s"),
+    "sweep/timeout nan in the file": (lambda w: ["sweep", str(w.study("s_nan.yaml", budget={"timeout_s": "nan"}))],
+                                      "budget.timeout_s"),
+    "sweep/workers past any machine": (lambda w: ["sweep", str(w.study("s_ok.yaml")), "--workers", "100000"],
+                                       "--workers"),
+    "sweep/alias bomb": (lambda w: ["sweep", str(w.write("s_bomb.yaml", ALIAS_BOMB))], "expands to more than"),
     "sweep/contradictory": (lambda w: ["sweep", str(w.study(
         "s_prune.yaml", sampler={"kind": "tpe"}, pruner={"kind": "median"},
         objective=[{"metric": "val/loss", "direction": "minimize"},
@@ -161,11 +227,15 @@ CASES: dict[str, tuple[Callable, str]] = {
                                      "another architecture (tensor encoder.blocks.0.ffn.0.bias has shape (64,) there"),
     "analyze/wrong type": (lambda w: ["analyze", str(w.trained), "--samples", "many"], "--samples"),
     "analyze/out of range": (lambda w: ["analyze", str(w.trained), "--energy", "1.5"], "--energy"),
+    "analyze/zeroed checkpoint": (lambda w: ["analyze", str(w.files / "zeroed.ckpt")], "damaged"),
     # ----------------------------------------------------------------------------------------- bench
     "bench/unknown variant": (lambda w: ["bench", "--variants", "performer"], "--variants"),
     "bench/wrong type": (lambda w: ["bench", "--n", "many"], "--n"),
     "bench/out of range": (lambda w: ["bench", "--batch", "0"], "--batch: must be >= 1"),
     "bench/contradictory": (lambda w: ["bench", "--d-model", "30", "--heads", "4"], "not divisible"),
+    "bench/negative threads": (lambda w: ["bench", "--threads", "-4"], "--threads"),
+    "bench/nan min time": (lambda w: ["bench", "--min-time", "nan"], "--min-time"),
+    "bench/out is a file": (lambda w: ["bench", "--out", str(w.write("bench_file.txt", "x"))], "is a file"),
     # ----------------------------------------------------------------------------------------- pipeline
     "pipeline/malformed yaml": (lambda w: ["pipeline", str(w.write("p_bad.yaml", "pretrain: {config: x\n"))],
                                 "malformed YAML"),
@@ -175,6 +245,11 @@ CASES: dict[str, tuple[Callable, str]] = {
     # ----------------------------------------------------------------------------------------- time-to-target
     "time-to-target/wrong type": (lambda w: ["time-to-target", str(w.trained), "--target", "low"], "--target"),
     "time-to-target/missing runs": (lambda w: ["time-to-target", str(w.files / "none"), "--target", "100"], "none"),
+    "time-to-target/nan target": (lambda w: ["time-to-target", str(w.trained), "--target", "nan"], "--target"),
+    "time-to-target/inf target": (lambda w: ["time-to-target", str(w.trained), "--target", "inf"], "--target"),
+    # ----------------------------------------------------------------------------------------- pipeline variants
+    "pipeline/override not valid yaml": (lambda w: ["pipeline", str(w.write("p_ovr.yaml", PIPELINE_BAD_OVERRIDE))],
+                                         "malformed YAML"),
     # ----------------------------------------------------------------------------------------- the command line
     "cli/unknown command": (lambda w: ["serve"], "invalid choice"),
     "cli/missing argument": (lambda w: ["train"], "required"),
@@ -228,7 +303,8 @@ def test_redact_masks_the_password_of_every_url_and_nothing_else(text, masked):
     assert redact(text) == masked
 
 
-SOURCES = [p for d in ("experiments", "lightning_modules", "datamodules", "sweeps") for p in (REPO / d).rglob("*.py")]
+SOURCES = [p for d in ("foundation", "training", "experiments", "lightning_modules", "datamodules", "sweeps")
+           for p in (REPO / d).rglob("*.py")]
 
 
 def test_checkpoints_load_weights_only_and_yaml_loads_safely():

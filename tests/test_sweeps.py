@@ -11,6 +11,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from typing import Optional
 
 import optuna
 import pytest
@@ -173,7 +174,8 @@ def test_each_sweep_worker_gets_its_own_gpus_counted_without_initialising_cuda(
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     monkeypatch.setattr(sweep.mp, "get_context", lambda method: types.SimpleNamespace(Process=_NoWorker))
     monkeypatch.setattr(_NoWorker, "started", [])
-    path = write_study(tmp_path, tiny_overrides, "gpus", {"seed": {"type": "categorical", "choices": [0, 1]}},
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)  # cores: no bound
+    path = write_study(tmp_path, tiny_overrides, "gpus", {"seed": {"type": "categorical", "choices": [0, 1, 2, 3]}},
                        overrides={"trainer.accelerator": "auto"})
     cli.main(["sweep", str(path), "--workers", str(workers)])
     assert [kwargs["gpus"] for kwargs in _NoWorker.started] == expected
@@ -334,6 +336,16 @@ def test_every_shipped_study_validates_at_every_preset(path):
     ({"control": {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1},
                   "seeds": [0, 1]}, "space": {"control": {"choices": ["a", "b"]}}},
      "space.control: the name is taken by the study's control arms"),
+    ({"verdict": {"deltas": {"val/loss": 0.01}}}, "verdict.deltas: unknown key (allowed here: delta, success)"),
+    ({"verdict": {"delta": {"val/loss": -0.01}}},
+     "verdict.delta.val/loss: the margin δ must be > 0 (in the metric's units), got -0.01"),
+    ({"verdict": {"delta": {"val/loss": "small"}}}, "verdict.delta.val/loss: Value 'small' of type 'str' could not be"),
+    ({"verdict": {"delta": {"val/los": 0.01}}},
+     "verdict.delta.val/los: not an objective metric of this study file (objectives: val/loss)"),
+    ({"objective": [{"metric": "val/accuracy", "direction": "maximize"}], "verdict": {"success": {"val/accuracy": 90}}},
+     "verdict.success.val/accuracy: an accuracy is a fraction in [0, 1], so 0 < threshold <= 1 (90 % is 0.9), got 90"),
+    ({"objective": [{"metric": "tokens_per_sec", "direction": "maximize"}]},
+     "verdict.delta.tokens_per_sec: objective metric 'tokens_per_sec' has no default margin δ"),
 ])
 def test_a_bad_study_file_is_one_line_and_exit_2_before_any_trial(tmp_path, tiny_overrides, capsys, change,
                                                                   message):
@@ -394,84 +406,7 @@ def test_the_budget_counts_finished_trials_but_not_retried_or_discarded_ones():
     assert storage.budget_position(trials, 5) == 3
 
 
-# --------------------------------------------------------------------------------------- statistics
-def test_student_t_quantiles_match_the_tables():
-    for df, q in [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042), (1e9, 1.960)]:
-        assert stats.t_quantile(0.975, df) == pytest.approx(q, abs=1e-3)
-
-
-def test_identical_arms_are_not_distinguishable():
-    a = {0: 5.1, 1: 5.3, 2: 5.2}
-    c = stats.compare(a, dict(a))
-    assert c.diff == 0 and not c.distinguishable
-    assert stats.verdict("A", "B", c, "minimize") == "not distinguishable at this budget: run the GPU preset"
-
-
-def test_arms_within_the_seed_noise_are_not_distinguishable():
-    c = stats.compare({0: 5.0, 1: 5.4, 2: 4.9}, {0: 5.1, 1: 5.2, 2: 5.1})
-    assert not c.distinguishable and "not distinguishable" in stats.verdict("A", "B", c, "minimize")
-
-
-def test_well_separated_arms_get_the_difference_with_its_interval():
-    a, b = {0: 3.0, 1: 3.1, 2: 2.9}, {0: 4.0, 1: 4.2, 2: 3.95}
-    c = stats.compare(a, b)
-    d = [a[k] - b[k] for k in a]
-    mean = sum(d) / 3
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
-    assert c.test == "paired t (n=3)"
-    assert c.diff == pytest.approx(mean) and c.half_width == pytest.approx(4.3027 * sd / math.sqrt(3), rel=1e-4)
-    text = stats.verdict("learned", "random", c, "minimize")
-    assert text == f"learned better than random by {stats.fmt(-mean)} ± {stats.fmt(c.half_width)}"
-    assert stats.verdict("learned", "random", c, "maximize").startswith("random better than learned by")
-
-
-def test_arms_with_different_seeds_are_compared_by_welch():
-    c = stats.compare({0: 1.0, 1: 1.2}, {2: 2.0, 3: 2.1, 4: 1.9})
-    va, vb = 0.02 / 2, 0.01 / 3  # s²/n of each arm
-    df = (va + vb) ** 2 / (va ** 2 / 1 + vb ** 2 / 2)
-    assert c.test == "Welch t (2 vs 3)" and c.diff == pytest.approx(-0.9)
-    assert c.half_width == pytest.approx(stats.t_quantile(0.975, df) * math.sqrt(va + vb))
-    assert df == pytest.approx(1.7, abs=0.1)
-
-
-def test_one_seed_per_arm_is_never_distinguishable():
-    c = stats.compare({0: 1.0}, {0: 9.0})
-    assert not c.distinguishable
-    assert stats.verdict("A", "B", c, "minimize").startswith("not distinguishable at this budget")
-
-
 # --------------------------------------------------------------------------------------- power check
-def test_a_control_that_separates_and_leaves_the_trivial_baseline_gives_the_study_power():
-    check = stats.power_check({0: 2.80, 1: 2.82, 2: 2.81}, {0: 3.08, 1: 3.09, 2: 3.10},
-                              {0: 3.09, 1: 3.09, 2: 3.09}, "minimize")
-    assert check.leaves_trivial and check.separates and check.has_power
-    assert check.lines[1].startswith("The control separates: the reference is better than the degraded arm by 0.28 ± ")
-
-
-def test_a_control_within_the_seed_noise_says_the_study_has_no_power():
-    check = stats.power_check({0: 2.9, 1: 3.1, 2: 3.0}, {0: 3.0, 1: 3.0, 2: 3.05}, {0: 3.09, 1: 3.09, 2: 3.09},
-                              "minimize")
-    assert not check.separates and not check.has_power
-    assert "does NOT separate" in check.lines[1]
-    assert "no verdict below can be trusted; run the GPU preset" in check.lines[1]
-
-
-def test_a_reference_on_the_trivial_plateau_is_caught_even_when_the_control_separates():
-    # both arms learn nothing useful, the degraded one diverges a little: a "separation" without learning
-    check = stats.power_check({0: 3.09, 1: 3.10, 2: 3.08}, {0: 3.5, 1: 3.6, 2: 3.55}, {0: 3.09, 1: 3.09, 2: 3.09},
-                              "minimize")
-    assert check.separates and not check.leaves_trivial and not check.has_power
-    assert "does NOT leave the trivial baseline" in check.lines[0]
-
-
-def test_a_reversed_control_is_named_as_such_and_accuracy_is_maximised():
-    check = stats.power_check({0: 0.30, 1: 0.31, 2: 0.29}, {0: 0.90, 1: 0.95, 2: 0.92}, {0: 0.0625, 1: 0.0625,
-                                                                                         2: 0.0625}, "maximize")
-    assert check.leaves_trivial and not check.separates and "REVERSED" in check.lines[1]
-    check = stats.power_check({0: 1.0, 1: 0.99, 2: 1.0}, {0: 0.30, 1: 0.35, 2: 0.28}, {}, "maximize")
-    assert check.has_power and check.lines[0].startswith("No trivial baseline")
-
-
 def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(tmp_path, tiny):
     control = {"reference": {"model.attention.kind": "full"},
                "degraded": {"model.attention.kind": "linformer", "model.attention.k": 1}}
@@ -530,13 +465,14 @@ def test_a_report_whose_control_has_not_run_says_the_power_was_not_judged(tmp_pa
 
 
 # --------------------------------------------------------------------------------------- report
-def test_a_diverging_trial_is_recorded_with_its_reason_and_the_report_holds_every_trial(tmp_path, tiny):
+def test_a_diverging_trial_is_recorded_with_its_reason_and_the_report_holds_every_trial(tmp_path, tiny, capsys):
     diverges = {"optim.lr": 1.0e30, "optim.gradient_clip_val": 0.0}
     path = write_study(tmp_path, tiny, "report",
                        {"seed": {"type": "categorical", "choices": [0, 1]},
                         "arm": {"type": "categorical", "choices": {**ARMS, "diverges": diverges}}},
                        overrides={"trainer.max_steps": 3}, arms=["arm"])
     assert cli.main(["sweep", str(path), "--workers", "2"]) == 0
+    assert "exited with code" not in capsys.readouterr().out  # a failed trial leaves its worker running
     trials = {t.number: t for t in trials_of(path)}
     assert len(trials) == 6
     for t in trials.values():
@@ -568,6 +504,174 @@ def test_a_diverging_trial_is_recorded_with_its_reason_and_the_report_holds_ever
     assert "| diverges | 0 |" in summary and "## Failed trials" in summary
     for png in ("history.png", "parallel_coordinate.png", "learning_curves.png"):
         assert (out / png).stat().st_size > 1000
+
+
+def _add(ostudy, params: dict, value: float, metrics: Optional[dict] = None) -> None:
+    """A finished trial with these params (seed an int range, as the sweep asks it)."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    dists = {p: IntDistribution(0, 99) if p == "seed" else CategoricalDistribution(sorted({v, "a", "b"}))
+             for p, v in params.items()}
+    ostudy.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value,
+                                               user_attrs={"metrics": {"val/loss": value, **(metrics or {})}}))
+
+
+@pytest.mark.parametrize("a, b, first", [
+    # B lower by 0.2 at every seed, spread 0.01
+    ([3.0, 3.1, 2.9, 3.05], [2.8, 2.91, 2.69, 2.86],
+     "**Answer:** arm b is better than arm a on val/loss by 0.198 (95 % CI [0.182, 0.213], Holm-adjusted p < 0.001, "
+     "4 seeds each)."),
+    # equal on average, ±0.002 from seed to seed, 8 seeds
+    ([3.0 + 0.01 * s for s in range(8)], [3.0 + 0.01 * s + (0.002 if s % 2 else -0.002) for s in range(8)],
+     "**Answer:** arm a and arm b are on par within ±0.01 val/loss (TOST p < 0.001 after Holm, 8 seeds each)."),
+    # two seeds, differing by ±1/256 (exactly 0 on average): undecided, with the seeds to add
+    ([3.0, 3.0078125], [2.99609375, 3.01171875],
+     "**Answer:** arm a vs arm b on val/loss is undecided after 2 seeds each: 3 more seeds per arm would show 'on par' "
+     "within ±0.01 at 80 % power if the observed difference (0) and spread hold (no difference was observed to plan "
+     "'better' for); plan the seeds now and add them all with `linformer-lab sweep {path} --add-seeds 3`."),
+])
+def test_the_report_opens_with_the_answer_the_delta_and_the_holm_statement(tmp_path, tiny_overrides, a, b, first):
+    from sweeps.report import write_report
+    from sweeps.sweep import open_study
+
+    arms = {"arm a": {"optim.lr": 1e-3}, "arm b": {"optim.lr": 2e-3}}
+    path = write_study(tmp_path, tiny_overrides, "answered", {"seed": {"type": "categorical", "choices": [0, 1]},
+                                                              "arm": {"type": "categorical", "choices": arms}},
+                       arms=["arm"], sampler={"kind": "grid"})
+    study = load_study(path)
+    ostudy = open_study(study, None)
+    for arm, values in (("arm a", a), ("arm b", b)):
+        for seed, value in enumerate(values):
+            _add(ostudy, {"seed": seed, "arm": arm}, value)
+    lines = (write_report(study) / "summary.md").read_text().splitlines()
+    assert lines[0] == "# Study answered" and lines[2] == first.format(path=path)
+    assert lines[4] == "- δ, the margin within which two arms are on par: val/loss ±0.01 (default)."
+    assert lines[5].startswith("- Holm's correction over the 1 'better' tests of this report (1 comparisons of means)")
+
+
+def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tiny_overrides):
+    from sweeps.report import write_report
+    from sweeps.sweep import open_study
+
+    arms = {"a": {"optim.lr": 1e-3}, "b": {"optim.lr": 2e-3}}
+    path = write_study(tmp_path, tiny_overrides, "recall", {"seed": {"type": "categorical", "choices": [0, 1]},
+                                                            "arm": {"type": "categorical", "choices": arms}},
+                       arms=["arm"], objective=[{"metric": "val/accuracy", "direction": "maximize"}],
+                       verdict={"success": {"val/accuracy": 0.9}})
+    study = load_study(path)
+    ostudy = open_study(study, None)
+    for arm, values in (("a", [1.0, 0.99, 1.0, 0.98, 1.0, 1.0]), ("b", [1.0, 0.26, 0.99, 0.3, 0.28, 1.0])):
+        for seed, value in enumerate(values):
+            _add(ostudy, {"seed": seed, "arm": arm}, value, {"val/accuracy": value})
+    summary = (write_report(study) / "summary.md").read_text()
+    # per arm: 6/6 [0.54, 1.00] and 3/6 [0.12, 0.88] (Clopper-Pearson); compared by Boschloo's test
+    assert "| a | 6 | 0.995 ± 0.00837 | 6/6 [0.54, 1.00] |" in summary
+    assert "| b | 6 | 0.638 ± 0.393 | 3/6 [0.12, 0.88] |" in summary
+    # Boschloo p = 0.068 for 6/6 vs 3/6 (Fisher's: 0.18), doubled by Holm with the t test's p = 0.074
+    assert "runs reaching val/accuracy ≥ 0.9: 6/6 vs 3/6, Boschloo p = 0.14 after Holm" in summary.splitlines()[2]
+    assert "| a | b | 6/6 [0.54, 1.00] | 3/6 [0.12, 0.88] | 0.068 (0.14) | undecided (no difference shown) |" in summary
+    assert "(1 comparisons of means, 1 comparisons of success rates)" in summary
+    assert "- Success: a run with val/accuracy ≥ 0.9 solved the task (study file)" in summary
+
+
+# --------------------------------------------------------------------------------------- seeds on demand
+def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp_path, tiny_overrides, capsys):
+    from sweeps.study import ADDED_SEEDS
+    from sweeps.sweep import open_study, with_added_seeds
+
+    control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1}}
+    path = write_study(tmp_path, tiny_overrides, "seeds", {"seed": {"type": "categorical", "choices": [0, 2]},
+                                                           "model.attention.k": {"choices": [4, 8]}},
+                       overrides={"model.attention.kind": "linformer"}, control=control)
+    study = load_study(path)
+    assert (study.n_trials, study.control.n_trials) == (4, 4)
+    grown = with_added_seeds(study, None, 1, add=2)
+    assert grown.seeds == [0, 2, 3, 4] and grown.control.seeds == [0, 2, 3, 4]
+    assert (grown.n_trials, grown.control.n_trials) == (8, 8) and grown.added_seeds == (3, 4)
+    assert grown.points[-2:] == [{"seed": 4, "model.attention.k": 4}, {"seed": 4, "model.attention.k": 8}]
+    assert "added seeds 3, 4 (to its control too); seeds now 0, 2, 3, 4" in capsys.readouterr().out
+    # stored on the study: a later command sees them, and adds after them
+    assert open_study(study, None).user_attrs[ADDED_SEEDS] == [3, 4]
+    assert with_added_seeds(load_study(path), None, 1).seeds == [0, 2, 3, 4]
+    assert with_added_seeds(load_study(path), None, 1, add=1).seeds == [0, 2, 3, 4, 5]
+
+
+def test_add_seeds_runs_only_the_new_seeds_points_and_the_report_counts_them(tmp_path, tiny):
+    control = {"reference": {"model.attention.kind": "full"},
+               "degraded": {"model.attention.kind": "linformer", "model.attention.k": 1}}
+    path = write_study(tmp_path, tiny, "grown", {"seed": {"type": "categorical", "choices": [0, 1]}},
+                       overrides={"model.attention.kind": "linformer", "trainer.max_steps": 3}, control=control)
+    assert cli.main(["sweep", str(path)]) == 0
+    cstudy = load_study(path).control
+
+    def control_trials():
+        return optuna.load_study(study_name="grown_control", storage=storage.open_storage(cstudy, None)).get_trials()
+
+    before = {t.number: t for t in trials_of(path)}
+    assert len(before) == 2 and len(control_trials()) == 4
+    assert cli.main(["sweep", str(path), "--add-seeds", "1"]) == 0
+    main, ctrl = counted(trials_of(path)), counted(control_trials())
+    assert sorted(t.params["seed"] for t in main) == [0, 1, 2]
+    assert sorted((t.params["control"], t.params["seed"]) for t in ctrl) == [
+        ("degraded", 0), ("degraded", 1), ("degraded", 2), ("reference", 0), ("reference", 1), ("reference", 2)]
+    assert all(t.state == TrialState.COMPLETE for t in main + ctrl)
+    for t in trials_of(path):  # the points already run were not run again
+        if t.params["seed"] < 2:
+            assert t.datetime_complete == before[t.number].datetime_complete
+    assert cli.main(["sweep", str(path)]) == 0 and len(trials_of(path)) == 3  # resumed in place: budget met
+    assert cli.main(["report", str(path)]) == 0
+    summary = (tmp_path / "runs" / "grown" / "report" / "summary.md").read_text()
+    assert "- trials: 3 finished of 3" in summary and "- control: 6 finished of 6" in summary
+    assert "- seeds added by `sweep --add-seeds`: 2" in summary
+
+
+@pytest.mark.parametrize("keys, args, message", [
+    ({}, ["--add-seeds", "0"], "--add-seeds: must be an integer in [1, 10000], got 0"),
+    ({"sampler": {"kind": "random"}, "budget": {"n_trials": 2}}, ["--add-seeds", "2"],
+     "--add-seeds: an open study (sampler.kind=random) has no grid to add seeds to"),
+    ({"budget": {"n_trials": 1}}, ["--add-seeds", "1"], "--add-seeds: budget.n_trials=1 fixes the number of trials"),
+])
+def test_add_seeds_is_refused_in_one_line_where_it_cannot_apply(tmp_path, tiny_overrides, capsys, keys, args, message):
+    path = write_study(tmp_path, tiny_overrides, "refused", {"seed": {"type": "categorical", "choices": [0, 1]}},
+                       **keys)
+    assert cli.main(["sweep", str(path), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_study_stored_with_a_categorical_seed_resumes_but_cannot_grow(tmp_path, tiny_overrides, capsys):
+    from optuna.distributions import CategoricalDistribution
+
+    from sweeps.sweep import open_study
+
+    path = write_study(tmp_path, tiny_overrides, "legacy", {"seed": {"type": "categorical", "choices": [0, 1]}})
+    study = load_study(path)
+    open_study(study, None).add_trial(optuna.trial.create_trial(
+        params={"seed": 0}, distributions={"seed": CategoricalDistribution([0, 1])}, value=3.0))
+    assert cli.main(["sweep", str(path), "--add-seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "stores its seeds as a fixed list (it was run before --add-seeds existed)" in err
+
+    class Asked:  # what Study.suggest asks of an Optuna trial
+        def __init__(self, ostudy):
+            self.study, self.asked = ostudy, []
+
+        def suggest_categorical(self, name, choices):
+            self.asked.append(("categorical", name, choices))
+            return choices[0]
+
+        def suggest_int(self, name, low, high):
+            self.asked.append(("int", name, low, high))
+            return low
+
+    legacy = Asked(open_study(study, None))
+    study.suggest(legacy)
+    assert legacy.asked == [("categorical", "seed", [0, 1])]  # the stored study's own distribution
+    fresh = Asked(open_study(load_study(write_study(tmp_path, tiny_overrides, "fresh",
+                                                    {"seed": {"type": "categorical", "choices": [0, 1]}})), None))
+    load_study(tmp_path / "fresh.yaml").suggest(fresh)
+    assert fresh.asked == [("int", "seed", 0, 1)]
 
 
 # --------------------------------------------------------------------------------------- RDB storage

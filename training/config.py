@@ -10,6 +10,7 @@ it and exits with code 2 before writing anything.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -18,8 +19,9 @@ from omegaconf import DictConfig
 
 from datamodules.config import DataConfig, check_data
 from foundation.configfile import flatten, merge, parse_overrides, resolve_includes, to_container
-from foundation.errors import ConfigError, require
-from lightning_modules.config import RENAMED, ModelConfig, OptimConfig, check_model
+from foundation.errors import ConfigError, check_number, require
+from foundation.paths import check_folder, check_name, check_path
+from lightning_modules.config import RENAMED, ModelConfig, OptimConfig, check_model, layer_ks
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
@@ -86,18 +88,96 @@ def load(path: Optional[str | Path] = None, overrides: list[str] = ()) -> DictCo
 
 
 # --------------------------------------------------------------------------------------- checks
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "ddp_find_unused_parameters_true",
+              "ddp_spawn_find_unused_parameters_true", "fsdp", "single_device", "deepspeed")
+PRECISIONS = ("64-true", "64", "32-true", "32", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true",
+              "transformer-engine", "transformer-engine-float16")
+MAX_STEPS = 10**9
+
+
 def check(cfg: DictConfig) -> None:
-    """Every rule of a run config: the model's, the data's, the optimiser's, the trainer's, and the task's."""
+    """Every rule of a run config: the model's, the data's, the optimiser's, the trainer's, the task's, the
+    names and paths the run writes to, and whether the model fits this machine."""
     check_model(cfg.model)
     check_data(cfg.data, cfg.task, cfg.model.max_len)
+    check_optim(cfg.optim)
+    check_trainer(cfg.trainer)
     att = cfg.model.attention
-    require(cfg.trainer.max_steps >= 1, f"trainer.max_steps: must be >= 1, got {cfg.trainer.max_steps}")
-    require(cfg.trainer.spectrum_every_n_val >= 0,
-            f"trainer.spectrum_every_n_val: must be >= 0 (0: off), got {cfg.trainer.spectrum_every_n_val}")
-    require(cfg.optim.lr > 0, f"optim.lr: must be > 0, got {cfg.optim.lr}")
+    check_number("seed", cfg.seed, 0, 2**32 - 1, integer=True)
+    check_name("experiment", cfg.experiment)
+    check_folder("output_dir", cfg.output_dir)
+    if cfg.run_dir is not None:
+        check_folder("run_dir", cfg.run_dir)
+    for key in ("init_from",):
+        if cfg[key] is not None:
+            check_path(key, cfg[key])
     require(cfg.task != "clm" or att.causal,
             "task: 'clm' needs model.attention.causal=true (next-token prediction must not see the future)")
     require(cfg.task != "mlm" or not att.causal,
             "task: 'mlm' needs model.attention.causal=false (a masked token is predicted from both sides)")
     require(cfg.init_from is None or cfg.task == "classify",
             f"init_from: only task 'classify' loads a pretrained encoder, got task '{cfg.task}'")
+    check_fits_memory(cfg)
+
+
+def check_optim(optim: DictConfig) -> None:
+    check_number("optim.lr", optim.lr, 0, None, low_open=True)
+    check_number("optim.weight_decay", optim.weight_decay, 0, 10)
+    require(len(optim.betas) == 2, f"optim.betas: must be two numbers [beta1, beta2], got {list(optim.betas)}")
+    for i, beta in enumerate(optim.betas):
+        check_number(f"optim.betas[{i}]", beta, 0, 1, high_open=True)
+    check_number("optim.eps", optim.eps, 0, 1, low_open=True)
+    check_number("optim.warmup_steps", optim.warmup_steps, 0, MAX_STEPS, integer=True)
+    check_number("optim.gradient_clip_val", optim.gradient_clip_val, 0, 1e6)
+
+
+def check_trainer(t: DictConfig) -> None:
+    check_number("trainer.max_steps", t.max_steps, 1, MAX_STEPS, integer=True)
+    check_number("trainer.val_check_interval", t.val_check_interval, 1, MAX_STEPS, integer=True)
+    check_number("trainer.limit_val_batches", t.limit_val_batches, 1, MAX_STEPS, integer=True)
+    check_number("trainer.log_every_n_steps", t.log_every_n_steps, 1, MAX_STEPS, integer=True)
+    check_number("trainer.accumulate_grad_batches", t.accumulate_grad_batches, 1, 1 << 16, integer=True)
+    check_number("trainer.num_nodes", t.num_nodes, 1, 1 << 16, integer=True)
+    check_number("trainer.cpu_threads", t.cpu_threads, 0, 1024, integer=True)
+    check_number("trainer.spectrum_every_n_val", t.spectrum_every_n_val, 0, MAX_STEPS, integer=True)
+    require(t.accelerator in ACCELERATORS,
+            f"trainer.accelerator: {t.accelerator!r} is not one of {', '.join(ACCELERATORS)}")
+    require(t.strategy in STRATEGIES, f"trainer.strategy: {t.strategy!r} is not one of {', '.join(STRATEGIES)}")
+    require(t.precision is None or str(t.precision) in PRECISIONS,
+            f"trainer.precision: {t.precision!r} is not one of {', '.join(PRECISIONS)} (or null: bf16-mixed on a "
+            "GPU that has bf16, 32-true on CPU)")
+    devices = t.devices
+    if isinstance(devices, str):
+        require(devices == "auto" or devices.lstrip("-").isdigit() or devices.replace(",", "").isdigit(),
+                f"trainer.devices: {devices!r} is not a count, a list of device indices, -1 or 'auto'")
+    elif isinstance(devices, (int, float)) and not isinstance(devices, bool):
+        require(isinstance(devices, int) and (devices == -1 or 1 <= devices <= 4096),
+                f"trainer.devices: must be a count >= 1, -1 (all), a list of indices or 'auto', got {devices!r}")
+    else:
+        items = list(devices) if devices is not None and not isinstance(devices, bool) else None
+        require(items is not None and len(items) >= 1
+                and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 4096 for i in items),
+                f"trainer.devices: must be a count >= 1, -1 (all), a list of indices or 'auto', got {devices!r}")
+
+
+def parameter_estimate(cfg: DictConfig) -> int:
+    """An upper estimate of the model's parameters (embeddings, blocks, Linformer E/F at their largest)."""
+    m = cfg.model
+    vocab = max(cfg.data.tokenizer.vocab_size, 512)
+    blocks = m.n_layers * (4 * m.d_model * m.d_model + 2 * m.d_model * m.d_ff)
+    projections = 2 * m.n_layers * m.n_heads * max(layer_ks(m)) * m.max_len if m.attention.kind == "linformer" else 0
+    return (vocab + m.max_len) * m.d_model + blocks + projections
+
+
+def check_fits_memory(cfg: DictConfig) -> None:
+    """Refuse a model whose weights, gradients and AdamW state (16 bytes a parameter) exceed this machine's
+    memory: the allocation would fail (or swap) after the run directory exists."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    need = 16 * parameter_estimate(cfg)
+    require(need <= total, f"model: about {parameter_estimate(cfg):.3g} parameters need {need / 2**30:.1f} GiB for "
+                           f"weights, gradients and AdamW state, more than this machine's {total / 2**30:.1f} GiB "
+                           "(reduce model.max_len, d_model, d_ff or n_layers)")

@@ -8,14 +8,19 @@ surfaces missing files and empty corpora) before the run directory is created.
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import math
 import multiprocessing as mp
+import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
@@ -24,14 +29,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from foundation.atomic import atomic_write_text, write_json
 from foundation.checkpoint import AtomicCheckpointIO, check_architecture, read_checkpoint
+from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT, TOKENIZER, choose_run_dir, shared_with_ranks
 from lightning_modules.callbacks import RunMetrics, SpectrumMonitor
-from lightning_modules.encoder import count_parameters
+from lightning_modules.encoder import TransformerEncoder, count_parameters
 from training import config as run_config
 from training.resume import LastCheckpoint, adopt_final_state, rollback_events
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
 FORKING_STRATEGIES = ("ddp_fork", "ddp_notebook")
+METRICS = "metrics.json"
 
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
@@ -86,9 +93,35 @@ def _hparams(cfg: DictConfig) -> dict[str, Any]:
     return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in flat.items()}
 
 
+def finished_metrics(run_dir: Path, saved_step: int, max_steps: int) -> Optional[dict[str, Any]]:
+    """The run's ``metrics.json`` when its training is over (checkpoint at or past ``max_steps``) and that file
+    records exactly that end (same step, with its validation scores); else None."""
+    path = run_dir / METRICS
+    if saved_step < max_steps or not path.is_file():
+        return None
+    try:
+        metrics = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    complete = isinstance(metrics, dict) and metrics.get("global_step") == saved_step
+    return metrics if complete and any(k.startswith("val/") for k in metrics) else None
+
+
+def _keep_earlier_metrics(run_dir: Path) -> None:
+    """A run trained further keeps the metrics.json of its earlier end as metrics.step_<N>.json."""
+    path = run_dir / METRICS
+    try:
+        step = json.loads(path.read_text()).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(step, int):
+        os.replace(path, run_dir / f"metrics.step_{step}.json")
+
+
 def _open_run_dir(cfg: DictConfig, datamodule: L.LightningDataModule,
-                  module: L.LightningModule) -> tuple[Path, Optional[str]]:
-    """The run directory, with config.yaml (and the tokenizer) written; the checkpoint to resume from.
+                  module: L.LightningModule) -> tuple[Path, Optional[str], Optional[dict]]:
+    """The run directory, with config.yaml (and the tokenizer) written; the checkpoint to resume from; and, when
+    the run to resume has already finished and recorded its metrics, those metrics (then nothing is written).
 
     A DDP launch runs this in every rank (RANK / LOCAL_RANK / SLURM_PROCID); only rank 0 writes. A
     truncated or foreign checkpoint is refused before anything is written; resuming drops the TensorBoard
@@ -102,6 +135,9 @@ def _open_run_dir(cfg: DictConfig, datamodule: L.LightningDataModule,
     if resume_from is not None:
         resume_state = read_checkpoint(ckpt)
         check_architecture(resume_state, module, ckpt)
+        done = finished_metrics(run_dir, int(resume_state.get("global_step", -1)), cfg.trainer.max_steps)
+        if done is not None:
+            return run_dir, resume_from, done
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         if resume_state is not None:
@@ -109,7 +145,9 @@ def _open_run_dir(cfg: DictConfig, datamodule: L.LightningDataModule,
         atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         if getattr(datamodule, "tokenizer", None) is not None:  # fine-tuning from this run encodes text with it
             atomic_write_text(run_dir / TOKENIZER, datamodule.tokenizer.to_str())
-    return run_dir, resume_from
+        if resume_state is not None:
+            _keep_earlier_metrics(run_dir)
+    return run_dir, resume_from, None
 
 
 def _logger(cfg: DictConfig, module: L.LightningModule, run_dir: Path, resumed: bool,
@@ -126,25 +164,59 @@ def _logger(cfg: DictConfig, module: L.LightningModule, run_dir: Path, resumed: 
     return logger
 
 
-def _trainer(cfg: DictConfig, run_dir: Path, logger: TensorBoardLogger, callbacks: list[L.Callback]) -> L.Trainer:
+def trainer_arguments(cfg: DictConfig) -> dict[str, Any]:
+    """The Lightning Trainer's arguments that come from the config."""
     t = cfg.trainer
-    return L.Trainer(
+    return dict(
         max_steps=t.max_steps, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
         limit_val_batches=t.limit_val_batches, log_every_n_steps=t.log_every_n_steps,
         accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
         precision=_precision(cfg), accumulate_grad_batches=t.accumulate_grad_batches,
-        gradient_clip_val=cfg.optim.gradient_clip_val, deterministic=t.deterministic,
-        num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(run_dir), logger=logger,
-        plugins=[AtomicCheckpointIO()],
-        # The bar reads its metrics (train/loss) back from the device when it refreshes: as often as the loggers.
-        callbacks=[*callbacks, TQDMProgressBar(refresh_rate=max(1, t.log_every_n_steps))])
+        gradient_clip_val=cfg.optim.gradient_clip_val, deterministic=t.deterministic)
+
+
+def _trainer(cfg: DictConfig, run_dir: Path, logger: TensorBoardLogger, callbacks: list[L.Callback]) -> L.Trainer:
+    # The bar reads its metrics (train/loss) back from the device when it refreshes: as often as the loggers.
+    bar = TQDMProgressBar(refresh_rate=max(1, cfg.trainer.log_every_n_steps))
+    return L.Trainer(**trainer_arguments(cfg), num_sanity_val_steps=0, enable_model_summary=False,
+                     default_root_dir=str(run_dir), logger=logger, plugins=[AtomicCheckpointIO()],
+                     callbacks=[*callbacks, bar])
+
+
+def preflight(cfg: DictConfig, vocab_size: Optional[int] = None) -> int:
+    """Everything about a checked config that only Lightning or torch would otherwise reject, and only after the
+    run directory exists: the Trainer's arguments together (accelerator, devices, strategy, precision) and the
+    model's construction, on the meta device (no memory). Writes nothing; returns the model's parameter count.
+    A problem is one ConfigError line."""
+    gpu_wanted = cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available()
+    quiet = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in quiet]
+    try:
+        for logger in quiet:
+            logger.setLevel(logging.ERROR)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if not gpu_wanted:  # a GPU preset validated on a CPU machine: its device arguments are for later
+                L.Trainer(**trainer_arguments(cfg), logger=False, enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False)
+    except (MisconfigurationException, ValueError, TypeError, RuntimeError) as err:
+        raise ConfigError(f"trainer: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}"
+                          ) from None
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
+    vocab = vocab_size or max(cfg.data.tokenizer.vocab_size, 260)
+    with torch.device("meta"):
+        encoder = TransformerEncoder(cfg.model, vocab)
+    return count_parameters(encoder)
 
 
 def _final_scores(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule,
                   best: Optional[ModelCheckpoint], validated_at: Optional[int], global_step: int) -> dict[str, Any]:
-    """val/* at the last step (validating once more if the last step was not validated), and for tasks
-    with a test split, test/* of the best validation checkpoint."""
-    if validated_at != global_step:
+    """val/* at the last step (validating once more if the last step was not validated, or if this process
+    holds no validation scores: a resumed run whose training was already over), and for tasks with a test split,
+    test/* of the best validation checkpoint."""
+    if validated_at != global_step or not any(k.startswith("val/") for k in trainer.callback_metrics):
         trainer.validate(module, datamodule=datamodule, verbose=False)
     final = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if is_overridden("test_dataloader", datamodule):
@@ -165,14 +237,28 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         hparams: extra entries for the HPARAMS tab (e.g. a sweep trial's parameters).
     """
     started = time.time()
+    preflight(cfg)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.cpu_threads > 0:
         torch.set_num_threads(cfg.trainer.cpu_threads)
     datamodule = build_datamodule(cfg)
     datamodule.prepare_data()
     datamodule.setup("fit")
-    module = build_module(cfg, datamodule)
-    run_dir, resume_from = _open_run_dir(cfg, datamodule, module)
+    try:
+        module = build_module(cfg, datamodule)
+    except MemoryError as err:  # before anything is written: one line, not a traceback
+        raise ConfigError(f"model: cannot allocate its weights ({type(err).__name__}); reduce model.max_len, "
+                          "d_model, d_ff or n_layers") from None
+    except RuntimeError as err:
+        if "alloc" not in str(err).lower():
+            raise
+        raise ConfigError(f"model: cannot allocate its weights ({str(err).splitlines()[0][:120]}); reduce "
+                          "model.max_len, d_model, d_ff or n_layers") from None
+    run_dir, resume_from, done = _open_run_dir(cfg, datamodule, module)
+    if done is not None:
+        print(f"{run_dir}: already finished at step {done['global_step']} (trainer.max_steps={cfg.trainer.max_steps}); "
+              f"nothing to do, its {METRICS} is unchanged")
+        return done
     logger = _logger(cfg, module, run_dir, resume_from is not None, hparams)
 
     run_metrics = RunMetrics()
@@ -204,17 +290,24 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         "run_dir": str(run_dir),
     }
     if trainer.is_global_zero:
-        write_json(run_dir / "metrics.json", metrics)
+        write_json(run_dir / METRICS, metrics)
     return metrics
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="experiment YAML file (e.g. experiments/configs/quickstart.yaml)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.attention.k=32")
+    parser.add_argument("--check", action="store_true",
+                        help="validate the config (schema, rules, Trainer arguments, the model built on the meta "
+                             "device) and exit without writing anything")
 
 
 def main(args: argparse.Namespace) -> int:
     cfg = run_config.load(args.config, args.overrides)
+    if args.check:
+        print(f"config OK: {cfg.task}, {cfg.model.attention.kind} attention, about {preflight(cfg):,} parameters; "
+              "nothing written")
+        return 0
     metrics = train(cfg)
     print(f"run directory: {metrics['run_dir']}")
     shown = [f"{k} {metrics[k]:.4g}" for k in ("val/ppl", "val/loss", "val/accuracy") if k in metrics]

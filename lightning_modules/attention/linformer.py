@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, ListConfig
 from torch import Tensor, nn
 
-from foundation.errors import require
+from foundation.errors import check_number, require
 from lightning_modules.attention.base import SelfAttention, register_attention
 from lightning_modules.config import layer_ks
 from lightning_modules.projections import PROJECTION_KINDS, ProjectionBank
@@ -86,6 +86,9 @@ class Linformer(SelfAttention):
         else:
             require(isinstance(k, int) and not isinstance(k, bool),
                     f"model.attention.k: must be an integer or a list of integers, got {k!r}")
+        if att.k_schedule is not None:
+            for end in ("first", "last"):
+                check_number(f"model.attention.k_schedule.{end}", att.k_schedule[end], 1, model.max_len, integer=True)
         ks = layer_ks(model)
         for i, kl in enumerate(ks):
             require(1 <= kl <= model.max_len,

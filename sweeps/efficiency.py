@@ -1,0 +1,151 @@
+"""Quality against speed, one point per arm: the Pareto plot and the time-to-target table of a study's report.
+
+For each arm (every seed of it): the objective's mean (quality at equal steps), the training throughput
+(``tokens_per_sec`` of ``metrics.json``: tokens over training-step seconds) and, for tasks with a perplexity,
+the wall-clock time to a target quality. The target is the quality every arm reaches: the worst arm's median
+final validation perplexity, so that each arm's time answers "how long until it is as good as the weakest
+arm at the end", and a fast arm that stops early is not rewarded. Times are training-step seconds
+(:func:`training.curves.reach`, interpolated between validations), medians over the seeds that got there.
+
+An arm is on the Pareto front when no other arm is both at least as fast and at least as good, and better in
+one of the two.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from training.curves import reach
+
+
+@dataclass
+class ArmSpeed:
+    arm: str
+    quality: list[float]  # the objective of each seed
+    tokens_per_sec: list[float]
+    curves: list[list[list[float]]]  # ppl_vs_wallclock of each seed that has one
+
+    @property
+    def mean_quality(self) -> float:
+        return statistics.fmean(self.quality)
+
+    @property
+    def mean_speed(self) -> float:
+        return statistics.fmean(self.tokens_per_sec)
+
+
+def _curve(run_dir: Optional[str]) -> Optional[list]:
+    if not run_dir:
+        return None
+    try:
+        curve = json.loads((Path(run_dir) / "metrics.json").read_text()).get("ppl_vs_wallclock")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return curve if isinstance(curve, list) and curve else None
+
+
+def arm_speeds(rows: Sequence, metric: str) -> list[ArmSpeed]:
+    """One entry per arm that has the metric and a throughput in every finished trial (report rows)."""
+    arms: dict[str, ArmSpeed] = {}
+    for r in rows:
+        m = r.metrics
+        if metric not in m or "tokens_per_sec" not in m or not math.isfinite(m[metric]):
+            continue
+        entry = arms.setdefault(r.arm, ArmSpeed(r.arm, [], [], []))
+        entry.quality.append(float(m[metric]))
+        entry.tokens_per_sec.append(float(m["tokens_per_sec"]))
+        curve = _curve(r.trial.user_attrs.get("run_dir"))
+        if curve is not None:
+            entry.curves.append(curve)
+    return list(arms.values())
+
+
+def pareto_front(points: Sequence[tuple[float, float]], maximize_quality: bool) -> list[int]:
+    """Indices of the non-dominated (speed, quality) points: higher speed is better, quality in its direction."""
+    sign = 1.0 if maximize_quality else -1.0
+    front = []
+    for i, (s_i, q_i) in enumerate(points):
+        dominated = any(s_j >= s_i and sign * q_j >= sign * q_i and (s_j > s_i or sign * q_j > sign * q_i)
+                        for j, (s_j, q_j) in enumerate(points) if j != i)
+        if not dominated:
+            front.append(i)
+    return front
+
+
+def target_ppl(arms: Sequence[ArmSpeed]) -> Optional[float]:
+    """The worst arm's median final validation perplexity (None when an arm has no curve)."""
+    finals = [statistics.median(c[-1][2] for c in a.curves) for a in arms if a.curves]
+    return max(finals) if finals and len(finals) == len(arms) else None
+
+
+def time_to(arm: ArmSpeed, target: float) -> tuple[Optional[float], int]:
+    """(median training seconds to val ppl ≤ target over the seeds that reached it, how many reached it)."""
+    reached = [r[0] for r in (reach(c, target) for c in arm.curves) if r is not None]
+    return (statistics.median(reached) if reached else None), len(reached)
+
+
+def section(arms: Sequence[ArmSpeed], metric: str, maximize: bool) -> list[str]:
+    """The report's markdown: quality at equal steps, throughput, time to target, Pareto membership."""
+    if len(arms) < 2:
+        return []
+    front = set(pareto_front([(a.mean_speed, a.mean_quality) for a in arms], maximize))
+    target = target_ppl(arms)
+    head = ["arm", "seeds", f"{metric} (mean ± sd)", "training tokens/s (mean)", "Pareto front"]
+    if target is not None:
+        head.append(f"seconds to val ppl ≤ {target:.4g} (median, reached)")
+    body = []
+    for a in sorted(arms, key=lambda a: -a.mean_speed):
+        sd = statistics.stdev(a.quality) if len(a.quality) > 1 else float("nan")
+        cells = [a.arm or "(all trials)", str(len(a.quality)), f"{a.mean_quality:.4g} ± {sd:.2g}",
+                 f"{a.mean_speed:,.0f}", "yes" if arms.index(a) in front else ""]
+        if target is not None:
+            seconds, n = time_to(a, target)
+            cells.append(f"{seconds:.1f} s ({n}/{len(a.curves)})" if seconds is not None else f"— (0/{len(a.curves)})")
+        body.append(cells)
+    lines = ["## Quality against speed", "",
+             f"Quality at equal training steps ({metric}) against training throughput, one row per arm, fastest "
+             "first; an arm is on the Pareto front when no other arm is at least as fast and at least as good "
+             "(and better in one)."]
+    if target is not None:
+        lines[-1] += (f" Time to target: training-step seconds until val ppl ≤ {target:.4g}, the worst arm's median "
+                      "final perplexity (the quality every arm reaches).")
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return lines + ["", "![quality against speed](pareto.png)", ""]
+
+
+def plot(arms: Sequence[ArmSpeed], metric: str, maximize: bool, path: Path) -> bool:
+    """pareto.png: each arm's mean quality against its mean throughput, with seed spread as error bars."""
+    if len(arms) < 2:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    front = set(pareto_front([(a.mean_speed, a.mean_quality) for a in arms], maximize))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, a in enumerate(arms):
+        sd_q = statistics.stdev(a.quality) if len(a.quality) > 1 else 0.0
+        sd_s = statistics.stdev(a.tokens_per_sec) if len(a.tokens_per_sec) > 1 else 0.0
+        ax.errorbar(a.mean_speed, a.mean_quality, xerr=sd_s, yerr=sd_q, fmt="o" if i in front else "s",
+                    color="C0" if i in front else "C7", capsize=3)
+        ax.annotate(a.arm or "(all)", (a.mean_speed, a.mean_quality), textcoords="offset points", xytext=(5, 5),
+                    fontsize="small")
+    on_front = sorted((arms[i] for i in front), key=lambda a: a.mean_speed)
+    ax.plot([a.mean_speed for a in on_front], [a.mean_quality for a in on_front], color="C0", linewidth=1,
+            label="Pareto front")
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens/s (log)")
+    ax.set_ylabel(f"{metric} ({'higher' if maximize else 'lower'} is better)")
+    ax.set_title("quality at equal steps against training speed, per arm")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,111 @@
+"""Property: whatever ``key=value`` overrides a user types, ``train --check`` ends in success (exit 0) or in one
+``error:`` line with exit 2, never a traceback, and writes nothing either way.
+
+Random overrides over the schema's own keys (read from the structured config, so new keys are fuzzed as they are
+added) with wrong types, edge numbers (0, −1, NaN, ±inf, 10³⁰), odd strings (``..``, ``/``, NUL, newlines,
+unicode, YAML syntax), lists and mappings. ``--check`` runs every check a real run makes before its first write
+(schema, rules, the Trainer's arguments, the model built on the meta device), so a config it accepts gets past
+the point where a run directory is created. Bounded in the default suite; ``-m slow`` goes deeper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from experiments import cli
+from foundation.configfile import flatten
+from training.config import CONFIG_DIR, RunConfig
+
+KEYS = sorted(flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig))))
+KEYS += ["model.attention.k_schedule", "model.attention.options", "data.mqar", "nonsense.key"]
+
+EDGE_NUMBERS = [0, 1, -1, 2, 3, 7, 64, 0.5, -0.5, 1e-12, 1e30, -1e30, 2**31, 2**63, float("nan"), float("inf"),
+                float("-inf")]
+ODD_TEXT = ["", " ", "..", "../..", "/", "/etc", "a\x00b", "a\nb", "\t", "é✓ユニ", "~", "$HOME", "null", "true",
+            "[1, 2", "{a: 1", "&a [*a]", "*x", "%YAML", "- 1", "auto", "full", "linformer", "cpu", "gpu", "32-true",
+            "bf16-mixed", "ddp_spawn", "layerwise", "keys", "compress_first", "learned", "conv", "pool", "random",
+            "geometric", "linear"]
+
+
+def render(value) -> str:
+    """An override's value as a user could type it: YAML flow syntax, strings double-quoted (JSON escapes are
+    YAML escapes, so NUL and newlines reach the loader as characters)."""
+    if isinstance(value, float) and value != value:
+        return ".nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return ".inf" if value > 0 else "-.inf"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value)
+
+
+scalars = st.one_of(st.sampled_from(EDGE_NUMBERS), st.integers(-10**6, 10**6), st.booleans(), st.none(),
+                    st.sampled_from(ODD_TEXT), st.text(max_size=12))
+values = st.one_of(scalars, st.lists(scalars, max_size=4), st.dictionaries(st.sampled_from(["a", "k", "window", "kind", "first", "last"]),
+                                                                           scalars, max_size=2))
+raw = st.sampled_from(["[1,2", "{a: 1", "&a [*a, *a]", "a: b: c", "!!python/object:os.system", "'", '"', "|",
+                       "${oc.env:HOME}", "${model.d_model}"])
+override = st.tuples(st.sampled_from(KEYS), st.one_of(values.map(render), raw)).map(lambda kv: f"{kv[0]}={kv[1]}")
+
+TINY = ["model.max_len=32", "model.d_model=32", "model.n_heads=2", "model.n_layers=2", "model.d_ff=64",
+        "model.attention.k=8", "trainer.accelerator=cpu"]
+
+
+def snapshot(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+def check_property(root: Path, overrides: list[str]) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    before = snapshot(root)
+    argv = ["train", str(CONFIG_DIR / "base.yaml"), *TINY, f"output_dir={root / 'runs'}",
+            f"data.cache_dir={root / 'cache'}", *overrides, "--check"]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    lines = [line for line in err.getvalue().splitlines() if line.startswith("error:") or "Traceback" in line]
+    assert code in (0, 2), (overrides, code, err.getvalue()[-2000:])
+    if code == 2:
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "\n" not in lines[0], (overrides, lines)
+    else:
+        assert lines == [] and "config OK" in out.getvalue(), (overrides, err.getvalue())
+    assert snapshot(root) == before, (overrides, "something was written")
+
+
+FAST = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")), deadline=None, derandomize=os.environ.get("FUZZ_RANDOM") is None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@FAST
+@given(overrides=st.lists(override, min_size=1, max_size=4))
+def test_any_overrides_end_in_success_or_one_error_line_and_write_nothing(tmp_path, overrides):
+    check_property(tmp_path, overrides)
+
+
+@pytest.mark.slow
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                    HealthCheck.too_slow])
+@given(overrides=st.lists(override, min_size=1, max_size=6))
+def test_any_overrides_deep(tmp_path, overrides):
+    check_property(tmp_path, overrides)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["trainer.devices=[0,1]"],                    # a list of indices with the CPU accelerator: Lightning's rule
+    ["model.attention.options={window: 4}"],      # options of a kind that takes none
+    ["optim.betas=[0.9, .nan]"],
+    ['experiment="a\\u0000b"'],
+    ["model.attention.k_schedule={first: 0, last: 0}"],
+    ["model.attention.k_schedule={kind: geometric, first: 0, last: 5}"],   # a division by zero, once
+    ["model.attention.k_schedule={kind: geometric, first: -4, last: 5}"],  # a complex power, once
+])
+def test_known_hard_cases(tmp_path, overrides):
+    check_property(tmp_path, overrides)
