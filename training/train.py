@@ -8,6 +8,7 @@ surfaces missing files and empty corpora) before the run directory is created.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -83,6 +84,11 @@ def _compute_capability(strategy: str) -> tuple[int, int]:
     (ddp_fork, ddp_notebook) must not do: there a spawned process reads it."""
     if strategy not in FORKING_STRATEGIES:
         return torch.cuda.get_device_capability()
+    return _capability_in_a_child()
+
+
+@functools.lru_cache(maxsize=1)
+def _capability_in_a_child() -> tuple[int, int]:
     with mp.get_context("spawn").Pool(1) as pool:
         return tuple(pool.apply(torch.cuda.get_device_capability))
 
@@ -188,7 +194,8 @@ def preflight(cfg: DictConfig, vocab_size: Optional[int] = None) -> int:
     run directory exists: the Trainer's arguments together (accelerator, devices, strategy, precision) and the
     model's construction, on the meta device (no memory). Writes nothing; returns the model's parameter count.
     A problem is one ConfigError line."""
-    gpu_wanted = cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available()
+    # device_count(): through NVML, leaving CUDA uninitialised (is_available() would initialise it before a fork)
+    gpu_wanted = cfg.trainer.accelerator in ("gpu", "cuda") and torch.cuda.device_count() == 0
     quiet = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [logger.level for logger in quiet]
     try:
