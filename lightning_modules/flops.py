@@ -13,6 +13,12 @@ picks on CPU, so they are registered here (importing this module is enough):
 * backward 10·B·h·T_q·T_k·d_h (recomputed Q Kᵀ, dP = dO Vᵀ, dV = Pᵀ dO, dQ = dS K, dK = dSᵀ Q),
 
 each halved under ``is_causal`` because that kernel skips the blocks above the diagonal.
+
+Attention restricted to a pattern (``local``, ``sparse``) runs FlexAttention, whose eager form cannot run under
+``FlopCounterMode`` at all, or a dense masked SDPA that computes every pair: either way the counter would see
+the dense T² work (or nothing). Such a kind wraps its core in :func:`counted` with the work its pattern
+needs: then, under :func:`count_flops` only, what the counter sees inside the core (forward and backward) is
+replaced by the declared counts. Outside :func:`count_flops` :func:`counted` just calls the core.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch import Tensor
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
@@ -44,8 +51,61 @@ for _op, _formula in ((_aten._scaled_dot_product_flash_attention_for_cpu, _cpu_f
         flop_counter.register_flop_formula(_op)(_formula)
 
 
+# The counters of the active count_flops calls, each with its correction (declared − seen) in a one-item list.
+_ACTIVE: list[tuple[FlopCounterMode, list[int]]] = []
+
+
 def count_flops(fn: Callable[[], Any]) -> tuple[int, Any]:
     """Run ``fn()`` once and return (flops of its matrix products, its result)."""
+    correction = [0]
     with FlopCounterMode(display=False) as counter:
-        result = fn()
-    return counter.get_total_flops(), result
+        _ACTIVE.append((counter, correction))
+        try:
+            result = fn()
+        finally:
+            _ACTIVE.pop()
+    return counter.get_total_flops() + correction[0], result
+
+
+def counting() -> bool:
+    """True inside :func:`count_flops` (a kind then runs an engine the counter can observe)."""
+    return bool(_ACTIVE)
+
+
+def counted(core: Callable[..., Tensor], inputs: tuple[Tensor, ...], forward: int, backward: int) -> Tensor:
+    """``core(*inputs)``, counted as ``forward`` flops (and ``backward`` once its gradient is taken) under
+    :func:`count_flops`, whatever the counter sees inside it."""
+    if not _ACTIVE:
+        return core(*inputs)
+    counter, correction = _ACTIVE[-1]
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+        before = counter.get_total_flops()
+        out = core(*inputs)
+        correction[0] += forward - (counter.get_total_flops() - before)
+        return out
+    return _Counted.apply(core, counter, correction, forward, backward, *inputs)
+
+
+class _Counted(torch.autograd.Function):
+    """The core's own autograd graph, built once in forward and differentiated in backward (no recomputation),
+    so both passes of the core can be measured and replaced."""
+
+    @staticmethod
+    def forward(ctx, core, counter, correction, forward, backward, *inputs):  # type: ignore[override]
+        before = counter.get_total_flops()
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
+            out = core(*leaves)
+        correction[0] += forward - (counter.get_total_flops() - before)
+        ctx.graph = (leaves, out, counter, correction, backward)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        leaves, out, counter, correction, backward = ctx.graph
+        before = counter.get_total_flops()
+        wanted = [t for t in leaves if t.requires_grad]
+        grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True))
+        correction[0] += backward - (counter.get_total_flops() - before)
+        del ctx.graph
+        return (None, None, None, None, None, *(next(grads) if t.requires_grad else None for t in leaves))
