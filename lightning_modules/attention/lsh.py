@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor
 
-from foundation.errors import require
+from foundation.errors import check_number, require
 from lightning_modules.attention.base import SelfAttention, register_attention
 from lightning_modules.config import kind_options
 
@@ -67,7 +67,7 @@ class LSHAttention(SelfAttention):
     @classmethod
     def check(cls, model: DictConfig) -> None:
         opts, n = kind_options(model.attention), model.max_len
-        require(opts.n_hashes >= 1, f"model.attention.options.n_hashes: must be >= 1, got {opts.n_hashes}")
+        check_number("model.attention.options.n_hashes", opts.n_hashes, 1, 64, integer=True)
         require(1 <= opts.bucket_size <= n, f"model.attention.options.bucket_size: {opts.bucket_size} must be in "
                                             f"[1, model.max_len={n}] (bucket_size = max_len is one bucket)")
 

@@ -7,8 +7,9 @@ s = ⌈n/m⌉ (m = ``n_landmarks``; ⌈n/s⌉ ≤ m landmarks exist)::
     head_i = F̃ Ã⁺ (B̃ V_i)                                                      (B, h, T, d_h)     O(T·m·d + m³)
 
 Ã⁺ is the iterative Moore–Penrose inverse the paper uses (Razavi et al. 2014), ``pinv_iterations`` steps of
-Z ← ¼ Z (13I − ÃZ (15I − ÃZ (7I − ÃZ))) from Z₀ = Ãᵀ / (‖Ã‖₁ ‖Ã‖_∞), per matrix. With m = n every landmark is
-one token, Ã = F̃ = B̃ = softmax(Q Kᵀ/√d_h) and F̃ Ã⁺ B̃ = Ã: full attention (as far as the iteration converges).
+Z ← ¼ Z (13I − ÃZ (15I − ÃZ (7I − ÃZ))) from Z₀ = Ãᵀ / (‖Ã‖₁ ‖Ã‖_∞), per matrix, in float32. With m = n every
+landmark is one token, Ã = F̃ = B̃ = softmax(Q Kᵀ/√d_h) and F̃ Ã⁺ B̃ = Ã: full attention (as far as the iteration
+converges).
 
 Padding: landmarks average real tokens only and sit on the n-grid, never on the batch's length; a landmark with
 no real token is left out (its column of F̃ is zero, its row and column of Ã the identity's, which the
@@ -28,7 +29,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from foundation.errors import require
+from foundation.errors import check_number, require
 from lightning_modules.attention.base import SelfAttention, register_attention
 from lightning_modules.config import kind_options
 
@@ -69,8 +70,7 @@ class NystromAttention(SelfAttention):
         opts, att, n = kind_options(model.attention), model.attention, model.max_len
         require(1 <= opts.n_landmarks <= n, f"model.attention.options.n_landmarks: {opts.n_landmarks} must be in "
                                             f"[1, model.max_len={n}] (n_landmarks = max_len is full attention)")
-        require(opts.pinv_iterations >= 1,
-                f"model.attention.options.pinv_iterations: must be >= 1, got {opts.pinv_iterations}")
+        check_number("model.attention.options.pinv_iterations", opts.pinv_iterations, 1, 1000, integer=True)
         require(att.dropout == 0, f"model.attention.dropout: {att.dropout} not allowed for kind 'nystrom' (F̃Ã⁺B̃ "
                                   "is not a matrix of probabilities to drop); set 0 (model.dropout still applies)")
 
@@ -103,4 +103,6 @@ class NystromAttention(SelfAttention):
         both = present[:, :, :, None] & present[:, :, None, :]             # (B, 1, L, L)
         a = torch.where(both, a, torch.eye(self.n_landmarks, device=x.device, dtype=q.dtype))   # absent: identity
         bt = softmax(q_l @ k.transpose(-1, -2), real[:, None, None, :])    # B̃: (B, h, L, T)
-        return (f @ iterative_pinv(a, self.pinv_iterations)) @ (bt @ v)   # (B, h, T, d_h)
+        with torch.autocast(x.device.type, enabled=False):               # the iteration needs float32
+            pinv = iterative_pinv(a.float(), self.pinv_iterations).to(a.dtype)   # Ã⁺: (B, h, L, L)
+        return (f @ pinv) @ (bt @ v)                                      # (B, h, T, d_h)

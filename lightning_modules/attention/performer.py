@@ -11,9 +11,9 @@ vector) and x scaled by d_h^(−1/4) so that x_q · x_k = q · k / √d_h::
 The constant c cancels in the ratio. Queries use their own max (a per-query constant). Keys use one constant
 that does not depend on the data, c = max(0, max_f ‖w_f‖²/2 − 60): since w·x − ‖x‖²/2 ≤ ‖w‖²/2 for every x, no
 key feature exceeds e^60 whatever the input, and a future or padded key can change no other position's
-numbers, not even by rounding (causality and padding stay exact). φ is computed in float32 whatever the
-input's dtype. Padded keys are zeroed before the sums. There are no attention probabilities, so no attention
-dropout (the config check refuses it).
+numbers, not even by rounding (causality and padding stay exact). φ and the sums are computed in float32
+whatever the input's dtype (autocast off inside). Padded keys are zeroed before the sums. There are no
+attention probabilities, so no attention dropout (the config check refuses it).
 
 Causal, chunked (C = ``CHUNK`` positions): within a chunk the C × C feature-space scores φ(Q_c) φ(K_c)ᵀ
 masked to j ≤ i, across chunks the exclusive prefix sums S_c = Σ_{c' < c} φ(K_c')ᵀ V_c' (m × d_h) and
@@ -38,7 +38,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from foundation.errors import require
+from foundation.errors import check_number, require
 from lightning_modules.attention.base import SelfAttention, register_attention
 from lightning_modules.config import kind_options
 
@@ -83,7 +83,7 @@ class PerformerAttention(SelfAttention):
     @classmethod
     def check(cls, model: DictConfig) -> None:
         opts, att = kind_options(model.attention), model.attention
-        require(opts.n_features >= 1, f"model.attention.options.n_features: must be >= 1, got {opts.n_features}")
+        check_number("model.attention.options.n_features", opts.n_features, 1, 1 << 16, integer=True)
         if opts.redraw == "every_n_steps":
             require(opts.redraw_every is not None and opts.redraw_every >= 1,
                     f"model.attention.options.redraw_every: redraw=every_n_steps needs an integer >= 1, "
@@ -128,10 +128,11 @@ class PerformerAttention(SelfAttention):
         if self.training:
             self.maybe_redraw()
         k, v = self.keys_values(x)                                        # (B, h, T, d_h) each
-        qf, kf = self.feature_map(q, True), self.feature_map(k, False)    # (B, h, T, m) each
-        if mask is not None:
-            kf = kf * mask[:, None, :, None]                              # padded keys join no sum
-        out = self.causal_favor(qf, kf, v.float()) if self.causal else self.favor(qf, kf, v.float())
+        with torch.autocast(x.device.type, enabled=False):               # float32 even under mixed precision
+            qf, kf = self.feature_map(q, True), self.feature_map(k, False)    # (B, h, T, m) each
+            if mask is not None:
+                kf = kf * mask[:, None, :, None]                          # padded keys join no sum
+            out = self.causal_favor(qf, kf, v.float()) if self.causal else self.favor(qf, kf, v.float())
         return out.to(q.dtype)                                            # (B, h, T, d_h)
 
     @staticmethod
@@ -173,9 +174,10 @@ class PerformerAttention(SelfAttention):
         """S += φ(k_t) v_tᵀ, z += φ(k_t); out = φ(q_t)ᵀ S / φ(q_t)ᵀ z: x (B, 1, d) → ((B, 1, d), state)."""
         q = self.heads(self.q_proj(x))                                    # (B, h, 1, d_h)
         k, v = self.keys_values(x)
-        qf, kf = self.feature_map(q, True), self.feature_map(k, False)    # (B, h, 1, m)
-        state["s"] += kf.transpose(-1, -2) @ v.float()                    # (B, h, m, d_h)
-        state["z"] += kf[:, :, 0]
-        out = (qf @ state["s"]) / (qf @ state["z"][..., None]).clamp(min=torch.finfo(qf.dtype).tiny)
+        with torch.autocast(x.device.type, enabled=False):
+            qf, kf = self.feature_map(q, True), self.feature_map(k, False)    # (B, h, 1, m)
+            state["s"] += kf.transpose(-1, -2) @ v.float()                # (B, h, m, d_h)
+            state["z"] += kf[:, :, 0]
+            out = (qf @ state["s"]) / (qf @ state["z"][..., None]).clamp(min=torch.finfo(qf.dtype).tiny)
         state["t"] += 1
         return self.merge_step(out.to(x.dtype)), state
