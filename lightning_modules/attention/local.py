@@ -48,7 +48,8 @@ class LocalAttention(PatternAttention):
 
     def __init__(self, model: DictConfig, layer: int = 0, shared: Any = None) -> None:
         super().__init__(model, layer, shared)
-        self.window, self.n_global = int(self.options.window), int(self.options.n_global)
+        opts = kind_options(model.attention)
+        self.window, self.n_global = int(opts.window), int(opts.n_global)
 
     @classmethod
     def check(cls, model: DictConfig) -> None:

@@ -60,8 +60,7 @@ class PatternAttention(SelfAttention):
 
     def __init__(self, model: DictConfig, layer: int = 0, shared: Any = None) -> None:
         super().__init__(model, layer, shared)
-        self.options = kind_options(model.attention)
-        self.max_len, self.engine = int(model.max_len), str(self.options.engine)
+        self.max_len, self.engine = int(model.max_len), str(kind_options(model.attention).engine)
 
     def visible(self, i: Tensor, j: Tensor) -> Tensor:
         """May query i see key j (bool, broadcast of i and j; causality included, padding not)."""

@@ -50,7 +50,7 @@ class SparseAttention(PatternAttention):
 
     def __init__(self, model: DictConfig, layer: int = 0, shared: Any = None) -> None:
         super().__init__(model, layer, shared)
-        opts = self.options
+        opts = kind_options(model.attention)
         self.pattern, self.block = str(opts.pattern), int(opts.block)
         self.stride = int(opts.stride) if opts.stride is not None else self.block
         self.summary = int(opts.summary) if opts.summary is not None else 1
