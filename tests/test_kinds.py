@@ -391,6 +391,27 @@ def test_local_flop_count_is_4_b_h_n_w_dh_and_full_attentions_at_w_ge_n(mode, pe
     assert _layer_flops({"kind": "local", "options": {"window": n}}, n, mode) == _layer_flops({"kind": "full"}, n, mode)
 
 
+def test_counting_flops_changes_no_output_and_no_gradient():
+    torch.manual_seed(0)
+    local = layer(attention("local"))
+    x = torch.randn(2, N, D, requires_grad=True)
+    plain = local(x)
+    (plain * plain).sum().backward()
+    expected = [x.grad.clone(), *(p.grad.clone() for p in local.parameters())]
+    x.grad = None
+    local.zero_grad(set_to_none=True)
+
+    def run():
+        out = local(x)
+        (out * out).sum().backward()
+        return out
+
+    _, counted_out = count_flops(run)
+    assert torch.equal(counted_out, plain)
+    for got, want in zip([x.grad, *(p.grad for p in local.parameters())], expected):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
 def test_every_kind_counts_less_attention_work_than_full_at_a_budget_of_k():
     n, k = 64, 8
     full = _layer_flops({"kind": "full"}, n, "fwd")

@@ -6,13 +6,14 @@ Angular LSH with r = ``n_hashes`` rounds, each a random rotation R_r ∈ R^{d_h 
     h_r(x) = argmax [x R_r ; −x R_r]        nb = ⌈n / m⌉ buckets (even, or 1: no hashing), m = ``bucket_size``
 
 Per round, the positions are sorted by (bucket, position) and cut into chunks of m; query i may see key j
-when both share a bucket and j's chunk is i's or the one before (P_i^r; causal: also j ≤ i). A query sees
-itself only when nothing else is visible (its score is −5·10⁴), as in the paper. Rounds combine into one
+when both share a bucket and j's chunk is i's or the one before (P_i^r; causal: also j ≤ i, and chunks are cut
+within each bucket, :meth:`LSHAttention.chunk_index`). A query sees itself only when nothing else is visible
+(its score is −5·10⁴), as in the paper. Rounds combine into one
 softmax over P_i = ∪_r P_i^r, each pair counted once (N_ij = rounds with j ∈ P_i^r)::
 
     s_ij      = q_i · k̂_j / √d_h − log N_ij                          per round, j ∈ P_i^r
     out_i^r   = Σ_j softmax_j(s_ij) v_j,   L_i^r = logsumexp_j s_ij   (B, h, T, d_h), (B, h, T)
-    out_i     = Σ_r softmax_r(L_i^r) out_i^r                          O(r·T·2m·d_h) time, O(r·T·m) memory
+    out_i     = Σ_r softmax_r(L_i^r) out_i^r                          O(r·T·2m·d_h) time (causal 3m), O(r·T·m) memory
 
 bucket_size ≥ n gives one bucket and one chunk: full shared-QK attention. R is a buffer drawn at construction
 (saved, restored, never redrawn): outputs are then a function of the input, which the padding and checkpoint
@@ -155,7 +156,8 @@ class LSHAttention(SelfAttention):
         key sets (a leak)."""
         if not self.causal:
             return rank // self.bucket_size
-        counts = F.one_hot(bucket, self.n_buckets + 1).sum(-2)            # tokens per bucket: (B, h, r, nb + 1)
+        counts = torch.zeros(*bucket.shape[:3], self.n_buckets + 1, dtype=torch.long, device=bucket.device)
+        counts.scatter_add_(-1, bucket, torch.ones_like(bucket))          # tokens per bucket: (B, h, r, nb + 1)
         first = counts.cumsum(-1) - counts                                # where each bucket starts in the sort
         return (rank - first.gather(-1, bucket)) // self.bucket_size
 
