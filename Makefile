@@ -12,7 +12,7 @@ HOST ?= 127.0.0.1
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)")
-	$(PY) -m pip install -q -e ".[test,lint,postgres]"
+	$(PY) -m pip install -q -e ".[test,lint,postgres,refs]"
 	touch $(STAMP)
 
 setup: $(STAMP)

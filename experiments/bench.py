@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sequence lengths (default 512,...,16384)")
     parser.add_argument("--k", type=_ints, default=[128, 256], help="projected lengths (default 128,256)")
     parser.add_argument("--variants", type=_names, default=list(cases.VARIANTS),
-                        help=f"Linformer variants, from {','.join(cases.VARIANTS)} (default all); "
+                        help=f"attention variants, from {','.join(cases.VARIANTS)} (default all); "
                              "the baselines naive and sdpa always run")
     parser.add_argument("--orders", type=_names, default=["auto"],
                         help="exact evaluation orders of E K: auto,compress_first,project_first (default auto = the cheaper)")

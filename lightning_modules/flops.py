@@ -18,6 +18,12 @@ Torch's own formulas for the CUDA kernels (flash, memory-efficient, cuDNN; forwa
 ``is_causal`` (torch says so in its source); these kernels skip the upper blocks too, so each of them is
 wrapped here to halve its count under ``is_causal`` alike (a later torch whose formula already depends on
 ``is_causal`` is left as it is).
+
+Attention restricted to a pattern (``local``, ``sparse``) runs FlexAttention, whose eager form cannot run under
+``FlopCounterMode`` at all, or a dense masked SDPA that computes every pair: either way the counter would see
+the dense T² work (or nothing). Such a kind wraps its core in :func:`counted` with the work its pattern
+needs: then, under :func:`count_flops` only, what the counter sees inside the core (forward and backward) is
+replaced by the declared counts. Outside :func:`count_flops` :func:`counted` just calls the core.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch import Tensor
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
@@ -49,12 +56,12 @@ for _op, _formula in ((_aten._scaled_dot_product_flash_attention_for_cpu, _cpu_f
         flop_counter.register_flop_formula(_op)(_formula)
 
 
-def _halved_when_causal(op: Any, counted: Callable[..., int]) -> Callable[..., int]:
-    """``counted`` (a registered formula: tensors in, flops out), halved when the call's ``is_causal`` is true."""
+def _halved_when_causal(op: Any, registered: Callable[..., int]) -> Callable[..., int]:
+    """``registered`` (a formula: tensors in, flops out), halved when the call's ``is_causal`` is true."""
     where = [a.name for a in op.default._schema.arguments].index("is_causal")
 
     def formula(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
-        flops = counted(*args, out_val=out_val, **kwargs)
+        flops = registered(*args, out_val=out_val, **kwargs)
         causal = kwargs["is_causal"] if "is_causal" in kwargs else len(args) > where and args[where]
         return flops // 2 if causal else flops
 
@@ -62,11 +69,11 @@ def _halved_when_causal(op: Any, counted: Callable[..., int]) -> Callable[..., i
     return formula
 
 
-def _ignores_causal(counted: Callable[..., int], tensors: int) -> bool:
+def _ignores_causal(registered: Callable[..., int], tensors: int) -> bool:
     """Whether a formula gives the same count with and without ``is_causal`` (probed on meta tensors)."""
     t = torch.empty(1, 1, 8, 8, device="meta")
     try:
-        return counted(*[t] * tensors, is_causal=True) == counted(*[t] * tensors, is_causal=False)
+        return registered(*[t] * tensors, is_causal=True) == registered(*[t] * tensors, is_causal=False)
     except Exception:  # noqa: BLE001  (a formula with another signature: leave it alone)
         return False
 
@@ -78,13 +85,67 @@ for _op, _tensors in ((_aten._scaled_dot_product_flash_attention, 3),
                       (_aten._scaled_dot_product_flash_attention_backward, 4),
                       (_aten._scaled_dot_product_efficient_attention_backward, 4),
                       (_aten._scaled_dot_product_cudnn_attention_backward, 4)):
-    _counted = flop_counter.flop_registry.get(_op)
-    if _counted is not None and not getattr(_counted, "halves_causal", False) and _ignores_causal(_counted, _tensors):
-        flop_counter.flop_registry[_op] = _halved_when_causal(_op, _counted)
+    _registered = flop_counter.flop_registry.get(_op)
+    if (_registered is not None and not getattr(_registered, "halves_causal", False)
+            and _ignores_causal(_registered, _tensors)):
+        flop_counter.flop_registry[_op] = _halved_when_causal(_op, _registered)
+
+
+# The counters of the active count_flops calls, each with its correction (declared − seen) in a one-item list.
+_ACTIVE: list[tuple[FlopCounterMode, list[int]]] = []
 
 
 def count_flops(fn: Callable[[], Any]) -> tuple[int, Any]:
     """Run ``fn()`` once and return (flops of its matrix products, its result)."""
+    correction = [0]
     with FlopCounterMode(display=False) as counter:
-        result = fn()
-    return counter.get_total_flops(), result
+        _ACTIVE.append((counter, correction))
+        try:
+            result = fn()
+        finally:
+            _ACTIVE.pop()
+    return counter.get_total_flops() + correction[0], result
+
+
+def counting() -> bool:
+    """True inside :func:`count_flops` (a kind then runs an engine the counter can observe)."""
+    return bool(_ACTIVE)
+
+
+def counted(core: Callable[..., Tensor], inputs: tuple[Tensor, ...], forward: int, backward: int) -> Tensor:
+    """``core(*inputs)``, counted as ``forward`` flops (and ``backward`` once its gradient is taken) under
+    :func:`count_flops`, whatever the counter sees inside it."""
+    if not _ACTIVE:
+        return core(*inputs)
+    counter, correction = _ACTIVE[-1]
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+        before = counter.get_total_flops()
+        out = core(*inputs)
+        correction[0] += forward - (counter.get_total_flops() - before)
+        return out
+    return _Counted.apply(core, counter, correction, forward, backward, *inputs)
+
+
+class _Counted(torch.autograd.Function):
+    """The core's own autograd graph, built once in forward and differentiated in backward (no recomputation),
+    so both passes of the core can be measured and replaced."""
+
+    @staticmethod
+    def forward(ctx, core, counter, correction, forward, backward, *inputs):  # type: ignore[override]
+        before = counter.get_total_flops()
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
+            out = core(*leaves)
+        correction[0] += forward - (counter.get_total_flops() - before)
+        ctx.graph = (leaves, out, counter, correction, backward)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        leaves, out, counter, correction, backward = ctx.graph
+        before = counter.get_total_flops()
+        wanted = [t for t in leaves if t.requires_grad]
+        grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True))
+        correction[0] += backward - (counter.get_total_flops() - before)
+        del ctx.graph
+        return (None, None, None, None, None, *(next(grads) if t.requires_grad else None for t in leaves))

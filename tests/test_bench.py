@@ -132,9 +132,29 @@ def test_the_bench_times_bf16_only_where_the_gpu_computes_it(monkeypatch, capabi
     assert bench._auto_dtype(torch.device("cuda", 0)) == dtype and bench._auto_dtype(CPU) == torch.float32
 
 
+@pytest.mark.slow  # ~25 s on 2 shared cores: every kind probed and timed at 2 levels × 2 modes
+def test_every_attention_kind_runs_in_the_bench_with_ratios_against_sdpa():
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    kinds = ["sparse", "local", "lsh", "performer", "nystrom"]
+    args = parser.parse_args([*TINY, "--variants", ",".join(kinds)])
+    run = bench.Bench(args, cases.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU), peak_flops=1e9,
+                      peak_shape=(64, 32, 32))
+    for level in ("layer", "model"):
+        for mode in ("fwd", "fwdbwd"):
+            run.group(level, mode, 32)
+    rows = {(r["level"], r["mode"], r["variant"]): r for r in run.rows}
+    for level in ("layer", "model"):
+        for mode in ("fwd", "fwdbwd"):
+            for kind in kinds:
+                row = rows[(level, mode, kind)]
+                assert row.get("note") is None, row["note"]
+                assert row["speedup_vs_sdpa"] > 0 and row["gflop"] > 0 and row["efficiency"] > 0
+
+
 def test_unknown_variant_is_a_one_line_error(capsys):
-    assert cli.main(["bench", "--variants", "learned,performer"]) == 2
-    assert "--variants: performer not allowed" in capsys.readouterr().err
+    assert cli.main(["bench", "--variants", "learned,bigbird"]) == 2
+    assert "--variants: bigbird not allowed" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------ what is compared

@@ -317,7 +317,7 @@ def test_every_shipped_study_validates_at_every_preset(path):
 
 @pytest.mark.parametrize("change, message", [
     ({"space": {"model.attention.kk": {"choices": [1]}}}, "space.model.attention.kk: not a config key"),
-    ({"overrides": {"model.attention.kind": "performer"}}, "model.attention.kind"),
+    ({"overrides": {"model.attention.kind": "bigbird"}}, "model.attention.kind"),
     ({"space": {"model.attention.k": {"choices": [8, 999]}}}, "model.attention.k=999"),
     ({"pruner": {"kind": "median"}, "objective": [{"metric": "val/loss"}, {"metric": "tokens_per_sec",
                                                                           "direction": "maximize"}]},

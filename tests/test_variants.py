@@ -373,7 +373,7 @@ def test_nonuniform_k_gives_each_layer_its_k(share):
      "model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
      "got share=none, compress=keys"),
     (["model.attention.kind=nope"],
-     "model.attention.kind: unknown kind 'nope' (allowed: full, linformer)"),
+     "model.attention.kind: unknown kind 'nope' (allowed: full, linformer, local, lsh, nystrom, performer, sparse)"),
     (["model.attention.projection=nope"],
      "model.attention.projection: unknown projection kind 'nope' (allowed: learned, random, conv, pool)"),
     (["model.attention.kind=full", "model.attention.options={window: 4}"],

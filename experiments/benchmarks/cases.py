@@ -29,20 +29,37 @@ BASELINES = ("naive", "sdpa")
 BASELINE_LABELS = {"naive": "naive softmax attention (the paper's baseline)",
                    "sdpa": "scaled_dot_product_attention"}
 
-# Variant name → attention config for projected length k (evaluation orders are added separately).
-VARIANTS: dict[str, Callable[[int], dict]] = {
-    "learned": lambda k: {"kind": "linformer", "k": k},                       # E_i, F_i per head (Eq. 7)
-    "headwise": lambda k: {"kind": "linformer", "k": k, "share": "headwise"},
-    "kv": lambda k: {"kind": "linformer", "k": k, "share": "kv"},
-    "layerwise": lambda k: {"kind": "linformer", "k": k, "share": "layerwise"},
-    "random": lambda k: {"kind": "linformer", "k": k, "projection": "random"},
-    "conv": lambda k: {"kind": "linformer", "k": k, "projection": "conv"},
-    "pool": lambda k: {"kind": "linformer", "k": k, "projection": "pool"},
-    "causal": lambda k: {"kind": "linformer", "k": k, "causal": True},
+# Variant name → attention config for projected length k at sequence length n (evaluation orders are added
+# separately). The other kinds are matched to Linformer's budget: each query attends to about k slots
+# (window = k positions, k landmarks, k random features, buckets of k keys with one hash round; sparse: the
+# fixed pattern with the paper's block l ≈ √n and c summaries per block, l + c·n/l ≈ k, c ≥ 1).
+VARIANTS: dict[str, Callable[[int, int], dict]] = {
+    "learned": lambda k, n: {"kind": "linformer", "k": k},                    # E_i, F_i per head (Eq. 7)
+    "headwise": lambda k, n: {"kind": "linformer", "k": k, "share": "headwise"},
+    "kv": lambda k, n: {"kind": "linformer", "k": k, "share": "kv"},
+    "layerwise": lambda k, n: {"kind": "linformer", "k": k, "share": "layerwise"},
+    "random": lambda k, n: {"kind": "linformer", "k": k, "projection": "random"},
+    "conv": lambda k, n: {"kind": "linformer", "k": k, "projection": "conv"},
+    "pool": lambda k, n: {"kind": "linformer", "k": k, "projection": "pool"},
+    "causal": lambda k, n: {"kind": "linformer", "k": k, "causal": True},
     # k from k in the first layer down to k/4 in the last (equals `learned` for one layer).
-    "nonuniform": lambda k: {"kind": "linformer", "k_schedule": {"kind": "linear", "first": k,
-                                                                 "last": max(1, k // 4)}},
+    "nonuniform": lambda k, n: {"kind": "linformer", "k_schedule": {"kind": "linear", "first": k,
+                                                                    "last": max(1, k // 4)}},
+    "sparse": lambda k, n: {"kind": "sparse", "options": sparse_options(k, n)},
+    "local": lambda k, n: {"kind": "local", "options": {"window": min(k, n)}},
+    "lsh": lambda k, n: {"kind": "lsh", "options": {"bucket_size": min(k, n), "n_hashes": 1}},
+    "performer": lambda k, n: {"kind": "performer", "options": {"n_features": k}},
+    "nystrom": lambda k, n: {"kind": "nystrom", "options": {"n_landmarks": min(k, n)}},
 }
+
+
+def sparse_options(k: int, n: int) -> dict:
+    """The fixed pattern at VARIANTS' budget: block l = √n (Child et al.'s choice) and c = k/l − 1 summaries per
+    block (at least 1), so a query sees its l block positions and c·n/l summaries, ≈ (1 + c)·√n ≈ k keys."""
+    block = max(1, min(n, round(math.sqrt(n))))
+    return {"pattern": "fixed", "block": block, "summary": max(1, min(block, round(k / block - 1)))}
+
+
 ORDERS = ("auto", "compress_first", "project_first")
 
 
@@ -106,22 +123,22 @@ class NaiveAttention(nn.Module):
         return a.out_proj(out.transpose(1, 2).reshape(b, t, d))
 
 
-def attention_config(variant: str, k: Optional[int], order: str, causal: bool = False) -> dict:
-    """The ``model.attention`` dict of a case (baselines: full attention with the given causality)."""
+def attention_config(variant: str, k: Optional[int], order: str, n: int, causal: bool = False) -> dict:
+    """The ``model.attention`` dict of a case at length n (baselines: full attention with the given causality)."""
     if variant in BASELINES:
         return {"kind": "full", "causal": causal, "dropout": 0.0}
-    return {**VARIANTS[variant](k), "order": order, "dropout": 0.0}
+    return {**VARIANTS[variant](k, n), "order": order, "dropout": 0.0}
 
 
 def model_config(level: str, variant: str, k: Optional[int], order: str, n: int, shape: Shape,
                  causal: bool = False) -> dict:
     return {"max_len": n, "d_model": shape.d_model, "n_heads": shape.n_heads,
             "n_layers": 1 if level == "layer" else shape.n_layers, "d_ff": shape.d_ff, "dropout": 0.0,
-            "attention": attention_config(variant, k, order, causal)}
+            "attention": attention_config(variant, k, order, n, causal)}
 
 
 def is_causal(variant: str) -> bool:
-    return bool(VARIANTS[variant](1).get("causal", False))
+    return bool(VARIANTS[variant](1, 1).get("causal", False))
 
 
 def build(level: str, mode: str, variant: str, k: Optional[int], order: str, n: int, shape: Shape,

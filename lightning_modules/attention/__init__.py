@@ -2,7 +2,11 @@
 
 * ``full`` (:mod:`.full`): softmax(Q Kᵀ/√d_h) V;
 * ``linformer`` (:mod:`.linformer`, with its key-/value-only and causal forms in :mod:`.linformer_one_sided` and
-  :mod:`.linformer_causal`): softmax(Q (E K)ᵀ/√d_h) (F V).
+  :mod:`.linformer_causal`): softmax(Q (E K)ᵀ/√d_h) (F V);
+* ``sparse``, ``local`` (:mod:`.sparse`, :mod:`.local`, on :mod:`.patterned`): softmax over a fixed pattern of pairs;
+* ``lsh`` (:mod:`.lsh`): Reformer's shared-QK attention within hash buckets;
+* ``performer`` (:mod:`.performer`): FAVOR+, φ(Q) (φ(K)ᵀ V) with positive random features;
+* ``nystrom`` (:mod:`.nystrom`): Nyströmformer, softmax(Q K̃ᵀ) Ã⁺ softmax(Q̃ Kᵀ) V with segment-mean landmarks.
 
 A new kind is one module: subclass :class:`SelfAttention`, decorate it with :func:`register_attention`, write
 its ``attend`` as its equation, and import the module here (``docs/extending.md``).
@@ -12,7 +16,8 @@ from typing import Any, Optional
 
 from torch import nn
 
-from lightning_modules.attention import full, linformer  # noqa: E402,F401  (the built-in kinds register)
+# The built-in kinds register themselves on import.
+from lightning_modules.attention import full, linformer, local, lsh, nystrom, performer, sparse  # noqa: F401
 from lightning_modules.attention.base import ATTENTION_KINDS, SelfAttention, register_attention
 
 
