@@ -129,23 +129,23 @@ def plot(arms: Sequence[ArmSpeed], metric: str, maximize: bool, path: Path) -> b
     import matplotlib.pyplot as plt
 
     front = set(pareto_front([(a.mean_speed, a.mean_quality) for a in arms], maximize))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, a in enumerate(arms):
-        sd_q = statistics.stdev(a.quality) if len(a.quality) > 1 else 0.0
-        sd_s = statistics.stdev(a.tokens_per_sec) if len(a.tokens_per_sec) > 1 else 0.0
-        ax.errorbar(a.mean_speed, a.mean_quality, xerr=sd_s, yerr=sd_q, fmt="o" if i in front else "s",
-                    color="C0" if i in front else "C7", capsize=3)
-        ax.annotate(a.arm or "(all)", (a.mean_speed, a.mean_quality), textcoords="offset points", xytext=(5, 5),
-                    fontsize="small")
-    on_front = sorted((arms[i] for i in front), key=lambda a: a.mean_speed)
-    ax.plot([a.mean_speed for a in on_front], [a.mean_quality for a in on_front], color="C0", linewidth=1,
-            label="Pareto front")
-    ax.set_xscale("log")
-    ax.set_xlabel("training tokens/s (log)")
-    ax.set_ylabel(f"{metric} ({'higher' if maximize else 'lower'} is better)")
-    ax.set_title("quality at equal steps against training speed, per arm")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with plt.style.context("default"):  # other report plots may have switched the style
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, a in enumerate(arms):
+            sd_q = statistics.stdev(a.quality) if len(a.quality) > 1 else 0.0
+            ax.errorbar(a.mean_speed, a.mean_quality, yerr=sd_q, fmt="o" if i in front else "s", capsize=3,
+                        color="tab:blue" if i in front else "tab:gray")
+            ax.annotate(a.arm or "(all)", (a.mean_speed, a.mean_quality), textcoords="offset points",
+                        xytext=(5, 5), fontsize="small")
+        on_front = sorted((arms[i] for i in front), key=lambda a: a.mean_speed)
+        ax.plot([a.mean_speed for a in on_front], [a.mean_quality for a in on_front], color="tab:blue",
+                linewidth=1, label="Pareto front")
+        ax.set_xscale("log")
+        ax.set_xlabel("training tokens/s (mean over seeds, log)")
+        ax.set_ylabel(f"{metric} ({'higher' if maximize else 'lower'} is better; bars: sd over seeds)")
+        ax.set_title("quality at equal steps against training speed, per arm")
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
