@@ -274,6 +274,7 @@ def _trials_left(study: Study, ostudies: dict[str, optuna.Study]) -> Optional[in
 
 
 def run(study: Study, url: Optional[str], workers: int) -> int:
+    """Prepare the study and its control, start the workers, report each finished trial, summarise."""
     visible = study_gpus(study, workers)
     ostudies = {s.name: prepare(s, url, workers) for s in study.studies}
     for s in study.studies:
@@ -282,8 +283,28 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     if all(_met(s, ostudies[s.name].trials) for s in study.studies):
         print("budget already met: nothing to run")
         return 0
+    deadline = time.time() + study.spec.budget.timeout_s if study.spec.budget.timeout_s else None
+    procs = start_workers(study, url, workers, visible, _trials_left(study, ostudies), deadline)
+    started = time.time()
+    try:
+        follow(study, ostudies, procs)
+    except KeyboardInterrupt:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+        print("interrupted: run the same command again to resume", file=sys.stderr)
+        return 130
+    met = summarise(study, ostudies, started, deadline)
+    print(footer(study, url))
+    return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)
+
+
+def start_workers(study: Study, url: Optional[str], workers: int, visible: int, left: Optional[int],
+                  deadline: Optional[float]) -> list[mp.Process]:
+    """Start no more workers than the trials left and the cores here (saying so), each with cores/W torch threads
+    and its own GPUs, its output in ``<study dir>/logs/worker_<i>.log``."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    left = _trials_left(study, ostudies)
     if usable_workers(workers, left, cores) < workers:
         print(f"--workers {workers}: starting {usable_workers(workers, left, cores)} "
               f"({left if left is not None else 'open'} trial(s) left, {cores} core(s) here)", flush=True)
@@ -292,7 +313,6 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     gpus, gpu_note = worker_gpus(visible, workers)
     if gpu_note:
         print(gpu_note, flush=True)
-    deadline = time.time() + study.spec.budget.timeout_s if study.spec.budget.timeout_s else None
     logs = study.root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
@@ -306,29 +326,29 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
         procs[-1].start()
     on_gpus = f" × GPUs {' | '.join(gpus)}" if gpus[0] is not None else ""
     print(f"{workers} worker(s) × {threads} thread(s){on_gpus}; logs in {logs}/", flush=True)
+    return procs
+
+
+def follow(study: Study, ostudies: dict[str, optuna.Study], procs: list[mp.Process]) -> None:
+    """Until every worker has exited: one line per newly finished trial, one per worker that exits with an error."""
     seen = {(s.name, t.number) for s in study.studies for t in ostudies[s.name].trials if t.state.is_finished()}
-    started = time.time()
-    try:
-        alive = list(procs)
-        while alive:
-            done = wait([p.sentinel for p in alive], timeout=2.0)
-            for p in [p for p in alive if p.sentinel in done]:
-                p.join()
-                alive.remove(p)
-                if p.exitcode != 0:
-                    print(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}: see {logs}/", flush=True)
-            for s in study.studies:
-                for t in ostudies[s.name].get_trials(deepcopy=False):
-                    if t.state.is_finished() and (s.name, t.number) not in seen and storage.DISCARDED not in t.user_attrs:
-                        seen.add((s.name, t.number))
-                        print(("control " if s.parent is not None else "") + _describe(t, s), flush=True)
-    except KeyboardInterrupt:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-        print("interrupted: run the same command again to resume", file=sys.stderr)
-        return 130
+    alive = list(procs)
+    while alive:
+        done = wait([p.sentinel for p in alive], timeout=2.0)
+        for p in [p for p in alive if p.sentinel in done]:
+            p.join()
+            alive.remove(p)
+            if p.exitcode != 0:
+                print(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}: see {study.root / 'logs'}/", flush=True)
+        for s in study.studies:
+            for t in ostudies[s.name].get_trials(deepcopy=False):
+                if t.state.is_finished() and (s.name, t.number) not in seen and storage.DISCARDED not in t.user_attrs:
+                    seen.add((s.name, t.number))
+                    print(("control " if s.parent is not None else "") + _describe(t, s), flush=True)
+
+
+def summarise(study: Study, ostudies: dict[str, optuna.Study], started: float, deadline: Optional[float]) -> bool:
+    """One line per study (and control) with its counts; whether every budget was met (or the deadline passed)."""
     met = True
     for s in study.studies:
         trials = ostudies[s.name].get_trials(deepcopy=False)
@@ -340,9 +360,8 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
         if not (_met(s, trials) or (deadline is not None and time.time() > deadline)):
             met = False
             print(f"budget not met: {s.n_trials - storage.budget_state(trials).finished} trial(s) of {s.name} missing; "
-                  f"see {logs}/, then run the same command again")
-    print(footer(study, url))
-    return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)
+                  f"see {study.root / 'logs'}/, then run the same command again")
+    return met
 
 
 # --------------------------------------------------------------------------------------- seeds

@@ -229,7 +229,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "analyze/out of range": (lambda w: ["analyze", str(w.trained), "--energy", "1.5"], "--energy"),
     "analyze/zeroed checkpoint": (lambda w: ["analyze", str(w.files / "zeroed.ckpt")], "damaged"),
     # ----------------------------------------------------------------------------------------- bench
-    "bench/unknown variant": (lambda w: ["bench", "--variants", "performer"], "--variants"),
+    "bench/unknown variant": (lambda w: ["bench", "--variants", "bigbird"], "--variants"),
     "bench/wrong type": (lambda w: ["bench", "--n", "many"], "--n"),
     "bench/out of range": (lambda w: ["bench", "--batch", "0"], "--batch: must be >= 1"),
     "bench/contradictory": (lambda w: ["bench", "--d-model", "30", "--heads", "4"], "not divisible"),
