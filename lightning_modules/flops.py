@@ -13,13 +13,19 @@ picks on CPU, so they are registered here (importing this module is enough):
 * backward 10·B·h·T_q·T_k·d_h (recomputed Q Kᵀ, dP = dO Vᵀ, dV = Pᵀ dO, dQ = dS K, dK = dSᵀ Q),
 
 each halved under ``is_causal`` because that kernel skips the blocks above the diagonal.
+
+:func:`training_step_flops` counts one training step of a module: the forward pass of its training loss and
+the backward pass to every trainable parameter. For a Transformer of N non-embedding parameters on B·T
+tokens this is ≈ 6·N·B·T (2 per weight and token forward, 4 backward) plus the attention products.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
+from torch import nn
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
@@ -49,3 +55,27 @@ def count_flops(fn: Callable[[], Any]) -> tuple[int, Any]:
     with FlopCounterMode(display=False) as counter:
         result = fn()
     return counter.get_total_flops(), result
+
+
+def training_step_flops(module: nn.Module, loss_fn: Callable[[], torch.Tensor],
+                        context: Optional[Callable[[], ContextManager]] = None) -> int:
+    """Matrix FLOPs of one training step: ``loss_fn()`` (the forward pass of the loss) and its gradients with
+    respect to ``module``'s trainable parameters (the backward pass), under ``context()`` when given (e.g. the
+    trainer's autocast).
+
+    Leaves no trace: the gradients are returned by ``torch.autograd.grad`` and dropped (no ``.grad`` is
+    touched, so no DDP hook fires and no accumulation is disturbed), and the RNG states are restored, so
+    dropout and MLM masks draw afterwards exactly what they would have drawn without this count.
+    """
+    params = [p for p in module.parameters() if p.requires_grad]
+    device = params[0].device if params else torch.device("cpu")
+    scope = context or contextlib.nullcontext
+
+    def step() -> None:
+        with scope():
+            loss = loss_fn()
+        torch.autograd.grad(loss, params, allow_unused=True)
+
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        flops, _ = count_flops(step)
+    return flops
