@@ -185,6 +185,12 @@ def preflight(cfg: DictConfig, vocab_size: Optional[int] = None) -> int:
     finally:
         for logger, level in zip(quiet, levels):
             logger.setLevel(level)
+    return model_parameters(cfg, vocab_size)
+
+
+def model_parameters(cfg: DictConfig, vocab_size: Optional[int] = None) -> int:
+    """The encoder's trainable parameter count, built on the meta device (no memory, no data); the vocabulary
+    defaults to the tokenizer's configured size (at least the byte tokenizer's 260)."""
     vocab = vocab_size or max(cfg.data.tokenizer.vocab_size, 260)
     with torch.device("meta"):
         encoder = TransformerEncoder(cfg.model, vocab)
