@@ -27,23 +27,10 @@ import yaml
 from foundation.configfile import flatten
 from foundation.errors import ConfigError, check_number
 from foundation.paths import check_path
+from training.curves import reach
 
 # Keys that differ between runs of the same variant.
 PER_RUN_KEYS = ("seed", "experiment", "run_dir", "output_dir", "resume", "data.cache_dir")
-
-
-def reach(curve: Sequence[Sequence[float]], target: float) -> Optional[tuple[float, float]]:
-    """(seconds, tokens) at which the curve first gets to val ppl ≤ target; None if it never does."""
-    previous = None
-    for seconds, tokens, ppl in curve:
-        if ppl <= target:
-            if previous is None or previous[2] == ppl:
-                return float(seconds), float(tokens)
-            s0, t0, p0 = previous
-            f = (p0 - target) / (p0 - ppl)
-            return s0 + f * (seconds - s0), t0 + f * (tokens - t0)
-        previous = (float(seconds), float(tokens), float(ppl))
-    return None
 
 
 def find_runs(paths: Sequence[Path]) -> list[Path]:

@@ -338,6 +338,12 @@ class Study:
         """Whether param ``name`` is a free label whose choices name bundles of overrides."""
         return isinstance(self.spec.space[name].choices, DictConfig)
 
+    def arm_label(self, params: dict, without: Sequence[str] = ()) -> str:
+        """How reports name the arm of a trial's ``params``: its arm params in order, a bundle's choice by its
+        name, a value as ``key=value`` (the key's last part); params in ``without`` left out."""
+        return " ".join(str(v) if self.is_bundle(p) else f"{p.rsplit('.', 1)[-1]}={v}"
+                        for p, v in params.items() if p in self.arms and p not in without)
+
     # ---------------------------------------------------------------- params -> config
     def param_overrides(self, params: dict) -> dict:
         """Dotted config key -> value that a trial's params set (bundles expanded), in space order."""
