@@ -1,5 +1,5 @@
-"""Callbacks that measure a run: throughput, step time, peak memory, wall-clock quality curves, and the
-attention spectrum during training."""
+"""Callbacks that measure a run: throughput, step time, peak memory, wall-clock quality curves, training
+FLOPs, and the attention spectrum during training."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import lightning as L
 import torch
 
 from lightning_modules import analysis
+from lightning_modules.flops import training_step_flops
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -119,6 +120,46 @@ class RunMetrics(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, L.pytorch.loggers.TensorBoardLogger) and trainer.is_global_zero:
                 logger.experiment.add_scalar("val/ppl_vs_wallclock", float(ppl), int(round(self.train_seconds)))
+
+
+class TrainingFlops(L.Callback):
+    """The matrix FLOPs a run spends in training (forward and backward; the optimiser's element-wise update is
+    not counted): one step's count, taken once on the first batch trained (:func:`training_step_flops` on the
+    module's ``training_loss``, under the trainer's precision context, leaving the run's RNG and gradients
+    untouched), times the batches trained by every rank:
+
+        train_flops = flops_per_batch · batches · world_size
+
+    The first batch stands for every batch: exact for fixed-shape batches, and for masked LM up to the number
+    of masked positions, whose share of the FLOPs is the LM head's. A module without ``training_loss`` is not
+    counted (``train_flops`` None). The state is checkpointed, so a resumed run keeps counting."""
+
+    def __init__(self) -> None:
+        self.flops_per_batch: int | None = None
+        self.batches = 0  # trained by this rank
+        self.world_size = 1
+
+    @property
+    def train_flops(self) -> int | None:
+        return None if self.flops_per_batch is None else self.flops_per_batch * self.batches * self.world_size
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"flops_per_batch": self.flops_per_batch, "batches": self.batches, "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.flops_per_batch, self.batches, self.world_size = (state["flops_per_batch"], state["batches"],
+                                                               state["world_size"])
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self.world_size = trainer.world_size
+        if self.flops_per_batch is None and hasattr(pl_module, "training_loss"):
+            self.flops_per_batch = training_step_flops(pl_module, lambda: pl_module.training_loss(batch),
+                                                       trainer.precision_plugin.train_step_context)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.batches += 1
 
 
 class SpectrumMonitor(L.Callback):

@@ -100,6 +100,10 @@ class SequenceClassifierModule(L.LightningModule):
         logits = self(batch["input_ids"], batch["attention_mask"]).float()
         return F.cross_entropy(logits, batch["labels"]), logits
 
+    def training_loss(self, batch: dict) -> Tensor:
+        """The loss a training step minimises (what ``callbacks.TrainingFlops`` counts)."""
+        return self._step(batch)[0]
+
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss, logits = self._step(batch)
         self.log("train/loss", loss, prog_bar=True)

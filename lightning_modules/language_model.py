@@ -65,8 +65,12 @@ class TokenPredictionModule(L.LightningModule):
         correct = (logits.argmax(-1) == labels[target]).float().mean()
         return loss, correct
 
+    def training_loss(self, batch: dict) -> Tensor:
+        """The loss a training step minimises (what ``callbacks.TrainingFlops`` counts)."""
+        return self._loss(batch)[0]
+
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        loss, _ = self._loss(batch)
+        loss = self.training_loss(batch)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", torch.exp(loss.detach().clamp(max=50)))
         # A CPU tensor: a Python number would be copied to the device, and waited for, at every step.

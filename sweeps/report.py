@@ -17,6 +17,10 @@ Writes ``<output_dir>/<study>_<preset>/report/``:
 * PNG plots (``optuna.visualization.matplotlib``): optimisation history, parameter importances (when
   at least 2 params vary), parallel coordinates, the Pareto front (2 objectives), and the validation
   loss against step of every trial, coloured by arm, read from the trials' TensorBoard events.
+* a ladder study (``ladder:`` in the study file, docs/scale.md): arms are compared only within a rung; the
+  answer and a scale section give each arm's gap to the reference per rung with its verdict and its trend
+  over size, time to target, and the reference's attention rank across sizes, with ``gap_vs_size.png``,
+  ``rank_vs_size.png`` and ``time_to_target_vs_size.png`` (:mod:`sweeps.scale`).
 
 Everything but the learning curves comes from the storage, so a report of a study run on several
 machines needs only the storage URL.
@@ -37,7 +41,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from foundation.errors import ConfigError
-from sweeps import efficiency, stats, storage
+from sweeps import efficiency, scale, stats, storage
 from sweeps.study import ADDED_SEEDS, CONTROL_PARAM, Study, load_study
 from sweeps.sweep import check_objective
 
@@ -79,9 +83,7 @@ def rows_of(study: Study, trials: list[FrozenTrial]) -> list[Row]:
             role = t.params[CONTROL_PARAM]
             rows.append(Row(t, control_label(study, role), replicate, role))
             continue
-        arm = " ".join(str(v) if study.is_bundle(p) else f"{_short(p)}={v}"
-                       for p, v in t.params.items() if p in study.arms)
-        rows.append(Row(t, arm, replicate))
+        rows.append(Row(t, study.arm_label(t.params), replicate))
     return rows
 
 
@@ -205,6 +207,16 @@ class Findings:
         return len(self.compared) + len(self.rates), len(self.compared)
 
 
+def compared_pairs(study: Study, rows: list[Row], arms: list[str]) -> list[tuple[str, str]]:
+    """The pairs of arms a report compares: every pair; on a ladder, only the study's own arms at the same rung,
+    and the control's two arms (a 37k-parameter model against a 344k one answers no question of the study)."""
+    pairs = list(itertools.combinations(arms, 2))
+    if study.ladder is None:
+        return pairs
+    rung = {r.arm: (bool(r.role), r.trial.params.get(study.ladder.rung)) for r in rows}
+    return [(a, b) for a, b in pairs if rung[a] == rung[b]]
+
+
 def findings(study: Study, rows: list[Row]) -> Findings:
     """Every pair of arms on every objective metric, judged together (Holm over the report's tests)."""
     arms = list(dict.fromkeys(r.arm for r in rows))
@@ -215,7 +227,7 @@ def findings(study: Study, rows: list[Row]) -> Findings:
     for metric, direction in zip(study.metrics, study.directions):
         delta, _ = study.delta(metric)
         threshold = study.success(metric)
-        for a, b in itertools.combinations(arms, 2):
+        for a, b in compared_pairs(study, rows, arms):
             va, vb = values[(a, metric)], values[(b, metric)]
             pairs.append((stats.Pair(a, b, metric, direction, delta, stats.compare(va, vb)), len(va), len(vb),
                           a in own and b in own))
@@ -305,6 +317,8 @@ def answer(study: Study, ostudy: optuna.Study, found: Findings, rows: list[Row])
         best = ostudy.best_trial
         return [f"Open study ({study.spec.sampler.kind}): the best of {len(complete)} trials, {best.number}, reached "
                 f"{study.metrics[0]} = {stats.fmt(best.value)} (parameters below); it has no arms to compare."]
+    if study.ladder is not None and own:
+        return scale.answer(scale.build(study, rows, found))
     if len(own) < 2:
         what = f"one arm ({own[0]})" if own else "no arm"
         return [f"Nothing to compare: the study has {what} of its own; the control's arms are compared below."]
@@ -431,7 +445,7 @@ def best_section(study: Study, ostudy: optuna.Study) -> list[str]:
 
 
 def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows: list[Row], url: Optional[str],
-               plots: list[str], skipped: list[str]) -> str:
+               plots: list[str], skipped: list[str], scale_lines: list[str] = ()) -> str:
     counts = {s: sum(r.trial.state == s for r in rows)
               for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
     advice = "add seeds or training steps" if study.preset == "gpu" else "run the GPU preset"
@@ -454,7 +468,7 @@ def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows
                 f"{', '.join(map(str, retried))}"] if retried else []),
              *([f"- seeds added by `sweep --add-seeds`: {', '.join(map(str, study.added_seeds))}"]
                if study.added_seeds else []),
-             f"- sampler: {study.spec.sampler.kind}, pruner: {study.spec.pruner.kind}", "", *power]
+             f"- sampler: {study.spec.sampler.kind}, pruner: {study.spec.pruner.kind}", "", *power, *scale_lines]
     if arm_rows:
         lines += arm_section(study, arm_rows, found, advice, has_power)
     lines += efficiency.section(speeds_of(study, rows), study.metrics[0], study.directions[0] == "maximize")
@@ -597,7 +611,11 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
     plots, skipped = write_plots(study, ostudy, rows + control_rows, out)
     if efficiency.plot(speeds_of(study, rows), study.metrics[0], study.directions[0] == "maximize", out / "pareto.png"):
         plots.append("pareto.png")
-    (out / "summary.md").write_text(summary_md(study, ostudy, rows, control_rows, url, plots, skipped))
+    scale_lines: list[str] = []
+    if study.ladder is not None:  # the gap across sizes, its trend, the spectrum across sizes (sweeps/scale.py)
+        scale_lines, drawn, not_drawn = scale.write(study, rows, findings(study, rows + control_rows), out)
+        plots, skipped = plots + drawn, skipped + not_drawn
+    (out / "summary.md").write_text(summary_md(study, ostudy, rows, control_rows, url, plots, skipped, scale_lines))
     return out
 
 

@@ -21,6 +21,13 @@ Each pair of arms gets one of three verdicts (docs/verdicts.md):
   TOST's power at true difference d, bounded below by P(T₁ > t_{1−α, ν}) + P(T₂ < −t_{1−α, ν}) − 1 with
   T₁ ~ t_ν((d + δ)/se(n)), T₂ ~ t_ν((d − δ)/se(n)) (so its seed count errs on the safe side).
 
+A trend over a ladder of model sizes (docs/scale.md) is the least-squares line y = a + b·x through points
+(x_i, y_i), with x̄, ȳ the means, S_xx = Σ(x_i − x̄)², S_xy = Σ(x_i − x̄)(y_i − ȳ):
+
+    b = S_xy / S_xx,  a = ȳ − b·x̄,  s² = Σ(y_i − a − b·x_i)² / (n − 2),  se(b) = √(s² / S_xx),
+
+and the slope's 95 % CI b ± t_{0.975, n−2} · se(b) (n ≥ 3 points at ≥ 2 distinct x).
+
 Runs whose outcome splits into "solved" and "stuck" (recall near 1 or on a plateau) are counted against
 a threshold: the success rate k/n with its exact (Clopper–Pearson) 95 % interval, and two arms' rates
 compared with Boschloo's exact test (uniformly more powerful than Fisher's), a member of the "better"
@@ -351,6 +358,49 @@ def compare_rates(a: Rate, b: Rate) -> float:
     table = [[a.k, b.k], [a.n - a.k, b.n - b.k]]  # one column per arm
     p = sp.boschloo_exact(table, alternative="two-sided").pvalue
     return float(p) if math.isfinite(p) else 1.0
+
+
+# --------------------------------------------------------------------------------------- trends
+@dataclass(frozen=True)
+class Trend:
+    """The least-squares line y = intercept + slope·x through n points (see the module docstring)."""
+
+    intercept: float
+    slope: float
+    slope_se: float  # nan with fewer than 3 points or a single x
+    n: int
+
+    @property
+    def df(self) -> int:
+        return self.n - 2
+
+    def slope_ci(self, level: float = LEVEL) -> tuple[float, float]:
+        """Two-sided ``level`` confidence interval of the slope (nan, nan when it has no spread to judge by)."""
+        if not math.isfinite(self.slope_se):
+            return math.nan, math.nan
+        hw = float(sp.t.ppf((1 + level) / 2, self.df)) * self.slope_se
+        return self.slope - hw, self.slope + hw
+
+    def at(self, x: float) -> float:
+        return self.intercept + self.slope * x
+
+
+def trend(x: Sequence[float], y: Sequence[float]) -> Trend:
+    """Least-squares fit of y = a + b·x with the slope's standard error (nan when n < 3 or all x are equal;
+    slope nan too when all x are equal)."""
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    n = len(xs)
+    if n != len(ys) or n == 0:
+        raise ValueError(f"trend: x and y must be non-empty and of one length, got {len(xs)} and {len(ys)}")
+    sxx = float(((xs - xs.mean()) ** 2).sum())
+    if sxx == 0:
+        return Trend(float(ys.mean()), math.nan, math.nan, n)
+    slope = float(((xs - xs.mean()) * (ys - ys.mean())).sum()) / sxx
+    intercept = float(ys.mean()) - slope * float(xs.mean())
+    if n < 3:
+        return Trend(intercept, slope, math.nan, n)
+    residual = float(((ys - intercept - slope * xs) ** 2).sum()) / (n - 2)
+    return Trend(intercept, slope, math.sqrt(residual / sxx), n)
 
 
 # --------------------------------------------------------------------------------------- power check

@@ -29,6 +29,12 @@ metric: ``delta``, the margin δ within which two arms are "on par" (default by 
 :data:`DEFAULT_DELTA`; a metric with no default must be given one), and ``success``, a threshold past
 which a run counts as having solved the task (the report then gives success rates per arm).
 
+``ladder`` makes the study a model-size ladder (docs/scale.md): ``rung`` names the space param whose choices
+are the model sizes, smallest first, and ``reference`` the values of the other arm params that make the arm
+every other arm is measured against at each rung (``{arm: full}``). Arms are then compared only within a
+rung, and the report adds the gap to the reference per rung against parameters and training FLOPs, its
+trend over size, and the reference's attention spectrum across sizes (:mod:`sweeps.scale`).
+
 ``linformer-lab sweep --add-seeds N`` adds replicate seeds to a grid study and its control; they are
 stored on the study (user attr ``added_seeds``) and passed back here as ``added_seeds``, which extends
 the ``seed`` choices (and the control's seeds) so that every later ``sweep`` and ``report`` sees them.
@@ -126,6 +132,15 @@ class VerdictSpec:
 
 
 @dataclass
+class LadderSpec:
+    # The space param whose choices are the model sizes (rungs), smallest first: usually a free label,
+    # rung name -> {model.n_layers: ..., model.d_model: ..., model.n_heads: ..., trainer.max_steps: ...}.
+    rung: str = ""
+    # The arm every gap is taken against, by the values of the other arm params: {arm: full}.
+    reference: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class StudySpec:
     study: str = ""
     base: str = ""
@@ -139,6 +154,7 @@ class StudySpec:
     arms: Optional[List[str]] = None
     control: Optional[ControlSpec] = None
     verdict: VerdictSpec = field(default_factory=VerdictSpec)
+    ladder: Optional[LadderSpec] = None  # a model-size ladder (see the module docstring)
     presets: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -296,6 +312,16 @@ class Study:
         """The replicate seeds of a grid (its ``seed`` choices, added seeds included); [] when it has none."""
         return list(self.spec.space[SEED_PARAM].choices) if self.int_seeds else []
 
+    @property
+    def ladder(self) -> Optional[DictConfig]:
+        """The study's ``ladder`` (None for a study without one, and for a control study)."""
+        return self.spec.ladder if self.parent is None else None
+
+    @property
+    def rungs(self) -> list[str]:
+        """A ladder's rungs, smallest first (the choices of its rung param); [] without a ladder."""
+        return [str(r) for r in self.spec.space[self.ladder.rung].choices] if self.ladder is not None else []
+
     def delta(self, metric: str) -> tuple[float, str]:
         """The equivalence margin δ of ``metric`` and where it comes from ("study file" or "default")."""
         verdict = (self.parent or self).spec.verdict
@@ -311,6 +337,12 @@ class Study:
     def is_bundle(self, name: str) -> bool:
         """Whether param ``name`` is a free label whose choices name bundles of overrides."""
         return isinstance(self.spec.space[name].choices, DictConfig)
+
+    def arm_label(self, params: dict, without: Sequence[str] = ()) -> str:
+        """How reports name the arm of a trial's ``params``: its arm params in order, a bundle's choice by its
+        name, a value as ``key=value`` (the key's last part); params in ``without`` left out."""
+        return " ".join(str(v) if self.is_bundle(p) else f"{p.rsplit('.', 1)[-1]}={v}"
+                        for p, v in params.items() if p in self.arms and p not in without)
 
     # ---------------------------------------------------------------- params -> config
     def param_overrides(self, params: dict) -> dict:
@@ -528,6 +560,8 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig, file_metrics:
         raise ConfigError(f"overrides: {err}") from None
     if spec.control is not None:
         study.control = _control_study(study)
+    if spec.ladder is not None:
+        _check_ladder(study)
     if study.is_grid:
         study.points = study.grid()
         if added_seeds and b.n_trials is not None and b.n_trials != len(study.points):
@@ -549,6 +583,53 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig, file_metrics:
             shown = ", ".join(f"{k}={v}" for k, v in params.items())
             raise ConfigError(f"trial with {shown}: {err}") from None
     return study
+
+
+def _check_ladder(study: Study) -> None:
+    """``ladder``: a categorical arm param of a grid with at least 2 rungs that grow in parameters, and a
+    reference arm named by a choice of every other arm param."""
+    from training.train import model_parameters  # builds the model on the meta device: no memory, no data
+
+    spec, ladder = study.spec, study.spec.ladder
+    if not study.is_grid:
+        raise ConfigError(f"ladder: a ladder is a grid (every rung × arm × seed); sampler.kind is {spec.sampler.kind}")
+    if ladder.rung not in spec.space:
+        raise ConfigError(f"ladder.rung: {ladder.rung!r} is not a param of space (has: {', '.join(spec.space)})")
+    p = spec.space[ladder.rung]
+    if p.type != "categorical" or len(p.choices) < 2 or p.when:
+        raise ConfigError(f"ladder.rung: space.{ladder.rung} must be a categorical param with at least 2 choices "
+                          "(the model sizes, smallest first) and no 'when'")
+    if ladder.rung not in study.arms:
+        raise ConfigError(f"ladder.rung: {ladder.rung!r} must be one of arms ({', '.join(study.arms)})")
+    others = [a for a in study.arms if a != ladder.rung]
+    if not others:
+        raise ConfigError(f"ladder: arms has no param beside the rung {ladder.rung!r}; add the param whose choices "
+                          "are the arms compared at each rung (e.g. arm: {full: ..., linformer: ...})")
+    for key in ladder.reference:
+        if key not in others:
+            raise ConfigError(f"ladder.reference.{key}: not an arm param beside the rung (arm params: "
+                              f"{', '.join(others)})")
+    for name in others:
+        choices = [str(c) for c in spec.space[name].choices] if spec.space[name].type == "categorical" else []
+        if name not in ladder.reference:
+            raise ConfigError(f"ladder.reference: give the reference arm's value of {name!r}"
+                              + (f" (choices: {', '.join(choices)})" if choices else ""))
+        if str(ladder.reference[name]) not in choices:
+            raise ConfigError(f"ladder.reference.{name}: {ladder.reference[name]!r} is not a choice of space.{name} "
+                              f"(choices: {', '.join(choices) or 'none: a ladder arm param must be categorical'})")
+    if all(len(spec.space[name].choices) == 1 for name in others):
+        raise ConfigError("ladder.reference: the reference is the only arm; add the arms to compare with it")
+    sizes = []
+    for rung in p.choices:
+        chosen = {ladder.rung: rung, **ladder.reference}
+        try:  # the params in space order, as a trial applies them
+            sizes.append((str(rung), model_parameters(study.config({n: chosen[n] for n in spec.space if n in chosen}))))
+        except ConfigError as err:
+            raise ConfigError(f"ladder: rung {rung}: {err}") from None
+    for (small, n_small), (large, n_large) in zip(sizes, sizes[1:]):
+        if n_large <= n_small:
+            raise ConfigError(f"ladder.rung: rungs must grow, smallest first: {large!r} has {n_large:,} parameters, "
+                              f"not more than {small!r} before it ({n_small:,})")
 
 
 def _control_study(study: Study) -> Study:

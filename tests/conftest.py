@@ -41,3 +41,21 @@ def tiny_overrides(tmp_path, monkeypatch, data_cache):
             "trainer.limit_val_batches=2", "trainer.log_every_n_steps=1", "trainer.accelerator=cpu",
             "optim.warmup_steps=2"]
     return types.SimpleNamespace(config=CONFIGS / "base.yaml", args=args)
+
+
+_PREPARED: set = set()
+
+
+@pytest.fixture
+def tiny(tiny_overrides, data_cache):
+    """``tiny_overrides`` with its data prepared once in this process: workers that start together on an
+    empty cache would each tokenize the corpus."""
+    if data_cache not in _PREPARED:
+        from training import config as run_config
+        from training.train import build_datamodule
+
+        datamodule = build_datamodule(run_config.load(tiny_overrides.config, tiny_overrides.args))
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+        _PREPARED.add(data_cache)
+    return tiny_overrides

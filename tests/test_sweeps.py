@@ -27,24 +27,6 @@ ARMS = {"full": {"model.attention.kind": "full"}, "linformer": {"model.attention
 
 
 # --------------------------------------------------------------------------------------- helpers
-_PREPARED: set = set()
-
-
-@pytest.fixture
-def tiny(tiny_overrides, data_cache):
-    """``tiny_overrides`` with its data prepared once in this process: workers that start together on an
-    empty cache would each tokenize the corpus."""
-    if data_cache not in _PREPARED:
-        from training import config as run_config
-        from training.train import build_datamodule
-
-        datamodule = build_datamodule(run_config.load(tiny_overrides.config, tiny_overrides.args))
-        datamodule.prepare_data()
-        datamodule.setup("fit")
-        _PREPARED.add(data_cache)
-    return tiny_overrides
-
-
 def write_study(tmp_path: Path, tiny, name: str, space: dict, overrides: dict = (), **keys) -> Path:
     """A study file over the tiny run config (the ``tiny`` fixture's settings)."""
     base = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in tiny.args)}

@@ -32,7 +32,7 @@ from foundation.atomic import atomic_write_text, write_json
 from foundation.checkpoint import AtomicCheckpointIO, check_architecture, read_checkpoint
 from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT, TOKENIZER, choose_run_dir, shared_with_ranks
-from lightning_modules.callbacks import RunMetrics, SpectrumMonitor
+from lightning_modules.callbacks import RunMetrics, SpectrumMonitor, TrainingFlops
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from training import config as run_config
 from training.resume import LastCheckpoint, adopt_final_state, rollback_events
@@ -212,6 +212,12 @@ def preflight(cfg: DictConfig, vocab_size: Optional[int] = None) -> int:
     finally:
         for logger, level in zip(quiet, levels):
             logger.setLevel(level)
+    return model_parameters(cfg, vocab_size)
+
+
+def model_parameters(cfg: DictConfig, vocab_size: Optional[int] = None) -> int:
+    """The encoder's trainable parameter count, built on the meta device (no memory, no data); the vocabulary
+    defaults to the tokenizer's configured size (at least the byte tokenizer's 260)."""
     vocab = vocab_size or max(cfg.data.tokenizer.vocab_size, 260)
     with torch.device("meta"):
         encoder = TransformerEncoder(cfg.model, vocab)
@@ -268,14 +274,14 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         return done
     logger = _logger(cfg, module, run_dir, resume_from is not None, hparams)
 
-    run_metrics = RunMetrics()
+    run_metrics, flops = RunMetrics(), TrainingFlops()
     # Modules with a checkpoint_monitor (classifiers) also keep their best validation step, which is tested.
     monitor, mode = getattr(module, "checkpoint_monitor", (None, "min"))
     best = ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="best", monitor=monitor, mode=mode,
                            save_top_k=1, save_on_train_epoch_end=False) if monitor else None
     every = cfg.trainer.spectrum_every_n_val
     trainer = _trainer(cfg, run_dir, logger, [
-        run_metrics, *callbacks, *([SpectrumMonitor(every)] if every > 0 else []), *([best] if best else []),
+        run_metrics, flops, *callbacks, *([SpectrumMonitor(every)] if every > 0 else []), *([best] if best else []),
         LastCheckpoint(run_dir / CHECKPOINT)])  # after `best`: last.ckpt holds its state after each validation
     with shared_with_ranks(run_dir):
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
@@ -292,6 +298,9 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         "train_time_s": run_metrics.train_seconds,
         "tokens": run_metrics.tokens,
         "tokens_per_sec": run_metrics.tokens / max(run_metrics.train_seconds, 1e-9),
+        # matrix FLOPs of training (forward + backward): one batch counted, times the batches of every rank
+        "flops_per_batch": flops.flops_per_batch,
+        "train_flops": flops.train_flops,
         "peak_mem_mb": run_metrics.peak_mem_mb,  # read during training (the module is on the CPU by now)
         "ppl_vs_wallclock": [list(c) for c in run_metrics.curve],
         "run_dir": str(run_dir),
