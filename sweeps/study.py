@@ -522,30 +522,11 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig, file_metrics:
         base = run_config.to_container(run_config.load(base_path))
     except ConfigError as err:
         raise ConfigError(f"base {spec.base}: {err}") from None
-    if not 1 <= len(spec.objective) <= 2:
-        raise ConfigError(f"objective: give 1 metric or 2 (a Pareto front), got {len(spec.objective)}")
-    if len({o.metric for o in spec.objective}) != len(spec.objective):
-        raise ConfigError("objective: the same metric is listed twice")
-    if len(spec.objective) == 2 and spec.pruner.kind != "none":
-        raise ConfigError(f"pruner.kind={spec.pruner.kind}: Optuna cannot prune multi-objective studies; "
-                          "set pruner.kind: none or keep one objective")
+    _check_objective(spec)
     _check_verdict(spec, file_metrics)
     if added_seeds:
         _add_seeds(spec, added_seeds)
-    flat_keys = set(run_config.flatten(base))
-    if spec.control is not None and CONTROL_PARAM in spec.space:
-        raise ConfigError(f"space.{CONTROL_PARAM}: the name is taken by the study's control arms; rename the param")
-    for name, p in spec.space.items():
-        _check_param(name, p)
-        if not isinstance(p.choices, DictConfig) and name not in flat_keys:
-            raise ConfigError(f"space.{name}: not a config key; a free label needs choices that map "
-                              "names to overrides")
-        for key in p.when:
-            if key not in flat_keys:
-                raise ConfigError(f"space.{name}.when: {key} is not a config key")
-    for name in spec.arms or []:
-        if name not in spec.space:
-            raise ConfigError(f"arms: {name!r} is not a param of space (has: {', '.join(spec.space)})")
+    _check_space(spec, set(run_config.flatten(base)))
     b = spec.budget
     if b.n_trials is not None:
         check_number("budget.n_trials", b.n_trials, 1, MAX_TRIALS, integer=True)
@@ -562,27 +543,59 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig, file_metrics:
         study.control = _control_study(study)
     if spec.ladder is not None:
         _check_ladder(study)
-    if study.is_grid:
-        study.points = study.grid()
-        if added_seeds and b.n_trials is not None and b.n_trials != len(study.points):
-            raise ConfigError(f"--add-seeds: budget.n_trials={b.n_trials} fixes the number of trials of this grid; "
-                              f"remove it (a grid runs all its {len(study.points)} points)")
-        if b.n_trials is None:
-            b.n_trials = len(study.points)
-        elif b.n_trials > len(study.points):
-            raise ConfigError(f"budget.n_trials={b.n_trials}: the grid has only {len(study.points)} distinct points")
-        samples = study.points
-    else:
-        if b.n_trials is None and b.timeout_s is None:
-            raise ConfigError("budget: an open study needs n_trials or timeout_s")
-        samples = study.range_ends()
-    for params in samples:
+    for params in _samples(study, added_seeds):
         try:
             study.config(params)
         except ConfigError as err:
             shown = ", ".join(f"{k}={v}" for k, v in params.items())
             raise ConfigError(f"trial with {shown}: {err}") from None
     return study
+
+
+def _check_objective(spec: DictConfig) -> None:
+    if not 1 <= len(spec.objective) <= 2:
+        raise ConfigError(f"objective: give 1 metric or 2 (a Pareto front), got {len(spec.objective)}")
+    if len({o.metric for o in spec.objective}) != len(spec.objective):
+        raise ConfigError("objective: the same metric is listed twice")
+    if len(spec.objective) == 2 and spec.pruner.kind != "none":
+        raise ConfigError(f"pruner.kind={spec.pruner.kind}: Optuna cannot prune multi-objective studies; "
+                          "set pruner.kind: none or keep one objective")
+
+
+def _check_space(spec: DictConfig, flat_keys: set[str]) -> None:
+    """Every param of the space names a config key (or is a free label of override bundles); arms are params."""
+    if spec.control is not None and CONTROL_PARAM in spec.space:
+        raise ConfigError(f"space.{CONTROL_PARAM}: the name is taken by the study's control arms; rename the param")
+    for name, p in spec.space.items():
+        _check_param(name, p)
+        if not isinstance(p.choices, DictConfig) and name not in flat_keys:
+            raise ConfigError(f"space.{name}: not a config key; a free label needs choices that map "
+                              "names to overrides")
+        for key in p.when:
+            if key not in flat_keys:
+                raise ConfigError(f"space.{name}.when: {key} is not a config key")
+    for name in spec.arms or []:
+        if name not in spec.space:
+            raise ConfigError(f"arms: {name!r} is not a param of space (has: {', '.join(spec.space)})")
+
+
+def _samples(study: Study, added_seeds: tuple[int, ...]) -> list[dict]:
+    """The trial params whose configs are checked before any trial runs: a grid's every point (its budget set
+    from it), an open study's range ends."""
+    b = study.spec.budget
+    if not study.is_grid:
+        if b.n_trials is None and b.timeout_s is None:
+            raise ConfigError("budget: an open study needs n_trials or timeout_s")
+        return study.range_ends()
+    study.points = study.grid()
+    if added_seeds and b.n_trials is not None and b.n_trials != len(study.points):
+        raise ConfigError(f"--add-seeds: budget.n_trials={b.n_trials} fixes the number of trials of this grid; "
+                          f"remove it (a grid runs all its {len(study.points)} points)")
+    if b.n_trials is None:
+        b.n_trials = len(study.points)
+    elif b.n_trials > len(study.points):
+        raise ConfigError(f"budget.n_trials={b.n_trials}: the grid has only {len(study.points)} distinct points")
+    return study.points
 
 
 def _check_ladder(study: Study) -> None:

@@ -241,6 +241,43 @@ def _final_scores(trainer: L.Trainer, module: L.LightningModule, datamodule: L.L
     return final
 
 
+def build_module_or_refuse(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.LightningModule:
+    """The run's LightningModule; a failed allocation of its weights is one config line, before any write."""
+    try:
+        return build_module(cfg, datamodule)
+    except MemoryError as err:
+        raise ConfigError(f"model: cannot allocate its weights ({type(err).__name__}); reduce model.max_len, "
+                          "d_model, d_ff or n_layers") from None
+    except RuntimeError as err:
+        if "alloc" not in str(err).lower():
+            raise
+        raise ConfigError(f"model: cannot allocate its weights ({str(err).splitlines()[0][:120]}); reduce "
+                          "model.max_len, d_model, d_ff or n_layers") from None
+
+
+def run_metrics_of(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule,
+                   best: Optional[ModelCheckpoint], run: RunMetrics, flops: TrainingFlops, global_step: int,
+                   started: float, run_dir: Path) -> dict[str, Any]:
+    """What ``metrics.json`` records: final scores, trivial baselines, sizes, time, throughput, FLOPs, memory."""
+    return {
+        **_final_scores(trainer, module, datamodule, best, run.validated_at, global_step),
+        **datamodule.trivial_baseline(),  # trivial_loss, trivial_accuracy: what "learned nothing" scores
+        "global_step": global_step,
+        "parameters": module.n_parameters,
+        "projection_parameters": count_parameters(module.encoder.bank) if module.encoder.bank is not None else 0,
+        "wall_time_s": time.time() - started,
+        "train_time_s": run.train_seconds,
+        "tokens": run.tokens,
+        "tokens_per_sec": run.tokens / max(run.train_seconds, 1e-9),
+        # matrix FLOPs of training (forward + backward): one batch counted, times the batches of every rank
+        "flops_per_batch": flops.flops_per_batch,
+        "train_flops": flops.train_flops,
+        "peak_mem_mb": run.peak_mem_mb,  # read during training (the module is on the CPU by now)
+        "ppl_vs_wallclock": [list(c) for c in run.curve],
+        "run_dir": str(run_dir),
+    }
+
+
 def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Optional[dict] = None) -> dict[str, Any]:
     """Train one run and return its ``metrics.json`` content.
 
@@ -257,54 +294,28 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
     datamodule = build_datamodule(cfg)
     datamodule.prepare_data()
     datamodule.setup("fit")
-    try:
-        module = build_module(cfg, datamodule)
-    except MemoryError as err:  # before anything is written: one line, not a traceback
-        raise ConfigError(f"model: cannot allocate its weights ({type(err).__name__}); reduce model.max_len, "
-                          "d_model, d_ff or n_layers") from None
-    except RuntimeError as err:
-        if "alloc" not in str(err).lower():
-            raise
-        raise ConfigError(f"model: cannot allocate its weights ({str(err).splitlines()[0][:120]}); reduce "
-                          "model.max_len, d_model, d_ff or n_layers") from None
-    run_dir, resume_from, done = _open_run_dir(cfg, datamodule, module)
+    module = build_module_or_refuse(cfg, datamodule)
+    run_dir, resume_from, done = _open_run_dir(cfg, datamodule, module)  # the first write
     if done is not None:
         print(f"{run_dir}: already finished at step {done['global_step']} (trainer.max_steps={cfg.trainer.max_steps}); "
               f"nothing to do, its {METRICS} is unchanged")
         return done
     logger = _logger(cfg, module, run_dir, resume_from is not None, hparams)
-
-    run_metrics, flops = RunMetrics(), TrainingFlops()
+    run, flops = RunMetrics(), TrainingFlops()
     # Modules with a checkpoint_monitor (classifiers) also keep their best validation step, which is tested.
     monitor, mode = getattr(module, "checkpoint_monitor", (None, "min"))
     best = ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="best", monitor=monitor, mode=mode,
                            save_top_k=1, save_on_train_epoch_end=False) if monitor else None
     every = cfg.trainer.spectrum_every_n_val
     trainer = _trainer(cfg, run_dir, logger, [
-        run_metrics, flops, *callbacks, *([SpectrumMonitor(every)] if every > 0 else []), *([best] if best else []),
+        run, flops, *callbacks, *([SpectrumMonitor(every)] if every > 0 else []), *([best] if best else []),
         LastCheckpoint(run_dir / CHECKPOINT)])  # after `best`: last.ckpt holds its state after each validation
     with shared_with_ranks(run_dir):
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
     global_step = trainer.global_step
-    if not run_metrics.fit_here:  # fit ran in spawned/forked ranks (ddp_spawn, ddp_fork)
+    if not run.fit_here:  # fit ran in spawned/forked ranks (ddp_spawn, ddp_fork)
         global_step = adopt_final_state(trainer, run_dir / CHECKPOINT)
-    metrics = {
-        **_final_scores(trainer, module, datamodule, best, run_metrics.validated_at, global_step),
-        **datamodule.trivial_baseline(),  # trivial_loss, trivial_accuracy: what "learned nothing" scores
-        "global_step": global_step,
-        "parameters": module.n_parameters,
-        "projection_parameters": count_parameters(module.encoder.bank) if module.encoder.bank is not None else 0,
-        "wall_time_s": time.time() - started,
-        "train_time_s": run_metrics.train_seconds,
-        "tokens": run_metrics.tokens,
-        "tokens_per_sec": run_metrics.tokens / max(run_metrics.train_seconds, 1e-9),
-        # matrix FLOPs of training (forward + backward): one batch counted, times the batches of every rank
-        "flops_per_batch": flops.flops_per_batch,
-        "train_flops": flops.train_flops,
-        "peak_mem_mb": run_metrics.peak_mem_mb,  # read during training (the module is on the CPU by now)
-        "ppl_vs_wallclock": [list(c) for c in run_metrics.curve],
-        "run_dir": str(run_dir),
-    }
+    metrics = run_metrics_of(trainer, module, datamodule, best, run, flops, global_step, started, run_dir)
     if trainer.is_global_zero:
         write_json(run_dir / METRICS, metrics)
     return metrics
