@@ -106,8 +106,9 @@ def _split_files(source: str) -> dict[str, Path]:
         split = SPLIT_FILES.get(path.stem)
         if split is not None and path.suffix.lower() in FILE_BUILDERS and path.is_file():
             if split in found:
-                raise ConfigError(f"data.source: {source!r} holds two files for split {split!r}: "
-                                  f"{found[split].name}, {path.name}")
+                raise ConfigError(
+                    f"data.source: {source!r} holds two files for split {split!r}: {found[split].name}, {path.name}"
+                )
             found[split] = path
     return found if "train" in found else {}
 
@@ -122,8 +123,9 @@ def labelled_splits(raw: DatasetDict, data_cfg) -> tuple[DatasetDict, int]:
     names = _class_names(raw["train"], data_cfg)
     num_labels = _num_labels(names, data_cfg)
     clean = source not in EMBEDDED_SOURCES  # load_embedded cleans its texts already
-    read = {split: _read(raw[split], split, data_cfg, clean) for split in ("train", "validation", "test")
-            if split in raw}
+    read = {
+        split: _read(raw[split], split, data_cfg, clean) for split in ("train", "validation", "test") if split in raw
+    }
     train, f = read["train"], data_cfg.val_fraction
     test = read.get("test")
     if test is not None and "label" in test.column_names:
@@ -137,13 +139,17 @@ def labelled_splits(raw: DatasetDict, data_cfg) -> tuple[DatasetDict, int]:
     splits = DatasetDict(train=train, validation=val, test=test)
     for split, ds in splits.items():
         if len(ds) == 0:
-            raise ConfigError(f"data.source: {source!r} gives an empty {split} split"
-                              + ("" if split == "train" else f" (data.val_fraction={f})"))
+            raise ConfigError(
+                f"data.source: {source!r} gives an empty {split} split"
+                + ("" if split == "train" else f" (data.val_fraction={f})")
+            )
         labels = label_array(ds)
         bad = np.flatnonzero((labels < 0) | (labels >= num_labels))
         if len(bad):
-            raise ConfigError(f"data.label_column: label {int(labels[bad[0]])} in the {split} split is outside "
-                              f"the task's classes 0..{num_labels - 1} (data.classify.num_labels={num_labels})")
+            raise ConfigError(
+                f"data.label_column: label {int(labels[bad[0]])} in the {split} split is outside "
+                f"the task's classes 0..{num_labels - 1} (data.classify.num_labels={num_labels})"
+            )
     splits["train"] = cap_texts(train, data_cfg.max_texts)
     return splits, num_labels
 
@@ -160,8 +166,9 @@ def _class_names(train: Dataset, data_cfg) -> Optional[list[str]]:
 def _num_labels(names: Optional[list[str]], data_cfg) -> int:
     c = data_cfg.classify
     if c.num_labels is not None and names is not None and c.num_labels != len(names):
-        raise ConfigError(f"data.classify.num_labels: {c.num_labels}, but the label feature has {len(names)} "
-                          f"classes {names}")
+        raise ConfigError(
+            f"data.classify.num_labels: {c.num_labels}, but the label feature has {len(names)} classes {names}"
+        )
     if c.num_labels is not None:
         return int(c.num_labels)
     if c.label_names is not None:
@@ -207,15 +214,20 @@ def _check_label_column(ds: Dataset, column: str, split: str, label_names) -> bo
     if isinstance(ds.features[column], ClassLabel) or dtype.startswith(("int", "uint")):
         return False
     if dtype not in ("string", "large_string"):
-        raise ConfigError(f"data.label_column: {column!r} holds {dtype or ds.features[column]} values, not "
-                          f"integer class ids")
+        raise ConfigError(
+            f"data.label_column: {column!r} holds {dtype or ds.features[column]} values, not integer class ids"
+        )
     if label_names is None:
-        raise ConfigError(f"data.label_column: {column!r} holds strings (e.g. {values[0].as_py()!r}), not class "
-                          f"ids; list the classes in order in data.classify.label_names")
+        raise ConfigError(
+            f"data.label_column: {column!r} holds strings (e.g. {values[0].as_py()!r}), not class "
+            f"ids; list the classes in order in data.classify.label_names"
+        )
     unknown = sorted(set(values.unique().to_pylist()) - set(label_names))
     if unknown:
-        raise ConfigError(f"data.label_column: label {unknown[0]!r} in the {split} split is not one of "
-                          f"data.classify.label_names {list(label_names)}")
+        raise ConfigError(
+            f"data.label_column: label {unknown[0]!r} in the {split} split is not one of "
+            f"data.classify.label_names {list(label_names)}"
+        )
     return True
 
 
@@ -253,7 +265,7 @@ def encode(tokenizer: Tokenizer, ds: Dataset, max_len: int) -> list[np.ndarray]:
                 ids = [CLS_ID, *x[:m], SEP_ID]
             else:
                 ka = min(len(x), max((m + 1) // 2, m - len(y)))
-                ids = [CLS_ID, *x[:ka], SEP_ID, *y[:m - ka], SEP_ID]
+                ids = [CLS_ID, *x[:ka], SEP_ID, *y[: m - ka], SEP_ID]
             out.append(np.asarray(ids, dtype=np.int32))
     return out
 
@@ -289,9 +301,12 @@ def collate(items: list[tuple[np.ndarray, torch.Tensor]]) -> dict:
     width = max(len(ids) for ids, _ in items)
     input_ids = torch.full((len(items), width), PAD_ID, dtype=torch.long)
     for row, (ids, _) in enumerate(items):
-        input_ids[row, :len(ids)] = torch.from_numpy(ids.astype(np.int64))
-    return {"input_ids": input_ids, "attention_mask": input_ids != PAD_ID,
-            "labels": torch.stack([label for _, label in items])}
+        input_ids[row, : len(ids)] = torch.from_numpy(ids.astype(np.int64))
+    return {
+        "input_ids": input_ids,
+        "attention_mask": input_ids != PAD_ID,
+        "labels": torch.stack([label for _, label in items]),
+    }
 
 
 # ------------------------------------------------------------------------------------- data modules
@@ -329,8 +344,15 @@ class LabelledSequenceDataModule(L.LightningDataModule):
     def _loader(self, split: str, seed: Optional[int]) -> DataLoader:
         """Training order resumable mid-epoch, evaluation sharded over DDP ranks (``datamodules/sampling.py``)."""
         workers = self.data_cfg.num_workers
-        return make_loader(self._split(split), self.trainer, seed, batch_size=self.data_cfg.batch_size,
-                           collate_fn=collate, num_workers=workers, persistent_workers=workers > 0)
+        return make_loader(
+            self._split(split),
+            self.trainer,
+            seed,
+            batch_size=self.data_cfg.batch_size,
+            collate_fn=collate,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )
 
 
 class ClassificationDataModule(LabelledSequenceDataModule):
@@ -355,8 +377,10 @@ class ClassificationDataModule(LabelledSequenceDataModule):
             return
         self.splits, self.num_labels = labelled_splits(load_labelled(self.data_cfg), self.data_cfg)
         self.tokenizer = self._tokenizer(self.splits["train"])
-        self.datasets = {split: EncodedSplit(encode(self.tokenizer, ds, self.max_len), label_array(ds))
-                         for split, ds in self.splits.items()}
+        self.datasets = {
+            split: EncodedSplit(encode(self.tokenizer, ds, self.max_len), label_array(ds))
+            for split, ds in self.splits.items()
+        }
 
     def _tokenizer(self, train: Dataset) -> Tokenizer:
         tok_cfg = self.data_cfg.tokenizer

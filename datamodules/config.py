@@ -116,14 +116,19 @@ def check_data(data: DictConfig, task: str, max_len: int) -> None:
 
 
 def _check_classify(c: DictConfig) -> None:
-    require(c.num_labels is None or c.num_labels >= 2,
-             f"data.classify.num_labels: must be >= 2 or null, got {c.num_labels}")
+    require(
+        c.num_labels is None or c.num_labels >= 2, f"data.classify.num_labels: must be >= 2 or null, got {c.num_labels}"
+    )
     if c.label_names is not None:
         names = list(c.label_names)
-        require(len(names) >= 2 and len(set(names)) == len(names),
-                 f"data.classify.label_names: needs at least 2 distinct names, got {names}")
-        require(c.num_labels is None or c.num_labels == len(names),
-                 f"data.classify.num_labels: {c.num_labels} differs from the {len(names)} data.classify.label_names")
+        require(
+            len(names) >= 2 and len(set(names)) == len(names),
+            f"data.classify.label_names: needs at least 2 distinct names, got {names}",
+        )
+        require(
+            c.num_labels is None or c.num_labels == len(names),
+            f"data.classify.num_labels: {c.num_labels} differs from the {len(names)} data.classify.label_names",
+        )
 
 
 def _check_listops(q: DictConfig, max_len: int) -> None:
@@ -131,22 +136,30 @@ def _check_listops(q: DictConfig, max_len: int) -> None:
         require(q[key] >= 1, f"data.listops.{key}: must be >= 1, got {q[key]}")
     require(q.max_args >= 2, f"data.listops.max_args: must be >= 2, got {q.max_args}")
     # The shortest expression, "[MAX 1 2 ]", has 4 tokens.
-    require(4 <= q.min_length <= q.max_length,
-             f"data.listops.min_length: must be in [4, data.listops.max_length={q.max_length}], got {q.min_length}")
-    require(q.max_length <= max_len,
-             f"model.max_len: {max_len} is shorter than data.listops.max_length={q.max_length}")
+    require(
+        4 <= q.min_length <= q.max_length,
+        f"data.listops.min_length: must be in [4, data.listops.max_length={q.max_length}], got {q.min_length}",
+    )
+    require(q.max_length <= max_len, f"model.max_len: {max_len} is shorter than data.listops.max_length={q.max_length}")
 
 
 def _check_mqar(q: DictConfig, max_len: int) -> None:
     n_keys = q.vocab_size // 2
     require(q.vocab_size >= 4, f"data.mqar.vocab_size: must be >= 4 (keys and values), got {q.vocab_size}")
-    require(1 <= q.n_pairs <= n_keys, f"data.mqar.n_pairs: must be in [1, {n_keys}] (keys are distinct and "
-                                       f"data.mqar.vocab_size={q.vocab_size} gives {n_keys} keys), got {q.n_pairs}")
+    require(
+        1 <= q.n_pairs <= n_keys,
+        f"data.mqar.n_pairs: must be in [1, {n_keys}] (keys are distinct and "
+        f"data.mqar.vocab_size={q.vocab_size} gives {n_keys} keys), got {q.n_pairs}",
+    )
     n_queries = q.n_pairs if q.n_queries is None else q.n_queries
-    require(1 <= n_queries <= q.n_pairs,
-             f"data.mqar.n_queries: must be in [1, data.mqar.n_pairs={q.n_pairs}] or null, got {q.n_queries}")
-    require(2 * q.n_pairs + n_queries <= max_len,
-             f"model.max_len: {max_len} is shorter than an MQAR sequence, 2 * data.mqar.n_pairs + n_queries = "
-             f"{2 * q.n_pairs + n_queries}")
+    require(
+        1 <= n_queries <= q.n_pairs,
+        f"data.mqar.n_queries: must be in [1, data.mqar.n_pairs={q.n_pairs}] or null, got {q.n_queries}",
+    )
+    require(
+        2 * q.n_pairs + n_queries <= max_len,
+        f"model.max_len: {max_len} is shorter than an MQAR sequence, 2 * data.mqar.n_pairs + n_queries = "
+        f"{2 * q.n_pairs + n_queries}",
+    )
     for key in ("n_train", "n_val"):
         require(q[key] >= 1, f"data.mqar.{key}: must be >= 1, got {q[key]}")

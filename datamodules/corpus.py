@@ -32,15 +32,14 @@ from datamodules.cache import rule_kwargs, unit_hash
 from datamodules.embedded import load_embedded
 from foundation.errors import ConfigError
 
-FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "json",
-                 ".parquet": "parquet"}
+FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 # TSV as GLUE distributes it: tab-separated, quote characters are literal text (QUOTE_NONE).
 _BUILDER_ARGS = {"tsv": ("csv", {"sep": "\t", "quoting": csv.QUOTE_NONE})}
 _GLOB_CHARS = "*?["
 
 
 def load_text_corpus(data_cfg) -> DatasetDict:
-    """"train" and "validation" splits with one non-empty "text" column for ``data_cfg.source``."""
+    """ "train" and "validation" splits with one non-empty "text" column for ``data_cfg.source``."""
     source = data_cfg.source
     if source == "embedded":
         corpus = load_embedded()
@@ -57,13 +56,16 @@ def load_text_corpus(data_cfg) -> DatasetDict:
         val = _texts_only(corpus["validation"], data_cfg.text_column)
     else:
         fraction = data_cfg.val_fraction
-        train, val = (train.filter(_held_out, batched=True, fn_kwargs=rule_kwargs(fraction=fraction, want=want))
-                      for want in (False, True))
+        train, val = (
+            train.filter(_held_out, batched=True, fn_kwargs=rule_kwargs(fraction=fraction, want=want))
+            for want in (False, True)
+        )
     if len(train) == 0:
         raise ConfigError(f"data.source: {source!r} has no non-empty texts in its training split")
     if len(val) == 0:
-        raise ConfigError(f"data.val_fraction: {source!r} has no non-empty validation texts "
-                          f"(val_fraction={data_cfg.val_fraction})")
+        raise ConfigError(
+            f"data.val_fraction: {source!r} has no non-empty validation texts (val_fraction={data_cfg.val_fraction})"
+        )
     return DatasetDict(train=cap_texts(train, data_cfg.max_texts), validation=val)
 
 
@@ -78,8 +80,10 @@ def _stdlib_code(val_fraction: float) -> DatasetDict:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.parts))
     held_out = {p: unit_hash(p.relative_to(root).as_posix()) < val_fraction for p in files}
-    data_files = {"train": [str(p) for p in files if not held_out[p]],
-                  "validation": [str(p) for p in files if held_out[p]]}
+    data_files = {
+        "train": [str(p) for p in files if not held_out[p]],
+        "validation": [str(p) for p in files if held_out[p]],
+    }
     if not data_files["validation"]:
         raise ConfigError(f"data.val_fraction: {val_fraction} holds out no file of 'stdlib-code'")
     # A few test modules are deliberately not UTF-8; decode them leniently rather than fail.
@@ -88,8 +92,9 @@ def _stdlib_code(val_fraction: float) -> DatasetDict:
 
 def is_file_spec(source: str) -> bool:
     """Whether ``data.source`` names local files (a supported suffix, a glob, or an existing file)."""
-    return (Path(source).suffix.lower() in FILE_BUILDERS or any(c in source for c in _GLOB_CHARS)
-            or os.path.isfile(source))
+    return (
+        Path(source).suffix.lower() in FILE_BUILDERS or any(c in source for c in _GLOB_CHARS) or os.path.isfile(source)
+    )
 
 
 def load_local_files(source: str) -> DatasetDict:
@@ -103,8 +108,7 @@ def load_local_files(source: str) -> DatasetDict:
         raise ConfigError(f"data.source: file {source!r} not found")
     builders = {FILE_BUILDERS.get(Path(f).suffix.lower()) for f in files}
     if None in builders or len(builders) > 1:
-        raise ConfigError(f"data.source: {source!r} must name files of one type among "
-                          f"{', '.join(FILE_BUILDERS)}")
+        raise ConfigError(f"data.source: {source!r} must name files of one type among {', '.join(FILE_BUILDERS)}")
     if all(os.path.getsize(f) == 0 for f in files):
         raise ConfigError(f"data.source: {source!r} is empty")
     kind = builders.pop()

@@ -42,7 +42,7 @@ def clean_text(text: str) -> str:
 
 
 def split_of(text: str) -> str:
-    """"train", "validation" or "test" for a review (raw or cleaned), by the rule in the module docstring."""
+    """ "train", "validation" or "test" for a review (raw or cleaned), by the rule in the module docstring."""
     u = unit_hash(clean_text(text))
     return "train" if u < 0.8 else "validation" if u < 0.9 else "test"
 

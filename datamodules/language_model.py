@@ -128,15 +128,25 @@ class PackedTextDataModule(L.LightningDataModule):
             return np.load(path)
         blocks = pack(encode_documents(tokenizer, texts), self.max_len)
         if len(blocks) == 0:
-            raise ConfigError(f"data.source: the {split} split of {self.data_cfg.source!r} is shorter than one "
-                              f"block of model.max_len={self.max_len} tokens")
+            raise ConfigError(
+                f"data.source: the {split} split of {self.data_cfg.source!r} is shorter than one "
+                f"block of model.max_len={self.max_len} tokens"
+            )
         atomic_write(path, lambda f: np.save(f, blocks))
         return blocks
 
     def _loader(self, dataset, collate_fn, seed: Optional[int], draw=None) -> DataLoader:
         workers = self.data_cfg.num_workers
-        return make_loader(dataset, self.trainer, seed, draw, batch_size=self.data_cfg.batch_size,
-                           collate_fn=collate_fn, num_workers=workers, persistent_workers=workers > 0)
+        return make_loader(
+            dataset,
+            self.trainer,
+            seed,
+            draw,
+            batch_size=self.data_cfg.batch_size,
+            collate_fn=collate_fn,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )
 
     def _train_batch(self, ids: torch.Tensor, generator: torch.Generator) -> dict:
         return _as_batch(*self.make_inputs_labels(ids, generator))
@@ -178,15 +188,17 @@ def unigram_baseline(train_counts: torch.Tensor, val_targets: torch.Tensor) -> d
 
     over the validation targets ``val_targets`` (M,)."""
     log_p = torch.log((train_counts.double() + 1) / (train_counts.sum() + len(train_counts)))
-    return {"trivial_loss": float(-log_p[val_targets].mean()),
-            "trivial_accuracy": float((val_targets == train_counts.argmax()).double().mean())}
+    return {
+        "trivial_loss": float(-log_p[val_targets].mean()),
+        "trivial_accuracy": float((val_targets == train_counts.argmax()).double().mean()),
+    }
 
 
 def encode_documents(tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
     """Token ids of all ``texts`` in order, each document followed by [SEP], as one int32 array."""
     ids: list[int] = []
     for start in range(0, len(texts), _ENCODE_BATCH):
-        for encoding in tokenizer.encode_batch_fast(texts[start:start + _ENCODE_BATCH], add_special_tokens=False):
+        for encoding in tokenizer.encode_batch_fast(texts[start : start + _ENCODE_BATCH], add_special_tokens=False):
             ids.extend(encoding.ids)
             ids.append(SEP_ID)
     return np.asarray(ids, dtype=np.int32)

@@ -117,8 +117,11 @@ class ListOpsDataModule(LabelledSequenceDataModule):
 
     def _streams(self) -> dict[str, tuple[int, str]]:
         """{split: (size, name of its random stream)}."""
-        return {"train": (self.cfg.n_train, f"listops/train/{self.seed}"),
-                "validation": (self.cfg.n_val, "listops/validation"), "test": (self.cfg.n_test, "listops/test")}
+        return {
+            "train": (self.cfg.n_train, f"listops/train/{self.seed}"),
+            "validation": (self.cfg.n_val, "listops/validation"),
+            "test": (self.cfg.n_test, "listops/test"),
+        }
 
     def prepare_data(self) -> None:
         for n, stream in self._streams().values():
@@ -126,8 +129,9 @@ class ListOpsDataModule(LabelledSequenceDataModule):
 
     def setup(self, stage: Optional[str] = None) -> None:
         if not self.datasets:
-            self.datasets = {split: EncodedSplit(*self._load(n, stream))
-                             for split, (n, stream) in self._streams().items()}
+            self.datasets = {
+                split: EncodedSplit(*self._load(n, stream)) for split, (n, stream) in self._streams().items()
+            }
 
     def _load(self, n: int, stream: str) -> tuple[list[np.ndarray], np.ndarray]:
         c = self.cfg

@@ -47,19 +47,20 @@ def vocabulary(vocab_size: int) -> tuple[range, range]:
     return range(1, 1 + n_keys), range(1 + n_keys, 1 + vocab_size)
 
 
-def generate(n_examples: int, n_pairs: int, n_queries: int, vocab_size: int, length: int,
-             generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def generate(
+    n_examples: int, n_pairs: int, n_queries: int, vocab_size: int, length: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
     """``n_examples`` MQAR sequences: (inputs, labels), both long (n_examples, length)."""
     keys, values = vocabulary(vocab_size)
     b, n, q = n_examples, n_pairs, n_queries
-    key_ids = torch.rand(b, len(keys), generator=generator).argsort(-1)[:, :n] + keys.start          # (B, N) distinct
-    value_ids = torch.randint(values.start, values.stop, (b, n), generator=generator)                # (B, N)
-    queried = torch.rand(b, n, generator=generator).argsort(-1)[:, :q]                              # (B, Q) pair index
+    key_ids = torch.rand(b, len(keys), generator=generator).argsort(-1)[:, :n] + keys.start  # (B, N) distinct
+    value_ids = torch.randint(values.start, values.stop, (b, n), generator=generator)  # (B, N)
+    queried = torch.rand(b, n, generator=generator).argsort(-1)[:, :q]  # (B, Q) pair index
     inputs = torch.full((b, length), PAD_ID, dtype=torch.long)
     labels = torch.full((b, length), IGNORE_INDEX, dtype=torch.long)
-    inputs[:, 0:2 * n:2], inputs[:, 1:2 * n:2] = key_ids, value_ids
-    inputs[:, 2 * n:2 * n + q] = key_ids.gather(1, queried)
-    labels[:, 2 * n:2 * n + q] = value_ids.gather(1, queried)
+    inputs[:, 0 : 2 * n : 2], inputs[:, 1 : 2 * n : 2] = key_ids, value_ids
+    inputs[:, 2 * n : 2 * n + q] = key_ids.gather(1, queried)
+    labels[:, 2 * n : 2 * n + q] = value_ids.gather(1, queried)
     return inputs, labels
 
 
@@ -98,8 +99,14 @@ class MQARDataModule(L.LightningDataModule):
         return self._loader(self.val_set, seed=None)
 
     def _draw(self, n_examples: int, seed: int) -> TensorDataset:
-        inputs, labels = generate(n_examples, self.cfg.n_pairs, self.n_queries, self.cfg.vocab_size, self.max_len,
-                                  torch.Generator().manual_seed(seed))
+        inputs, labels = generate(
+            n_examples,
+            self.cfg.n_pairs,
+            self.n_queries,
+            self.cfg.vocab_size,
+            self.max_len,
+            torch.Generator().manual_seed(seed),
+        )
         return TensorDataset(inputs, labels)
 
     def _loader(self, dataset: Optional[TensorDataset], seed: Optional[int]) -> DataLoader:
@@ -107,8 +114,15 @@ class MQARDataModule(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError("MQARDataModule.setup() has not run yet")
         workers = self.data_cfg.num_workers
-        return make_loader(dataset, self.trainer, seed, batch_size=self.data_cfg.batch_size, collate_fn=collate,
-                           num_workers=workers, persistent_workers=workers > 0)
+        return make_loader(
+            dataset,
+            self.trainer,
+            seed,
+            batch_size=self.data_cfg.batch_size,
+            collate_fn=collate,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )
 
 
 def collate(items: list[tuple[Tensor, Tensor]]) -> dict:

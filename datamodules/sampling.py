@@ -69,8 +69,13 @@ class ResumableLoader(DataLoader):
     ``generator`` = :func:`batch_generator` of the batch (in this process, in batch order).
     """
 
-    def __init__(self, dataset, sampler: EpochShuffle, draw: Optional[Callable[[Any, torch.Generator], Any]] = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset,
+        sampler: EpochShuffle,
+        draw: Optional[Callable[[Any, torch.Generator], Any]] = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(dataset, sampler=sampler, **kwargs)
         self.draw = draw
         self.taken = 0  # batches handed out in the current epoch
@@ -95,13 +100,23 @@ class ResumableLoader(DataLoader):
         self._resume_at = (int(state["epoch"]), int(state["batches"]))
 
 
-def make_loader(dataset, trainer: Optional[Any], seed: Optional[int],
-                draw: Optional[Callable[[Any, torch.Generator], Any]] = None, **kwargs: Any) -> DataLoader:
+def make_loader(
+    dataset,
+    trainer: Optional[Any],
+    seed: Optional[int],
+    draw: Optional[Callable[[Any, torch.Generator], Any]] = None,
+    **kwargs: Any,
+) -> DataLoader:
     """A training loader when ``seed`` is given (:class:`EpochShuffle` order, resumable, ``draw`` applied to each
     batch; its own generator seeds workers, so creating it draws nothing from the global RNG), else an evaluation
     loader (:func:`validation_shards`). ``trainer``: the datamodule's (None outside one); ``kwargs`` go to the
     loader."""
     if seed is None:
         return DataLoader(dataset, sampler=validation_shards(dataset, **ranks(trainer)), **kwargs)
-    return ResumableLoader(dataset, EpochShuffle(dataset, seed, **ranks(trainer)), draw=draw,
-                           generator=torch.Generator().manual_seed(seed), **kwargs)
+    return ResumableLoader(
+        dataset,
+        EpochShuffle(dataset, seed, **ranks(trainer)),
+        draw=draw,
+        generator=torch.Generator().manual_seed(seed),
+        **kwargs,
+    )

@@ -72,12 +72,18 @@ def _byte_vocab() -> dict[str, int]:
 def _train_bpe(tok_cfg, texts: Sequence[str]) -> Tokenizer:
     minimum = NUM_SPECIAL + len(_BYTE_ALPHABET)
     if tok_cfg.vocab_size < minimum:
-        raise ConfigError(f"data.tokenizer.vocab_size: must be >= {minimum} for byte-level BPE "
-                          f"(256 bytes + {NUM_SPECIAL} special tokens), got {tok_cfg.vocab_size}")
+        raise ConfigError(
+            f"data.tokenizer.vocab_size: must be >= {minimum} for byte-level BPE "
+            f"(256 bytes + {NUM_SPECIAL} special tokens), got {tok_cfg.vocab_size}"
+        )
     tok = _pipeline(models.BPE(unk_token="[UNK]"))
-    trainer = trainers.BpeTrainer(vocab_size=tok_cfg.vocab_size, min_frequency=tok_cfg.min_frequency,
-                                  special_tokens=list(SPECIAL_TOKENS), initial_alphabet=_BYTE_ALPHABET,
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=tok_cfg.vocab_size,
+        min_frequency=tok_cfg.min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=_BYTE_ALPHABET,
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer, length=len(texts))
     return tok
 

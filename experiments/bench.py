@@ -63,20 +63,32 @@ def _names(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--n", type=_ints, default=[512, 1024, 2048, 4096, 8192, 16384],
-                        help="sequence lengths (default 512,...,16384)")
+    parser.add_argument(
+        "--n", type=_ints, default=[512, 1024, 2048, 4096, 8192, 16384], help="sequence lengths (default 512,...,16384)"
+    )
     parser.add_argument("--k", type=_ints, default=[128, 256], help="projected lengths (default 128,256)")
-    parser.add_argument("--variants", type=_names, default=list(cases.VARIANTS),
-                        help=f"attention variants, from {','.join(cases.VARIANTS)} (default all); "
-                             "the baselines naive and sdpa always run")
-    parser.add_argument("--orders", type=_names, default=["auto"],
-                        help="exact evaluation orders of E K: auto,compress_first,project_first (default auto = the cheaper)")
+    parser.add_argument(
+        "--variants",
+        type=_names,
+        default=list(cases.VARIANTS),
+        help=f"attention variants, from {','.join(cases.VARIANTS)} (default all); "
+        "the baselines naive and sdpa always run",
+    )
+    parser.add_argument(
+        "--orders",
+        type=_names,
+        default=["auto"],
+        help="exact evaluation orders of E K: auto,compress_first,project_first (default auto = the cheaper)",
+    )
     parser.add_argument("--mode", type=_names, default=list(MODES), help="fwd,fwdbwd (default both)")
     parser.add_argument("--levels", type=_names, default=list(LEVELS), help="layer,model,decode,loop (default all)")
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", default="auto",
-                        help="float32|bfloat16|float16 (auto: float32 on CPU; bfloat16 on a GPU of compute "
-                             "capability >= 8.0, float16 on older ones)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="float32|bfloat16|float16 (auto: float32 on CPU; bfloat16 on a GPU of compute "
+        "capability >= 8.0, float16 on older ones)",
+    )
     parser.add_argument("--device", default="auto", help="cpu|cuda|auto")
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
@@ -86,8 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--min-time", type=float, default=0.05, help="seconds per timing sample (more calls if faster)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--memory-limit-mb", type=float, default=0.0,
-                        help="skip cases expected to need more (0: half the available RAM, 90%% of free GPU memory)")
+    parser.add_argument(
+        "--memory-limit-mb",
+        type=float,
+        default=0.0,
+        help="skip cases expected to need more (0: half the available RAM, 90%% of free GPU memory)",
+    )
     parser.add_argument("--decode-positions", type=_ints, default=None, help="default: the --n values")
     parser.add_argument("--decode-window", type=int, default=128, help="steps per decode timing")
     parser.add_argument("--loop-batch", type=int, default=8)
@@ -100,18 +116,35 @@ MAX_LENGTH = 1 << 20  # sequence lengths and k the bench accepts
 
 
 def _check(args: argparse.Namespace) -> None:
-    for key, values, allowed in (("--variants", args.variants, cases.VARIANTS), ("--orders", args.orders, cases.ORDERS),
-                                 ("--mode", args.mode, MODES), ("--levels", args.levels, LEVELS)):
+    for key, values, allowed in (
+        ("--variants", args.variants, cases.VARIANTS),
+        ("--orders", args.orders, cases.ORDERS),
+        ("--mode", args.mode, MODES),
+        ("--levels", args.levels, LEVELS),
+    ):
         bad = [v for v in values if v not in allowed]
         if bad or not values:
             raise ConfigError(f"{key}: {','.join(bad) or 'empty'} not allowed (choose from {','.join(allowed)})")
     if args.dtype != "auto" and args.dtype not in DTYPES:
         raise ConfigError(f"--dtype: {args.dtype!r} not allowed (choose from auto,{','.join(DTYPES)})")
     if args.device not in ("auto", "cpu", "cuda") or (args.device == "cuda" and not torch.cuda.is_available()):
-        raise ConfigError(f"--device: {args.device!r} not available (choose from auto,cpu"
-                          f"{',cuda' if torch.cuda.is_available() else ''})")
-    for key in ("batch", "d_model", "heads", "layers", "d_ff", "vocab", "repeats", "decode_window",
-                "loop_batch", "loop_steps", "loop_rounds"):
+        raise ConfigError(
+            f"--device: {args.device!r} not available (choose from auto,cpu"
+            f"{',cuda' if torch.cuda.is_available() else ''})"
+        )
+    for key in (
+        "batch",
+        "d_model",
+        "heads",
+        "layers",
+        "d_ff",
+        "vocab",
+        "repeats",
+        "decode_window",
+        "loop_batch",
+        "loop_steps",
+        "loop_rounds",
+    ):
         if getattr(args, key) < 1:
             raise ConfigError(f"--{key.replace('_', '-')}: must be >= 1, got {getattr(args, key)}")
     if args.d_model % args.heads:
@@ -150,11 +183,31 @@ def _naive_bytes(level: str, mode: str, n: int, shape: cases.Shape) -> float:
     return matrices * shape.batch * shape.n_heads * n * n * torch.finfo(shape.dtype).bits / 8
 
 
-def _identity(level: str, mode: str, variant: str, k: Optional[int], order: str, causal: bool, n: int,
-              shape: cases.Shape, threads: int) -> dict:
-    return {"level": level, "mode": mode, "variant": variant, "k": k, "order": order, "order_used": None,
-            "causal": causal, "n": n, "batch": shape.batch, "dtype": str(shape.dtype).removeprefix("torch."),
-            "device": shape.device.type, "threads": threads}
+def _identity(
+    level: str,
+    mode: str,
+    variant: str,
+    k: Optional[int],
+    order: str,
+    causal: bool,
+    n: int,
+    shape: cases.Shape,
+    threads: int,
+) -> dict:
+    return {
+        "level": level,
+        "mode": mode,
+        "variant": variant,
+        "k": k,
+        "order": order,
+        "order_used": None,
+        "causal": causal,
+        "n": n,
+        "batch": shape.batch,
+        "dtype": str(shape.dtype).removeprefix("torch."),
+        "device": shape.device.type,
+        "threads": threads,
+    }
 
 
 @dataclasses.dataclass
@@ -172,8 +225,9 @@ class Probed:
 class Bench:
     """One bench run: its shape, limits, measured GEMM peak, and the rows gathered so far."""
 
-    def __init__(self, args: argparse.Namespace, shape: cases.Shape, peak_flops: float,
-                 peak_shape: tuple[int, int, int]) -> None:
+    def __init__(
+        self, args: argparse.Namespace, shape: cases.Shape, peak_flops: float, peak_shape: tuple[int, int, int]
+    ) -> None:
         self.args, self.shape, self.peak, self.peak_shape = args, shape, peak_flops, peak_shape
         self.threads = torch.get_num_threads()
         self.limit = memory_limit_bytes(shape.device, args.memory_limit_mb)
@@ -189,8 +243,17 @@ class Bench:
             return b0 * (n / n0) ** 2
         return _naive_bytes(level, mode, n, self.shape) if variant == "naive" else 0.0
 
-    def _probe(self, level: str, mode: str, n: int, variant: str, k: Optional[int], order: str,
-               causal: bool, alive: list[Probed]) -> Optional[Probed]:
+    def _probe(
+        self,
+        level: str,
+        mode: str,
+        n: int,
+        variant: str,
+        k: Optional[int],
+        order: str,
+        causal: bool,
+        alive: list[Probed],
+    ) -> Optional[Probed]:
         """Build one case, count its FLOPs (the first warm-up), measure its memory and size its
         timing samples; None (and a row with a note) if it is skipped or fails. ``alive``: the group's cases
         probed so far, whose memory stays held."""
@@ -204,8 +267,10 @@ class Bench:
         others = sum(p.held_bytes for p in alive)
         if expected > self.limit - others:
             held = f", {others / 2**20:.0f} MB of it held by the group's other cases" if others else ""
-            self._skip(ident, f"would not fit: about {expected / 2**20:.0f} MB expected, "
-                              f"limit {self.limit / 2**20:.0f} MB{held}")
+            self._skip(
+                ident,
+                f"would not fit: about {expected / 2**20:.0f} MB expected, limit {self.limit / 2**20:.0f} MB{held}",
+            )
             return None
         try:
             case = cases.build(level, mode, variant, k, order, n, shape, causal)
@@ -235,9 +300,12 @@ class Bench:
             if not crowded:
                 break
             largest = max(crowded, key=lambda p: p.peak_bytes)
-            self._skip(largest.ident, f"would not fit beside the group's other cases: {largest.peak_bytes / 2**20:.0f} "
-                                      f"MB peak + {held / 2**20:.0f} MB held by the group, limit "
-                                      f"{self.limit / 2**20:.0f} MB")
+            self._skip(
+                largest.ident,
+                f"would not fit beside the group's other cases: {largest.peak_bytes / 2**20:.0f} "
+                f"MB peak + {held / 2**20:.0f} MB held by the group, limit "
+                f"{self.limit / 2**20:.0f} MB",
+            )
             ready.remove(largest)
             self._free()
         return ready
@@ -264,15 +332,19 @@ class Bench:
         gemm_calls = calls_for(seconds_per_call(gemm, shape.device), a.min_time)
         while True:
             try:
-                samples = interleaved_seconds({"gemm": gemm, **{p.case.key: p.case.run for p in ready}},
-                                              {"gemm": gemm_calls, **{p.case.key: p.calls for p in ready}},
-                                              a.repeats, shape.device)
+                samples = interleaved_seconds(
+                    {"gemm": gemm, **{p.case.key: p.case.run for p in ready}},
+                    {"gemm": gemm_calls, **{p.case.key: p.calls for p in ready}},
+                    a.repeats,
+                    shape.device,
+                )
                 break
             except torch.OutOfMemoryError as err:  # the group together, or the allocator's fragments: drop one
                 largest = max(ready, key=lambda p: p.peak_bytes)
                 reason = str(err).splitlines()[0] if str(err) else "OutOfMemoryError"
-                self._skip(largest.ident, f"failed: out of memory while timing beside the group's other cases "
-                                          f"({reason})")
+                self._skip(
+                    largest.ident, f"failed: out of memory while timing beside the group's other cases ({reason})"
+                )
                 ready.remove(largest)
                 self._free()
                 if not ready:
@@ -281,12 +353,22 @@ class Bench:
         baselines = {(p.case.variant, p.case.causal): p for p in ready if p.case.variant in cases.BASELINES}
         for p in ready:
             t = samples[p.case.key]
-            row = {**p.ident, "order_used": p.case.order_used, "repeats": a.repeats, "calls": p.calls,
-                   "time_ms_median": 1e3 * median(t), "time_ms_min": 1e3 * min(t), "time_ms_max": 1e3 * max(t),
-                   "tokens_per_s": p.case.tokens / median(t), "peak_mem_mb": p.peak_bytes / 2**20,
-                   "gflop": p.flops / 1e9, "gflops_per_s": p.flops / median(t) / 1e9,
-                   "gemm_peak_gflops": self.peak / 1e9, "efficiency": p.flops / median(t) / self.peak,
-                   "efficiency_paired": median([p.flops / s / g for s, g in zip(t, gemm_rate)])}
+            row = {
+                **p.ident,
+                "order_used": p.case.order_used,
+                "repeats": a.repeats,
+                "calls": p.calls,
+                "time_ms_median": 1e3 * median(t),
+                "time_ms_min": 1e3 * min(t),
+                "time_ms_max": 1e3 * max(t),
+                "tokens_per_s": p.case.tokens / median(t),
+                "peak_mem_mb": p.peak_bytes / 2**20,
+                "gflop": p.flops / 1e9,
+                "gflops_per_s": p.flops / median(t) / 1e9,
+                "gemm_peak_gflops": self.peak / 1e9,
+                "efficiency": p.flops / median(t) / self.peak,
+                "efficiency_paired": median([p.flops / s / g for s, g in zip(t, gemm_rate)]),
+            }
             for name in cases.BASELINES:
                 base = baselines.get((name, p.case.causal))
                 if base is not None:
@@ -302,8 +384,20 @@ class Bench:
         a, shape = self.args, self.shape
         positions = [p for p in (a.decode_positions or a.n) if p >= a.decode_window]
         k = a.k[0]
-        idents = {v: _identity("decode", "fwd", v, k if v == "causal" else None, "auto" if v == "causal" else "-",
-                               True, 0, shape, self.threads) for v in ("causal", "sdpa")}
+        idents = {
+            v: _identity(
+                "decode",
+                "fwd",
+                v,
+                k if v == "causal" else None,
+                "auto" if v == "causal" else "-",
+                True,
+                0,
+                shape,
+                self.threads,
+            )
+            for v in ("causal", "sdpa")
+        }
         try:
             seconds = decode_seconds(positions, k, shape, a.decode_window)
         except Exception as err:  # noqa: BLE001
@@ -312,9 +406,17 @@ class Bench:
             return
         for variant, per_position in seconds.items():
             for p, s in per_position.items():
-                self.rows.append({**idents[variant], "n": p, "repeats": min(p, a.decode_window), "calls": 1,
-                                  "time_ms_median": 1e3 * s, "tokens_per_s": shape.batch / s,
-                                  "speedup_vs_sdpa": seconds["sdpa"][p] / s})
+                self.rows.append(
+                    {
+                        **idents[variant],
+                        "n": p,
+                        "repeats": min(p, a.decode_window),
+                        "calls": 1,
+                        "time_ms_median": 1e3 * s,
+                        "tokens_per_s": shape.batch / s,
+                        "speedup_vs_sdpa": seconds["sdpa"][p] / s,
+                    }
+                )
 
     def loop(self) -> None:
         from experiments.benchmarks.training_loop import loop_overhead
@@ -323,23 +425,48 @@ class Bench:
         n, k = a.n[0], min(a.k[0], a.n[0])
         bf16 = shape.dtype == torch.bfloat16
         loop_shape = dataclasses.replace(shape, batch=a.loop_batch)
-        idents = {v: _identity("loop", "fwdbwd", v, k, "auto", False, n, loop_shape, self.threads)
-                  for v in ("lightning", "pytorch")}
+        idents = {
+            v: _identity("loop", "fwdbwd", v, k, "auto", False, n, loop_shape, self.threads)
+            for v in ("lightning", "pytorch")
+        }
         try:
-            result = loop_overhead(n, k, shape.d_model, shape.n_heads, shape.n_layers, shape.d_ff, a.loop_batch,
-                                   a.loop_steps, a.loop_rounds, shape.device, bf16, shape.vocab)
+            result = loop_overhead(
+                n,
+                k,
+                shape.d_model,
+                shape.n_heads,
+                shape.n_layers,
+                shape.d_ff,
+                a.loop_batch,
+                a.loop_steps,
+                a.loop_rounds,
+                shape.device,
+                bf16,
+                shape.vocab,
+            )
         except Exception as err:  # noqa: BLE001
             for ident in idents.values():
                 self._skip(ident, f"failed: {type(err).__name__}: {err}")
             return
         for variant, key in (("lightning", "lightning_s"), ("pytorch", "bare_s")):
             t = result[key]
-            note = (f"Lightning ÷ bare per step: {result['ratio']:.3f} (median of {len(t)} paired rounds)"
-                    if variant == "lightning" else "zero_grad, loss, backward, step, scheduler step")
-            self.rows.append({**idents[variant], "repeats": len(t), "calls": a.loop_steps,
-                              "time_ms_median": 1e3 * median(t),
-                              "time_ms_min": 1e3 * min(t), "time_ms_max": 1e3 * max(t),
-                              "tokens_per_s": result["tokens"] / median(t), "note": note})
+            note = (
+                f"Lightning ÷ bare per step: {result['ratio']:.3f} (median of {len(t)} paired rounds)"
+                if variant == "lightning"
+                else "zero_grad, loss, backward, step, scheduler step"
+            )
+            self.rows.append(
+                {
+                    **idents[variant],
+                    "repeats": len(t),
+                    "calls": a.loop_steps,
+                    "time_ms_median": 1e3 * median(t),
+                    "time_ms_min": 1e3 * min(t),
+                    "time_ms_max": 1e3 * max(t),
+                    "tokens_per_s": result["tokens"] / median(t),
+                    "note": note,
+                }
+            )
 
 
 def _device(name: str) -> torch.device:
@@ -389,12 +516,17 @@ def _out_dir(root: str) -> Path:
 
 
 def _noise(rows: list[dict]) -> str:
-    spreads = [(r["time_ms_max"] - r["time_ms_min"]) / r["time_ms_median"] for r in rows
-               if r.get("time_ms_min") is not None and r["level"] in ("layer", "model")]
+    spreads = [
+        (r["time_ms_max"] - r["time_ms_min"]) / r["time_ms_median"]
+        for r in rows
+        if r.get("time_ms_min") is not None and r["level"] in ("layer", "model")
+    ]
     if not spreads:
         return "no interleaved timings"
-    return (f"(max − min) / median over rounds: median {median(spreads):.0%}, worst {max(spreads):.0%} "
-            f"across {len(spreads)} cases")
+    return (
+        f"(max − min) / median over rounds: median {median(spreads):.0%}, worst {max(spreads):.0%} "
+        f"across {len(spreads)} cases"
+    )
 
 
 def main(args: argparse.Namespace) -> int:

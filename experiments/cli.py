@@ -16,7 +16,10 @@ from foundation.redact import redact
 
 COMMANDS = {
     "train": ("training.train", "train one model from a YAML experiment file"),
-    "pipeline": ("experiments.pipeline", "pretrain variants, fine-tune each on classification tasks, tabulate (Table 2)"),
+    "pipeline": (
+        "experiments.pipeline",
+        "pretrain variants, fine-tune each on classification tasks, tabulate (Table 2)",
+    ),
     "bench": ("experiments.bench", "time and memory of every attention variant vs naive and SDPA attention"),
     "time-to-target": ("experiments.time_to_target", "seconds and tokens each variant needed to reach a val ppl"),
     "analyze": ("experiments.analyze", "attention spectrum, suggested k and what E/F learned, as figures"),

@@ -77,8 +77,10 @@ def load(path: str | Path, overrides: list[str] = ()) -> DictConfig:
         raise ConfigError("pretrain.config: required (the base MLM experiment YAML)")
     for key in ("variants", "tasks"):
         if not cfg[key]:
-            raise ConfigError(f"{key}: required (a mapping of names to "
-                                f"{'override lists' if key == 'variants' else 'config + overrides'})")
+            raise ConfigError(
+                f"{key}: required (a mapping of names to "
+                f"{'override lists' if key == 'variants' else 'config + overrides'})"
+            )
     for name, task in cfg.tasks.items():
         if not task.config:
             raise ConfigError(f"tasks.{name}.config: required (a fine-tuning experiment YAML)")
@@ -90,13 +92,24 @@ def stages(cfg: DictConfig, base_dir: Path, root: Path) -> list[Stage]:
     out = []
     for variant, variant_overrides in cfg.variants.items():
         pre_dir = root / "pretrain" / variant
-        pre = _stage_config(base_dir, cfg.pretrain, [*variant_overrides, f"experiment={cfg.experiment}.{variant}",
-                                                     f"run_dir={pre_dir}"], f"variants.{variant}")
+        pre = _stage_config(
+            base_dir,
+            cfg.pretrain,
+            [*variant_overrides, f"experiment={cfg.experiment}.{variant}", f"run_dir={pre_dir}"],
+            f"variants.{variant}",
+        )
         out.append(Stage(variant, "", pre))
         for task, stage in cfg.tasks.items():
-            ft = _stage_config(base_dir, stage, [f"experiment={cfg.experiment}.{variant}.{task}",
-                                                 f"run_dir={root / 'finetune' / variant / task}",
-                                                 f"init_from={pre_dir}"], f"tasks.{task}")
+            ft = _stage_config(
+                base_dir,
+                stage,
+                [
+                    f"experiment={cfg.experiment}.{variant}.{task}",
+                    f"run_dir={root / 'finetune' / variant / task}",
+                    f"init_from={pre_dir}",
+                ],
+                f"tasks.{task}",
+            )
             ft.model = pre.model  # the pretrained architecture, whatever the task YAML says
             run_config.check(ft)
             out.append(Stage(variant, task, ft))
@@ -126,14 +139,18 @@ def run(cfg: DictConfig, base_dir: Path) -> Path:
             continue
         stage.cfg.resume = run_dir.is_dir()
         results[stage.variant, stage.task] = train(
-            stage.cfg, hparams={"pipeline.variant": stage.variant, "pipeline.task": stage.task or "pretrain"})
+            stage.cfg, hparams={"pipeline.variant": stage.variant, "pipeline.task": stage.task or "pretrain"}
+        )
     write_results(root, list(cfg.variants), list(cfg.tasks), results, cfg.metric)
     return root
 
 
 def _newest(cfg: DictConfig) -> Path:
-    versions = [p for p in (Path(cfg.output_dir) / cfg.experiment).glob("version_*")
-                if p.name.removeprefix("version_").isdigit()]
+    versions = [
+        p
+        for p in (Path(cfg.output_dir) / cfg.experiment).glob("version_*")
+        if p.name.removeprefix("version_").isdigit()
+    ]
     if not versions:
         raise ConfigError(f"resume: no run of pipeline {cfg.experiment!r} under {cfg.output_dir}/ to resume")
     return max(versions, key=lambda p: int(p.name.removeprefix("version_")))
@@ -144,8 +161,14 @@ def results_table(variants: list[str], tasks: list[str], results: dict, metric: 
     rows = []
     for v in variants:
         scores = {t: float(results[v, t][metric]) for t in tasks}
-        rows.append({"variant": v, "pretrain_val_ppl": float(results[v, ""]["val/ppl"]), **scores,
-                     "average": sum(scores.values()) / len(scores)})
+        rows.append(
+            {
+                "variant": v,
+                "pretrain_val_ppl": float(results[v, ""]["val/ppl"]),
+                **scores,
+                "average": sum(scores.values()) / len(scores),
+            }
+        )
     return rows
 
 
@@ -160,12 +183,20 @@ def write_results(root: Path, variants: list[str], tasks: list[str], results: di
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(root / "results.csv", buffer.getvalue())
-    lines = [f"{metric} (%) of the best validation checkpoint; pretraining val/ppl for reference.", "",
-             "| " + " | ".join(["variant", "pretrain val ppl", *tasks, "average"]) + " |",
-             "|" + "---|" * len(columns)]
+    lines = [
+        f"{metric} (%) of the best validation checkpoint; pretraining val/ppl for reference.",
+        "",
+        "| " + " | ".join(["variant", "pretrain val ppl", *tasks, "average"]) + " |",
+        "|" + "---|" * len(columns),
+    ]
     for r in rows:
-        lines.append("| " + " | ".join([r["variant"], f"{r['pretrain_val_ppl']:.2f}",
-                                        *(f"{100 * r[c]:.1f}" for c in (*tasks, "average"))]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [r["variant"], f"{r['pretrain_val_ppl']:.2f}", *(f"{100 * r[c]:.1f}" for c in (*tasks, "average"))]
+            )
+            + " |"
+        )
     markdown = "\n".join(lines) + "\n"
     atomic_write_text(root / "results.md", markdown)
     with SummaryWriter(str(root)) as tb:

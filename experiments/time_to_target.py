@@ -76,9 +76,17 @@ def rows(paths: Sequence[Path], target: float, by: Optional[Sequence[str]] = Non
         reached = [r for r in (reach(curve, target) for curve, _ in members) if r is not None]
         finals = [curve[-1][2] for curve, _ in members if curve]
         speeds = [float(m["tokens_per_sec"]) for _, m in members if "tokens_per_sec" in m]
-        out.append({"variant": label, "runs": len(members), "reached": len(reached),
-                    "seconds": _median([s for s, _ in reached]), "tokens": _median([t for _, t in reached]),
-                    "final_ppl": _median(finals), "tokens_per_s": _median(speeds)})
+        out.append(
+            {
+                "variant": label,
+                "runs": len(members),
+                "reached": len(reached),
+                "seconds": _median([s for s, _ in reached]),
+                "tokens": _median([t for _, t in reached]),
+                "final_ppl": _median(finals),
+                "tokens_per_s": _median(speeds),
+            }
+        )
     return out, keys
 
 
@@ -94,14 +102,20 @@ def _fmt(value: Optional[float], spec: str) -> str:
 
 
 def markdown(table_rows: list[dict], target: float, keys: Sequence[str]) -> str:
-    lines = [f"### Time to validation perplexity ≤ {target:g}", "",
-             f"Variants differ in: {', '.join(keys) or 'nothing (one group)'}. Medians over the runs that reached "
-             "the target; seconds are training-step seconds.", "",
-             "| variant | runs | reached | seconds | tokens | final val ppl | tokens/s |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### Time to validation perplexity ≤ {target:g}",
+        "",
+        f"Variants differ in: {', '.join(keys) or 'nothing (one group)'}. Medians over the runs that reached "
+        "the target; seconds are training-step seconds.",
+        "",
+        "| variant | runs | reached | seconds | tokens | final val ppl | tokens/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in table_rows:
-        lines.append(f"| {r['variant']} | {r['runs']} | {r['reached']} | {_fmt(r['seconds'], '.1f')} | "
-                     f"{_fmt(r['tokens'], '.3g')} | {_fmt(r['final_ppl'], '.2f')} | {_fmt(r['tokens_per_s'], '.0f')} |")
+        lines.append(
+            f"| {r['variant']} | {r['runs']} | {r['reached']} | {_fmt(r['seconds'], '.1f')} | "
+            f"{_fmt(r['tokens'], '.3g')} | {_fmt(r['final_ppl'], '.2f')} | {_fmt(r['tokens_per_s'], '.0f')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -117,8 +131,11 @@ def report(paths: Sequence[Path], targets: Sequence[float], by: Optional[Sequenc
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dirs", nargs="+", type=Path, help="run directories or folders above them")
     parser.add_argument("--target", required=True, help="validation perplexity to reach (comma-separated for several)")
-    parser.add_argument("--by", default=None, help="config keys that define a variant, comma-separated "
-                                                   "(default: every key that differs between the runs)")
+    parser.add_argument(
+        "--by",
+        default=None,
+        help="config keys that define a variant, comma-separated (default: every key that differs between the runs)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the tables to this markdown file")
 
 

@@ -40,8 +40,10 @@ def _load(path: str | Path) -> Any:
     except pickle.UnpicklingError as err:  # weights_only met a global: unpickling it could run code
         found = re.search(r"GLOBAL (\S+)", str(err))
         what = f" ({found[1]})" if found else ""
-        raise ConfigError(f"checkpoint {path}: holds objects that could run code when loaded{what}; refused: "
-                          "only tensors and plain containers load") from None
+        raise ConfigError(
+            f"checkpoint {path}: holds objects that could run code when loaded{what}; refused: "
+            "only tensors and plain containers load"
+        ) from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0]
         raise ConfigError(f"checkpoint {path}: corrupt ({reason})") from None
@@ -54,8 +56,9 @@ def verify_archive(path: Path) -> None:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as err:
-        raise ConfigError(f"checkpoint {path}: damaged ({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
-                          "refused") from None
+        raise ConfigError(
+            f"checkpoint {path}: damaged ({str(err).splitlines()[0] if str(err) else type(err).__name__}); refused"
+        ) from None
     if bad is not None:
         raise ConfigError(f"checkpoint {path}: damaged (entry {bad} fails its CRC-32 check); refused")
 
@@ -97,8 +100,11 @@ def check_architecture(state: dict[str, Any], module: torch.nn.Module, path: str
         return
     theirs = flatten((state.get("hyper_parameters") or {}).get("config", {}).get("model", {}), "model.")
     ours = flatten(getattr(module, "config", {}).get("model", {}), "model.")
-    differ = [f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here" for k in sorted(set(theirs) | set(ours))
-              if theirs and theirs.get(k) != ours.get(k)]
+    differ = [
+        f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here"
+        for k in sorted(set(theirs) | set(ours))
+        if theirs and theirs.get(k) != ours.get(k)
+    ]
     if not differ:
         name = next(k for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k))
         differ = [f"tensor {name} has shape {saved.get(name)} there, {wanted.get(name)} here"]

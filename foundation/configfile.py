@@ -96,8 +96,9 @@ def read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {path}: not found")
     if path.stat().st_size > MAX_FILE_BYTES:
-        raise ConfigError(f"config file {path}: {path.stat().st_size} bytes, more than the {MAX_FILE_BYTES} a config "
-                          "file may have")
+        raise ConfigError(
+            f"config file {path}: {path.stat().st_size} bytes, more than the {MAX_FILE_BYTES} a config file may have"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except (UnicodeDecodeError, OSError) as err:
@@ -165,8 +166,11 @@ def rename_keys(layer: Any, renamed: Renamed, warn: bool = True) -> Any:
             else:
                 _put(layer, new, value)
             if warn:
-                print(f"warning: {old} is deprecated, use {new}"
-                      + (f" ({', '.join(f'{a} → {b}' for a, b in values.items())})" if values else ""), file=sys.stderr)
+                print(
+                    f"warning: {old} is deprecated, use {new}"
+                    + (f" ({', '.join(f'{a} → {b}' for a, b in values.items())})" if values else ""),
+                    file=sys.stderr,
+                )
     return layer
 
 

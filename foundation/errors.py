@@ -18,8 +18,15 @@ def require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def check_number(key: str, value: object, low: float | None = None, high: float | None = None,
-                 low_open: bool = False, high_open: bool = False, integer: bool = False) -> None:
+def check_number(
+    key: str,
+    value: object,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+) -> None:
     """``value`` must be a finite number (an integer when ``integer``) in the given range; else one ConfigError
     line naming ``key``, the value and the range, e.g. ``--threads: must be an integer in [0, 64], got -4``."""
     is_number = isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -39,8 +39,10 @@ def choose_run_dir(output_dir: str, experiment: str, run_dir: Optional[str], res
     if rank > 0 or started_beside:
         shared = os.environ.get(RUN_DIR_ENV) or run_dir
         if shared is None:
-            raise ConfigError("run_dir: a multi-process launch (torchrun, srun) needs run_dir=<a directory that "
-                              "every rank sees>: the ranks cannot agree on the next free version otherwise")
+            raise ConfigError(
+                "run_dir: a multi-process launch (torchrun, srun) needs run_dir=<a directory that "
+                "every rank sees>: the ranks cannot agree on the next free version otherwise"
+            )
         if rank > 0:
             return Path(shared)
     if run_dir is not None:
@@ -80,8 +82,9 @@ def init_from_checkpoint(init_from: str) -> Path:
     path = Path(init_from)
     ckpt = path / CHECKPOINT if path.is_dir() else path
     if not ckpt.is_file():
-        raise ConfigError(f"init_from: no checkpoint at {str(ckpt)!r} (give a run directory holding "
-                          f"{CHECKPOINT} or a .ckpt file)")
+        raise ConfigError(
+            f"init_from: no checkpoint at {str(ckpt)!r} (give a run directory holding {CHECKPOINT} or a .ckpt file)"
+        )
     return ckpt
 
 
@@ -100,6 +103,8 @@ def init_from_tokenizer(init_from: str) -> Path:
     run_dir = init_from_run_dir(init_from)
     tokenizer = run_dir / TOKENIZER
     if not tokenizer.is_file():
-        raise ConfigError(f"init_from: no {TOKENIZER} in {str(run_dir)!r} (set data.tokenizer.path to the "
-                          f"tokenizer the encoder was pretrained with)")
+        raise ConfigError(
+            f"init_from: no {TOKENIZER} in {str(run_dir)!r} (set data.tokenizer.path to the "
+            f"tokenizer the encoder was pretrained with)"
+        )
     return tokenizer

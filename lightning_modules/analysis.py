@@ -52,21 +52,23 @@ if TYPE_CHECKING:
 
 
 # ------------------------------------------------------------------------------ capture
-def attention_probabilities(q: Tensor, k: Tensor, attn_mask: Optional[Tensor] = None,
-                            is_causal: bool = False, scale: Optional[float] = None) -> Tensor:
+def attention_probabilities(
+    q: Tensor, k: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False, scale: Optional[float] = None
+) -> Tensor:
     """softmax(q kᵀ · scale + mask), exactly what ``scaled_dot_product_attention`` weights v by.
 
     q: (…, T, d_h), k: (…, S, d_h) → (…, T, S) in float32. ``attn_mask`` is boolean (True = attend)
     or additive; ``is_causal`` masks keys j > i (top-left aligned, as SDPA); scale defaults to 1/√d_h.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q.float() @ k.float().transpose(-2, -1)) * scale                   # (…, T, S)
+    scores = (q.float() @ k.float().transpose(-2, -1)) * scale  # (…, T, S)
     if is_causal:
         t, s = scores.shape[-2:]
         scores = scores.masked_fill(~torch.ones(t, s, dtype=torch.bool, device=q.device).tril(), -math.inf)
     if attn_mask is not None:
-        scores = (scores.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool
-                  else scores + attn_mask.float())
+        scores = (
+            scores.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else scores + attn_mask.float()
+        )
     return scores.softmax(-1)
 
 
@@ -88,8 +90,16 @@ def recorded_attention(model: nn.Module) -> Iterator[list[list[Tensor]]]:
 
     def explicit(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if active[0] is None:
-            return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                            scale=scale, enable_gqa=enable_gqa)
+            return original(
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
         if dropout_p > 0 or enable_gqa:
             raise RuntimeError("recorded_attention needs eval mode (no attention dropout) and equal head counts")
         p = attention_probabilities(q, k, attn_mask, is_causal, scale)
@@ -122,10 +132,10 @@ def blockwise_context_matrix(p: Tensor, length: int, window: int) -> Tensor:
     """
     u, slots = p.shape[-2], -(-length // window) - 1
     nr = -(-length // u)
-    pr = p.unflatten(0, (-1, nr)).transpose(1, 2)                        # (B, h, nr, u, nb-1+u)
+    pr = p.unflatten(0, (-1, nr)).transpose(1, 2)  # (B, h, nr, u, nb-1+u)
     eye = torch.eye(nr, dtype=p.dtype, device=p.device)
-    local = torch.einsum("bhric,rs->bhrisc", pr[..., slots:], eye)       # block-diagonal (B, h, nr, u, nr, u)
-    local = local.flatten(4, 5).flatten(2, 3)                             # (B, h, nr·u, nr·u)
+    local = torch.einsum("bhric,rs->bhrisc", pr[..., slots:], eye)  # block-diagonal (B, h, nr, u, nr, u)
+    local = local.flatten(4, 5).flatten(2, 3)  # (B, h, nr·u, nr·u)
     return torch.cat([pr[..., :slots].flatten(2, 3), local[..., :length]], -1)[:, :, :length]
 
 
@@ -141,8 +151,10 @@ def attention_maps(encoder: nn.Module, input_ids: Tensor, mask: Optional[Tensor]
     maps = []
     for index, (layer, calls) in enumerate(zip(layers, records)):
         if len(calls) != 1:
-            raise RuntimeError(f"attention layer {index} made {len(calls)} scaled_dot_product_attention calls; the "
-                               "spectrum needs exactly one context-mapping matrix per layer")
+            raise RuntimeError(
+                f"attention layer {index} made {len(calls)} scaled_dot_product_attention calls; the "
+                "spectrum needs exactly one context-mapping matrix per layer"
+            )
         p = calls[0]
         if layer.kind == "linformer" and layer.causal:
             p = blockwise_context_matrix(p, length, layer.bank.window(layer.layer))
@@ -219,9 +231,9 @@ def measure_spectrum(encoder: nn.Module, batches: Iterable[dict], grams: bool = 
                 sums = [torch.zeros(p.shape[-1], p.shape[-1], dtype=torch.float64) for p in maps]
             for layer, p in enumerate(maps):
                 p = p.double().cpu()
-                svs[layer].append(torch.linalg.svdvals(p))                  # (B, h, m)
+                svs[layer].append(torch.linalg.svdvals(p))  # (B, h, m)
                 if grams:
-                    sums[layer] += (p.transpose(-2, -1) @ p).sum((0, 1))      # (S, S)
+                    sums[layer] += (p.transpose(-2, -1) @ p).sum((0, 1))  # (S, S)
     finally:
         encoder.train(was_training)
     if not svs:
@@ -271,8 +283,10 @@ def projection_operator(bank: ProjectionBank, layer: int, side: int) -> Tensor:
     """
     n = bank.max_len
     length = bank.slots(layer) * bank.window(layer) if bank.causal else n
-    stored = next(iter(bank.state_dict().values()), None)                 # pool stores nothing
-    eye = torch.eye(length, device=None if stored is None else stored.device)[:, None, :, None]  # (length, 1, length, 1)
+    stored = next(iter(bank.state_dict().values()), None)  # pool stores nothing
+    eye = torch.eye(length, device=None if stored is None else stored.device)[
+        :, None, :, None
+    ]  # (length, 1, length, 1)
     with torch.no_grad():  # in chunks of unit vectors: a conv's per-channel product is (chunk, G, n, C)
         out = torch.cat([bank.compress(layer, side, chunk) for chunk in eye.split(32)])  # (length, G, k', C)
     return F.pad(out.permute(1, 3, 2, 0).double().cpu(), (0, n - length))
@@ -333,7 +347,7 @@ def spread(e: Tensor) -> Tensor:
 def smoothness(e: Tensor) -> Tensor:
     """(…, k, n) → (…, k): share of each row's energy at DCT-II frequencies f < n/2."""
     n = e.shape[-1]
-    c2 = (e.double() @ dct_matrix(n).T) ** 2                               # (…, k, n)
+    c2 = (e.double() @ dct_matrix(n).T) ** 2  # (…, k, n)
     return c2[..., : (n + 1) // 2].sum(-1) / c2.sum(-1).clamp_min(1e-30)
 
 
@@ -353,12 +367,12 @@ def principal_cosines(a: Tensor, b: Tensor) -> Tensor:
 def subspace_alignment(a: Tensor, b: Tensor) -> float:
     """Mean cos² of the principal angles: 1 when one row space contains the other, ≈ k₂/n at random."""
     cos = principal_cosines(a, b)
-    return float((cos ** 2).sum() / min(_row_basis(a).shape[1], _row_basis(b).shape[1]))
+    return float((cos**2).sum() / min(_row_basis(a).shape[1], _row_basis(b).shape[1]))
 
 
 def attention_subspace(gram: Tensor, k: int) -> Tensor:
     """Top-k right singular vectors of the stacked P's, i.e. top-k eigenvectors of Σ PᵀP: (k, S)."""
-    _, vectors = torch.linalg.eigh(gram.double())                          # ascending
+    _, vectors = torch.linalg.eigh(gram.double())  # ascending
     return vectors[:, -k:].flip(-1).T
 
 
@@ -368,16 +382,20 @@ def projection_metrics(e: Tensor, attention: Optional[Tensor] = None) -> dict[st
     and (when given) a full model's attention subspace (k, n)."""
     k, n = e.shape[-2:]
     fourier = dct_matrix(n)[:k]
-    out = {"locality": float(locality(e).mean()), "spread": float(spread(e).mean()),
-           "smoothness": float(smoothness(e).mean()),
-           "fourier_alignment": float(np.mean([subspace_alignment(c, fourier) for c in e]))}
+    out = {
+        "locality": float(locality(e).mean()),
+        "spread": float(spread(e).mean()),
+        "smoothness": float(smoothness(e).mean()),
+        "fourier_alignment": float(np.mean([subspace_alignment(c, fourier) for c in e])),
+    }
     if attention is not None:
         out["attention_alignment"] = float(np.mean([subspace_alignment(c, attention) for c in e]))
     return out
 
 
-def projection_report(projections: Sequence[Projection], reference: Optional[Spectrum] = None,
-                      seed: int = 0) -> dict[str, dict]:
+def projection_report(
+    projections: Sequence[Projection], reference: Optional[Spectrum] = None, seed: int = 0
+) -> dict[str, dict]:
     """Per distinct matrix: its metrics (``model``) and those of a Gaussian matrix of the same shape
     (``gaussian``, drawn from a seeded generator), plus shape and layers. With ``reference`` (a full
     model's spectrum with grams on the same sequences), the attention subspace of an entry is that of
@@ -395,9 +413,12 @@ def projection_report(projections: Sequence[Projection], reference: Optional[Spe
                 raise ValueError(f"{p.name}: reference attention is over {gram.shape[-1]} positions, E over {n}")
             attention = attention_subspace(gram, k)
         gaussian = torch.randn(channels, k, n, generator=generator, dtype=torch.float64)
-        report[p.name] = {"shape": [channels, k, n], "layers": list(p.layers),
-                          "model": projection_metrics(p.matrix, attention),
-                          "gaussian": projection_metrics(gaussian, attention)}
+        report[p.name] = {
+            "shape": [channels, k, n],
+            "layers": list(p.layers),
+            "model": projection_metrics(p.matrix, attention),
+            "gaussian": projection_metrics(gaussian, attention),
+        }
     return report
 
 
@@ -423,7 +444,7 @@ def figure_cumulative(spectrum: Spectrum, indices: Sequence[int], title: str) ->
     ax = fig.add_subplot()
     for layer, (curve, index) in enumerate(zip(spectrum.layer_curves, indices)):
         x = np.arange(1, curve.shape[0] + 1)
-        line, = ax.plot(x, curve.numpy(), label=f"layer {layer}")
+        (line,) = ax.plot(x, curve.numpy(), label=f"layer {layer}")
         i = min(index, curve.shape[0])
         ax.plot([i], [float(curve[i - 1])], "o", color=line.get_color())
     ax.set(xlabel="singular value index", ylabel="normalised cumulative singular value", ylim=(0, 1.02), title=title)
@@ -440,10 +461,17 @@ def figure_heatmap(values: Tensor, indices: Sequence[int], title: str) -> "Figur
     image = ax.imshow(values.numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
     if n_layers * n_heads <= 256:
         for (layer, head), v in np.ndenumerate(values.numpy()):
-            ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if v < 0.6 else "black")
-    ax.set(xlabel="head", ylabel="layer", title=title, xticks=range(n_heads),
-           yticks=range(n_layers), yticklabels=[f"{l} (k={i})" for l, i in enumerate(indices)])
+            ax.text(
+                head, layer, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black"
+            )
+    ax.set(
+        xlabel="head",
+        ylabel="layer",
+        title=title,
+        xticks=range(n_heads),
+        yticks=range(n_layers),
+        yticklabels=[f"{l} (k={i})" for l, i in enumerate(indices)],
+    )
     fig.colorbar(image, ax=ax)
     return fig
 
@@ -457,11 +485,12 @@ def figure_projection_rows(projections: Sequence[Projection], title: str) -> "Fi
     lim = max(float(p.matrix.abs().max()) for p in projections) or 1.0
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, p in zip(axes.flat, projections):
-        image = ax.imshow(p.matrix[0].numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto",
-                          interpolation="nearest")
+        image = ax.imshow(
+            p.matrix[0].numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest"
+        )
         channels = f" (channel 0 of {p.matrix.shape[0]})" if p.matrix.shape[0] > 1 else ""
         ax.set(title=p.name + channels, xlabel="position", ylabel="slot")
-    for ax in axes.flat[len(projections):]:
+    for ax in axes.flat[len(projections) :]:
         ax.set_axis_off()
     fig.colorbar(image, ax=axes.ravel().tolist())
     fig.suptitle(title)
@@ -471,8 +500,11 @@ def figure_projection_rows(projections: Sequence[Projection], title: str) -> "Fi
 def figure_projection_metrics(report: dict[str, dict]) -> "Figure":
     """Each metric per distinct matrix, the model's against a Gaussian matrix of the same shape."""
     names = list(report)
-    metrics = [m for m in ("locality", "smoothness", "fourier_alignment", "attention_alignment")
-               if m in report[names[0]]["model"]]
+    metrics = [
+        m
+        for m in ("locality", "smoothness", "fourier_alignment", "attention_alignment")
+        if m in report[names[0]]["model"]
+    ]
     fig = _figure(max(6.0, 0.35 * len(names) + 2), 2.2 * len(metrics) + 0.6)
     axes = fig.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
     x = np.arange(len(names))

@@ -53,8 +53,13 @@ class RunMetrics(L.Callback):
         self._window = [0.0, 0]  # seconds and tokens since then
 
     def state_dict(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "train_seconds": self.train_seconds, "curve": self.curve,
-                "validated_at": self.validated_at, "peak_mem_mb": self.peak_mem_mb}
+        return {
+            "tokens": self.tokens,
+            "train_seconds": self.train_seconds,
+            "curve": self.curve,
+            "validated_at": self.validated_at,
+            "peak_mem_mb": self.peak_mem_mb,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tokens, self.train_seconds = state["tokens"], state["train_seconds"]
@@ -68,13 +73,15 @@ class RunMetrics(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._logged_at, self._window = trainer.global_step, [0.0, 0]  # (a resumed run starts mid-way)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if self._opened is None:
             self._opened = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
-                           batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         n = batch["input_ids"].numel() * trainer.world_size
         self.tokens += n
         self._window[1] += n
@@ -85,9 +92,13 @@ class RunMetrics(L.Callback):
         self._close()
         (seconds, tokens), steps = self._window, step - self._logged_at
         # CPU tensors: a Python number would be copied to the device, and wait for it, at every call.
-        pl_module.log_dict({"perf/tokens_per_sec": torch.tensor(tokens / max(seconds, 1e-9)),
-                            "perf/step_time_s": torch.tensor(seconds / steps),
-                            "perf/peak_mem_mb": torch.tensor(self.peak_mem_mb)})
+        pl_module.log_dict(
+            {
+                "perf/tokens_per_sec": torch.tensor(tokens / max(seconds, 1e-9)),
+                "perf/step_time_s": torch.tensor(seconds / steps),
+                "perf/peak_mem_mb": torch.tensor(self.peak_mem_mb),
+            }
+        )
         self._logged_at, self._window = step, [0.0, 0]
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -147,18 +158,24 @@ class TrainingFlops(L.Callback):
         return {"flops_per_batch": self.flops_per_batch, "batches": self.batches, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.flops_per_batch, self.batches, self.world_size = (state["flops_per_batch"], state["batches"],
-                                                               state["world_size"])
+        self.flops_per_batch, self.batches, self.world_size = (
+            state["flops_per_batch"],
+            state["batches"],
+            state["world_size"],
+        )
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self.world_size = trainer.world_size
         if self.flops_per_batch is None and hasattr(pl_module, "training_loss"):
-            self.flops_per_batch = training_step_flops(pl_module, lambda: pl_module.training_loss(batch),
-                                                       trainer.precision_plugin.train_step_context)
+            self.flops_per_batch = training_step_flops(
+                pl_module, lambda: pl_module.training_loss(batch), trainer.precision_plugin.train_step_context
+            )
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.batches += 1
 
 
@@ -182,11 +199,14 @@ class SpectrumMonitor(L.Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.validations = state["validations"]
 
-    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                                  batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         if self.sample is None and not trainer.sanity_checking:
-            self.sample = {key: None if batch.get(key) is None else batch[key][: self.samples].detach().cpu()
-                           for key in ("input_ids", "attention_mask")}  # packed LM batches: no mask
+            self.sample = {
+                key: None if batch.get(key) is None else batch[key][: self.samples].detach().cpu()
+                for key in ("input_ids", "attention_mask")
+            }  # packed LM batches: no mask
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or self.sample is None:
@@ -200,8 +220,9 @@ class SpectrumMonitor(L.Callback):
         spectrum = analysis.measure_spectrum(pl_module.encoder, [self.sample])
         indices = analysis.heatmap_indices(pl_module.config["model"], spectrum)
         step = trainer.global_step
-        image = analysis.figure_to_array(analysis.figure_heatmap(
-            spectrum.at_index(indices), indices, f"cumulative singular value at k, step {step}"))
+        image = analysis.figure_to_array(
+            analysis.figure_heatmap(spectrum.at_index(indices), indices, f"cumulative singular value at k, step {step}")
+        )
         for logger in loggers:
             logger.experiment.add_image("spectrum/heatmap", image, step, dataformats="HWC")
             for layer, rank in enumerate(spectrum.effective_ranks(self.energy)):

@@ -82,18 +82,21 @@ class SequenceClassifierModule(L.LightningModule):
         if config.get("init_from"):
             load_encoder(self.encoder, config["init_from"], config["model"], vocab_size)
         self.n_parameters = count_parameters(self)
-        scores = MetricCollection({
-            "accuracy": MulticlassAccuracy(num_labels, average="micro"),
-            "f1": BinaryF1Score() if num_labels == 2 else MulticlassF1Score(num_labels, average="macro")})
+        scores = MetricCollection(
+            {
+                "accuracy": MulticlassAccuracy(num_labels, average="micro"),
+                "f1": BinaryF1Score() if num_labels == 2 else MulticlassF1Score(num_labels, average="macro"),
+            }
+        )
         self.val_scores, self.test_scores = scores.clone(prefix="val/"), scores.clone(prefix="test/")
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Logits (B, C)."""
-        hidden = self.encoder(input_ids, attention_mask)                          # (B, T, d)
+        hidden = self.encoder(input_ids, attention_mask)  # (B, T, d)
         if attention_mask is None:
             return self.head(hidden.mean(1))
-        m = attention_mask.unsqueeze(-1).to(hidden.dtype)                         # (B, T, 1)
+        m = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
         return self.head((hidden * m).sum(1) / m.sum(1).clamp(min=1))
 
     def _step(self, batch: dict) -> tuple[Tensor, Tensor]:
@@ -160,22 +163,30 @@ def load_encoder(encoder: TransformerEncoder, init_from: str, model_cfg: Any, vo
         raise ConfigError(f"init_from: {err}") from None
     hparams, weights = state.get("hyper_parameters") or {}, state["state_dict"]
     if "config" not in hparams or "vocab_size" not in hparams:
-        raise ConfigError(f"init_from: {str(ckpt)!r} has no model config and vocabulary size in its hyper-parameters "
-                          f"(not a linformer-lab checkpoint)")
+        raise ConfigError(
+            f"init_from: {str(ckpt)!r} has no model config and vocabulary size in its hyper-parameters "
+            f"(not a linformer-lab checkpoint)"
+        )
     theirs, mine = architecture(hparams["config"]["model"]), architecture(model_cfg)
     for key in mine:
         if theirs.get(key) != mine[key]:
-            raise ConfigError(f"init_from: {str(ckpt)!r} was trained with model.{key}={theirs.get(key)}, this run has "
-                              f"model.{key}={mine[key]} (the encoder architecture must match)")
+            raise ConfigError(
+                f"init_from: {str(ckpt)!r} was trained with model.{key}={theirs.get(key)}, this run has "
+                f"model.{key}={mine[key]} (the encoder architecture must match)"
+            )
     finished = ckpt.parents[1] / "metrics.json"
     if Path(init_from).is_dir() and finished.is_file():  # a run directory stands for the end of its training
         ended, saved = json.loads(finished.read_text()).get("global_step"), state.get("global_step")
         if ended != saved:
-            raise ConfigError(f"init_from: {str(ckpt)!r} holds step {saved}, but the run ended at step {ended} "
-                              f"(checkpoints are written at validations: make trainer.max_steps a multiple of "
-                              f"trainer.val_check_interval, or name a .ckpt file)")
+            raise ConfigError(
+                f"init_from: {str(ckpt)!r} holds step {saved}, but the run ended at step {ended} "
+                f"(checkpoints are written at validations: make trainer.max_steps a multiple of "
+                f"trainer.val_check_interval, or name a .ckpt file)"
+            )
     if hparams["vocab_size"] != vocab_size:
-        raise ConfigError(f"init_from: {str(ckpt)!r} has a vocabulary of {hparams['vocab_size']} tokens, this run's "
-                          f"tokenizer has {vocab_size} (fine-tune with the pretraining run's tokenizer)")
+        raise ConfigError(
+            f"init_from: {str(ckpt)!r} has a vocabulary of {hparams['vocab_size']} tokens, this run's "
+            f"tokenizer has {vocab_size} (fine-tune with the pretraining run's tokenizer)"
+        )
     prefix = "encoder."
-    encoder.load_state_dict({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
+    encoder.load_state_dict({k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)})

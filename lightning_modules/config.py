@@ -28,8 +28,10 @@ MAX_SIZE = {"max_len": 1 << 20, "d_model": 1 << 16, "n_heads": 1024, "n_layers":
 # the next. ``project`` collided with ``projection`` and its ``kv`` with ``share: kv``; ``path`` with file paths.
 RENAMED = {
     "model.attention.project": ("model.attention.compress", {"kv": "both", "k": "keys", "v": "values"}),
-    "model.attention.path": ("model.attention.order",
-                             {"auto": "auto", "input": "compress_first", "projected": "project_first"}),
+    "model.attention.path": (
+        "model.attention.order",
+        {"auto": "auto", "input": "compress_first", "projected": "project_first"},
+    ),
 }
 
 
@@ -103,8 +105,9 @@ def model_config(cfg: Any) -> DictConfig:
 
 
 # The same renames, relative to the model node.
-RENAMED_MODEL = {old.removeprefix("model."): (new.removeprefix("model."), values)
-                 for old, (new, values) in RENAMED.items()}
+RENAMED_MODEL = {
+    old.removeprefix("model."): (new.removeprefix("model."), values) for old, (new, values) in RENAMED.items()
+}
 
 
 def layer_ks(model: DictConfig | ModelConfig) -> list[int]:
@@ -134,17 +137,26 @@ def check_model(model: DictConfig) -> None:
 
     for key in ("max_len", "d_model", "n_heads", "n_layers", "d_ff"):
         check_number(f"model.{key}", model[key], 1, MAX_SIZE[key], integer=True)
-    require(model.d_model % model.n_heads == 0,
-            f"model.d_model: {model.d_model} is not divisible by model.n_heads={model.n_heads}")
-    require(_finite(model.dropout) and 0.0 <= model.dropout < 1.0,
-            f"model.dropout: must be in [0, 1), got {model.dropout}")
+    require(
+        model.d_model % model.n_heads == 0,
+        f"model.d_model: {model.d_model} is not divisible by model.n_heads={model.n_heads}",
+    )
+    require(
+        _finite(model.dropout) and 0.0 <= model.dropout < 1.0, f"model.dropout: must be in [0, 1), got {model.dropout}"
+    )
     att = model.attention
-    require(_finite(att.dropout) and 0.0 <= att.dropout < 1.0,
-            f"model.attention.dropout: must be in [0, 1), got {att.dropout}")
+    require(
+        _finite(att.dropout) and 0.0 <= att.dropout < 1.0,
+        f"model.attention.dropout: must be in [0, 1), got {att.dropout}",
+    )
     kind = ATTENTION_KINDS.get(att.kind)
-    require(kind is not None, f"model.attention.kind: unknown kind {att.kind!r} (allowed: {', '.join(ATTENTION_KINDS)})")
-    require(not att.causal or kind.has_causal_form,
-            f"model.attention.causal: kind {att.kind!r} has no causal form (set causal=false or choose another kind)")
+    require(
+        kind is not None, f"model.attention.kind: unknown kind {att.kind!r} (allowed: {', '.join(ATTENTION_KINDS)})"
+    )
+    require(
+        not att.causal or kind.has_causal_form,
+        f"model.attention.causal: kind {att.kind!r} has no causal form (set causal=false or choose another kind)",
+    )
     kind_options(att)
     kind.check(model)
 
@@ -163,6 +175,7 @@ def kind_options(att: DictConfig) -> DictConfig:
     except ConfigError as err:
         key, _, what = str(err).partition(": ")
         if what.startswith("unknown key"):
-            what = f"not an option of kind {att.kind!r}" + what.removeprefix("unknown key").replace("allowed here",
-                                                                                                   "its options")
+            what = f"not an option of kind {att.kind!r}" + what.removeprefix("unknown key").replace(
+                "allowed here", "its options"
+            )
         raise ConfigError(f"model.attention.options.{key}: {what}") from None

@@ -70,7 +70,8 @@ class TransformerEncoder(nn.Module):
         self.bank = attention.shared(cfg)  # None, or one module every layer shares (registered here, once)
         self.blocks = nn.ModuleList(
             Block(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.norm, attention(cfg, i, self.bank))
-            for i in range(cfg.n_layers))
+            for i in range(cfg.n_layers)
+        )
         self.ln_f = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.apply(_init_weights)
 
@@ -78,7 +79,7 @@ class TransformerEncoder(nn.Module):
         t = input_ids.shape[1]
         if t > self.max_len:
             raise ValueError(f"sequence length {t} exceeds model.max_len={self.max_len}")
-        x = self.tok(input_ids) + self.pos.weight[:t]                     # (B, T, d)
+        x = self.tok(input_ids) + self.pos.weight[:t]  # (B, T, d)
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, mask)
@@ -87,9 +88,13 @@ class TransformerEncoder(nn.Module):
     def init_decode_state(self, batch_size: int) -> dict:
         """Empty decoding state: the next ``position`` and one state per layer (see module docstring)."""
         weight = self.tok.weight
-        return {"position": 0,
-                "layers": [block.attn.init_state(batch_size, self.max_len, device=weight.device, dtype=weight.dtype)
-                           for block in self.blocks]}
+        return {
+            "position": 0,
+            "layers": [
+                block.attn.init_state(batch_size, self.max_len, device=weight.device, dtype=weight.dtype)
+                for block in self.blocks
+            ],
+        }
 
     @torch.no_grad()
     def decode_step(self, input_ids_t: Tensor, state: dict) -> tuple[Tensor, dict]:

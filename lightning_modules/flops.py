@@ -43,20 +43,34 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 _aten = torch.ops.aten
 
 
-def _cpu_flash_forward(query_shape, key_shape, value_shape, dropout_p=0.0, is_causal=False, *args: Any,
-                       out_shape=None, **kwargs: Any) -> int:
+def _cpu_flash_forward(
+    query_shape, key_shape, value_shape, dropout_p=0.0, is_causal=False, *args: Any, out_shape=None, **kwargs: Any
+) -> int:
     flops = sdpa_flop_count(query_shape, key_shape, value_shape)
     return flops // 2 if is_causal else flops
 
 
-def _cpu_flash_backward(grad_out_shape, query_shape, key_shape, value_shape, out_shape_=None, lse_shape=None,
-                        dropout_p=0.0, is_causal=False, *args: Any, out_shape=None, **kwargs: Any) -> int:
+def _cpu_flash_backward(
+    grad_out_shape,
+    query_shape,
+    key_shape,
+    value_shape,
+    out_shape_=None,
+    lse_shape=None,
+    dropout_p=0.0,
+    is_causal=False,
+    *args: Any,
+    out_shape=None,
+    **kwargs: Any,
+) -> int:
     flops = sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
     return flops // 2 if is_causal else flops
 
 
-for _op, _formula in ((_aten._scaled_dot_product_flash_attention_for_cpu, _cpu_flash_forward),
-                      (_aten._scaled_dot_product_flash_attention_for_cpu_backward, _cpu_flash_backward)):
+for _op, _formula in (
+    (_aten._scaled_dot_product_flash_attention_for_cpu, _cpu_flash_forward),
+    (_aten._scaled_dot_product_flash_attention_for_cpu_backward, _cpu_flash_backward),
+):
     if _op not in flop_counter.flop_registry:  # a later torch may ship its own: keep that one
         flop_counter.register_flop_formula(_op)(_formula)
 
@@ -84,15 +98,20 @@ def _ignores_causal(registered: Callable[..., int], tensors: int) -> bool:
 
 
 # op → tensors its formula reads first (the query/key/value shapes, after grad_out for a backward)
-for _op, _tensors in ((_aten._scaled_dot_product_flash_attention, 3),
-                      (_aten._scaled_dot_product_efficient_attention, 3),
-                      (_aten._scaled_dot_product_cudnn_attention, 3),
-                      (_aten._scaled_dot_product_flash_attention_backward, 4),
-                      (_aten._scaled_dot_product_efficient_attention_backward, 4),
-                      (_aten._scaled_dot_product_cudnn_attention_backward, 4)):
+for _op, _tensors in (
+    (_aten._scaled_dot_product_flash_attention, 3),
+    (_aten._scaled_dot_product_efficient_attention, 3),
+    (_aten._scaled_dot_product_cudnn_attention, 3),
+    (_aten._scaled_dot_product_flash_attention_backward, 4),
+    (_aten._scaled_dot_product_efficient_attention_backward, 4),
+    (_aten._scaled_dot_product_cudnn_attention_backward, 4),
+):
     _registered = flop_counter.flop_registry.get(_op)
-    if (_registered is not None and not getattr(_registered, "halves_causal", False)
-            and _ignores_causal(_registered, _tensors)):
+    if (
+        _registered is not None
+        and not getattr(_registered, "halves_causal", False)
+        and _ignores_causal(_registered, _tensors)
+    ):
         flop_counter.flop_registry[_op] = _halved_when_causal(_op, _registered)
 
 
@@ -156,8 +175,9 @@ class _Counted(torch.autograd.Function):
         return (None, None, None, None, None, *(next(grads) if t.requires_grad else None for t in leaves))
 
 
-def training_step_flops(module: nn.Module, loss_fn: Callable[[], torch.Tensor],
-                        context: Optional[Callable[[], ContextManager]] = None) -> int:
+def training_step_flops(
+    module: nn.Module, loss_fn: Callable[[], torch.Tensor], context: Optional[Callable[[], ContextManager]] = None
+) -> int:
     """Matrix FLOPs of one training step: ``loss_fn()`` (the forward pass of the loss) and its gradients with
     respect to ``module``'s trainable parameters (the backward pass), under ``context()`` when given (e.g. the
     trainer's autocast).

@@ -57,10 +57,10 @@ class TokenPredictionModule(L.LightningModule):
 
     def _loss(self, batch: dict) -> tuple[Tensor, Tensor]:
         labels = batch["labels"]
-        target = labels != -100                                           # (B, T)
+        target = labels != -100  # (B, T)
         # Only supervised positions go through the (large) vocabulary projection.
         hidden = self.encoder(batch["input_ids"], batch.get("attention_mask"))
-        logits = self.head(hidden[target])                                # (N, V)
+        logits = self.head(hidden[target])  # (N, V)
         loss = F.cross_entropy(logits.float(), labels[target])
         correct = (logits.argmax(-1) == labels[target]).float().mean()
         return loss, correct
@@ -86,8 +86,15 @@ class TokenPredictionModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         loss = float(self.val_loss.compute())
         ppl = math.exp(min(loss, 50.0))
-        self.log_dict({"val/loss": loss, "val/ppl": ppl, "val/accuracy": self.val_accuracy.compute(),
-                       "hp/val_loss": loss, "hp/val_ppl": ppl})
+        self.log_dict(
+            {
+                "val/loss": loss,
+                "val/ppl": ppl,
+                "val/accuracy": self.val_accuracy.compute(),
+                "hp/val_loss": loss,
+                "hp/val_ppl": ppl,
+            }
+        )
         self.val_loss.reset()
         self.val_accuracy.reset()
 

@@ -29,7 +29,11 @@ def build_optimizer(model: nn.Module, optim: dict, max_steps: int) -> dict[str, 
         (no_decay if p.ndim < 2 or ".bank." in f".{name}" else decay).append(p)
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=optim["lr"], betas=tuple(optim["betas"]), eps=optim["eps"])
+        lr=optim["lr"],
+        betas=tuple(optim["betas"]),
+        eps=optim["eps"],
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_factor(s, optim["warmup_steps"], max_steps, optim["schedule"]))
+        opt, lambda s: lr_factor(s, optim["warmup_steps"], max_steps, optim["schedule"])
+    )
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

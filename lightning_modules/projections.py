@@ -180,9 +180,19 @@ class ProjectionBank(nn.Module):
         d_head: d_h, the channels of a conv kernel bank (needed for conv only).
     """
 
-    def __init__(self, ks: Sequence[int], max_len: int, n_heads: int, share: str = "none",
-                 projection: str = "learned", init: str = "jl", delta: float = 1.0, compress: str = "both",
-                 causal: bool = False, d_head: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        ks: Sequence[int],
+        max_len: int,
+        n_heads: int,
+        share: str = "none",
+        projection: str = "learned",
+        init: str = "jl",
+        delta: float = 1.0,
+        compress: str = "both",
+        causal: bool = False,
+        d_head: Optional[int] = None,
+    ) -> None:
         super().__init__()
         self.ks, self.max_len, self.share = list(ks), max_len, share
         self.projection, self.compressed_side, self.causal = projection, compress, causal
@@ -232,8 +242,10 @@ class ProjectionBank(nn.Module):
     def matrices(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
         """Dense (E, F) of a layer for a length-T input, each (G, k_l, T); F is E when shared."""
         if self.windowed:
-            raise ValueError(f"{'causal' if self.causal else self.projection} projections are windowed: "
-                             "use block_weights(), not matrices()")
+            raise ValueError(
+                f"{'causal' if self.causal else self.projection} projections are windowed: "
+                "use block_weights(), not matrices()"
+            )
         w = self._stored(layer)
         if self.share == "layerwise":
             w = w[:, :, : self.ks[layer]]
@@ -257,15 +269,15 @@ class ProjectionBank(nn.Module):
         if mask is not None:
             x = x * mask[:, None, :, None].to(x.dtype)
         if not self.windowed:
-            e = self.matrices(layer, x.shape[-2])[min(side, 1)]            # (G, k, T)
+            e = self.matrices(layer, x.shape[-2])[min(side, 1)]  # (G, k, T)
             return e.unsqueeze(0) @ x
-        xb = blocks(x, self.windows[layer])                                # (B, H, k', w, C)
-        weight = self.block_weights(layer, side, x)[:, : xb.shape[-3]]     # (G, S', w, C')
+        xb = blocks(x, self.windows[layer])  # (B, H, k', w, C)
+        weight = self.block_weights(layer, side, x)[:, : xb.shape[-3]]  # (G, S', w, C')
         return (xb * weight).sum(-2)
 
     def compress_block(self, layer: int, side: int, block: Tensor, j: int) -> Tensor:
         """Slot j from its complete block: (B, H, w, C) → (B, max(H, G), C) (incremental decoding)."""
-        weight = self.block_weights(layer, side, block)                    # (G, S', w, C')
+        weight = self.block_weights(layer, side, block)  # (G, S', w, C')
         return (block * weight[:, j if weight.shape[1] > 1 else 0]).sum(-2)
 
     def nonempty_slots(self, layer: int, mask: Optional[Tensor]) -> Optional[Tensor]:
@@ -293,24 +305,24 @@ class ProjectionBank(nn.Module):
           the window's real rows. Cost O(T·C).
         """
         t = x.shape[-2]
-        m = (torch.ones(1, t, device=x.device) if mask is None else mask.float())   # (B', T)
+        m = torch.ones(1, t, device=x.device) if mask is None else mask.float()  # (B', T)
         x = x * m[:, None, :, None].to(x.dtype)
         if self.windowed:
             c = self.block_weights(layer, side, x) * blocks(m[:, None, :, None], self.windows[layer])
-            xb = blocks(x, self.windows[layer])                            # (B, H, k', w, C)
-            norm = (c * c).sum(-2, keepdim=True)                           # (B', G, k', 1, C')
+            xb = blocks(x, self.windows[layer])  # (B, H, k', w, C)
+            norm = (c * c).sum(-2, keepdim=True)  # (B', G, k', 1, C')
             lifted = c * (c * xb).sum(-2, keepdim=True) / norm.clamp_min(torch.finfo(norm.dtype).tiny)
             return lifted.flatten(-3, -2)[..., :t, :].to(x.dtype)
-        e = self.matrices(layer, t)[min(side, 1)]                          # (G, k, T)
+        e = self.matrices(layer, t)[min(side, 1)]  # (G, k, T)
         k = e.shape[-2]
         if t <= k:  # no sequence has more than k real tokens: P = diag(m), and x is masked already
-            return x + 0 * e.sum()                                         # E in the graph, zero gradient
+            return x + 0 * e.sum()  # E in the graph, zero gradient
         if mask is None:  # every sequence needs P, and all share it: one QR per group
             q = torch.linalg.qr(e.transpose(-1, -2).float())[0].to(x.dtype)  # (G, T, k)
-            return q @ (q.transpose(-1, -2) @ x)                           # (B, H, T, C)
-        bottleneck = (m.sum(-1) > k)[:, None, None, None]                  # (B, 1, 1, 1): rank-k P needed
-        a = (e.unsqueeze(0) * m[:, None, None, :]).transpose(-1, -2)       # (B, G, T, k) = E_mᵀ
+            return q @ (q.transpose(-1, -2) @ x)  # (B, H, T, C)
+        bottleneck = (m.sum(-1) > k)[:, None, None, None]  # (B, 1, 1, 1): rank-k P needed
+        a = (e.unsqueeze(0) * m[:, None, None, :]).transpose(-1, -2)  # (B, G, T, k) = E_mᵀ
         stand_in = torch.eye(t, k, device=a.device, dtype=a.dtype)
         q = torch.linalg.qr(torch.where(bottleneck, a, stand_in).float())[0].to(x.dtype)  # (B, G, T, k)
-        projected = q @ (q.transpose(-1, -2) @ x)                          # (B, H, T, C)
+        projected = q @ (q.transpose(-1, -2) @ x)  # (B, H, T, C)
         return torch.where(bottleneck, projected, x)

@@ -70,8 +70,11 @@ def pareto_front(points: Sequence[tuple[float, float]], maximize_quality: bool) 
     sign = 1.0 if maximize_quality else -1.0
     front = []
     for i, (s_i, q_i) in enumerate(points):
-        dominated = any(s_j >= s_i and sign * q_j >= sign * q_i and (s_j > s_i or sign * q_j > sign * q_i)
-                        for j, (s_j, q_j) in enumerate(points) if j != i)
+        dominated = any(
+            s_j >= s_i and sign * q_j >= sign * q_i and (s_j > s_i or sign * q_j > sign * q_i)
+            for j, (s_j, q_j) in enumerate(points)
+            if j != i
+        )
         if not dominated:
             front.append(i)
     return front
@@ -101,19 +104,29 @@ def section(arms: Sequence[ArmSpeed], metric: str, maximize: bool) -> list[str]:
     body = []
     for a in sorted(arms, key=lambda a: -a.mean_speed):
         sd = statistics.stdev(a.quality) if len(a.quality) > 1 else float("nan")
-        cells = [a.arm or "(all trials)", str(len(a.quality)), f"{a.mean_quality:.4g} ± {sd:.2g}",
-                 f"{a.mean_speed:,.0f}", "yes" if arms.index(a) in front else ""]
+        cells = [
+            a.arm or "(all trials)",
+            str(len(a.quality)),
+            f"{a.mean_quality:.4g} ± {sd:.2g}",
+            f"{a.mean_speed:,.0f}",
+            "yes" if arms.index(a) in front else "",
+        ]
         if target is not None:
             seconds, n = time_to(a, target)
             cells.append(f"{seconds:.1f} s ({n}/{len(a.curves)})" if seconds is not None else f"— (0/{len(a.curves)})")
         body.append(cells)
-    lines = ["## Quality against speed", "",
-             f"Quality at equal training steps ({metric}) against training throughput, one row per arm, fastest "
-             "first; an arm is on the Pareto front when no other arm is at least as fast and at least as good "
-             "(and better in one)."]
+    lines = [
+        "## Quality against speed",
+        "",
+        f"Quality at equal training steps ({metric}) against training throughput, one row per arm, fastest "
+        "first; an arm is on the Pareto front when no other arm is at least as fast and at least as good "
+        "(and better in one).",
+    ]
     if target is not None:
-        lines[-1] += (f" Time to target: training-step seconds until val ppl ≤ {target:.4g}, the worst arm's median "
-                      "final perplexity (the quality every arm reaches).")
+        lines[-1] += (
+            f" Time to target: training-step seconds until val ppl ≤ {target:.4g}, the worst arm's median "
+            "final perplexity (the quality every arm reaches)."
+        )
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
     return lines + ["", "![quality against speed](pareto.png)", ""]
@@ -133,13 +146,29 @@ def plot(arms: Sequence[ArmSpeed], metric: str, maximize: bool, path: Path) -> b
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for i, a in enumerate(arms):
             sd_q = statistics.stdev(a.quality) if len(a.quality) > 1 else 0.0
-            ax.errorbar(a.mean_speed, a.mean_quality, yerr=sd_q, fmt="o" if i in front else "s", capsize=3,
-                        color="tab:blue" if i in front else "tab:gray")
-            ax.annotate(a.arm or "(all)", (a.mean_speed, a.mean_quality), textcoords="offset points",
-                        xytext=(5, 5), fontsize="small")
+            ax.errorbar(
+                a.mean_speed,
+                a.mean_quality,
+                yerr=sd_q,
+                fmt="o" if i in front else "s",
+                capsize=3,
+                color="tab:blue" if i in front else "tab:gray",
+            )
+            ax.annotate(
+                a.arm or "(all)",
+                (a.mean_speed, a.mean_quality),
+                textcoords="offset points",
+                xytext=(5, 5),
+                fontsize="small",
+            )
         on_front = sorted((arms[i] for i in front), key=lambda a: a.mean_speed)
-        ax.plot([a.mean_speed for a in on_front], [a.mean_quality for a in on_front], color="tab:blue",
-                linewidth=1, label="Pareto front")
+        ax.plot(
+            [a.mean_speed for a in on_front],
+            [a.mean_quality for a in on_front],
+            color="tab:blue",
+            linewidth=1,
+            label="Pareto front",
+        )
         ax.set_xscale("log")
         ax.set_xlabel("training tokens/s (mean over seeds, log)")
         ax.set_ylabel(f"{metric} ({'higher' if maximize else 'lower'} is better; bars: sd over seeds)")

@@ -43,8 +43,9 @@ class DivergenceGuard(L.Callback):
         self.every = every
         self._first: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (step or -1, loss there)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
-                           batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is None:
             return
@@ -87,10 +88,15 @@ def objective(study: Study, trial: optuna.Trial, run: dict[str, Any]) -> float |
 
     params = study.suggest(trial)
     pruning = StepPruning(trial, monitor=PRUNE_MONITOR) if study.spec.pruner.kind != "none" else None
-    hparams = {**params, "sweep/study": study.name, "sweep/trial": trial.number,
-               "sweep/objective": ",".join(study.metrics)}
-    metrics = train(study.config(params, run), callbacks=[DivergenceGuard(), *([pruning] if pruning else [])],
-                    hparams=hparams)
+    hparams = {
+        **params,
+        "sweep/study": study.name,
+        "sweep/trial": trial.number,
+        "sweep/objective": ",".join(study.metrics),
+    }
+    metrics = train(
+        study.config(params, run), callbacks=[DivergenceGuard(), *([pruning] if pruning else [])], hparams=hparams
+    )
     if pruning is not None:
         pruning.check_pruned()  # a decision taken in a spawned rank (ddp_spawn) surfaces here
     missing = [m for m in study.metrics if m not in metrics]
@@ -101,5 +107,7 @@ def objective(study: Study, trial: optuna.Trial, run: dict[str, Any]) -> float |
     bad = [(m, v) for m, v in zip(study.metrics, values) if not math.isfinite(v)]
     if bad:
         raise Diverged(f"diverged: {bad[0][0]}={bad[0][1]} at the end")
-    trial.set_user_attr("metrics", {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)})
+    trial.set_user_attr(
+        "metrics", {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+    )
     return values[0] if len(values) == 1 else values

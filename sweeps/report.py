@@ -91,18 +91,36 @@ def rows_of(study: Study, trials: list[FrozenTrial]) -> list[Row]:
 def write_csv(study: Study, rows: list[Row], path: Path) -> None:
     params = list(dict.fromkeys(p for r in rows for p in r.trial.params))
     metric_keys = sorted({k for r in rows for k in r.metrics} - set(study.metrics))
-    header = ["number", "state", *study.metrics, "arm", *(f"params_{p}" for p in params), "fail_reason", "duration_s",
-              *metric_keys, "run_dir"]
+    header = [
+        "number",
+        "state",
+        *study.metrics,
+        "arm",
+        *(f"params_{p}" for p in params),
+        "fail_reason",
+        "duration_s",
+        *metric_keys,
+        "run_dir",
+    ]
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(header)
         for r in rows:
             t = r.trial
             values = t.values if t.state == TrialState.COMPLETE else [None] * len(study.metrics)
-            w.writerow([t.number, t.state.name, *values, r.arm, *(t.params.get(p) for p in params),
-                        t.user_attrs.get("fail_reason") or "",
-                        round(t.duration.total_seconds(), 1) if t.duration else None,
-                        *(r.metrics.get(k) for k in metric_keys), t.user_attrs.get("run_dir", "")])
+            w.writerow(
+                [
+                    t.number,
+                    t.state.name,
+                    *values,
+                    r.arm,
+                    *(t.params.get(p) for p in params),
+                    t.user_attrs.get("fail_reason") or "",
+                    round(t.duration.total_seconds(), 1) if t.duration else None,
+                    *(r.metrics.get(k) for k in metric_keys),
+                    t.user_attrs.get("run_dir", ""),
+                ]
+            )
 
 
 # --------------------------------------------------------------------------------------- summary.md
@@ -143,15 +161,22 @@ def power_section(study: Study, control_rows: list[Row], advice: str) -> tuple[l
             if r.role == "reference" and key in r.metrics:
                 trivial[r.replicate] = r.metrics[key]
     c = study.control
-    lines = ["## Power check (control contrast)", "",
-             f"A contrast known to be real, run at every seed: {control_label(c, 'reference')} against "
-             f"{control_label(c, 'degraded')}; metric {metric} ({direction}).", ""]
+    lines = [
+        "## Power check (control contrast)",
+        "",
+        f"A contrast known to be real, run at every seed: {control_label(c, 'reference')} against "
+        f"{control_label(c, 'degraded')}; metric {metric} ({direction}).",
+        "",
+    ]
     missing = [role for role, values in by_role.items() if len(values) < 2]
     if missing:
         arms = f"{' and '.join(missing)} {'arms have' if len(missing) > 1 else 'arm has'}"
-        return lines + [f"Not judged: the control's {arms} fewer than 2 complete trials "
-                        f"(run the same `sweep` command again). Without it, nothing below says whether this "
-                        "budget can see an effect at all.", ""], None
+        return lines + [
+            f"Not judged: the control's {arms} fewer than 2 complete trials "
+            f"(run the same `sweep` command again). Without it, nothing below says whether this "
+            "budget can see an effect at all.",
+            "",
+        ], None
     check = stats.power_check(by_role["reference"], by_role["degraded"], trivial, direction, advice)
     return lines + [f"- {line}" for line in check.lines] + [""], check.has_power
 
@@ -221,16 +246,25 @@ def findings(study: Study, rows: list[Row]) -> Findings:
     """Every pair of arms on every objective metric, judged together (Holm over the report's tests)."""
     arms = list(dict.fromkeys(r.arm for r in rows))
     own = {r.arm for r in rows if not r.role}
-    values = {(arm, m): {r.replicate: v for r in rows if r.arm == arm and (v := _value(r, m, study)) is not None}
-              for arm in arms for m in study.metrics}
+    values = {
+        (arm, m): {r.replicate: v for r in rows if r.arm == arm and (v := _value(r, m, study)) is not None}
+        for arm in arms
+        for m in study.metrics
+    }
     pairs, rates = [], []
     for metric, direction in zip(study.metrics, study.directions):
         delta, _ = study.delta(metric)
         threshold = study.success(metric)
         for a, b in compared_pairs(study, rows, arms):
             va, vb = values[(a, metric)], values[(b, metric)]
-            pairs.append((stats.Pair(a, b, metric, direction, delta, stats.compare(va, vb)), len(va), len(vb),
-                          a in own and b in own))
+            pairs.append(
+                (
+                    stats.Pair(a, b, metric, direction, delta, stats.compare(va, vb)),
+                    len(va),
+                    len(vb),
+                    a in own and b in own,
+                )
+            )
             if threshold is not None:
                 ra, rb = (stats.success_rate(list(v.values()), threshold, direction) for v in (va, vb))
                 rates.append(RatesCompared(metric, threshold, a, b, ra, rb, stats.compare_rates(ra, rb)))
@@ -259,36 +293,55 @@ def _pair_sentence(study: Study, c: Compared, rates: list[RatesCompared]) -> str
     pair, v, comparison = c.pair, c.verdict, c.pair.comparison
     metric, delta = pair.metric, stats.fmt(pair.delta)
     if v.kind == stats.ON_PAR:
-        text = (f"{pair.a} and {pair.b} are on par within ±{delta} {metric} "
-                f"(TOST {_p(v.tost_p_holm)} after Holm, {c.seeds})")
+        text = (
+            f"{pair.a} and {pair.b} are on par within ±{delta} {metric} "
+            f"(TOST {_p(v.tost_p_holm)} after Holm, {c.seeds})"
+        )
     elif v.kind == stats.BETTER:
         a_wins = comparison.a_better(pair.direction)
         better, worse = (pair.a, pair.b) if a_wins else (pair.b, pair.a)
         sign = 1 if a_wins == (pair.direction == "maximize") else -1
         lo, hi = sorted(sign * x for x in comparison.ci())
-        text = (f"{better} is better than {worse} on {metric} by {stats.fmt(abs(comparison.diff))} (95 % CI "
-                f"[{stats.fmt(lo)}, {stats.fmt(hi)}], Holm-adjusted {_p(v.p_holm)}, {c.seeds})")
+        text = (
+            f"{better} is better than {worse} on {metric} by {stats.fmt(abs(comparison.diff))} (95 % CI "
+            f"[{stats.fmt(lo)}, {stats.fmt(hi)}], Holm-adjusted {_p(v.p_holm)}, {c.seeds})"
+        )
     elif v.more_seeds is not None:
         if v.deciding == stats.BETTER:
-            other = (f"'on par' would need {v.more(v.seeds_on_par)} more" if v.seeds_on_par is not None else
-                     f"parity within ±{delta} is out of reach" if abs(comparison.diff) >= pair.delta else
-                     f"'on par' would need over {stats.MAX_SEEDS} seeds per arm")
+            other = (
+                f"'on par' would need {v.more(v.seeds_on_par)} more"
+                if v.seeds_on_par is not None
+                else f"parity within ±{delta} is out of reach"
+                if abs(comparison.diff) >= pair.delta
+                else f"'on par' would need over {stats.MAX_SEEDS} seeds per arm"
+            )
         else:
-            other = (f"'better' would need {v.more(v.seeds_better)} more" if v.seeds_better is not None else
-                     "no difference was observed to plan 'better' for" if comparison.diff == 0 else
-                     f"'better' would need over {stats.MAX_SEEDS} seeds per arm")
-        text = (f"{pair.a} vs {pair.b} on {metric} is undecided after {c.seeds}: {v.more_seeds} more seeds per arm "
-                f"would show '{v.deciding}'" + (f" within ±{delta}" if v.deciding == stats.ON_PAR else "")
-                + f" at {stats.PCT} power if the observed difference ({stats.fmt(comparison.diff)}) and spread hold "
-                f"({other})")
+            other = (
+                f"'better' would need {v.more(v.seeds_better)} more"
+                if v.seeds_better is not None
+                else "no difference was observed to plan 'better' for"
+                if comparison.diff == 0
+                else f"'better' would need over {stats.MAX_SEEDS} seeds per arm"
+            )
+        text = (
+            f"{pair.a} vs {pair.b} on {metric} is undecided after {c.seeds}: {v.more_seeds} more seeds per arm "
+            f"would show '{v.deciding}'"
+            + (f" within ±{delta}" if v.deciding == stats.ON_PAR else "")
+            + f" at {stats.PCT} power if the observed difference ({stats.fmt(comparison.diff)}) and spread hold "
+            f"({other})"
+        )
     else:
-        text = f"{pair.a} vs {pair.b} on {metric} is undecided at ±{delta} after {c.seeds}: " \
-               f"{v.text.removeprefix('undecided: ')}"
+        text = (
+            f"{pair.a} vs {pair.b} on {metric} is undecided at ±{delta} after {c.seeds}: "
+            f"{v.text.removeprefix('undecided: ')}"
+        )
     for r in rates:
         if (r.metric, r.a, r.b) == (metric, pair.a, pair.b):
-            text += (f"; runs reaching {metric} {_at_or_beyond(pair.direction)} {stats.fmt(r.threshold)}: "
-                     f"{r.rate_a.k}/{r.rate_a.n} vs {r.rate_b.k}/{r.rate_b.n}, Boschloo {_p(r.p_holm)} after Holm"
-                     + (f": {r.better} solves it more often" if r.better else ""))
+            text += (
+                f"; runs reaching {metric} {_at_or_beyond(pair.direction)} {stats.fmt(r.threshold)}: "
+                f"{r.rate_a.k}/{r.rate_a.n} vs {r.rate_b.k}/{r.rate_b.n}, Boschloo {_p(r.p_holm)} after Holm"
+                + (f": {r.better} solves it more often" if r.better else "")
+            )
     if v.kind == stats.UNDECIDED and v.more_seeds is not None:
         text += f"; plan the seeds now and add them all with {_add_seeds_command(study, v.more_seeds)}"
     return text
@@ -312,11 +365,15 @@ def answer(study: Study, ostudy: optuna.Study, found: Findings, rows: list[Row])
         if not complete:
             return ["Open study: no complete trial yet."]
         if len(study.metrics) > 1:
-            return [f"Open study ({study.spec.sampler.kind}): {len(ostudy.best_trials)} Pareto-optimal trials of "
-                    f"{len(complete)} (below); it has no arms to compare."]
+            return [
+                f"Open study ({study.spec.sampler.kind}): {len(ostudy.best_trials)} Pareto-optimal trials of "
+                f"{len(complete)} (below); it has no arms to compare."
+            ]
         best = ostudy.best_trial
-        return [f"Open study ({study.spec.sampler.kind}): the best of {len(complete)} trials, {best.number}, reached "
-                f"{study.metrics[0]} = {stats.fmt(best.value)} (parameters below); it has no arms to compare."]
+        return [
+            f"Open study ({study.spec.sampler.kind}): the best of {len(complete)} trials, {best.number}, reached "
+            f"{study.metrics[0]} = {stats.fmt(best.value)} (parameters below); it has no arms to compare."
+        ]
     if study.ladder is not None and own:
         return scale.answer(scale.build(study, rows, found))
     if len(own) < 2:
@@ -339,8 +396,9 @@ def answer(study: Study, ostudy: optuna.Study, found: Findings, rows: list[Row])
     return lines
 
 
-def header_section(study: Study, ostudy: optuna.Study, found: Findings, rows: list[Row],
-                   has_power: Optional[bool], advice: str) -> list[str]:
+def header_section(
+    study: Study, ostudy: optuna.Study, found: Findings, rows: list[Row], has_power: Optional[bool], advice: str
+) -> list[str]:
     """The first lines of summary.md: the answer, the δ used, the Holm statement."""
     label = "**Answer:**"
     if has_power is False:
@@ -354,48 +412,72 @@ def header_section(study: Study, ostudy: optuna.Study, found: Findings, rows: li
     if m_par:
         n_rates = f", {len(found.rates)} comparisons of success rates" if found.rates else ""
         rate = f"{stats.ALPHA * 100:.0f} %"
-        out.append(f"- Holm's correction over the {m_better} 'better' tests of this report ({m_par} comparisons of "
-                   f"means{n_rates}) keeps their family-wise error rate at {rate}; the {m_par} 'on par' tests "
-                   f"(TOST: the 90 % CI of A − B inside ±δ) are a second Holm family at {rate}. "
-                   f"Seed counts are planned at {stats.PCT} power for the observed difference and spread, at "
-                   "the level Holm applies to each test now. The control's power check is a design check outside "
-                   "both families.")
+        out.append(
+            f"- Holm's correction over the {m_better} 'better' tests of this report ({m_par} comparisons of "
+            f"means{n_rates}) keeps their family-wise error rate at {rate}; the {m_par} 'on par' tests "
+            f"(TOST: the 90 % CI of A − B inside ±δ) are a second Holm family at {rate}. "
+            f"Seed counts are planned at {stats.PCT} power for the observed difference and spread, at "
+            "the level Holm applies to each test now. The control's power check is a design check outside "
+            "both families."
+        )
     for m, direction in zip(study.metrics, study.directions):
         if (threshold := study.success(m)) is not None:
-            out.append(f"- Success: a run with {m} {_at_or_beyond(direction)} {stats.fmt(threshold)} "
-                       "solved the task (study file); success rates with exact (Clopper–Pearson) 95 % intervals, "
-                       "compared by Boschloo's exact test.")
+            out.append(
+                f"- Success: a run with {m} {_at_or_beyond(direction)} {stats.fmt(threshold)} "
+                "solved the task (study file); success rates with exact (Clopper–Pearson) 95 % intervals, "
+                "compared by Boschloo's exact test."
+            )
     return out + [""]
 
 
-def arm_section(study: Study, rows: list[Row], found: Findings, advice: str,
-                has_power: Optional[bool] = None) -> list[str]:
+def arm_section(
+    study: Study, rows: list[Row], found: Findings, advice: str, has_power: Optional[bool] = None
+) -> list[str]:
     arms = found.arms
-    shown = list(study.metrics) + [m for m in ("val/accuracy",) if m not in study.metrics
-                                   and any(m in r.metrics for r in rows)]
+    shown = list(study.metrics) + [
+        m for m in ("val/accuracy",) if m not in study.metrics and any(m in r.metrics for r in rows)
+    ]
     trivial = [k for k in TRIVIAL if any(k in r.metrics for r in rows)]
     successes = [(m, d, t) for m, d in zip(study.metrics, study.directions) if (t := study.success(m)) is not None]
-    header = ["arm", "n", *[f"{m} mean ± std" for m in shown],
-              *[f"{m} {_at_or_beyond(d)} {stats.fmt(t)}: solved [95 % CI]" for m, d, t in successes],
-              *[TRIVIAL[k] for k in trivial], "pruned/failed"]
+    header = [
+        "arm",
+        "n",
+        *[f"{m} mean ± std" for m in shown],
+        *[f"{m} {_at_or_beyond(d)} {stats.fmt(t)}: solved [95 % CI]" for m, d, t in successes],
+        *[TRIVIAL[k] for k in trivial],
+        "pruned/failed",
+    ]
     body = []
     for arm in arms:
         mine = [r for r in rows if r.arm == arm]
         ok = [r for r in mine if r.trial.state == TrialState.COMPLETE]
-        body.append([arm, str(len(ok)),
-                     *[_mean_std([v for r in ok if (v := _value(r, m, study)) is not None]) for m in shown],
-                     *[str(stats.success_rate(list(found.values[(arm, m)].values()), t, d)) for m, d, t in successes],
-                     *[stats.fmt(stats.summarize([r.metrics[k] for r in ok if k in r.metrics]).mean) for k in trivial],
-                     f"{sum(r.trial.state == TrialState.PRUNED for r in mine)}/"
-                     f"{sum(r.trial.state == TrialState.FAIL for r in mine)}"])
+        body.append(
+            [
+                arm,
+                str(len(ok)),
+                *[_mean_std([v for r in ok if (v := _value(r, m, study)) is not None]) for m in shown],
+                *[str(stats.success_rate(list(found.values[(arm, m)].values()), t, d)) for m, d, t in successes],
+                *[stats.fmt(stats.summarize([r.metrics[k] for r in ok if k in r.metrics]).mean) for k in trivial],
+                f"{sum(r.trial.state == TrialState.PRUNED for r in mine)}/"
+                f"{sum(r.trial.state == TrialState.FAIL for r in mine)}",
+            ]
+        )
     # an open study's own trials have no arms: then only the control's are here, replicated over seeds
     replicates = [p for p in study.spec.space if p not in study.arms] if study.arms else ["seed"]
-    out = ["## Arms", "", f"Replicates: {', '.join(replicates) or 'none'}. "
-           "The trivial baseline is what a model that ignores its input reaches (unigram loss, chance accuracy).",
-           "", *_table(header, body), ""]
+    out = [
+        "## Arms",
+        "",
+        f"Replicates: {', '.join(replicates) or 'none'}. "
+        "The trivial baseline is what a model that ignores its input reaches (unigram loss, chance accuracy).",
+        "",
+        *_table(header, body),
+        "",
+    ]
     if has_power is False:
-        out += ["**The power check failed (above): at this budget every verdict below is uninformative; "
-                f"{advice}.**", ""]
+        out += [
+            f"**The power check failed (above): at this budget every verdict below is uninformative; {advice}.**",
+            "",
+        ]
     for metric, direction in zip(study.metrics, study.directions):
         mine = [c for c in found.compared if c.pair.metric == metric]
         if not mine:
@@ -405,28 +487,61 @@ def arm_section(study: Study, rows: list[Row], found: Findings, advice: str,
             lo, hi = c.pair.comparison.ci()
             ci = f"[{stats.fmt(lo)}, {stats.fmt(hi)}]" if math.isfinite(lo) else "-"
             v = c.verdict
-            table.append([c.pair.a, c.pair.b, stats.fmt(c.pair.comparison.diff), ci, c.pair.comparison.test,
-                          f"{stats.fmt_p(v.p)} ({stats.fmt_p(v.p_holm)})",
-                          f"{stats.fmt_p(v.tost_p)} ({stats.fmt_p(v.tost_p_holm)})", f"±{stats.fmt(c.pair.delta)}",
-                          v.text])
-        out += [f"## Comparisons of {metric} ({direction}; A − B with its 95 % CI)", "",
-                *_table(["A", "B", "A − B", "95 % CI", "test", "p (Holm)", "TOST p (Holm)", "δ", "verdict"], table),
-                ""]
+            table.append(
+                [
+                    c.pair.a,
+                    c.pair.b,
+                    stats.fmt(c.pair.comparison.diff),
+                    ci,
+                    c.pair.comparison.test,
+                    f"{stats.fmt_p(v.p)} ({stats.fmt_p(v.p_holm)})",
+                    f"{stats.fmt_p(v.tost_p)} ({stats.fmt_p(v.tost_p_holm)})",
+                    f"±{stats.fmt(c.pair.delta)}",
+                    v.text,
+                ]
+            )
+        out += [
+            f"## Comparisons of {metric} ({direction}; A − B with its 95 % CI)",
+            "",
+            *_table(["A", "B", "A − B", "95 % CI", "test", "p (Holm)", "TOST p (Holm)", "δ", "verdict"], table),
+            "",
+        ]
         rates = [r for r in found.rates if r.metric == metric]
         if rates:
             sign = _at_or_beyond(direction)
-            out += [f"### Success rates ({metric} {sign} {stats.fmt(rates[0].threshold)}: solved)", "",
-                    *_table(["A", "B", "A solved", "B solved", "Boschloo p (Holm)", "verdict"],
-                            [[r.a, r.b, str(r.rate_a), str(r.rate_b), f"{stats.fmt_p(r.p)} ({stats.fmt_p(r.p_holm)})",
-                              r.text] for r in rates]), ""]
-    undecided = [c.verdict.more_seeds for c in found.compared
-                 if c.own and c.verdict.kind == stats.UNDECIDED and c.verdict.more_seeds is not None]
+            out += [
+                f"### Success rates ({metric} {sign} {stats.fmt(rates[0].threshold)}: solved)",
+                "",
+                *_table(
+                    ["A", "B", "A solved", "B solved", "Boschloo p (Holm)", "verdict"],
+                    [
+                        [
+                            r.a,
+                            r.b,
+                            str(r.rate_a),
+                            str(r.rate_b),
+                            f"{stats.fmt_p(r.p)} ({stats.fmt_p(r.p_holm)})",
+                            r.text,
+                        ]
+                        for r in rates
+                    ],
+                ),
+                "",
+            ]
+    undecided = [
+        c.verdict.more_seeds
+        for c in found.compared
+        if c.own and c.verdict.kind == stats.UNDECIDED and c.verdict.more_seeds is not None
+    ]
     if undecided:
         n = max(undecided)
-        out += [f"To decide every undecided pair of the study's arms at {stats.PCT} power, add {n} seeds: "
-                f"{_add_seeds_command(study, n)} (every arm and the control; the runs done are kept). Decide the "
-                "count before running and run all of it: adding seeds until a verdict appears (optional stopping) "
-                "inflates the error rates these verdicts promise (docs/verdicts.md).", ""]
+        out += [
+            f"To decide every undecided pair of the study's arms at {stats.PCT} power, add {n} seeds: "
+            f"{_add_seeds_command(study, n)} (every arm and the control; the runs done are kept). Decide the "
+            "count before running and run all of it: adding seeds until a verdict appears (optional stopping) "
+            "inflates the error rates these verdicts promise (docs/verdicts.md).",
+            "",
+        ]
     return out
 
 
@@ -444,10 +559,19 @@ def best_section(study: Study, ostudy: optuna.Study) -> list[str]:
     return lines + [""]
 
 
-def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows: list[Row], url: Optional[str],
-               plots: list[str], skipped: list[str], scale_lines: list[str] = ()) -> str:
-    counts = {s: sum(r.trial.state == s for r in rows)
-              for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
+def summary_md(
+    study: Study,
+    ostudy: optuna.Study,
+    rows: list[Row],
+    control_rows: list[Row],
+    url: Optional[str],
+    plots: list[str],
+    skipped: list[str],
+    scale_lines: list[str] = (),
+) -> str:
+    counts = {
+        s: sum(r.trial.state == s for r in rows) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    }
     advice = "add seeds or training steps" if study.preset == "gpu" else "run the GPU preset"
     retried = sorted(storage.retried_numbers(ostudy.get_trials(deepcopy=False)))
     has_power, power = None, []
@@ -455,20 +579,41 @@ def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows
         power, has_power = power_section(study, control_rows, advice)
     arm_rows = (rows if study.arms else []) + control_rows
     found = findings(study, arm_rows)
-    lines = [f"# Study {study.name}", "", *header_section(study, ostudy, found, arm_rows, has_power, advice),
-             f"- study file: `{study.path}`" + (f", preset `{study.preset}`" if study.preset else ""),
-             f"- storage: `{storage.storage_display(study, url)}`",
-             f"- trials: {len(rows)} finished of {study.n_trials if study.n_trials is not None else 'an open budget'} "
-             f"({', '.join(f'{v} {s.name.lower()}' for s, v in counts.items())})",
-             *([f"- control: {len(control_rows)} finished of {study.control.n_trials} "
-                f"(study `{study.control.name}`, storage `{storage.storage_display(study.control, url)}`)"]
-               if study.control is not None else []),
-             "- objective: " + ", ".join(f"{m} ({d})" for m, d in zip(study.metrics, study.directions)),
-             *([f"- retried with the same params after their worker died or was interrupted: trials "
-                f"{', '.join(map(str, retried))}"] if retried else []),
-             *([f"- seeds added by `sweep --add-seeds`: {', '.join(map(str, study.added_seeds))}"]
-               if study.added_seeds else []),
-             f"- sampler: {study.spec.sampler.kind}, pruner: {study.spec.pruner.kind}", "", *power, *scale_lines]
+    lines = [
+        f"# Study {study.name}",
+        "",
+        *header_section(study, ostudy, found, arm_rows, has_power, advice),
+        f"- study file: `{study.path}`" + (f", preset `{study.preset}`" if study.preset else ""),
+        f"- storage: `{storage.storage_display(study, url)}`",
+        f"- trials: {len(rows)} finished of {study.n_trials if study.n_trials is not None else 'an open budget'} "
+        f"({', '.join(f'{v} {s.name.lower()}' for s, v in counts.items())})",
+        *(
+            [
+                f"- control: {len(control_rows)} finished of {study.control.n_trials} "
+                f"(study `{study.control.name}`, storage `{storage.storage_display(study.control, url)}`)"
+            ]
+            if study.control is not None
+            else []
+        ),
+        "- objective: " + ", ".join(f"{m} ({d})" for m, d in zip(study.metrics, study.directions)),
+        *(
+            [
+                f"- retried with the same params after their worker died or was interrupted: trials "
+                f"{', '.join(map(str, retried))}"
+            ]
+            if retried
+            else []
+        ),
+        *(
+            [f"- seeds added by `sweep --add-seeds`: {', '.join(map(str, study.added_seeds))}"]
+            if study.added_seeds
+            else []
+        ),
+        f"- sampler: {study.spec.sampler.kind}, pruner: {study.spec.pruner.kind}",
+        "",
+        *power,
+        *scale_lines,
+    ]
     if arm_rows:
         lines += arm_section(study, arm_rows, found, advice, has_power)
     lines += efficiency.section(speeds_of(study, rows), study.metrics[0], study.directions[0] == "maximize")
@@ -476,10 +621,16 @@ def summary_md(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows
         lines += best_section(study, ostudy)
     failed = [r for r in rows + control_rows if r.trial.state == TrialState.FAIL]
     if failed:
-        lines += ["## Failed trials", ""] + [
-            f"- {'control ' if r.role else ''}trial {r.trial.number} "
-            f"({', '.join(f'{p}={v}' for p, v in r.trial.params.items())}): "
-            f"{r.trial.user_attrs.get('fail_reason') or 'worker died and its retries ran out'}" for r in failed] + [""]
+        lines += (
+            ["## Failed trials", ""]
+            + [
+                f"- {'control ' if r.role else ''}trial {r.trial.number} "
+                f"({', '.join(f'{p}={v}' for p, v in r.trial.params.items())}): "
+                f"{r.trial.user_attrs.get('fail_reason') or 'worker died and its retries ran out'}"
+                for r in failed
+            ]
+            + [""]
+        )
     lines += ["## Plots", ""] + [f"- `{p}`" for p in plots] + [f"- skipped: {s}" for s in skipped] + [""]
     return "\n".join(lines)
 
@@ -505,7 +656,8 @@ def _curves(rows: list[Row]) -> dict[str, list[tuple[list[int], list[float]]]]:
         if CURVE_TAG in ea.Tags().get("scalars", []):
             events = ea.Scalars(CURVE_TAG)
             out.setdefault(r.arm or f"trial {r.trial.number}", []).append(
-                ([e.step for e in events], [e.value for e in events]))
+                ([e.step for e in events], [e.value for e in events])
+            )
     return out
 
 
@@ -519,8 +671,14 @@ def plot_learning_curves(rows: list[Row], path: Path) -> bool:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (arm, lines) in enumerate(curves.items()):
         for j, (steps, values) in enumerate(lines):
-            ax.plot(steps, values, color=colors[i % len(colors)], alpha=0.8, marker=".",
-                    label=arm if j == 0 and len(curves) <= 12 else None)
+            ax.plot(
+                steps,
+                values,
+                color=colors[i % len(colors)],
+                alpha=0.8,
+                marker=".",
+                label=arm if j == 0 and len(curves) <= 12 else None,
+            )
     trivial = [r.metrics["trivial_loss"] for r in rows if "trivial_loss" in r.metrics]
     if trivial:
         ax.axhline(sum(trivial) / len(trivial), color="black", linestyle="--", linewidth=1, label="trivial baseline")
@@ -583,12 +741,15 @@ def write_plots(study: Study, ostudy: optuna.Study, rows: list[Row], out: Path) 
 # --------------------------------------------------------------------------------------- command
 def load(study: Study, url: Optional[str]) -> optuna.Study:
     if url is None and not (study.root / storage.JOURNAL).is_file():
-        raise ConfigError(f"{study.root / storage.JOURNAL}: no study journal here; "
-                          f"run `linformer-lab sweep {study.path}` first")
+        raise ConfigError(
+            f"{study.root / storage.JOURNAL}: no study journal here; run `linformer-lab sweep {study.path}` first"
+        )
     try:
         ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, url))
     except KeyError:
-        raise ConfigError(f"study {study.name}: not in {storage.storage_display(study, url)}; run the sweep first") from None
+        raise ConfigError(
+            f"study {study.name}: not in {storage.storage_display(study, url)}; run the sweep first"
+        ) from None
     check_objective(study, ostudy, url)
     return ostudy
 

@@ -157,8 +157,8 @@ def si(x: Optional[float]) -> str:
     if x is None or not math.isfinite(x):
         return "-"
     for power, prefix in ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k")):
-        if abs(x) >= 10 ** power:
-            return f"{x / 10 ** power:.3g}{prefix}"
+        if abs(x) >= 10**power:
+            return f"{x / 10**power:.3g}{prefix}"
     return f"{x:.3g}"
 
 
@@ -196,8 +196,7 @@ def trend_text(ladder: Ladder, line: str, axis: str = "parameters") -> str:
     if t is None:
         return f"no trend: fewer than 2 rungs with {what} recorded"
     lo, hi = t.slope_ci()
-    fit = (f"{_signed(t.slope)} per tenfold {what} (95 % CI {_interval(lo, hi)}, least squares over {t.n} seeds' "
-           "gaps)")
+    fit = f"{_signed(t.slope)} per tenfold {what} (95 % CI {_interval(lo, hi)}, least squares over {t.n} seeds' gaps)"
     if not math.isfinite(lo):
         return fit + ": too few points for an interval"
     if lo <= 0 <= hi:
@@ -215,13 +214,17 @@ def answer(ladder: Ladder) -> list[str]:
         for rung in ladder.rungs:
             c = ladder.gap(rung, line)
             if c is not None:
-                gaps.append(f"{_signed(c.diff)} at {rung} ({si(ladder.size(rung))} parameters; "
-                            f"{verdict_text(ladder, rung, line, short=True)})")
+                gaps.append(
+                    f"{_signed(c.diff)} at {rung} ({si(ladder.size(rung))} parameters; "
+                    f"{verdict_text(ladder, rung, line, short=True)})"
+                )
         if not gaps:
             out.append(f"{line} − {ladder.reference} on {ladder.metric}: no rung has runs of both yet.")
             continue
-        out.append(f"{line} − {ladder.reference} on {ladder.metric}: {', '.join(gaps)}; the gap changes by "
-                   f"{trend_text(ladder, line)}.")
+        out.append(
+            f"{line} − {ladder.reference} on {ladder.metric}: {', '.join(gaps)}; the gap changes by "
+            f"{trend_text(ladder, line)}."
+        )
     return out
 
 
@@ -269,8 +272,10 @@ def time_to_target(ladder: Ladder) -> Optional[TimeToTarget]:
     """Training seconds to each rung's target (see the module docstring); None when no run has a curve here."""
     from training.curves import reach
 
-    curves = {key: {r.replicate: c for r in cell.complete if (c := _curve(r)) is not None}
-              for key, cell in ladder.cells.items()}
+    curves = {
+        key: {r.replicate: c for r in cell.complete if (c := _curve(r)) is not None}
+        for key, cell in ladder.cells.items()
+    }
     if not any(curves.values()):
         return None
     targets, seconds = {}, {}
@@ -318,13 +323,22 @@ def spectrum_across_sizes(ladder: Ladder) -> list[RungSpectrum]:
     for rung in ladder.rungs:
         cell = ladder.cell(rung, ladder.reference)
         runs = sorted(cell.complete, key=lambda r: r.replicate) if cell is not None else []
-        run_dir = next((Path(d) for r in runs if (d := r.trial.user_attrs.get("run_dir"))
-                        and (Path(d) / CHECKPOINT).is_file()), None)
+        run_dir = next(
+            (Path(d) for r in runs if (d := r.trial.user_attrs.get("run_dir")) and (Path(d) / CHECKPOINT).is_file()),
+            None,
+        )
         if run_dir is None:
             continue
         summary = _analysis(run_dir)
-        out.append(RungSpectrum(rung, ladder.size(rung) or math.nan, str(run_dir),
-                                [int(r) for r in summary["spectrum"]["effective_rank"]], _max_len(run_dir)))
+        out.append(
+            RungSpectrum(
+                rung,
+                ladder.size(rung) or math.nan,
+                str(run_dir),
+                [int(r) for r in summary["spectrum"]["effective_rank"]],
+                _max_len(run_dir),
+            )
+        )
     return out
 
 
@@ -391,9 +405,17 @@ def figure_gap(ladder: Ladder) -> Optional["Figure"]:
                 lo, hi = c.ci()
                 verdict = ladder.verdicts.get((rung, line))
                 marker, filled = MARKERS[verdict.verdict.kind if verdict else stats.UNDECIDED]
-                ax.errorbar([size * shift], [c.diff], yerr=None if not math.isfinite(lo) else
-                            [[c.diff - lo], [hi - c.diff]], color=color, marker=marker, markersize=7, capsize=3,
-                            markerfacecolor=color if filled else "white", linestyle="none")
+                ax.errorbar(
+                    [size * shift],
+                    [c.diff],
+                    yerr=None if not math.isfinite(lo) else [[c.diff - lo], [hi - c.diff]],
+                    color=color,
+                    marker=marker,
+                    markersize=7,
+                    capsize=3,
+                    markerfacecolor=color if filled else "white",
+                    linestyle="none",
+                )
             t = ladder.trend(line, axis)
             label = line
             if t is not None and math.isfinite(t.slope):
@@ -403,18 +425,43 @@ def figure_gap(ladder: Ladder) -> Optional["Figure"]:
                 label += f": {_signed(t.slope)} per 10× {_interval(lo, hi)}"
             ax.plot([], [], "--", color=color, label=label)
         for rung, size in zip(ladder.rungs, sizes):
-            ax.annotate(rung, (size, 1), xycoords=("data", "axes fraction"), textcoords="offset points",
-                        xytext=(0, -10), ha="center", fontsize=7, color="0.4")
-        ax.set(xlabel=f"{AXES[axis]} (log)", ylabel=f"{ladder.metric}: arm − {ladder.reference}",
-               title=f"gap to {ladder.reference} against {AXES[axis]}")
+            ax.annotate(
+                rung,
+                (size, 1),
+                xycoords=("data", "axes fraction"),
+                textcoords="offset points",
+                xytext=(0, -10),
+                ha="center",
+                fontsize=7,
+                color="0.4",
+            )
+        ax.set(
+            xlabel=f"{AXES[axis]} (log)",
+            ylabel=f"{ladder.metric}: arm − {ladder.reference}",
+            title=f"gap to {ladder.reference} against {AXES[axis]}",
+        )
         ax.grid(alpha=0.3, which="both")
         handles, _ = ax.get_legend_handles_labels()
-        handles += [Line2D([], [], color="0.3", marker=MARKERS[stats.BETTER][0], linestyle="none",
-                           label="a rung's verdict: better (either way)"),
-                    Line2D([], [], color="0.3", marker=MARKERS[stats.ON_PAR][0], markerfacecolor="white",
-                           linestyle="none", label=f"on par within ±{stats.fmt(ladder.delta)} (band)"),
-                    Line2D([], [], color="0.3", marker=MARKERS[stats.UNDECIDED][0], linestyle="none",
-                           label="undecided")]
+        handles += [
+            Line2D(
+                [],
+                [],
+                color="0.3",
+                marker=MARKERS[stats.BETTER][0],
+                linestyle="none",
+                label="a rung's verdict: better (either way)",
+            ),
+            Line2D(
+                [],
+                [],
+                color="0.3",
+                marker=MARKERS[stats.ON_PAR][0],
+                markerfacecolor="white",
+                linestyle="none",
+                label=f"on par within ±{stats.fmt(ladder.delta)} (band)",
+            ),
+            Line2D([], [], color="0.3", marker=MARKERS[stats.UNDECIDED][0], linestyle="none", label="undecided"),
+        ]
         ax.legend(handles=handles, fontsize="x-small")
     return fig
 
@@ -428,12 +475,22 @@ def figure_rank(ladder: Ladder, spectra: list[RungSpectrum]) -> Optional["Figure
     ax = fig.add_subplot()
     ax.set_xscale("log")
     x = [s.parameters for s in spectra]
-    picks = {"first layer": lambda r: r[0], "middle layer": lambda r: r[len(r) // 2] if len(r) >= 3 else math.nan,
-             "last layer": lambda r: r[-1], "mean over layers": lambda r: float(np.mean(r))}
+    picks = {
+        "first layer": lambda r: r[0],
+        "middle layer": lambda r: r[len(r) // 2] if len(r) >= 3 else math.nan,
+        "last layer": lambda r: r[-1],
+        "mean over layers": lambda r: float(np.mean(r)),
+    }
     # ranks are integers and often coincide: markers shrink from the first layer on so that each shows
     for (name, pick), style, size in zip(picks.items(), ("o-", "s-", "^-", "D--"), (11, 8, 5, 4)):
-        ax.plot(x, [pick(s.effective_rank) for s in spectra], style, label=name, markersize=size,
-                color="black" if name.startswith("mean") else None)
+        ax.plot(
+            x,
+            [pick(s.effective_rank) for s in spectra],
+            style,
+            label=name,
+            markersize=size,
+            color="black" if name.startswith("mean") else None,
+        )
     colors = _colors()
     for i, line in enumerate(ladder.lines):
         ks = arm_ks(ladder, line)
@@ -441,12 +498,23 @@ def figure_rank(ladder: Ladder, spectra: list[RungSpectrum]) -> Optional["Figure
         if shown:
             ax.plot(*zip(*shown), ":", color=colors[(i + 4) % len(colors)], label=f"k of {line}")
     for s in spectra:
-        ax.annotate(f"{s.rung} ({len(s.effective_rank)} layers)", (s.parameters, 0),
-                    xycoords=("data", "axes fraction"), textcoords="offset points", xytext=(0, 4), ha="center",
-                    fontsize=7, color="0.4")
+        ax.annotate(
+            f"{s.rung} ({len(s.effective_rank)} layers)",
+            (s.parameters, 0),
+            xycoords=("data", "axes fraction"),
+            textcoords="offset points",
+            xytext=(0, 4),
+            ha="center",
+            fontsize=7,
+            color="0.4",
+        )
     n = max(s.length for s in spectra)
-    ax.set(xlabel="parameters (log)", ylabel=f"effective rank of P at τ = {ENERGY:g}",
-           title=f"{ladder.reference} attention's rank across sizes (n = {n}, one seed per rung)", ylim=(0, None))
+    ax.set(
+        xlabel="parameters (log)",
+        ylabel=f"effective rank of P at τ = {ENERGY:g}",
+        title=f"{ladder.reference} attention's rank across sizes (n = {n}, one seed per rung)",
+        ylim=(0, None),
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
     return fig
@@ -460,19 +528,27 @@ def figure_time(ladder: Ladder, ttt: TimeToTarget) -> Optional["Figure"]:
     ax.axhline(1, color="0.5", linewidth=0.8)
     colors, drawn = _colors(), False
     for i, line in enumerate(ladder.lines):
-        pts = [(ladder.size(rung), r) for rung in ladder.rungs
-               if (r := ttt.ratio(rung, line, ladder.reference)) is not None and ladder.size(rung)]
+        pts = [
+            (ladder.size(rung), r)
+            for rung in ladder.rungs
+            if (r := ttt.ratio(rung, line, ladder.reference)) is not None and ladder.size(rung)
+        ]
         if not pts:
             continue
         drawn = True
         xs, ys = [x for x, _ in pts], [r.value for _, r in pts]
-        err = [[r.value - r.lo if math.isfinite(r.lo) else 0.0 for _, r in pts],
-               [r.hi - r.value if math.isfinite(r.hi) else 0.0 for _, r in pts]]
+        err = [
+            [r.value - r.lo if math.isfinite(r.lo) else 0.0 for _, r in pts],
+            [r.hi - r.value if math.isfinite(r.hi) else 0.0 for _, r in pts],
+        ]
         ax.errorbar(xs, ys, yerr=err, color=colors[i % len(colors)], marker="o", capsize=3, label=line)
     if not drawn:
         return None
-    ax.set(xlabel="parameters (log)", ylabel=f"training time to target: arm / {ladder.reference}",
-           title="time to each rung's target perplexity")
+    ax.set(
+        xlabel="parameters (log)",
+        ylabel=f"training time to target: arm / {ladder.reference}",
+        title="time to each rung's target perplexity",
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
     return fig
@@ -486,12 +562,15 @@ def _table(header: list[str], body: list[list[str]]) -> list[str]:
 def section(ladder: Ladder, ttt: Optional[TimeToTarget], spectra: list[RungSpectrum], written: list[str]) -> list[str]:
     """The scale section of summary.md."""
     m = ladder.metric
-    out = [f"## Scale: {', '.join(ladder.lines)} against {ladder.reference} across model sizes", "",
-           f"Rungs ({ladder.study.ladder.rung}), smallest first: {', '.join(ladder.rungs)}. Gap = arm − "
-           f"{ladder.reference} on {m} ({ladder.direction}), paired over seeds, with its 95 % CI; the verdict is the "
-           f"comparison's below (δ = ±{stats.fmt(ladder.delta)}). Parameters, training FLOPs (forward + backward "
-           "matrix products, metrics.json `train_flops`) and tokens per parameter are the reference runs' means.",
-           ""]
+    out = [
+        f"## Scale: {', '.join(ladder.lines)} against {ladder.reference} across model sizes",
+        "",
+        f"Rungs ({ladder.study.ladder.rung}), smallest first: {', '.join(ladder.rungs)}. Gap = arm − "
+        f"{ladder.reference} on {m} ({ladder.direction}), paired over seeds, with its 95 % CI; the verdict is the "
+        f"comparison's below (δ = ±{stats.fmt(ladder.delta)}). Parameters, training FLOPs (forward + backward "
+        "matrix products, metrics.json `train_flops`) and tokens per parameter are the reference runs' means.",
+        "",
+    ]
     body = []
     for rung in ladder.rungs:
         for line in [ladder.reference, *ladder.lines]:
@@ -499,16 +578,34 @@ def section(ladder: Ladder, ttt: Optional[TimeToTarget], spectra: list[RungSpect
             if cell is None:
                 continue
             s = stats.summarize(list(cell.values.values()))
-            value = "-" if s.n == 0 else stats.fmt(s.mean) if s.n == 1 else \
-                f"{stats.fmt(s.mean)} ± {stats.fmt(s.std)}"
+            value = "-" if s.n == 0 else stats.fmt(s.mean) if s.n == 1 else f"{stats.fmt(s.mean)} ± {stats.fmt(s.std)}"
             params, tokens = cell.mean("parameters"), cell.mean("tokens")
             c = ladder.gap(rung, line) if line != ladder.reference else None
-            body.append([rung, line, si(params), si(cell.mean("train_flops")),
-                         f"{tokens / params:.3g}" if tokens and params else "-", f"{value} ({s.n})",
-                         "-" if c is None else f"{_signed(c.diff)} {_interval(*c.ci())}",
-                         "-" if c is None else verdict_text(ladder, rung, line)])
-    out += _table(["rung", "arm", "parameters", "training FLOPs", "tokens/param", f"{m} mean ± sd (seeds)",
-                   f"gap to {ladder.reference} [95 % CI]", "verdict"], body) + [""]
+            body.append(
+                [
+                    rung,
+                    line,
+                    si(params),
+                    si(cell.mean("train_flops")),
+                    f"{tokens / params:.3g}" if tokens and params else "-",
+                    f"{value} ({s.n})",
+                    "-" if c is None else f"{_signed(c.diff)} {_interval(*c.ci())}",
+                    "-" if c is None else verdict_text(ladder, rung, line),
+                ]
+            )
+    out += _table(
+        [
+            "rung",
+            "arm",
+            "parameters",
+            "training FLOPs",
+            "tokens/param",
+            f"{m} mean ± sd (seeds)",
+            f"gap to {ladder.reference} [95 % CI]",
+            "verdict",
+        ],
+        body,
+    ) + [""]
     out += ["Trend of the gap over size (gap = a + b·log10(size), every seed's gap a point):", ""]
     for line in ladder.lines:
         out.append(f"- {line}: {trend_text(ladder, line)}.")
@@ -516,9 +613,13 @@ def section(ladder: Ladder, ttt: Optional[TimeToTarget], spectra: list[RungSpect
             out.append(f"- {line}: {trend_text(ladder, line, 'train_flops')}.")
     out.append("")
     if ttt is not None:
-        out += [f"### Time to target ({ladder.reference}'s and each arm's training seconds)", "",
-                "Target per rung: the highest mean final validation perplexity among its arms. Ratio = arm / "
-                f"{ladder.reference}, geometric mean over the seeds where both reached it, with its 95 % CI.", ""]
+        out += [
+            f"### Time to target ({ladder.reference}'s and each arm's training seconds)",
+            "",
+            "Target per rung: the highest mean final validation perplexity among its arms. Ratio = arm / "
+            f"{ladder.reference}, geometric mean over the seeds where both reached it, with its 95 % CI.",
+            "",
+        ]
         rows = []
         for rung in ladder.rungs:
             if rung not in ttt.targets:
@@ -526,17 +627,39 @@ def section(ladder: Ladder, ttt: Optional[TimeToTarget], spectra: list[RungSpect
             for line in ladder.lines:
                 r = ttt.ratio(rung, line, ladder.reference)
                 reached = len(ttt.seconds.get((rung, line), {}))
-                rows.append([rung, f"{ttt.targets[rung]:.4g}", line, f"{reached}/{ttt.runs.get((rung, line), 0)}",
-                             "-" if r is None else str(r)])
+                rows.append(
+                    [
+                        rung,
+                        f"{ttt.targets[rung]:.4g}",
+                        line,
+                        f"{reached}/{ttt.runs.get((rung, line), 0)}",
+                        "-" if r is None else str(r),
+                    ]
+                )
         out += _table(["rung", "target val ppl", "arm", "reached", f"time / {ladder.reference} [95 % CI]"], rows)
         out.append("")
     if spectra:
-        out += [f"### Spectrum across sizes ({ladder.reference} attention, one seed per rung)", "",
-                f"Effective rank of P (the smallest r keeping {ENERGY:g} of the cumulative singular value, "
-                f"`linformer-lab analyze`) per layer, first to last, on {SAMPLES} validation sequences.", ""]
-        out += _table(["rung", "parameters", "n", "effective rank per layer", "mean", "run"],
-                      [[s.rung, si(s.parameters), str(s.length), ", ".join(map(str, s.effective_rank)),
-                        f"{np.mean(s.effective_rank):.3g}", f"`{s.run_dir}`"] for s in spectra]) + [""]
+        out += [
+            f"### Spectrum across sizes ({ladder.reference} attention, one seed per rung)",
+            "",
+            f"Effective rank of P (the smallest r keeping {ENERGY:g} of the cumulative singular value, "
+            f"`linformer-lab analyze`) per layer, first to last, on {SAMPLES} validation sequences.",
+            "",
+        ]
+        out += _table(
+            ["rung", "parameters", "n", "effective rank per layer", "mean", "run"],
+            [
+                [
+                    s.rung,
+                    si(s.parameters),
+                    str(s.length),
+                    ", ".join(map(str, s.effective_rank)),
+                    f"{np.mean(s.effective_rank):.3g}",
+                    f"`{s.run_dir}`",
+                ]
+                for s in spectra
+            ],
+        ) + [""]
     out += [f"Figures: {', '.join(f'`{f}`' for f in written) or 'none (see Plots below)'}.", ""]
     return out
 
@@ -549,10 +672,14 @@ def write(study: Study, rows: list["Row"], found: "Findings", out: Path) -> tupl
     ladder = build(study, rows, found)
     ttt = time_to_target(ladder)
     spectra = spectrum_across_sizes(ladder)
-    plans = {GAP_FIGURE: (lambda: figure_gap(ladder), "no rung has a gap yet"),
-             RANK_FIGURE: (lambda: figure_rank(ladder, spectra), "no reference run with a checkpoint here"),
-             TIME_FIGURE: (lambda: figure_time(ladder, ttt) if ttt is not None else None,
-                           "no run's ppl_vs_wallclock curve here")}
+    plans = {
+        GAP_FIGURE: (lambda: figure_gap(ladder), "no rung has a gap yet"),
+        RANK_FIGURE: (lambda: figure_rank(ladder, spectra), "no reference run with a checkpoint here"),
+        TIME_FIGURE: (
+            lambda: figure_time(ladder, ttt) if ttt is not None else None,
+            "no run's ppl_vs_wallclock curve here",
+        ),
+    }
     written, skipped = [], []
     with matplotlib.style.context("default"):  # not the style the report's Optuna plots leave set
         for name, (draw, why) in plans.items():

@@ -143,9 +143,9 @@ def compare(a: Mapping[Hashable, float], b: Mapping[Hashable, float]) -> Compari
     diff, n = sa.mean - sb.mean, min(sa.n, sb.n)
     if n < 2:
         return Comparison(diff, math.nan, math.nan, f"none ({sa.n} vs {sb.n} replicates)", n)
-    va, vb = sa.std ** 2 / sa.n, sb.std ** 2 / sb.n
+    va, vb = sa.std**2 / sa.n, sb.std**2 / sb.n
     se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (sa.n - 1) + vb ** 2 / (sb.n - 1)) if se > 0 else sa.n + sb.n - 2
+    df = (va + vb) ** 2 / (va**2 / (sa.n - 1) + vb**2 / (sb.n - 1)) if se > 0 else sa.n + sb.n - 2
     return Comparison(diff, se, df, f"Welch t ({sa.n} vs {sb.n})", n, False, sa.std, sb.std)
 
 
@@ -154,8 +154,8 @@ def _design(c: Comparison, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(se, ν) of the same comparison with ``n`` replicates per arm, at the observed spread."""
     if c.paired:
         return c.sd_a / np.sqrt(n), n - 1.0
-    va, vb = c.sd_a ** 2 / n, c.sd_b ** 2 / n
-    return np.sqrt(va + vb), (va + vb) ** 2 / ((va ** 2 + vb ** 2) / (n - 1.0))
+    va, vb = c.sd_a**2 / n, c.sd_b**2 / n
+    return np.sqrt(va + vb), (va + vb) ** 2 / ((va**2 + vb**2) / (n - 1.0))
 
 
 def power_better(c: Comparison, n: np.ndarray | int, alpha: float = ALPHA) -> np.ndarray:
@@ -268,8 +268,9 @@ class Verdict:
         """Undecided: the verdict the fewest added seeds would reach ("better" or "on par"), if any."""
         if self.more_seeds is None:
             return ""
-        return BETTER if self.seeds_on_par is None or (self.seeds_better or MAX_SEEDS + 1) <= self.seeds_on_par \
-            else ON_PAR
+        return (
+            BETTER if self.seeds_on_par is None or (self.seeds_better or MAX_SEEDS + 1) <= self.seeds_on_par else ON_PAR
+        )
 
 
 def _interval(lo: float, hi: float) -> str:
@@ -291,11 +292,21 @@ def _decide(pair: Pair, p_holm: float, level: float, tost_holm: float, tost_leve
         better, worse = (pair.a, pair.b) if a_wins else (pair.b, pair.a)
         sign = 1 if a_wins == (pair.direction == "maximize") else -1  # the gain, in the metric's units
         lo, hi = sorted(sign * x for x in c.ci())
-        return Verdict(BETTER, f"{better} better than {worse} by {fmt(abs(c.diff))} (95 % CI {_interval(lo, hi)})",
-                       p, p_holm, tost, tost_holm, c.n)
+        return Verdict(
+            BETTER,
+            f"{better} better than {worse} by {fmt(abs(c.diff))} (95 % CI {_interval(lo, hi)})",
+            p,
+            p_holm,
+            tost,
+            tost_holm,
+            c.n,
+        )
     if not _plannable(c):
-        why = ("fewer than 2 seeds in an arm: no spread to plan from; add seeds, then read the plan here"
-               if not c.judged else "no spread in an arm to plan from")
+        why = (
+            "fewer than 2 seeds in an arm: no spread to plan from; add seeds, then read the plan here"
+            if not c.judged
+            else "no spread in an arm to plan from"
+        )
         return Verdict(UNDECIDED, f"undecided: {why}", p, p_holm, tost, tost_holm, c.n)
     n_better, n_par = seeds_for_better(c, level), seeds_for_on_par(c, delta, tost_level)
     v = Verdict(UNDECIDED, "", p, p_holm, tost, tost_holm, c.n, n_better, n_par)
@@ -304,13 +315,20 @@ def _decide(pair: Pair, p_holm: float, level: float, tost_holm: float, tost_leve
 
 def plan(v: Verdict, c: Comparison, delta: float) -> str:
     """What seeds per arm each verdict would need, in words."""
+
     def count(n: Optional[int], missing: str) -> str:
         return missing if n is None else f"needs {n} seeds per arm ({v.more(n)} more)"
 
-    better = count(v.seeds_better, "cannot be planned: no difference observed" if c.diff == 0
-                   else f"needs over {MAX_SEEDS} seeds per arm")
-    par = count(v.seeds_on_par, f"is out of reach: |A − B| = {fmt(abs(c.diff))} ≥ δ" if abs(c.diff) >= delta
-                else f"needs over {MAX_SEEDS} seeds per arm")
+    better = count(
+        v.seeds_better,
+        "cannot be planned: no difference observed" if c.diff == 0 else f"needs over {MAX_SEEDS} seeds per arm",
+    )
+    par = count(
+        v.seeds_on_par,
+        f"is out of reach: |A − B| = {fmt(abs(c.diff))} ≥ δ"
+        if abs(c.diff) >= delta
+        else f"needs over {MAX_SEEDS} seeds per arm",
+    )
     return f"'better' {better}; 'on par' {par}; at {PCT} power"
 
 
@@ -323,7 +341,7 @@ def judge(pairs: Sequence[Pair], other_better_p: Sequence[float] = ()) -> tuple[
     p_holm, levels = holm(p), holm_levels(p)
     tost_holm, tost_levels = holm(tost), holm_levels(tost)
     verdicts = [_decide(pair, p_holm[i], levels[i], tost_holm[i], tost_levels[i]) for i, pair in enumerate(pairs)]
-    return verdicts, p_holm[len(pairs):]
+    return verdicts, p_holm[len(pairs) :]
 
 
 # --------------------------------------------------------------------------------------- success rates
@@ -415,8 +433,13 @@ class PowerCheck:
         return self.leaves_trivial and self.separates
 
 
-def power_check(reference: Mapping[Hashable, float], degraded: Mapping[Hashable, float],
-                trivial: Mapping[Hashable, float], direction: str, advice: str = "run the GPU preset") -> PowerCheck:
+def power_check(
+    reference: Mapping[Hashable, float],
+    degraded: Mapping[Hashable, float],
+    trivial: Mapping[Hashable, float],
+    direction: str,
+    advice: str = "run the GPU preset",
+) -> PowerCheck:
     """Whether a study can see an effect at its budget, from its control contrast (values keyed by seed):
 
     1. the reference (baseline) arm leaves the trivial baseline: reference − trivial, paired by seed;
@@ -431,9 +454,12 @@ def power_check(reference: Mapping[Hashable, float], degraded: Mapping[Hashable,
         leaves = c.distinguishable and c.a_better(direction)
         means = f"{fmt(summarize(list(reference.values())).mean)} vs {fmt(summarize(list(trivial.values())).mean)}"
         found = f"({means}; difference {fmt(c.diff)} ± {fmt(c.half_width)}, {c.test})"
-        lines.append(f"The reference arm leaves the trivial baseline {found}." if leaves else
-                     f"The reference arm does NOT leave the trivial baseline {found}: nothing was learned at this "
-                     f"budget; {advice}.")
+        lines.append(
+            f"The reference arm leaves the trivial baseline {found}."
+            if leaves
+            else f"The reference arm does NOT leave the trivial baseline {found}: nothing was learned at this "
+            f"budget; {advice}."
+        )
     else:
         leaves = True
         lines.append("No trivial baseline for this metric: only the contrast is judged.")
@@ -441,12 +467,18 @@ def power_check(reference: Mapping[Hashable, float], degraded: Mapping[Hashable,
     separates = c.distinguishable and c.a_better(direction)
     gap = f"{fmt(abs(c.diff))} ± {fmt(c.half_width)}, {c.test}"
     if separates:
-        lines.append(f"The control separates: the reference is better than the degraded arm by {gap}. The study "
-                     "can see an effect of this size at this budget; a smaller one may still go unseen.")
+        lines.append(
+            f"The control separates: the reference is better than the degraded arm by {gap}. The study "
+            "can see an effect of this size at this budget; a smaller one may still go unseen."
+        )
     elif c.distinguishable:
-        lines.append(f"The control is REVERSED: the degraded arm is better than the reference by {gap}. The "
-                     "control is not the contrast it was meant to be here; check its arms before reading on.")
+        lines.append(
+            f"The control is REVERSED: the degraded arm is better than the reference by {gap}. The "
+            "control is not the contrast it was meant to be here; check its arms before reading on."
+        )
     else:
-        lines.append(f"The control does NOT separate (difference {fmt(c.diff)} ± {fmt(c.half_width)}, {c.test}): "
-                     f"this study has no power at this budget, so no verdict below can be trusted; {advice}.")
+        lines.append(
+            f"The control does NOT separate (difference {fmt(c.diff)} ± {fmt(c.half_width)}, {c.test}): "
+            f"this study has no power at this budget, so no verdict below can be trusted; {advice}."
+        )
     return PowerCheck(leaves, separates, tuple(lines))

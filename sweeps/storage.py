@@ -121,8 +121,9 @@ def _stale_journal_trials(ostudy: optuna.Study, study: Study, grace_s: float) ->
             started = trial.datetime_start or datetime.now(timezone.utc)
             if now - started.timestamp() > grace_s:
                 stale.append(trial)
-        elif ((owner[0] == host and not _pid_alive(owner[1]))
-              or now - _heartbeat_file(study, trial.number).stat().st_mtime > grace_s):
+        elif (owner[0] == host and not _pid_alive(owner[1])) or now - _heartbeat_file(
+            study, trial.number
+        ).stat().st_mtime > grace_s:
             stale.append(trial)
     return stale
 
@@ -131,8 +132,10 @@ def open_storage(study: Study, url: Optional[str], workers: int = 1) -> BaseStor
     """The study's storage: the journal file by default (heartbeats by :func:`beating`), else an Optuna RDB URL
     (with Optuna's heartbeats)."""
     if url is not None and url.startswith("sqlite") and workers > 1:
-        raise ConfigError(f"--storage {redact(url)}: SQLite cannot take parallel workers; use the default journal "
-                          "file (no --storage) or a PostgreSQL/MySQL URL")
+        raise ConfigError(
+            f"--storage {redact(url)}: SQLite cannot take parallel workers; use the default journal "
+            "file (no --storage) or a PostgreSQL/MySQL URL"
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
@@ -140,12 +143,15 @@ def open_storage(study: Study, url: Optional[str], workers: int = 1) -> BaseStor
             (study.root / JOURNAL).parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(str(study.root / JOURNAL)))
         try:
-            return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                              heartbeat_stale_trial_callback=retry)
+            return RDBStorage(
+                url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, heartbeat_stale_trial_callback=retry
+            )
         except ImportError:
-            raise ConfigError(f"--storage {redact(url)}: its database driver is not installed; for PostgreSQL use "
-                              "postgresql+psycopg2://... with pip install 'linformer-lab[postgres]' (a bare "
-                              "postgresql:// means psycopg 3 to SQLAlchemy 2.1)") from None
+            raise ConfigError(
+                f"--storage {redact(url)}: its database driver is not installed; for PostgreSQL use "
+                "postgresql+psycopg2://... with pip install 'linformer-lab[postgres]' (a bare "
+                "postgresql:// means psycopg 3 to SQLAlchemy 2.1)"
+            ) from None
         except Exception as err:  # sqlalchemy's many connection/URL errors
             raise ConfigError(f"--storage {redact(url)}: cannot open ({redact(str(err).splitlines()[0])})") from None
 
@@ -197,8 +203,10 @@ class BudgetState:
 def budget_state(trials: list[FrozenTrial]) -> BudgetState:
     excluded = excluded_numbers(trials)
     counted = [t for t in trials if t.number not in excluded]
-    return BudgetState(finished=sum(t.state.is_finished() for t in counted),
-                       running=sum(t.state == TrialState.RUNNING for t in counted))
+    return BudgetState(
+        finished=sum(t.state.is_finished() for t in counted),
+        running=sum(t.state == TrialState.RUNNING for t in counted),
+    )
 
 
 def budget_position(trials: list[FrozenTrial], number: int) -> int:
@@ -208,8 +216,11 @@ def budget_position(trials: list[FrozenTrial], number: int) -> int:
     discards itself, so the budget is never exceeded, whatever the storage.
     """
     excluded = excluded_numbers(trials)
-    return sum(1 for t in trials if t.number < number and t.number not in excluded
-               and (t.state.is_finished() or t.state == TrialState.RUNNING))
+    return sum(
+        1
+        for t in trials
+        if t.number < number and t.number not in excluded and (t.state.is_finished() or t.state == TrialState.RUNNING)
+    )
 
 
 def requeue(ostudy: optuna.Study, trial: FrozenTrial) -> None:

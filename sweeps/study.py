@@ -194,7 +194,8 @@ def check_trial_devices(cfg: DictConfig) -> None:
         raise ConfigError(
             f"trainer.strategy={t.strategy} with trainer.devices={t.devices}: a sweep trial must run on one "
             f"device, or on several with a spawn-based strategy ({', '.join(SPAWN_STRATEGIES)}); "
-            "'ddp' would re-run the whole sweep in every rank")
+            "'ddp' would re-run the whole sweep in every rank"
+        )
 
 
 def _grid_values(name: str, p: ParamSpec) -> list:
@@ -217,13 +218,17 @@ def _check_param(name: str, p: ParamSpec) -> None:
                     raise ConfigError(f"{where}.choices.{choice}: must be a mapping of dotted config keys to values")
             return
         if not OmegaConf.is_list(p.choices) or not p.choices:
-            raise ConfigError(f"{where}.choices: categorical needs a non-empty list of values "
-                              "or a mapping of choice names to overrides")
+            raise ConfigError(
+                f"{where}.choices: categorical needs a non-empty list of values "
+                "or a mapping of choice names to overrides"
+            )
         for value in p.choices:
             if not isinstance(value, SCALAR):
                 shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-                raise ConfigError(f"{where}.choices: {shown!r} is not a scalar; name it in a mapping instead "
-                                  "(choices: {name: {key: value}})")
+                raise ConfigError(
+                    f"{where}.choices: {shown!r} is not a scalar; name it in a mapping instead "
+                    "(choices: {name: {key: value}})"
+                )
         return
     if p.choices is not None:
         raise ConfigError(f"{where}: 'choices' is for type: categorical (got type: {p.type})")
@@ -231,8 +236,9 @@ def _check_param(name: str, p: ParamSpec) -> None:
     for key in ("low", "high") + (("step",) if p.step is not None else ()):
         value = p[key]
         if not isinstance(value, kinds) or isinstance(value, bool):
-            raise ConfigError(f"{where}.{key}: {p.type} range needs a number{' (integer)' if p.type == 'int' else ''}, "
-                              f"got {value!r}")
+            raise ConfigError(
+                f"{where}.{key}: {p.type} range needs a number{' (integer)' if p.type == 'int' else ''}, got {value!r}"
+            )
     if p.low > p.high:
         raise ConfigError(f"{where}: low={p.low} > high={p.high}")
     if p.log and p.step is not None:
@@ -304,8 +310,13 @@ class Study:
     def int_seeds(self) -> bool:
         """Whether this is a grid whose ``seed`` param lists integer seeds (what ``--add-seeds`` extends)."""
         p = self.spec.space.get(SEED_PARAM)
-        return (self.is_grid and p is not None and p.type == "categorical" and OmegaConf.is_list(p.choices)
-                and all(isinstance(v, int) and not isinstance(v, bool) for v in p.choices))
+        return (
+            self.is_grid
+            and p is not None
+            and p.type == "categorical"
+            and OmegaConf.is_list(p.choices)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in p.choices)
+        )
 
     @property
     def seeds(self) -> list[int]:
@@ -341,8 +352,11 @@ class Study:
     def arm_label(self, params: dict, without: Sequence[str] = ()) -> str:
         """How reports name the arm of a trial's ``params``: its arm params in order, a bundle's choice by its
         name, a value as ``key=value`` (the key's last part); params in ``without`` left out."""
-        return " ".join(str(v) if self.is_bundle(p) else f"{p.rsplit('.', 1)[-1]}={v}"
-                        for p, v in params.items() if p in self.arms and p not in without)
+        return " ".join(
+            str(v) if self.is_bundle(p) else f"{p.rsplit('.', 1)[-1]}={v}"
+            for p, v in params.items()
+            if p in self.arms and p not in without
+        )
 
     # ---------------------------------------------------------------- params -> config
     def param_overrides(self, params: dict) -> dict:
@@ -359,7 +373,9 @@ class Study:
         when = self.spec.space[name].when
         if not when:
             return True
-        flat = run_config.flatten(OmegaConf.to_container(OmegaConf.merge(self.shared, _nested(self.param_overrides(params)))))
+        flat = run_config.flatten(
+            OmegaConf.to_container(OmegaConf.merge(self.shared, _nested(self.param_overrides(params))))
+        )
         return all(flat.get(key) == value for key, value in when.items())
 
     def config(self, params: dict, run: Optional[dict] = None) -> DictConfig:
@@ -403,8 +419,11 @@ class Study:
         points: list[dict] = [{}]
         for name, p in self.spec.space.items():
             values = values_of(name, p)
-            points = [new for pt in points
-                      for new in ([dict(pt, **{name: v}) for v in values] if self._active(name, pt) else [pt])]
+            points = [
+                new
+                for pt in points
+                for new in ([dict(pt, **{name: v}) for v in values] if self._active(name, pt) else [pt])
+            ]
         unique = {tuple(sorted(pt.items())): pt for pt in points}
         return list(unique.values())
 
@@ -435,29 +454,41 @@ def _check_verdict(spec: DictConfig, file_metrics: set[str]) -> None:
             if section == "delta" and not value > 0:
                 raise ConfigError(f"{where}: the margin δ must be > 0 (in the metric's units), got {value}")
             if _metric_kind(metric) == "accuracy":
-                rule, ok = (("0 < δ < 1 (half an accuracy point is 0.005)", value < 1) if section == "delta" else
-                            ("0 < threshold <= 1 (90 % is 0.9)", 0 < value <= 1))
+                rule, ok = (
+                    ("0 < δ < 1 (half an accuracy point is 0.005)", value < 1)
+                    if section == "delta"
+                    else ("0 < threshold <= 1 (90 % is 0.9)", 0 < value <= 1)
+                )
                 if not ok:
                     raise ConfigError(f"{where}: an accuracy is a fraction in [0, 1], so {rule}, got {value}")
     for metric in (o.metric for o in spec.objective):
         if metric not in spec.verdict.delta and _metric_kind(metric) is None:
-            raise ConfigError(f"verdict.delta.{metric}: objective metric {metric!r} has no default margin δ "
-                              "(defaults: *loss 0.01, *accuracy 0.005); give the smallest difference that "
-                              "matters, in its units")
+            raise ConfigError(
+                f"verdict.delta.{metric}: objective metric {metric!r} has no default margin δ "
+                "(defaults: *loss 0.01, *accuracy 0.005); give the smallest difference that "
+                "matters, in its units"
+            )
 
 
 def _add_seeds(spec: DictConfig, added_seeds: Sequence[int]) -> None:
     """Extend the ``seed`` choices of a grid study by ``added_seeds`` (see the module docstring)."""
     if spec.sampler.kind != "grid":
-        raise ConfigError(f"--add-seeds: an open study (sampler.kind={spec.sampler.kind}) has no grid to add "
-                          "seeds to; add-seeds is for grid studies")
+        raise ConfigError(
+            f"--add-seeds: an open study (sampler.kind={spec.sampler.kind}) has no grid to add "
+            "seeds to; add-seeds is for grid studies"
+        )
     p = spec.space.get(SEED_PARAM)
     if p is None:
         raise ConfigError(f"--add-seeds: space has no {SEED_PARAM!r} param (the replicates to add to)")
-    if p.type != "categorical" or not OmegaConf.is_list(p.choices) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in p.choices):
-        raise ConfigError(f"--add-seeds: space.{SEED_PARAM}.choices must be a list of integer seeds, got "
-                          f"{OmegaConf.to_container(p.choices) if OmegaConf.is_config(p.choices) else p.choices!r}")
+    if (
+        p.type != "categorical"
+        or not OmegaConf.is_list(p.choices)
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in p.choices)
+    ):
+        raise ConfigError(
+            f"--add-seeds: space.{SEED_PARAM}.choices must be a list of integer seeds, got "
+            f"{OmegaConf.to_container(p.choices) if OmegaConf.is_config(p.choices) else p.choices!r}"
+        )
     p.choices = list(p.choices) + [s for s in added_seeds if s not in p.choices]
 
 
@@ -469,8 +500,13 @@ def _resolve_base(study_path: Path, base: str) -> Path:
     raise ConfigError(f"base: {base} not found (relative to {study_path.parent} or {REPO_ROOT})")
 
 
-def load_study(path: str | Path, preset: Optional[str] = None, n_trials: Optional[int] = None,
-               timeout_s: Optional[float] = None, added_seeds: Sequence[int] = ()) -> Study:
+def load_study(
+    path: str | Path,
+    preset: Optional[str] = None,
+    n_trials: Optional[int] = None,
+    timeout_s: Optional[float] = None,
+    added_seeds: Sequence[int] = (),
+) -> Study:
     """Read, merge (file < preset < command-line budget) and validate a study file.
 
     ``preset`` None picks ``cpu`` when the file has presets. ``added_seeds``: seeds ``sweep --add-seeds``
@@ -511,8 +547,9 @@ def _file_metrics(raw: dict, presets: dict) -> set[str]:
     return metrics
 
 
-def _validate(path: Path, preset: Optional[str], spec: DictConfig, file_metrics: set[str],
-              added_seeds: tuple[int, ...] = ()) -> Study:
+def _validate(
+    path: Path, preset: Optional[str], spec: DictConfig, file_metrics: set[str], added_seeds: tuple[int, ...] = ()
+) -> Study:
     if not re.fullmatch(r"[A-Za-z0-9_-]+", spec.study or ""):
         raise ConfigError(f"study: a name of letters, digits, '_' or '-' is required, got {spec.study!r}")
     if not spec.base:
@@ -534,8 +571,9 @@ def _validate(path: Path, preset: Optional[str], spec: DictConfig, file_metrics:
         check_number("budget.timeout_s", b.timeout_s, 0, 365 * 86400, low_open=True)
     try:
         shared = run_config.merge_run([base, _nested(dict(spec.overrides))])
-        study = Study(path=path, preset=preset, spec=spec, base_path=base_path, base=base, shared=shared,
-                      added_seeds=added_seeds)
+        study = Study(
+            path=path, preset=preset, spec=spec, base_path=base_path, base=base, shared=shared, added_seeds=added_seeds
+        )
         study.config({})
     except ConfigError as err:
         raise ConfigError(f"overrides: {err}") from None
@@ -558,8 +596,10 @@ def _check_objective(spec: DictConfig) -> None:
     if len({o.metric for o in spec.objective}) != len(spec.objective):
         raise ConfigError("objective: the same metric is listed twice")
     if len(spec.objective) == 2 and spec.pruner.kind != "none":
-        raise ConfigError(f"pruner.kind={spec.pruner.kind}: Optuna cannot prune multi-objective studies; "
-                          "set pruner.kind: none or keep one objective")
+        raise ConfigError(
+            f"pruner.kind={spec.pruner.kind}: Optuna cannot prune multi-objective studies; "
+            "set pruner.kind: none or keep one objective"
+        )
 
 
 def _check_space(spec: DictConfig, flat_keys: set[str]) -> None:
@@ -569,8 +609,7 @@ def _check_space(spec: DictConfig, flat_keys: set[str]) -> None:
     for name, p in spec.space.items():
         _check_param(name, p)
         if not isinstance(p.choices, DictConfig) and name not in flat_keys:
-            raise ConfigError(f"space.{name}: not a config key; a free label needs choices that map "
-                              "names to overrides")
+            raise ConfigError(f"space.{name}: not a config key; a free label needs choices that map names to overrides")
         for key in p.when:
             if key not in flat_keys:
                 raise ConfigError(f"space.{name}.when: {key} is not a config key")
@@ -589,8 +628,10 @@ def _samples(study: Study, added_seeds: tuple[int, ...]) -> list[dict]:
         return study.range_ends()
     study.points = study.grid()
     if added_seeds and b.n_trials is not None and b.n_trials != len(study.points):
-        raise ConfigError(f"--add-seeds: budget.n_trials={b.n_trials} fixes the number of trials of this grid; "
-                          f"remove it (a grid runs all its {len(study.points)} points)")
+        raise ConfigError(
+            f"--add-seeds: budget.n_trials={b.n_trials} fixes the number of trials of this grid; "
+            f"remove it (a grid runs all its {len(study.points)} points)"
+        )
     if b.n_trials is None:
         b.n_trials = len(study.points)
     elif b.n_trials > len(study.points):
@@ -610,26 +651,35 @@ def _check_ladder(study: Study) -> None:
         raise ConfigError(f"ladder.rung: {ladder.rung!r} is not a param of space (has: {', '.join(spec.space)})")
     p = spec.space[ladder.rung]
     if p.type != "categorical" or len(p.choices) < 2 or p.when:
-        raise ConfigError(f"ladder.rung: space.{ladder.rung} must be a categorical param with at least 2 choices "
-                          "(the model sizes, smallest first) and no 'when'")
+        raise ConfigError(
+            f"ladder.rung: space.{ladder.rung} must be a categorical param with at least 2 choices "
+            "(the model sizes, smallest first) and no 'when'"
+        )
     if ladder.rung not in study.arms:
         raise ConfigError(f"ladder.rung: {ladder.rung!r} must be one of arms ({', '.join(study.arms)})")
     others = [a for a in study.arms if a != ladder.rung]
     if not others:
-        raise ConfigError(f"ladder: arms has no param beside the rung {ladder.rung!r}; add the param whose choices "
-                          "are the arms compared at each rung (e.g. arm: {full: ..., linformer: ...})")
+        raise ConfigError(
+            f"ladder: arms has no param beside the rung {ladder.rung!r}; add the param whose choices "
+            "are the arms compared at each rung (e.g. arm: {full: ..., linformer: ...})"
+        )
     for key in ladder.reference:
         if key not in others:
-            raise ConfigError(f"ladder.reference.{key}: not an arm param beside the rung (arm params: "
-                              f"{', '.join(others)})")
+            raise ConfigError(
+                f"ladder.reference.{key}: not an arm param beside the rung (arm params: {', '.join(others)})"
+            )
     for name in others:
         choices = [str(c) for c in spec.space[name].choices] if spec.space[name].type == "categorical" else []
         if name not in ladder.reference:
-            raise ConfigError(f"ladder.reference: give the reference arm's value of {name!r}"
-                              + (f" (choices: {', '.join(choices)})" if choices else ""))
+            raise ConfigError(
+                f"ladder.reference: give the reference arm's value of {name!r}"
+                + (f" (choices: {', '.join(choices)})" if choices else "")
+            )
         if str(ladder.reference[name]) not in choices:
-            raise ConfigError(f"ladder.reference.{name}: {ladder.reference[name]!r} is not a choice of space.{name} "
-                              f"(choices: {', '.join(choices) or 'none: a ladder arm param must be categorical'})")
+            raise ConfigError(
+                f"ladder.reference.{name}: {ladder.reference[name]!r} is not a choice of space.{name} "
+                f"(choices: {', '.join(choices) or 'none: a ladder arm param must be categorical'})"
+            )
     if all(len(spec.space[name].choices) == 1 for name in others):
         raise ConfigError("ladder.reference: the reference is the only arm; add the arms to compare with it")
     sizes = []
@@ -641,8 +691,10 @@ def _check_ladder(study: Study) -> None:
             raise ConfigError(f"ladder: rung {rung}: {err}") from None
     for (small, n_small), (large, n_large) in zip(sizes, sizes[1:]):
         if n_large <= n_small:
-            raise ConfigError(f"ladder.rung: rungs must grow, smallest first: {large!r} has {n_large:,} parameters, "
-                              f"not more than {small!r} before it ({n_small:,})")
+            raise ConfigError(
+                f"ladder.rung: rungs must grow, smallest first: {large!r} has {n_large:,} parameters, "
+                f"not more than {small!r} before it ({n_small:,})"
+            )
 
 
 def _control_study(study: Study) -> Study:
@@ -662,13 +714,31 @@ def _control_study(study: Study) -> Study:
         seeds = list(DEFAULT_CONTROL_SEEDS) + [s for s in study.added_seeds if s not in DEFAULT_CONTROL_SEEDS]
     if len(set(seeds)) < 2:
         raise ConfigError(f"control.seeds: at least 2 distinct seeds are needed to measure a spread, got {seeds}")
-    spec = OmegaConf.merge(OmegaConf.structured(StudySpec), {
-        "study": study.spec.study, "base": study.spec.base, "overrides": study.spec.overrides,
-        "space": {CONTROL_PARAM: {"choices": {"reference": c.reference, "degraded": c.degraded}},
-                  "seed": {"choices": seeds}},
-        "objective": study.spec.objective, "sampler": {"kind": "grid"}, "arms": [CONTROL_PARAM]})
-    control = Study(path=study.path, preset=study.preset, spec=spec, base_path=study.base_path, base=study.base,
-                    shared=study.shared, parent=study, added_seeds=study.added_seeds)
+    spec = OmegaConf.merge(
+        OmegaConf.structured(StudySpec),
+        {
+            "study": study.spec.study,
+            "base": study.spec.base,
+            "overrides": study.spec.overrides,
+            "space": {
+                CONTROL_PARAM: {"choices": {"reference": c.reference, "degraded": c.degraded}},
+                "seed": {"choices": seeds},
+            },
+            "objective": study.spec.objective,
+            "sampler": {"kind": "grid"},
+            "arms": [CONTROL_PARAM],
+        },
+    )
+    control = Study(
+        path=study.path,
+        preset=study.preset,
+        spec=spec,
+        base_path=study.base_path,
+        base=study.base,
+        shared=study.shared,
+        parent=study,
+        added_seeds=study.added_seeds,
+    )
     control.points = control.grid()
     spec.budget.n_trials = len(control.points)
     for params in control.points:

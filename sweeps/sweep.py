@@ -68,9 +68,14 @@ def open_study(study: Study, url: Optional[str], workers: int = 1) -> optuna.Stu
     """Create the study, or load it: then its stored objective must be the file's (Optuna would silently
     keep the stored directions, and a changed metric would mix two objectives in one study)."""
     opened = storage.open_storage(study, url, workers)
-    ostudy = optuna.create_study(study_name=study.name, storage=opened, pruner=make_pruner(study),
-                                 sampler=make_sampler(study, study.spec.sampler.seed),
-                                 directions=study.directions, load_if_exists=True)
+    ostudy = optuna.create_study(
+        study_name=study.name,
+        storage=opened,
+        pruner=make_pruner(study),
+        sampler=make_sampler(study, study.spec.sampler.seed),
+        directions=study.directions,
+        load_if_exists=True,
+    )
     if "objective" not in ostudy.user_attrs:
         ostudy.set_user_attr("objective", objective_of(study))
     check_objective(study, ostudy, url)
@@ -84,9 +89,11 @@ def objective_of(study: Study) -> list[str]:
 def check_objective(study: Study, ostudy: optuna.Study, url: Optional[str]) -> None:
     stored = ostudy.user_attrs.get("objective")
     if stored is not None and stored != objective_of(study):
-        raise ConfigError(f"{study.path}: study {study.name} in {storage.storage_display(study, url)} has objective "
-                          f"{', '.join(stored)}, the file now says {', '.join(objective_of(study))}: rename the "
-                          "study or delete its storage")
+        raise ConfigError(
+            f"{study.path}: study {study.name} in {storage.storage_display(study, url)} has objective "
+            f"{', '.join(stored)}, the file now says {', '.join(objective_of(study))}: rename the "
+            "study or delete its storage"
+        )
 
 
 # --------------------------------------------------------------------------------------- GPUs
@@ -114,12 +121,18 @@ def worker_gpus(gpus: list[str], workers: int) -> tuple[list[Optional[str]], Opt
     if workers > n:
         return [gpus[i % n] for i in range(workers)], (
             f"warning: {workers} workers share {n} GPU(s) (worker i on GPU i mod {n}): trials on one GPU slow each "
-            f"other down and add their memory; --workers {n} gives each worker its own")
+            f"other down and add their memory; --workers {n} gives each worker its own"
+        )
     g = n // workers
-    note = None if n % workers == 0 else (
-        f"note: {n} GPUs for {workers} workers: {g} per worker, {n % workers} idle (--workers divides them evenly "
-        f"when it divides {n})")
-    return [",".join(gpus[i * g:(i + 1) * g]) for i in range(workers)], note
+    note = (
+        None
+        if n % workers == 0
+        else (
+            f"note: {n} GPUs for {workers} workers: {g} per worker, {n % workers} idle (--workers divides them evenly "
+            f"when it divides {n})"
+        )
+    )
+    return [",".join(gpus[i * g : (i + 1) * g]) for i in range(workers)], note
 
 
 def study_gpus(study: Study, workers: int) -> list[str]:
@@ -138,8 +151,10 @@ def _check_trial_gpus(study: Study, per_worker: int) -> None:
         t = s.shared.trainer
         asked = requested_devices(t.devices)
         if t.accelerator != "cpu" and asked is not None and asked > per_worker:
-            raise ConfigError(f"trainer.devices={t.devices}: each sweep worker has {per_worker} GPU(s) (the visible "
-                              f"GPUs divided by --workers); use fewer --workers or fewer devices per trial")
+            raise ConfigError(
+                f"trainer.devices={t.devices}: each sweep worker has {per_worker} GPU(s) (the visible "
+                f"GPUs divided by --workers); use fewer --workers or fewer devices per trial"
+            )
 
 
 def _optuna_quiet() -> None:
@@ -147,9 +162,20 @@ def _optuna_quiet() -> None:
 
 
 # --------------------------------------------------------------------------------------- worker
-def work(study_file: str, preset: Optional[str], n_trials: Optional[int], timeout_s: Optional[float],
-         url: Optional[str], workers: int, index: int, threads: int, deadline: Optional[float],
-         log_path: Optional[str], added_seeds: tuple[int, ...] = (), gpus: Optional[str] = None) -> int:
+def work(
+    study_file: str,
+    preset: Optional[str],
+    n_trials: Optional[int],
+    timeout_s: Optional[float],
+    url: Optional[str],
+    workers: int,
+    index: int,
+    threads: int,
+    deadline: Optional[float],
+    log_path: Optional[str],
+    added_seeds: tuple[int, ...] = (),
+    gpus: Optional[str] = None,
+) -> int:
     """One worker process: run the control's trials, then the study's, until each budget is met.
     ``gpus``: its ``CUDA_VISIBLE_DEVICES`` (set before anything here initialises CUDA). Returns an exit code."""
     if log_path is not None:  # lightning, torch and optuna write to fd 1/2: send them all to the log
@@ -176,8 +202,9 @@ def work(study_file: str, preset: Optional[str], n_trials: Optional[int], timeou
     return 0
 
 
-def _work_on(study: Study, url: Optional[str], workers: int, index: int, deadline: Optional[float],
-             wait_for_running: bool) -> None:
+def _work_on(
+    study: Study, url: Optional[str], workers: int, index: int, deadline: Optional[float], wait_for_running: bool
+) -> None:
     from sweeps.objective import StudyMisconfigured
     from sweeps.trials import run_trial
 
@@ -246,11 +273,13 @@ def prepare(study: Study, url: Optional[str], workers: int) -> optuna.Study:
 def footer(study: Study, url: Optional[str]) -> str:
     preset = f" --preset {study.preset}" if study.preset else ""
     where = f" --storage {storage.storage_display(study, url)}" if url else ""
-    return "\n".join([
-        f"report:      linformer-lab report {study.path}{preset}{where}",
-        f"tensorboard: tensorboard --logdir {study.root} --host {HOST}",
-        f"dashboard:   optuna-dashboard {storage.storage_display(study, url)} --host {HOST}",
-    ])
+    return "\n".join(
+        [
+            f"report:      linformer-lab report {study.path}{preset}{where}",
+            f"tensorboard: tensorboard --logdir {study.root} --host {HOST}",
+            f"dashboard:   optuna-dashboard {storage.storage_display(study, url)} --host {HOST}",
+        ]
+    )
 
 
 def _progress(study: Study, trials: list[FrozenTrial]) -> str:
@@ -278,8 +307,11 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     visible = study_gpus(study, workers)
     ostudies = {s.name: prepare(s, url, workers) for s in study.studies}
     for s in study.studies:
-        print(f"study {s.name}: {_progress(s, ostudies[s.name].trials)} trials finished; "
-              f"storage {storage.storage_display(s, url)}", flush=True)
+        print(
+            f"study {s.name}: {_progress(s, ostudies[s.name].trials)} trials finished; "
+            f"storage {storage.storage_display(s, url)}",
+            flush=True,
+        )
     if all(_met(s, ostudies[s.name].trials) for s in study.studies):
         print("budget already met: nothing to run")
         return 0
@@ -300,14 +332,18 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)
 
 
-def start_workers(study: Study, url: Optional[str], workers: int, visible: int, left: Optional[int],
-                  deadline: Optional[float]) -> list[mp.Process]:
+def start_workers(
+    study: Study, url: Optional[str], workers: int, visible: int, left: Optional[int], deadline: Optional[float]
+) -> list[mp.Process]:
     """Start no more workers than the trials left and the cores here (saying so), each with cores/W torch threads
     and its own GPUs, its output in ``<study dir>/logs/worker_<i>.log``."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if usable_workers(workers, left, cores) < workers:
-        print(f"--workers {workers}: starting {usable_workers(workers, left, cores)} "
-              f"({left if left is not None else 'open'} trial(s) left, {cores} core(s) here)", flush=True)
+        print(
+            f"--workers {workers}: starting {usable_workers(workers, left, cores)} "
+            f"({left if left is not None else 'open'} trial(s) left, {cores} core(s) here)",
+            flush=True,
+        )
         workers = usable_workers(workers, left, cores)
     threads = max(1, cores // workers)
     gpus, gpu_note = worker_gpus(visible, workers)
@@ -318,10 +354,20 @@ def start_workers(study: Study, url: Optional[str], workers: int, visible: int, 
     ctx = mp.get_context("spawn")
     procs = []
     for i in range(workers):
-        kwargs = dict(study_file=str(study.path), preset=study.preset, n_trials=study.spec.budget.n_trials,
-                      timeout_s=study.spec.budget.timeout_s, url=url, workers=workers, index=i,
-                      threads=threads, deadline=deadline, log_path=str(logs / f"worker_{i}.log"),
-                      added_seeds=study.added_seeds, gpus=gpus[i])
+        kwargs = dict(
+            study_file=str(study.path),
+            preset=study.preset,
+            n_trials=study.spec.budget.n_trials,
+            timeout_s=study.spec.budget.timeout_s,
+            url=url,
+            workers=workers,
+            index=i,
+            threads=threads,
+            deadline=deadline,
+            log_path=str(logs / f"worker_{i}.log"),
+            added_seeds=study.added_seeds,
+            gpus=gpus[i],
+        )
         procs.append(ctx.Process(target=_work_entry, kwargs=kwargs, name=f"sweep-worker-{i}"))
         procs[-1].start()
     on_gpus = f" × GPUs {' | '.join(gpus)}" if gpus[0] is not None else ""
@@ -353,20 +399,32 @@ def summarise(study: Study, ostudies: dict[str, optuna.Study], started: float, d
     for s in study.studies:
         trials = ostudies[s.name].get_trials(deepcopy=False)
         excluded = storage.excluded_numbers(trials)
-        counts = ", ".join(f"{sum(t.state == st and t.number not in excluded for t in trials)} {st.name.lower()}"
-                           for st in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
-        print(f"study {s.name}: {_progress(s, trials)} trials finished ({counts}) "
-              f"in {(time.time() - started) / 60:.1f} min")
+        counts = ", ".join(
+            f"{sum(t.state == st and t.number not in excluded for t in trials)} {st.name.lower()}"
+            for st in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        )
+        print(
+            f"study {s.name}: {_progress(s, trials)} trials finished ({counts}) "
+            f"in {(time.time() - started) / 60:.1f} min"
+        )
         if not (_met(s, trials) or (deadline is not None and time.time() > deadline)):
             met = False
-            print(f"budget not met: {s.n_trials - storage.budget_state(trials).finished} trial(s) of {s.name} missing; "
-                  f"see {study.root / 'logs'}/, then run the same command again")
+            print(
+                f"budget not met: {s.n_trials - storage.budget_state(trials).finished} trial(s) of {s.name} missing; "
+                f"see {study.root / 'logs'}/, then run the same command again"
+            )
     return met
 
 
 # --------------------------------------------------------------------------------------- seeds
-def with_added_seeds(study: Study, url: Optional[str], workers: int, add: int = 0,
-                     n_trials: Optional[int] = None, timeout_s: Optional[float] = None) -> Study:
+def with_added_seeds(
+    study: Study,
+    url: Optional[str],
+    workers: int,
+    add: int = 0,
+    n_trials: Optional[int] = None,
+    timeout_s: Optional[float] = None,
+) -> Study:
     """``study`` with the seeds earlier ``--add-seeds`` stored on it, and ``add`` more (the next unused
     numbers, stored first). Creates the study in its storage when it is not there yet."""
     ostudy = open_study(study, url, workers)
@@ -376,9 +434,11 @@ def with_added_seeds(study: Study, url: Optional[str], workers: int, add: int = 
         if study.control is not None:
             trials += open_study(study.control, url, workers).get_trials(deepcopy=False)
         if seed_is_categorical(trials):
-            raise ConfigError(f"--add-seeds: study {study.name} in {storage.storage_display(study, url)} stores its seeds "
-                              "as a fixed list (it was run before --add-seeds existed) and Optuna cannot extend "
-                              "it; run the study afresh (delete its storage) to add seeds")
+            raise ConfigError(
+                f"--add-seeds: study {study.name} in {storage.storage_display(study, url)} stores its seeds "
+                "as a fixed list (it was run before --add-seeds existed) and Optuna cannot extend "
+                "it; run the study afresh (delete its storage) to add seeds"
+            )
         used = set(added) | {t.params[SEED_PARAM] for t in trials if isinstance(t.params.get(SEED_PARAM), int)}
         for s in [study, study.control] if study.control is not None else [study]:
             used |= set(s.seeds)
@@ -386,8 +446,11 @@ def with_added_seeds(study: Study, url: Optional[str], workers: int, add: int = 
         grown = load_study(study.path, study.preset, n_trials, timeout_s, added + new)  # check before storing
         added += new
         ostudy.set_user_attr(ADDED_SEEDS, added)
-        print(f"study {study.name}: added seeds {', '.join(map(str, new))} (to its control too); seeds now "
-              f"{', '.join(map(str, grown.seeds))}", flush=True)
+        print(
+            f"study {study.name}: added seeds {', '.join(map(str, new))} (to its control too); seeds now "
+            f"{', '.join(map(str, grown.seeds))}",
+            flush=True,
+        )
         return grown
     return load_study(study.path, study.preset, n_trials, timeout_s, added) if added else study
 
@@ -395,14 +458,21 @@ def with_added_seeds(study: Study, url: Optional[str], workers: int, add: int = 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study file, e.g. sweeps/random_vs_learned.yaml")
     parser.add_argument("--preset", help="preset of the study file (default: cpu when it has one), e.g. gpu")
-    parser.add_argument("--storage", help="Optuna RDB URL, e.g. postgresql+psycopg2://user@host/db "
-                                          "(default: a journal file under runs/<study>_<preset>/)")
+    parser.add_argument(
+        "--storage",
+        help="Optuna RDB URL, e.g. postgresql+psycopg2://user@host/db "
+        "(default: a journal file under runs/<study>_<preset>/)",
+    )
     parser.add_argument("--n-trials", type=int, help="total finished trials wanted (overrides budget.n_trials)")
     parser.add_argument("--timeout-s", type=float, help="start no trial after this many seconds")
     parser.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
-    parser.add_argument("--add-seeds", type=int, metavar="N",
-                        help="add N replicate seeds (the next unused numbers) to a grid study and its control, "
-                             "then resume it; plan N from the report's power calculation before running")
+    parser.add_argument(
+        "--add-seeds",
+        type=int,
+        metavar="N",
+        help="add N replicate seeds (the next unused numbers) to a grid study and its control, "
+        "then resume it; plan N from the report's power calculation before running",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -43,8 +43,11 @@ def run_trial(study: Study, trial: optuna.Trial, url: Optional[str]) -> float | 
         discard_over_budget(study, trial, trials, frozen)
         run_dir = study.root / f"trial_{trial.number}"
         trial.set_user_attr("run_dir", str(run_dir))
-        run = {"experiment": study.name, "run_dir": str(run_dir),
-               **continue_dead_attempt(trial, trials, frozen, run_dir)}
+        run = {
+            "experiment": study.name,
+            "run_dir": str(run_dir),
+            **continue_dead_attempt(trial, trials, frozen, run_dir),
+        }
         try:
             return objective(study, trial, run)
         except optuna.TrialPruned:
@@ -65,8 +68,9 @@ def discard_over_budget(study: Study, trial: optuna.Trial, trials: list[FrozenTr
     raise optuna.TrialPruned("discarded: budget already met")
 
 
-def continue_dead_attempt(trial: optuna.Trial, trials: list[FrozenTrial], frozen: FrozenTrial,
-                          run_dir: Path) -> dict[str, Any]:
+def continue_dead_attempt(
+    trial: optuna.Trial, trials: list[FrozenTrial], frozen: FrozenTrial, run_dir: Path
+) -> dict[str, Any]:
     """Config overrides that continue the attempt this trial retries (``{"resume": True}``), or {} to start afresh."""
     for inherited in INHERITED:
         if trial.user_attrs.get(inherited) is not None:
@@ -104,6 +108,8 @@ def record_failure(trial: optuna.Trial, err: BaseException) -> None:
     """Keep why the trial failed; an interrupted trial (Optuna fails it) gets an identical copy enqueued."""
     if isinstance(err, KeyboardInterrupt):
         trial.set_user_attr("fail_reason", "interrupted")
-        storage.requeue(trial.study, next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number))
+        storage.requeue(
+            trial.study, next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
+        )
     elif isinstance(err, Exception):
         trial.set_user_attr("fail_reason", reason(err))

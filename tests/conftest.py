@@ -10,8 +10,9 @@ import tempfile
 
 _HF_HOME = tempfile.mkdtemp(prefix="linformer-lab-hf-")
 atexit.register(shutil.rmtree, _HF_HOME, ignore_errors=True)
-os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=_HF_HOME,
-                  HF_DATASETS_CACHE=os.path.join(_HF_HOME, "datasets"))
+os.environ.update(
+    HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=_HF_HOME, HF_DATASETS_CACHE=os.path.join(_HF_HOME, "datasets")
+)
 
 import types  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -34,12 +35,26 @@ def data_cache(tmp_path_factory):
 def tiny_overrides(tmp_path, monkeypatch, data_cache):
     """Shrink the base experiment to seconds: a tiny model, a few hundred texts, 6 steps, CPU."""
     monkeypatch.chdir(tmp_path)
-    args = ["experiment=tiny", f"output_dir={tmp_path / 'runs'}", "model.max_len=32", "model.d_model=32",
-            "model.n_heads=2", "model.n_layers=2", "model.d_ff=64", "model.attention.k=8",
-            "data.max_texts=300", "data.batch_size=8", "data.tokenizer.vocab_size=300",
-            f"data.cache_dir={data_cache}", "trainer.max_steps=6", "trainer.val_check_interval=3",
-            "trainer.limit_val_batches=2", "trainer.log_every_n_steps=1", "trainer.accelerator=cpu",
-            "optim.warmup_steps=2"]
+    args = [
+        "experiment=tiny",
+        f"output_dir={tmp_path / 'runs'}",
+        "model.max_len=32",
+        "model.d_model=32",
+        "model.n_heads=2",
+        "model.n_layers=2",
+        "model.d_ff=64",
+        "model.attention.k=8",
+        "data.max_texts=300",
+        "data.batch_size=8",
+        "data.tokenizer.vocab_size=300",
+        f"data.cache_dir={data_cache}",
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=3",
+        "trainer.limit_val_batches=2",
+        "trainer.log_every_n_steps=1",
+        "trainer.accelerator=cpu",
+        "optim.warmup_steps=2",
+    ]
     return types.SimpleNamespace(config=CONFIGS / "base.yaml", args=args)
 
 

@@ -40,8 +40,13 @@ class Server:
 
     def run(self, tool: str, *args: str) -> None:
         env = dict(os.environ, PGPASSWORD=self.password)
-        subprocess.run([*self.run_as, str(self.bin / tool), "-h", self.host, "-p", str(self.port), "-U", self.user,
-                        *args], check=True, capture_output=True, env=env, timeout=60)
+        subprocess.run(
+            [*self.run_as, str(self.bin / tool), "-h", self.host, "-p", str(self.port), "-U", self.user, *args],
+            check=True,
+            capture_output=True,
+            env=env,
+            timeout=60,
+        )
 
 
 def _server_bin() -> Optional[Path]:
@@ -102,8 +107,19 @@ def postgres_server(tmp_path_factory) -> Iterator[Server]:
         init = as_server("initdb", "-D", str(data), "-U", USER, "--auth=scram-sha-256", f"--pwfile={root / 'pw'}")
         if init.returncode != 0:
             _unavailable(f"initdb failed: {(init.stderr or init.stdout).strip().splitlines()[-1]}")
-        start = as_server("pg_ctl", "-D", str(data), "-l", str(log), "-w", "-t", "60", "start", "-o",
-                          f"-p {server.port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=100")
+        start = as_server(
+            "pg_ctl",
+            "-D",
+            str(data),
+            "-l",
+            str(log),
+            "-w",
+            "-t",
+            "60",
+            "start",
+            "-o",
+            f"-p {server.port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=100",
+        )
         started = start.returncode == 0
         if not started:
             tail = log.read_text().strip().splitlines()[-1:] if log.is_file() else []

@@ -46,7 +46,7 @@ def test_rank_r_context_matrix_has_r_nonzero_singular_values():
 
 def test_effective_rank_is_the_smallest_index_reaching_the_energy():
     n = 20
-    curve = analysis.cumulative_share(torch.ones(n, dtype=torch.float64))      # identity P: c_i = i / n
+    curve = analysis.cumulative_share(torch.ones(n, dtype=torch.float64))  # identity P: c_i = i / n
     assert torch.allclose(curve, torch.arange(1, n + 1, dtype=torch.float64) / n)
     assert int(analysis.effective_rank(curve, 0.9)) == 18
     assert int(analysis.effective_rank(curve, 0.91)) == 19
@@ -57,10 +57,11 @@ def test_effective_rank_is_the_smallest_index_reaching_the_energy():
 
 def test_suggested_k_keeps_the_energy_of_every_head():
     m = 8
+
     def flat(r):  # rank r, equal σ
         return torch.cat([torch.ones(r), torch.zeros(m - r)]).double()
 
-    sv = torch.stack([torch.stack([flat(2), flat(6)])] * 3)                  # (N=3, h=2, m)
+    sv = torch.stack([torch.stack([flat(2), flat(6)])] * 3)  # (N=3, h=2, m)
     spectrum = analysis.Spectrum([sv, sv[:, :, :4]])
     assert spectrum.head_effective_ranks(1.0) == [[2, 6], [2, 4]]
     assert spectrum.suggested_ks(1.0) == [6, 4]
@@ -85,7 +86,7 @@ def test_pooling_projection_is_maximally_local_and_smooth():
     assert torch.allclose(analysis.locality(e), torch.ones(k, dtype=torch.float64))
     assert torch.allclose(analysis.spread(e), torch.full((k,), math.sqrt((w * w - 1) / 12), dtype=torch.float64))
     assert analysis.smoothness(e).min() > 0.95
-    for metric in (analysis.locality, analysis.spread, analysis.smoothness):                   # leading dims are batch dims
+    for metric in (analysis.locality, analysis.spread, analysis.smoothness):  # leading dims are batch dims
         assert torch.equal(metric(torch.stack([e, -e])), torch.stack([metric(e)] * 2))
     assert analysis.subspace_alignment(e, analysis.dct_matrix(n)[:k]) > 0.75
     # The bank's parameter-free pool projection is exactly this matrix.
@@ -96,8 +97,8 @@ def test_pooling_projection_is_maximally_local_and_smooth():
 def test_random_projection_is_neither_local_nor_smooth():
     k, n = 8, 128
     e = torch.randn(k, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    assert analysis.locality(e).mean() < 0.25                                   # ≈ 1/k of the mass near μ
-    assert analysis.smoothness(e).mean() == pytest.approx(0.5, abs=0.1)         # white: half the energy is low
+    assert analysis.locality(e).mean() < 0.25  # ≈ 1/k of the mass near μ
+    assert analysis.smoothness(e).mean() == pytest.approx(0.5, abs=0.1)  # white: half the energy is low
     assert analysis.subspace_alignment(e, analysis.dct_matrix(n)[:k]) == pytest.approx(k / n, abs=0.06)
 
 
@@ -106,7 +107,7 @@ def test_smoothness_runs_from_high_frequency_to_constant_rows():
     d = analysis.dct_matrix(n)
     rows = torch.stack([torch.ones(n).double(), d[n // 2] + d[n - 1], (-1.0) ** torch.arange(n).double()])
     assert torch.allclose(analysis.smoothness(rows)[:2], torch.tensor([1.0, 0.0], dtype=torch.float64), atol=1e-12)
-    assert analysis.smoothness(rows)[2] < 0.05                                  # alternating signs: almost all high
+    assert analysis.smoothness(rows)[2] < 0.05  # alternating signs: almost all high
 
 
 def test_alignment_is_one_within_a_subspace_and_zero_across_orthogonal_ones():
@@ -115,8 +116,10 @@ def test_alignment_is_one_within_a_subspace_and_zero_across_orthogonal_ones():
     assert torch.allclose(d @ d.T, torch.eye(n, dtype=torch.float64), atol=1e-12)
     mixed = torch.randn(k, k, generator=torch.Generator().manual_seed(1), dtype=torch.float64) @ d[:k]
     assert analysis.subspace_alignment(mixed, d[:k]) == pytest.approx(1.0, abs=1e-9)
-    assert analysis.subspace_alignment(d[:k], d[k:2 * k]) == pytest.approx(0.0, abs=1e-9)
-    assert torch.allclose(analysis.principal_cosines(d[:2], d[1:3]), torch.tensor([1.0, 0.0], dtype=torch.float64), atol=1e-9)
+    assert analysis.subspace_alignment(d[:k], d[k : 2 * k]) == pytest.approx(0.0, abs=1e-9)
+    assert torch.allclose(
+        analysis.principal_cosines(d[:2], d[1:3]), torch.tensor([1.0, 0.0], dtype=torch.float64), atol=1e-9
+    )
 
 
 def test_attention_subspace_is_the_row_space_that_P_reads():
@@ -127,12 +130,15 @@ def test_attention_subspace_is_the_row_space_that_P_reads():
     assert analysis.subspace_alignment(basis, p) == pytest.approx(1.0, abs=1e-9)
 
 
-@pytest.mark.parametrize("share, names", [
-    ("none", ["layer0/E/head0", "layer0/E/head1", "layer0/F/head0", "layer0/F/head1"]),
-    ("headwise", ["layer0/E", "layer0/F"]),
-    ("kv", ["layer0/E=F"]),
-    ("layerwise", None),
-])
+@pytest.mark.parametrize(
+    "share, names",
+    [
+        ("none", ["layer0/E/head0", "layer0/E/head1", "layer0/F/head0", "layer0/F/head1"]),
+        ("headwise", ["layer0/E", "layer0/F"]),
+        ("kv", ["layer0/E=F"]),
+        ("layerwise", None),
+    ],
+)
 def test_distinct_projections_follow_the_sharing_mode(share, names):
     bank = ProjectionBank([4, 6], 16, 2, share=share)
     entries = analysis.distinct_projections(bank)
@@ -148,35 +154,41 @@ def test_distinct_projections_follow_the_sharing_mode(share, names):
         assert torch.allclose(p.matrix[0], side[head].double())
 
 
-@pytest.mark.parametrize("projection, causal", [("learned", False), ("conv", False), ("pool", False),
-                                                ("learned", True), ("conv", True)])
+@pytest.mark.parametrize(
+    "projection, causal", [("learned", False), ("conv", False), ("pool", False), ("learned", True), ("conv", True)]
+)
 def test_dense_form_is_the_operator_the_bank_applies(projection, causal):
     n, heads, d_head = 16, 2, 3
     bank = ProjectionBank([4, 4], n, heads, projection=projection, causal=causal, d_head=d_head)
     length = bank.slots(1) * bank.window(1) if causal else n
     x = torch.randn(2, heads, length, d_head)
     for side in range(bank.sides):
-        e = analysis.projection_operator(bank, 1, side)                            # (G, C, k', n)
+        e = analysis.projection_operator(bank, 1, side)  # (G, C, k', n)
         assert e.shape[-1] == n and not e[..., length:].any()
-        expected = bank.compress(1, side, x).double()                      # (B, h, k', d_h)
-        e = e[..., :length].expand(heads, d_head, -1, -1)                   # G ∈ {1, h}, C ∈ {1, d_h}
+        expected = bank.compress(1, side, x).double()  # (B, h, k', d_h)
+        e = e[..., :length].expand(heads, d_head, -1, -1)  # G ∈ {1, h}, C ∈ {1, d_h}
         got = torch.einsum("hcjt,bhtc->bhjc", e, x.double())
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    if causal:                                                             # slot j sees block j only
+    if causal:  # slot j sees block j only
         w = bank.window(1)
         for j, row in enumerate(analysis.projection_operator(bank, 1, 0)[0, 0]):
-            assert not row[: j * w].any() and not row[(j + 1) * w:].any()
+            assert not row[: j * w].any() and not row[(j + 1) * w :].any()
 
 
 def test_projection_report_sets_each_matrix_beside_a_gaussian_of_its_shape():
     k, n = 4, 16
     projections = [analysis.Projection("pool", (0,), pooling(k, n)[None])]
-    reference = analysis.Spectrum([torch.ones(1, 1, n).double()], grams=[rank_r_stochastic(n, k).T @ rank_r_stochastic(n, k)])
+    reference = analysis.Spectrum(
+        [torch.ones(1, 1, n).double()], grams=[rank_r_stochastic(n, k).T @ rank_r_stochastic(n, k)]
+    )
     entry = analysis.projection_report(projections, reference)["pool"]
     assert entry["shape"] == [1, k, n] and entry["layers"] == [0]
     assert entry["model"]["locality"] == pytest.approx(1.0) and entry["model"]["smoothness"] > 0.9
-    assert set(entry["model"]) == set(entry["gaussian"]) == {
-        "locality", "spread", "smoothness", "fourier_alignment", "attention_alignment"}
+    assert (
+        set(entry["model"])
+        == set(entry["gaussian"])
+        == {"locality", "spread", "smoothness", "fourier_alignment", "attention_alignment"}
+    )
     assert entry["gaussian"]["locality"] < 0.6
 
 
@@ -211,51 +223,64 @@ def test_recorded_probabilities_are_the_ones_the_layer_attends_with(variant):
         assert p.shape == (3, 2, 16, 4 if compressed else 16)
         assert torch.allclose(p.sum(-1), torch.ones(3, 2, 16))
         if not compressed:
-            assert p[1, :, :, 11:].abs().max() == 0                      # padded keys get no weight
+            assert p[1, :, :, 11:].abs().max() == 0  # padded keys get no weight
         if att.get("causal"):
             assert torch.equal(p, p.tril())
 
 
-@pytest.mark.parametrize("projection, h", [("learned", 2), ("pool", 4)])   # SDPA rows of 2 blocks; of 1
+@pytest.mark.parametrize("projection, h", [("learned", 2), ("pool", 4)])  # SDPA rows of 2 blocks; of 1
 def test_causal_linformer_context_matrix_is_causal_row_stochastic_and_is_the_layer(projection, h):
     """P̃ over [slots ; positions]: a real query's row sums to 1 and weights only the slots of earlier
     blocks and the positions of its own block up to itself (never padding or an empty slot), and
     P̃ [F-slots ; V] is the layer's output."""
-    t, w, nb, d = 14, 4, 4, 8                                              # blocks 4, 4, 4, 2; 3 slots
+    t, w, nb, d = 14, 4, 4, 8  # blocks 4, 4, 4, 2; 3 slots
     torch.manual_seed(0)
-    layer = build_attention({"max_len": t, "d_model": d, "n_heads": h,
-                             "attention": {"kind": "linformer", "k": 4, "causal": True, "projection": projection}},
-                            shared=ProjectionBank([4], t, h, projection=projection, causal=True)).eval()
+    layer = build_attention(
+        {
+            "max_len": t,
+            "d_model": d,
+            "n_heads": h,
+            "attention": {"kind": "linformer", "k": 4, "causal": True, "projection": projection},
+        },
+        shared=ProjectionBank([4], t, h, projection=projection, causal=True),
+    ).eval()
     x = torch.randn(3, t, d)
     mask = torch.ones(3, t, dtype=torch.bool)
-    mask[1, 10:] = False                                                   # right padding
-    mask[2, :5] = False                                                    # left: block 0 (slot 0) all padding
+    mask[1, 10:] = False  # right padding
+    mask[2, :5] = False  # left: block 0 (slot 0) all padding
     p = analysis.attention_maps(layer, x, mask)[0]
     assert p.shape == (3, h, t, nb - 1 + t)
-    torch.testing.assert_close(p.sum(-1), mask[:, None, :].float().expand(3, h, t))   # padded queries: zeroed
+    torch.testing.assert_close(p.sum(-1), mask[:, None, :].float().expand(3, h, t))  # padded queries: zeroed
     i, block = torch.arange(t)[:, None], torch.arange(t)[:, None] // w
-    slots = torch.arange(nb - 1)[None, :] < block                          # j < b
+    slots = torch.arange(nb - 1)[None, :] < block  # j < b
     own = (torch.arange(t)[None, :] >= block * w) & (torch.arange(t)[None, :] <= i)
     assert not p[..., ~torch.cat([slots, own], -1)].any()
-    assert not p[1, ..., nb - 1 + 10:].any()                               # padded keys
-    assert not p[2, ..., 0].any() and not p[2, ..., nb - 1: nb - 1 + 5].any()   # empty slot, padded keys
-    assert (p[0, ..., : nb - 1] > 0).sum() == h * w * (0 + 1 + 2) + h * 2 * 3   # every visible slot is weighted
+    assert not p[1, ..., nb - 1 + 10 :].any()  # padded keys
+    assert not p[2, ..., 0].any() and not p[2, ..., nb - 1 : nb - 1 + 5].any()  # empty slot, padded keys
+    assert (p[0, ..., : nb - 1] > 0).sum() == h * w * (0 + 1 + 2) + h * 2 * 3  # every visible slot is weighted
 
     with torch.no_grad():
-        v = layer.v_proj(x).view(3, t, h, d // h).transpose(1, 2)         # (B, h, T, d_h)
+        v = layer.v_proj(x).view(3, t, h, d // h).transpose(1, 2)  # (B, h, T, d_h)
         slot_v = layer.bank.compress(0, 1, v[:, :, : (nb - 1) * w], mask[:, : (nb - 1) * w])
-        heads = p @ torch.cat([slot_v, v], 2)                              # (B, h, T, d_h)
+        heads = p @ torch.cat([slot_v, v], 2)  # (B, h, T, d_h)
         got = layer.out_proj(heads.transpose(1, 2).reshape(3, t, d))
         expected = layer(x, mask)
     torch.testing.assert_close(got[mask], expected[mask], atol=1e-5, rtol=1e-5)
 
 
 def test_causal_linformer_spectrum_has_one_singular_value_per_position():
-    cfg = {"max_len": 16, "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "dropout": 0.0,
-           "attention": {"kind": "linformer", "k": 4, "causal": True}}
+    cfg = {
+        "max_len": 16,
+        "d_model": 16,
+        "n_heads": 2,
+        "n_layers": 2,
+        "d_ff": 32,
+        "dropout": 0.0,
+        "attention": {"kind": "linformer", "k": 4, "causal": True},
+    }
     torch.manual_seed(0)
     mask = torch.ones(3, 16, dtype=torch.bool)
-    mask[1, :6] = False                                                    # an all-padding prefix stays finite
+    mask[1, :6] = False  # an all-padding prefix stays finite
     batch = {"input_ids": torch.randint(5, 40, (3, 16)), "attention_mask": mask}
     spectrum = analysis.measure_spectrum(TransformerEncoder(cfg, 40), [batch])
     assert [tuple(s.shape) for s in spectrum.singular_values] == [(3, 2, 16)] * 2
@@ -304,13 +329,18 @@ def test_callback_logs_spectrum_heatmaps_and_analyze_writes_figures(tiny_overrid
     assert "layer1/F/head1" in capsys.readouterr().out
     out = linformer / "analysis"
     summary = json.loads((out / "summary.json").read_text())
-    assert len(summary["projections"]) == 8                              # 2 layers × E, F × 2 heads
+    assert len(summary["projections"]) == 8  # 2 layers × E, F × 2 heads
     for entry in summary["projections"].values():
         assert entry["shape"] == [1, 8, 32]
         for metrics in (entry["model"], entry["gaussian"]):
             assert 0.0 <= metrics["attention_alignment"] <= 1.0 and 0.0 <= metrics["locality"] <= 1.0
-    figures = {"spectrum_cumulative", "spectrum_heatmap", "projections_layer0", "projections_layer1",
-               "projection_metrics"}
+    figures = {
+        "spectrum_cumulative",
+        "spectrum_heatmap",
+        "projections_layer0",
+        "projections_layer1",
+        "projection_metrics",
+    }
     assert {f"{name}.png" for name in figures} == set(summary["figures"])
     assert all((out / f"{name}.png").stat().st_size > 0 for name in figures)
     assert {f"analysis/{name}" for name in figures} <= set(_events(linformer).Tags()["images"])
@@ -322,8 +352,14 @@ def test_callback_logs_spectrum_heatmaps_and_analyze_writes_figures(tiny_overrid
 
 
 def test_the_spectrum_callback_follows_a_causal_linformer_during_training(tiny_overrides, tmp_path):
-    _train(tiny_overrides, "experiment=causal", "task=clm", "model.attention.causal=true",
-           "model.attention.kind=linformer", "trainer.spectrum_every_n_val=1")
+    _train(
+        tiny_overrides,
+        "experiment=causal",
+        "task=clm",
+        "model.attention.causal=true",
+        "model.attention.kind=linformer",
+        "trainer.spectrum_every_n_val=1",
+    )
     acc = _events(tmp_path / "runs" / "causal" / "version_0")
     ranks = acc.Scalars("spectrum/effective_rank/layer_0")
     assert [e.step for e in ranks] == [3, 6] and all(1 <= e.value <= 32 for e in ranks)

@@ -56,8 +56,18 @@ def test_compress_first_equals_project_first(share):
 @pytest.mark.parametrize("order", ["project_first", "compress_first"])
 def test_padding_never_changes_real_token_outputs(kind, order):
     torch.manual_seed(1)
-    enc = TransformerEncoder({"max_len": N, "d_model": D, "n_heads": H, "n_layers": 2, "d_ff": 64, "dropout": 0.0,
-                              "attention": {"kind": kind, "k": 4, "order": order}}, vocab_size=50).eval()
+    enc = TransformerEncoder(
+        {
+            "max_len": N,
+            "d_model": D,
+            "n_heads": H,
+            "n_layers": 2,
+            "d_ff": 64,
+            "dropout": 0.0,
+            "attention": {"kind": kind, "k": 4, "order": order},
+        },
+        vocab_size=50,
+    ).eval()
     with torch.no_grad():
         for name, p in enc.named_parameters():
             if name.endswith("bias"):
@@ -80,31 +90,57 @@ def test_short_sequence_uses_first_columns_of_e():
 
 
 def test_longer_than_max_len_is_an_error():
-    enc = TransformerEncoder({"max_len": 8, "d_model": D, "n_heads": H, "n_layers": 1, "d_ff": 64,
-                              "attention": {"k": 4}}, vocab_size=20)
+    enc = TransformerEncoder(
+        {"max_len": 8, "d_model": D, "n_heads": H, "n_layers": 1, "d_ff": 64, "attention": {"k": 4}}, vocab_size=20
+    )
     with pytest.raises(ValueError, match="exceeds model.max_len=8"):
         enc(torch.zeros(1, 9, dtype=torch.long))
 
 
-@pytest.mark.parametrize("share,expected", [("none", lambda L, h, n, k: 2 * L * h * n * k),
-                                            ("headwise", lambda L, h, n, k: 2 * L * n * k),
-                                            ("kv", lambda L, h, n, k: L * n * k),
-                                            ("layerwise", lambda L, h, n, k: n * k)])
+@pytest.mark.parametrize(
+    "share,expected",
+    [
+        ("none", lambda L, h, n, k: 2 * L * h * n * k),
+        ("headwise", lambda L, h, n, k: 2 * L * n * k),
+        ("kv", lambda L, h, n, k: L * n * k),
+        ("layerwise", lambda L, h, n, k: n * k),
+    ],
+)
 def test_projection_parameter_counts_match_the_paper(share, expected):
     L_, n, k = 3, 64, 16
-    enc = TransformerEncoder({"max_len": n, "d_model": D, "n_heads": H, "n_layers": L_, "d_ff": 64,
-                              "attention": {"kind": "linformer", "k": k, "share": share}}, vocab_size=20)
+    enc = TransformerEncoder(
+        {
+            "max_len": n,
+            "d_model": D,
+            "n_heads": H,
+            "n_layers": L_,
+            "d_ff": 64,
+            "attention": {"kind": "linformer", "k": k, "share": share},
+        },
+        vocab_size=20,
+    )
     assert count_parameters(enc.bank) == expected(L_, H, n, k)
-    full = TransformerEncoder({"max_len": n, "d_model": D, "n_heads": H, "n_layers": L_, "d_ff": 64,
-                               "attention": {"kind": "full"}}, vocab_size=20)
+    full = TransformerEncoder(
+        {"max_len": n, "d_model": D, "n_heads": H, "n_layers": L_, "d_ff": 64, "attention": {"kind": "full"}},
+        vocab_size=20,
+    )
     # The bank is registered once: the model's total is the baseline plus exactly the projections.
     assert count_parameters(enc) == count_parameters(full) + expected(L_, H, n, k)
 
 
 @pytest.mark.parametrize("share", ["none", "headwise", "kv", "layerwise"])
 def test_every_parameter_gets_a_gradient(share):
-    enc = TransformerEncoder({"max_len": N, "d_model": D, "n_heads": H, "n_layers": 2, "d_ff": 64,
-                              "attention": {"kind": "linformer", "k": 4, "share": share}}, vocab_size=20)
+    enc = TransformerEncoder(
+        {
+            "max_len": N,
+            "d_model": D,
+            "n_heads": H,
+            "n_layers": 2,
+            "d_ff": 64,
+            "attention": {"kind": "linformer", "k": 4, "share": share},
+        },
+        vocab_size=20,
+    )
     # A random readout: the sum of a LayerNorm output has zero gradient and would hide missing ones.
     (enc(torch.randint(0, 20, (2, N))) * torch.randn(2, N, D)).sum().backward()
     missing = [name for name, p in enc.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]

@@ -16,9 +16,36 @@ from lightning_modules.encoder import TransformerEncoder
 from lightning_modules.flops import count_flops
 
 CPU = torch.device("cpu")
-TINY = ["--n", "32,64", "--k", "8", "--d-model", "32", "--heads", "2", "--layers", "2", "--d-ff", "64",
-        "--vocab", "50", "--repeats", "2", "--min-time", "0.001", "--decode-window", "4",
-        "--loop-batch", "2", "--loop-steps", "3", "--loop-rounds", "2", "--threads", "1"]
+TINY = [
+    "--n",
+    "32,64",
+    "--k",
+    "8",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--layers",
+    "2",
+    "--d-ff",
+    "64",
+    "--vocab",
+    "50",
+    "--repeats",
+    "2",
+    "--min-time",
+    "0.001",
+    "--decode-window",
+    "4",
+    "--loop-batch",
+    "2",
+    "--loop-steps",
+    "3",
+    "--loop-rounds",
+    "2",
+    "--threads",
+    "1",
+]
 SHAPE = cases.Shape(d_model=32, n_heads=4, n_layers=2, d_ff=64, vocab=50, batch=2, dtype=torch.float32, device=CPU)
 
 
@@ -27,7 +54,10 @@ def test_tiny_bench_writes_every_output_with_the_expected_columns(tmp_path):
     assert cli.main(["bench", *TINY, "--variants", "learned,causal", "--out", str(tmp_path)]) == 0
     (out,) = tmp_path.iterdir()
     assert {p.name for p in out.iterdir() if not p.name.startswith("events.out.tfevents")} == {
-        "results.csv", "table.md", "scaling.png"}
+        "results.csv",
+        "table.md",
+        "scaling.png",
+    }
     assert any(p.name.startswith("events.out.tfevents") for p in out.iterdir())
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -40,21 +70,40 @@ def test_tiny_bench_writes_every_output_with_the_expected_columns(tmp_path):
     for level in ("layer", "model"):
         for mode in ("fwd", "fwdbwd"):
             for n in (32, 64):
-                for variant, causal in (("naive", "False"), ("sdpa", "False"), ("learned", "False"),
-                                        ("naive", "True"), ("sdpa", "True"), ("causal", "True")):
+                for variant, causal in (
+                    ("naive", "False"),
+                    ("sdpa", "False"),
+                    ("learned", "False"),
+                    ("naive", "True"),
+                    ("sdpa", "True"),
+                    ("causal", "True"),
+                ):
                     assert (level, mode, variant, causal, n) in timed
                 row = timed[(level, mode, "learned", "False", n)]
-                for column in ("speedup_vs_sdpa", "speedup_vs_naive", "memory_saving_vs_sdpa",
-                               "memory_saving_vs_naive", "efficiency", "peak_mem_mb", "gflop"):
+                for column in (
+                    "speedup_vs_sdpa",
+                    "speedup_vs_naive",
+                    "memory_saving_vs_sdpa",
+                    "memory_saving_vs_naive",
+                    "efficiency",
+                    "peak_mem_mb",
+                    "gflop",
+                ):
                     assert float(row[column]) > 0, column
     assert {(r["variant"], int(r["n"])) for r in rows if r["level"] == "decode"} == {
-        (v, n) for v in ("causal", "sdpa") for n in (32, 64)}
+        (v, n) for v in ("causal", "sdpa") for n in (32, 64)
+    }
     assert {r["variant"] for r in rows if r["level"] == "loop"} == {"lightning", "pytorch"}
 
     table = (out / "table.md").read_text()
-    for heading in ("### layer · forward (inference mode) · learned", "### model · forward + backward · causal",
-                    "Over naive softmax attention (the paper's baseline):", "Over scaled_dot_product_attention:",
-                    "## Streaming decode", "## Lightning loop vs bare PyTorch loop"):
+    for heading in (
+        "### layer · forward (inference mode) · learned",
+        "### model · forward + backward · causal",
+        "Over naive softmax attention (the paper's baseline):",
+        "Over scaled_dot_product_attention:",
+        "## Streaming decode",
+        "## Lightning loop vs bare PyTorch loop",
+    ):
         assert heading in table
 
 
@@ -63,8 +112,9 @@ def test_a_case_that_would_not_fit_is_skipped_with_a_note(monkeypatch):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     args = parser.parse_args([*TINY, "--variants", "learned", "--memory-limit-mb", "0.01"])
-    run = bench.Bench(args, cases.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU), peak_flops=1e9,
-                      peak_shape=(64, 32, 32))
+    run = bench.Bench(
+        args, cases.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU), peak_flops=1e9, peak_shape=(64, 32, 32)
+    )
     run.group("layer", "fwd", 64)
     # Naive needs 2·h·n² floats = 64 KiB, over the 10 KiB limit; the others are probed and run.
     (naive,) = [r for r in run.rows if r["variant"] == "naive"]
@@ -78,8 +128,12 @@ def test_a_case_that_would_not_fit_is_skipped_with_a_note(monkeypatch):
 def _bench(*extra: str) -> bench.Bench:
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    return bench.Bench(parser.parse_args([*TINY, "--variants", "learned", *extra]),
-                       cases.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU), peak_flops=1e9, peak_shape=(64, 32, 32))
+    return bench.Bench(
+        parser.parse_args([*TINY, "--variants", "learned", *extra]),
+        cases.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU),
+        peak_flops=1e9,
+        peak_shape=(64, 32, 32),
+    )
 
 
 def holding_nothing(monkeypatch, held: int = 0) -> None:
@@ -138,8 +192,9 @@ def test_every_attention_kind_runs_in_the_bench_with_ratios_against_sdpa():
     bench.add_arguments(parser)
     kinds = ["sparse", "local", "lsh", "performer", "nystrom"]
     args = parser.parse_args([*TINY, "--variants", ",".join(kinds)])
-    run = bench.Bench(args, cases.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU), peak_flops=1e9,
-                      peak_shape=(64, 32, 32))
+    run = bench.Bench(
+        args, cases.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU), peak_flops=1e9, peak_shape=(64, 32, 32)
+    )
     for level in ("layer", "model"):
         for mode in ("fwd", "fwdbwd"):
             run.group(level, mode, 32)
@@ -175,7 +230,8 @@ def test_every_variant_fast_order_equals_its_reference_order(variant):
         torch.manual_seed(0)
         try:
             models[order] = _with_random_biases(
-                TransformerEncoder(cases.model_config("model", variant, 4, order, 16, SHAPE), SHAPE.vocab))
+                TransformerEncoder(cases.model_config("model", variant, 4, order, 16, SHAPE), SHAPE.vocab)
+            )
         except ConfigError as err:
             assert order == "compress_first" and "order: 'compress_first'" in str(err)  # does not apply here
     ids = torch.randint(5, SHAPE.vocab, (2, 16))
@@ -190,7 +246,11 @@ def test_every_variant_fast_order_equals_its_reference_order(variant):
 @pytest.mark.parametrize("causal", [False, True])
 def test_naive_baseline_computes_the_same_attention_as_sdpa(causal):
     torch.manual_seed(0)
-    sdpa = TransformerEncoder(cases.model_config("layer", "sdpa", None, "-", 16, SHAPE, causal), SHAPE.vocab).blocks[0].attn
+    sdpa = (
+        TransformerEncoder(cases.model_config("layer", "sdpa", None, "-", 16, SHAPE, causal), SHAPE.vocab)
+        .blocks[0]
+        .attn
+    )
     naive = cases.NaiveAttention(sdpa)
     x = torch.randn(2, 16, SHAPE.d_model)
     torch.testing.assert_close(naive(x), sdpa(x), atol=1e-5, rtol=1e-5)
@@ -203,8 +263,11 @@ def test_flop_counts_follow_the_attention_formulas():
     """Layer forward, B·(8nd² + 4n²d) for full attention and B·(8nd² + 8nkd) for Eq. 7 as written:
     their ratio is (2d + n)/(2d + 2k), the speed-up a FLOP-bound Linformer can reach."""
     n, k, d, b = 64, 8, SHAPE.d_model, SHAPE.batch
-    for variant, expected in (("sdpa", 8 * n * d * d + 4 * n * n * d), ("naive", 8 * n * d * d + 4 * n * n * d),
-                              ("learned", 8 * n * d * d + 8 * n * k * d)):
+    for variant, expected in (
+        ("sdpa", 8 * n * d * d + 4 * n * n * d),
+        ("naive", 8 * n * d * d + 4 * n * n * d),
+        ("learned", 8 * n * d * d + 8 * n * k * d),
+    ):
         case = cases.build("layer", "fwd", variant, k, "project_first", n, SHAPE)
         assert count_flops(case.run)[0] == b * expected, variant
     causal = cases.build("layer", "fwd", "sdpa", None, "-", n, SHAPE, causal=True)
@@ -221,12 +284,53 @@ def _cuda_attention_calls(causal: bool) -> dict:
         aten._scaled_dot_product_flash_attention: (t, t, t, 0.0, causal),
         aten._scaled_dot_product_efficient_attention: (t, t, t, None, False, 0.0, causal),
         aten._scaled_dot_product_cudnn_attention: (t, t, t, None, False, 0.0, causal),
-        aten._scaled_dot_product_flash_attention_backward: (t, t, t, t, t, lse, none, none, 64, 64, 0.0, causal,
-                                                            none, none),
-        aten._scaled_dot_product_efficient_attention_backward: (t, t, t, t, none, t, lse, none, none, 0.0,
-                                                                [True] * 4, causal),
-        aten._scaled_dot_product_cudnn_attention_backward: (t, t, t, t, t, lse, none, none, none, none, none, 64, 64,
-                                                            0.0, causal),
+        aten._scaled_dot_product_flash_attention_backward: (
+            t,
+            t,
+            t,
+            t,
+            t,
+            lse,
+            none,
+            none,
+            64,
+            64,
+            0.0,
+            causal,
+            none,
+            none,
+        ),
+        aten._scaled_dot_product_efficient_attention_backward: (
+            t,
+            t,
+            t,
+            t,
+            none,
+            t,
+            lse,
+            none,
+            none,
+            0.0,
+            [True] * 4,
+            causal,
+        ),
+        aten._scaled_dot_product_cudnn_attention_backward: (
+            t,
+            t,
+            t,
+            t,
+            t,
+            lse,
+            none,
+            none,
+            none,
+            none,
+            none,
+            64,
+            64,
+            0.0,
+            causal,
+        ),
     }
 
 
@@ -235,7 +339,7 @@ def test_causal_flops_of_the_cuda_attention_kernels_are_halved_like_the_cpu_one(
     CPU flash kernel does: their counts halve too (torch's own formulas ignore is_causal)."""
     from torch.utils.flop_counter import flop_registry
 
-    forward = 4 * 2 * 4 * 64 * 64 * 16                                   # Q Kᵀ and P V
+    forward = 4 * 2 * 4 * 64 * 64 * 16  # Q Kᵀ and P V
     for (op, causal_args), full_args in zip(_cuda_attention_calls(True).items(), _cuda_attention_calls(False).values()):
         full = flop_registry[op](*full_args)
         assert full == (forward if "backward" not in str(op) else forward * 5 // 2), op
@@ -248,10 +352,10 @@ def test_memory_probe_measures_a_known_allocation_within_5_percent():
     mib = 2**20
 
     def fn():
-        a = torch.ones(4 * mib // 4)        # 4 MiB
-        b = torch.ones(8 * mib // 4)        # +8 MiB: 12 MiB held, the peak
+        a = torch.ones(4 * mib // 4)  # 4 MiB
+        b = torch.ones(8 * mib // 4)  # +8 MiB: 12 MiB held, the peak
         del b
-        c = a * 2                           # +4 MiB: 8 MiB held
+        c = a * 2  # +4 MiB: 8 MiB held
         return c.sum()
 
     assert peak_memory_bytes(fn, CPU) == pytest.approx(12 * mib, rel=0.05)
@@ -277,8 +381,8 @@ def test_fitted_slope_recovers_the_exponent():
 # ------------------------------------------------------------------------------ time to target
 def test_reach_interpolates_between_the_bracketing_validations():
     curve = [(10.0, 1000, 100.0), (20.0, 2000, 60.0), (30.0, 3000, 40.0)]
-    assert time_to_target.reach(curve, 50.0) == pytest.approx((25.0, 2500.0))   # halfway from 60 to 40
-    assert time_to_target.reach(curve, 100.0) == (10.0, 1000.0)                  # the first validation already
+    assert time_to_target.reach(curve, 50.0) == pytest.approx((25.0, 2500.0))  # halfway from 60 to 40
+    assert time_to_target.reach(curve, 100.0) == (10.0, 1000.0)  # the first validation already
     assert time_to_target.reach(curve, 39.0) is None
 
 

@@ -15,21 +15,31 @@ N, D, H, V = 14, 16, 2, 30
 
 CAUSAL = {
     "full": {"kind": "full"},
-    "learned": {"k": 4},                                   # w = 4: blocks 4,4,4,2 (T = 14 is not a multiple)
-    "random_kv": {"k": 5, "projection": "random", "share": "kv"},   # w = 3
+    "learned": {"k": 4},  # w = 4: blocks 4,4,4,2 (T = 14 is not a multiple)
+    "random_kv": {"k": 5, "projection": "random", "share": "kv"},  # w = 3
     "conv": {"k": 4, "projection": "conv"},
-    "pool_headwise": {"k": 7, "projection": "pool", "share": "headwise"},   # w = 2
-    "nonuniform_k": {"k": [7, 4, 2], "share": "none"},     # w = 2, 4, 7 per layer
+    "pool_headwise": {"k": 7, "projection": "pool", "share": "headwise"},  # w = 2
+    "nonuniform_k": {"k": [7, 4, 2], "share": "none"},  # w = 2, 4, 7 per layer
     "layerwise": {"k": 3, "share": "layerwise"},
-    "k_equal_n": {"k": N},                                 # w = 1: every earlier token its own slot
+    "k_equal_n": {"k": N},  # w = 1: every earlier token its own slot
 }
 
 
 def causal_encoder(attention, n_layers=3, norm="pre"):
     torch.manual_seed(0)
-    enc = TransformerEncoder({"max_len": N, "d_model": D, "n_heads": H, "n_layers": n_layers, "d_ff": 32,
-                              "dropout": 0.0, "norm": norm,
-                              "attention": {"kind": "linformer", **attention, "causal": True}}, vocab_size=V)
+    enc = TransformerEncoder(
+        {
+            "max_len": N,
+            "d_model": D,
+            "n_heads": H,
+            "n_layers": n_layers,
+            "d_ff": 32,
+            "dropout": 0.0,
+            "norm": norm,
+            "attention": {"kind": "linformer", **attention, "causal": True},
+        },
+        vocab_size=V,
+    )
     with torch.no_grad():
         for name, p in enc.named_parameters():
             if name.endswith("bias"):
@@ -54,8 +64,18 @@ def test_changing_token_t_leaves_every_earlier_output_unchanged(name):
 def test_the_check_catches_a_dense_e_that_mixes_the_future():
     """The same check on bidirectional Linformer: a dense E puts token t into every slot."""
     torch.manual_seed(0)
-    enc = TransformerEncoder({"max_len": N, "d_model": D, "n_heads": H, "n_layers": 1, "d_ff": 32, "dropout": 0.0,
-                              "attention": {"kind": "linformer", "k": 4}}, vocab_size=V).eval()
+    enc = TransformerEncoder(
+        {
+            "max_len": N,
+            "d_model": D,
+            "n_heads": H,
+            "n_layers": 1,
+            "d_ff": 32,
+            "dropout": 0.0,
+            "attention": {"kind": "linformer", "k": 4},
+        },
+        vocab_size=V,
+    ).eval()
     ids = torch.randint(0, V, (1, N))
     changed = ids.clone()
     changed[:, -1] = (changed[:, -1] + 1) % V
@@ -130,8 +150,17 @@ def test_decoding_past_max_len_or_without_causal_attention_is_an_error():
         enc.decode_step(torch.zeros(1, dtype=torch.long), state)
     with pytest.raises(ValueError, match=f"decoding position {N} exceeds model.max_len={N}"):
         enc.decode_step(torch.zeros(1, dtype=torch.long), state)
-    bidirectional = TransformerEncoder({"max_len": N, "d_model": D, "n_heads": H, "n_layers": 1, "d_ff": 32,
-                                        "attention": {"kind": "linformer", "k": 4}}, vocab_size=V)
+    bidirectional = TransformerEncoder(
+        {
+            "max_len": N,
+            "d_model": D,
+            "n_heads": H,
+            "n_layers": 1,
+            "d_ff": 32,
+            "attention": {"kind": "linformer", "k": 4},
+        },
+        vocab_size=V,
+    )
     with pytest.raises(ValueError, match="incremental decoding needs causal attention"):
         bidirectional.init_decode_state(1)
 
@@ -144,8 +173,17 @@ def _train_losses(run_dir):
 
 
 def test_causal_linformer_lm_learns_on_the_embedded_corpus(tiny_overrides, tmp_path):
-    args = ["train", str(tiny_overrides.config), *tiny_overrides.args, "task=clm", "model.attention.causal=true",
-            "trainer.max_steps=40", "trainer.val_check_interval=20", "optim.lr=3e-3", "optim.warmup_steps=5"]
+    args = [
+        "train",
+        str(tiny_overrides.config),
+        *tiny_overrides.args,
+        "task=clm",
+        "model.attention.causal=true",
+        "trainer.max_steps=40",
+        "trainer.val_check_interval=20",
+        "optim.lr=3e-3",
+        "optim.warmup_steps=5",
+    ]
     assert cli.main(args) == 0
     run = tmp_path / "runs" / "tiny" / "version_0"
     train, val = _train_losses(run)
@@ -157,8 +195,14 @@ def test_causal_linformer_lm_learns_on_the_embedded_corpus(tiny_overrides, tmp_p
 
 
 def test_causal_full_attention_lm_runs_end_to_end(tiny_overrides, tmp_path):
-    args = ["train", str(tiny_overrides.config), *tiny_overrides.args, "task=clm", "model.attention.causal=true",
-            "model.attention.kind=full"]
+    args = [
+        "train",
+        str(tiny_overrides.config),
+        *tiny_overrides.args,
+        "task=clm",
+        "model.attention.causal=true",
+        "model.attention.kind=full",
+    ]
     assert cli.main(args) == 0
     metrics = json.loads((tmp_path / "runs" / "tiny" / "version_0" / "metrics.json").read_text())
     assert math.isfinite(metrics["val/ppl"]) and metrics["projection_parameters"] == 0

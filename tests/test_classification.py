@@ -35,21 +35,29 @@ def rows(n, seed, pair=False):
     out = []
     for i in range(n):
         text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) + (' "quoted' if i % 7 == 0 else "")
-        out.append({"text": f"{i}-{seed} {text}", "pair": f"is it {i}-{seed}?" if pair else None,
-                    "label": rng.randrange(2)})
+        out.append(
+            {"text": f"{i}-{seed} {text}", "pair": f"is it {i}-{seed}?" if pair else None, "label": rng.randrange(2)}
+        )
     return out
 
 
 def data_cfg(tmp_path, **overrides):
-    return OmegaConf.merge(OmegaConf.structured(DataConfig),
-                           {"cache_dir": str(tmp_path / "cache"), "val_fraction": 0.2, **overrides})
+    return OmegaConf.merge(
+        OmegaConf.structured(DataConfig), {"cache_dir": str(tmp_path / "cache"), "val_fraction": 0.2, **overrides}
+    )
 
 
 def loaded(cfg):
     splits, num_labels = labelled_splits(load_labelled(cfg), cfg)
-    triples = {name: [(t, p, int(y)) for t, p, y in zip(ds["text"], ds["pair"] if "pair" in ds.column_names
-                                                       else [None] * len(ds), label_array(ds))]
-               for name, ds in splits.items()}
+    triples = {
+        name: [
+            (t, p, int(y))
+            for t, p, y in zip(
+                ds["text"], ds["pair"] if "pair" in ds.column_names else [None] * len(ds), label_array(ds)
+            )
+        ]
+        for name, ds in splits.items()
+    }
     return triples, num_labels
 
 
@@ -68,32 +76,50 @@ def write_glue_tsv(folder, train, dev, test):
     folder.mkdir()
     for name, examples in (("train", train), ("dev", dev), ("test", test)):
         header = ["index", "question", "sentence"] + (["label"] if name != "test" else [])
-        lines = ["\t".join(header)] + ["\t".join([str(i), e["text"], e["pair"]] + ([QNLI[e["label"]]] if name != "test"
-                                                                                  else []))
-                                       for i, e in enumerate(examples)]
+        lines = ["\t".join(header)] + [
+            "\t".join([str(i), e["text"], e["pair"]] + ([QNLI[e["label"]]] if name != "test" else []))
+            for i, e in enumerate(examples)
+        ]
         (folder / f"{name}.tsv").write_text("\n".join(lines) + "\n")
 
 
 def write_hub_repo(repo, subset, splits):
     """A local copy laid out like nyu-mll/glue: <subset>/<split>-00000-of-00001.parquet + README configs;
     ClassLabel features, and test labels -1 as GLUE hides them."""
-    features = Features({"sentence": Value("string"), "label": ClassLabel(names=["negative", "positive"]),
-                         "idx": Value("int32")})
+    features = Features(
+        {"sentence": Value("string"), "label": ClassLabel(names=["negative", "positive"]), "idx": Value("int32")}
+    )
     (repo / subset).mkdir(parents=True)
     for split, examples in splits.items():
-        Dataset.from_dict({"sentence": [e["text"] for e in examples],
-                           "label": [-1 if split == "test" else e["label"] for e in examples],
-                           "idx": list(range(len(examples)))}, features=features
-                          ).to_parquet(str(repo / subset / f"{split}-00000-of-00001.parquet"))
-    (repo / "README.md").write_text("---\nconfigs:\n- config_name: " + subset + "\n  data_files:\n"
-                                    + "".join(f"  - split: {s}\n    path: {subset}/{s}-*\n" for s in splits) + "---\n")
+        Dataset.from_dict(
+            {
+                "sentence": [e["text"] for e in examples],
+                "label": [-1 if split == "test" else e["label"] for e in examples],
+                "idx": list(range(len(examples))),
+            },
+            features=features,
+        ).to_parquet(str(repo / subset / f"{split}-00000-of-00001.parquet"))
+    (repo / "README.md").write_text(
+        "---\nconfigs:\n- config_name: "
+        + subset
+        + "\n  data_files:\n"
+        + "".join(f"  - split: {s}\n    path: {subset}/{s}-*\n" for s in splits)
+        + "---\n"
+    )
 
 
 def test_glue_tsv_sentence_pairs_use_dev_as_test_and_hold_out_validation(tmp_path):
     train, dev, test = rows(60, 1, pair=True), rows(15, 2, pair=True), rows(15, 3, pair=True)
     write_glue_tsv(tmp_path / "QNLI", train, dev, test)
-    got, num_labels = loaded(data_cfg(tmp_path, source=str(tmp_path / "QNLI"), text_column="question",
-                                      text_pair_column="sentence", classify={"label_names": QNLI}))
+    got, num_labels = loaded(
+        data_cfg(
+            tmp_path,
+            source=str(tmp_path / "QNLI"),
+            text_column="question",
+            text_pair_column="sentence",
+            classify={"label_names": QNLI},
+        )
+    )
     assert num_labels == 2
     assert got["test"] == as_triples(dev)  # GLUE's test labels are hidden: its dev set is the test set
     assert got["validation"] == held_out(train, 0.0, 0.2) and got["validation"]
@@ -107,8 +133,9 @@ def test_single_csv_file_holds_out_validation_and_test(tmp_path):
         writer = csv.writer(f)
         writer.writerow(["review", "sentiment"])
         writer.writerows([e["text"], e["label"]] for e in examples)
-    got, _ = loaded(data_cfg(tmp_path, source=str(tmp_path / "reviews.csv"), text_column="review",
-                             label_column="sentiment"))
+    got, _ = loaded(
+        data_cfg(tmp_path, source=str(tmp_path / "reviews.csv"), text_column="review", label_column="sentiment")
+    )
     assert got["validation"] == held_out(examples, 0.0, 0.2) and got["validation"]
     assert got["test"] == held_out(examples, 0.2, 0.4) and got["test"]
     assert got["train"] == held_out(examples, 0.4, 1.0)
@@ -119,7 +146,8 @@ def test_jsonl_files_with_all_three_splits_are_taken_as_they_are(tmp_path):
     (tmp_path / "d").mkdir()
     for name, examples in splits.items():
         (tmp_path / "d" / f"{name}.jsonl").write_text(
-            "".join(json.dumps({"text": e["text"], "label": e["label"]}) + "\n" for e in examples))
+            "".join(json.dumps({"text": e["text"], "label": e["label"]}) + "\n" for e in examples)
+        )
     got, _ = loaded(data_cfg(tmp_path, source=str(tmp_path / "d")))
     assert got == {name: as_triples(examples) for name, examples in splits.items()}
 
@@ -128,8 +156,10 @@ def test_parquet_train_and_test_hold_out_only_validation(tmp_path):
     train, test = rows(50, 8), rows(12, 9)
     (tmp_path / "p").mkdir()
     for name, examples in (("train", train), ("test", test)):
-        pq.write_table(pa.Table.from_pylist([{"text": e["text"], "label": e["label"]} for e in examples]),
-                       tmp_path / "p" / f"{name}.parquet")
+        pq.write_table(
+            pa.Table.from_pylist([{"text": e["text"], "label": e["label"]} for e in examples]),
+            tmp_path / "p" / f"{name}.parquet",
+        )
     got, _ = loaded(data_cfg(tmp_path, source=str(tmp_path / "p")))
     assert got["test"] == as_triples(test)
     assert got["validation"] == held_out(train, 0.0, 0.2) and got["train"] == held_out(train, 0.2, 1.0)
@@ -143,7 +173,9 @@ def test_local_directory_laid_out_like_the_hub_repo_goes_through_the_hub_branch(
     assert num_labels == 2  # from the ClassLabel feature
     assert got["test"] == as_triples(splits["validation"])
     assert got["validation"] == held_out(splits["train"], 0.0, 0.2)
-    with pytest.raises(run_config.ConfigError, match=r"^data\.classify\.num_labels: 3, but the label feature has 2 classes"):
+    with pytest.raises(
+        run_config.ConfigError, match=r"^data\.classify\.num_labels: 3, but the label feature has 2 classes"
+    ):
         loaded(OmegaConf.merge(cfg, {"classify": {"num_labels": 3}}))
 
 
@@ -177,17 +209,21 @@ def encoded(tokenizer, max_len, text, pair=None):
 def test_pairs_are_encoded_cls_a_sep_b_sep(byte_tokenizer):
     ids = lambda s: byte_tokenizer.encode(s, add_special_tokens=False).ids  # noqa: E731
     assert encoded(byte_tokenizer, 64, "is it good?", "it is [SEP] good") == (
-        [CLS_ID, *ids("is it good?"), SEP_ID, *ids("it is [SEP] good"), SEP_ID])  # a literal [SEP] stays text
+        [CLS_ID, *ids("is it good?"), SEP_ID, *ids("it is [SEP] good"), SEP_ID]
+    )  # a literal [SEP] stays text
     assert encoded(byte_tokenizer, 64, "alone") == [CLS_ID, *ids("alone"), SEP_ID]
 
 
-@pytest.mark.parametrize("a, b, kept_a, kept_b", [
-    ("abcdefghij", None, 8, None),          # a single text keeps its first max_len - 2 tokens
-    ("ab", "uvwxyz0123", 2, 5),             # a short segment survives whole, the other takes the rest
-    ("abcdefgh", "xyz", 4, 3),              # whichever side is longer is cut
-    ("abcdefgh", "uvwxyz0123", 4, 3),       # both long: m = 7 places, ceil(7/2) for a, floor(7/2) for b
-    ("abcdefghijklmnopqrst", "uvwxyz0123", 4, 3),
-])
+@pytest.mark.parametrize(
+    "a, b, kept_a, kept_b",
+    [
+        ("abcdefghij", None, 8, None),  # a single text keeps its first max_len - 2 tokens
+        ("ab", "uvwxyz0123", 2, 5),  # a short segment survives whole, the other takes the rest
+        ("abcdefgh", "xyz", 4, 3),  # whichever side is longer is cut
+        ("abcdefgh", "uvwxyz0123", 4, 3),  # both long: m = 7 places, ceil(7/2) for a, floor(7/2) for b
+        ("abcdefghijklmnopqrst", "uvwxyz0123", 4, 3),
+    ],
+)
 def test_truncation_to_max_len_cuts_the_ends_longest_first(byte_tokenizer, a, b, kept_a, kept_b):
     got = encoded(byte_tokenizer, 10, a, b)
     assert len(got) == 10
@@ -200,29 +236,41 @@ def test_truncation_to_max_len_cuts_the_ends_longest_first(byte_tokenizer, a, b,
 def test_tokenizing_only_the_first_words_gives_the_tokens_of_the_whole_text(tmp_path):
     """encode() tokenizes a text's first max_len words only (speed); the result must not depend on that."""
     reviews = list(load_embedded(sources="rotten_tomatoes")["validation"]["text"][:300])
-    odd = ["tabs\tand\nnew  lines   here " * 20, "caf\u00e9\u00a0cr\u00e8me \U0001F600 " * 30, "x" * 500,
-           "  lead " * 40, ""]
+    odd = [
+        "tabs\tand\nnew  lines   here " * 20,
+        "caf\u00e9\u00a0cr\u00e8me \U0001f600 " * 30,
+        "x" * 500,
+        "  lead " * 40,
+        "",
+    ]
     texts, pairs = reviews + odd, odd + reviews
     for kind in ("bpe", "byte"):
-        tok = build_tokenizer(OmegaConf.structured(TokenizerConfig(kind=kind, vocab_size=400)), reviews,
-                              tmp_path)
+        tok = build_tokenizer(OmegaConf.structured(TokenizerConfig(kind=kind, vocab_size=400)), reviews, tmp_path)
         full = lambda xs, tok=tok: [e.ids for e in tok.encode_batch(xs, add_special_tokens=False)]  # noqa: E731
         for max_len in (6, 32, 128):
             m = max_len - 3  # the documented pair rule, on the whole texts' tokens
             kept_a = [min(len(a), max((m + 1) // 2, m - len(b))) for a, b in zip(full(texts), full(pairs))]
-            expected = [[CLS_ID, *a[:ka], SEP_ID, *b[:m - ka], SEP_ID]
-                        for a, b, ka in zip(full(texts), full(pairs), kept_a)]
+            expected = [
+                [CLS_ID, *a[:ka], SEP_ID, *b[: m - ka], SEP_ID] for a, b, ka in zip(full(texts), full(pairs), kept_a)
+            ]
             got = encode(tok, Dataset.from_dict({"text": texts, "pair": pairs}), max_len)
             assert [g.tolist() for g in got] == expected
             singles = encode(tok, Dataset.from_dict({"text": texts}), max_len)
-            assert [g.tolist() for g in singles] == [[CLS_ID, *a[:max_len - 2], SEP_ID] for a in full(texts)]
+            assert [g.tolist() for g in singles] == [[CLS_ID, *a[: max_len - 2], SEP_ID] for a in full(texts)]
 
 
 def test_data_module_batches_pad_to_the_longest_and_keep_labels(tmp_path):
     train, dev, test = rows(60, 1, pair=True), rows(15, 2, pair=True), rows(15, 3, pair=True)
     write_glue_tsv(tmp_path / "QNLI", train, dev, test)
-    cfg = data_cfg(tmp_path, source=str(tmp_path / "QNLI"), text_column="question", text_pair_column="sentence",
-                   classify={"label_names": QNLI}, tokenizer={"kind": "byte"}, batch_size=4)
+    cfg = data_cfg(
+        tmp_path,
+        source=str(tmp_path / "QNLI"),
+        text_column="question",
+        text_pair_column="sentence",
+        classify={"label_names": QNLI},
+        tokenizer={"kind": "byte"},
+        batch_size=4,
+    )
     dm = ClassificationDataModule(cfg, max_len=24)
     dm.prepare_data()
     dm.setup("fit")
@@ -242,23 +290,49 @@ def write(path, text):
 
 
 LABEL_ERRORS = {
-    "missing_column": ("a.csv", "text,y\nhello,1\n", {},
-                       "data.label_column: 'label' not in columns [text, y] of the train split"),
-    "missing_text_column": ("a.csv", "review,label\nhello,1\n", {},
-                            "data.text_column: 'text' not in columns [review, label] of the train split"),
-    "float_labels": ("a.csv", "text,label\nhello,0.5\nbye,1.0\n", {},
-                     "data.label_column: 'label' holds float64 values, not integer class ids"),
-    "string_labels": ("a.csv", "text,label\nhello,pos\n", {},
-                      "data.label_column: 'label' holds strings (e.g. 'pos'), not class ids; list the classes in "
-                      "order in data.classify.label_names"),
-    "unknown_name": ("a.csv", "text,label\nhello,pos\nbye,meh\n", {"classify": {"label_names": ["neg", "pos"]}},
-                     "data.label_column: label 'meh' in the train split is not one of data.classify.label_names "
-                     "['neg', 'pos']"),
-    "outside_classes": ("a.csv", "text,label\n" + "".join(f"t{i},{i % 3}\n" for i in range(30)), {},
-                        "data.label_column: label 2 in the train split is outside the task's classes 0..1 "
-                        "(data.classify.num_labels=2)"),
-    "missing_labels": ("a.jsonl", '{"text": "a", "label": 1}\n{"text": "b", "label": null}\n', {},
-                       "data.label_column: 'label' has 1 missing labels in the train split"),
+    "missing_column": (
+        "a.csv",
+        "text,y\nhello,1\n",
+        {},
+        "data.label_column: 'label' not in columns [text, y] of the train split",
+    ),
+    "missing_text_column": (
+        "a.csv",
+        "review,label\nhello,1\n",
+        {},
+        "data.text_column: 'text' not in columns [review, label] of the train split",
+    ),
+    "float_labels": (
+        "a.csv",
+        "text,label\nhello,0.5\nbye,1.0\n",
+        {},
+        "data.label_column: 'label' holds float64 values, not integer class ids",
+    ),
+    "string_labels": (
+        "a.csv",
+        "text,label\nhello,pos\n",
+        {},
+        "data.label_column: 'label' holds strings (e.g. 'pos'), not class ids; list the classes in "
+        "order in data.classify.label_names",
+    ),
+    "unknown_name": (
+        "a.csv",
+        "text,label\nhello,pos\nbye,meh\n",
+        {"classify": {"label_names": ["neg", "pos"]}},
+        "data.label_column: label 'meh' in the train split is not one of data.classify.label_names ['neg', 'pos']",
+    ),
+    "outside_classes": (
+        "a.csv",
+        "text,label\n" + "".join(f"t{i},{i % 3}\n" for i in range(30)),
+        {},
+        "data.label_column: label 2 in the train split is outside the task's classes 0..1 (data.classify.num_labels=2)",
+    ),
+    "missing_labels": (
+        "a.jsonl",
+        '{"text": "a", "label": 1}\n{"text": "b", "label": null}\n',
+        {},
+        "data.label_column: 'label' has 1 missing labels in the train split",
+    ),
 }
 
 
@@ -274,8 +348,9 @@ def test_label_problems_are_one_line_errors_naming_the_key(tmp_path, case):
 def test_an_empty_split_is_an_error_and_the_cli_exits_2_writing_nothing(tmp_path, tiny_overrides, capsys):
     texts = [t for t in (f"review {i}" for i in range(200)) if unit_hash(f"{t}\x1f") >= 0.1][:6]
     source = write(tmp_path / "few.csv", "text,label\n" + "".join(f"{t},{i % 2}\n" for i, t in enumerate(texts)))
-    code = cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, "task=classify",
-                     f"data.source={source}"])
+    code = cli.main(
+        ["train", str(tiny_overrides.config), *tiny_overrides.args, "task=classify", f"data.source={source}"]
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2
     assert err == f"error: data.source: '{source}' gives an empty validation split (data.val_fraction=0.05)"
@@ -288,34 +363,64 @@ def test_an_empty_split_is_an_error_and_the_cli_exits_2_writing_nothing(tmp_path
 
 # ------------------------------------------------------------------------------- init_from
 def test_init_from_refuses_another_architecture_or_a_run_without_tokenizer(tiny_overrides, tmp_path, capsys):
-    assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, "trainer.max_steps=3",
-                     "experiment=pre"]) == 0
+    assert (
+        cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, "trainer.max_steps=3", "experiment=pre"])
+        == 0
+    )
     pre = tmp_path / "runs" / "pre" / "version_0"
-    finetune = ["train", str(tiny_overrides.config), *tiny_overrides.args, "task=classify", "experiment=ft",
-                "data.source=rotten_tomatoes", f"init_from={pre}"]
+    finetune = [
+        "train",
+        str(tiny_overrides.config),
+        *tiny_overrides.args,
+        "task=classify",
+        "experiment=ft",
+        "data.source=rotten_tomatoes",
+        f"init_from={pre}",
+    ]
     assert cli.main([*finetune, "model.attention.k=4"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: init_from: '{pre / 'checkpoints' / 'last.ckpt'}' was trained with model.attention.k=[8, 8], "
-        f"this run has model.attention.k=[4, 4] (the encoder architecture must match)")
+        f"this run has model.attention.k=[4, 4] (the encoder architecture must match)"
+    )
     (pre / "tokenizer.json").unlink()
     assert cli.main(finetune) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: init_from: no tokenizer.json in '{pre}' (set data.tokenizer.path to the tokenizer the encoder was "
-        f"pretrained with)")
+        f"pretrained with)"
+    )
     assert not (tmp_path / "runs" / "ft").exists()
 
 
 # ------------------------------------------------------------------------------- pipeline
 def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tiny_overrides, tmp_path):
-    shrink = [a for a in tiny_overrides.args if a.split("=")[0] in (
-        "data.batch_size", "data.cache_dir", "trainer.max_steps", "trainer.val_check_interval",
-        "trainer.limit_val_batches", "trainer.log_every_n_steps", "trainer.accelerator", "optim.warmup_steps")]
-    pipeline = {"experiment": "t2", "output_dir": str(tmp_path / "runs"),
-                "pretrain": {"config": str(tiny_overrides.config), "overrides": tiny_overrides.args},
-                "variants": {"full": ["model.attention.kind=full"], "linformer": []},
-                "tasks": {task: {"config": str(tiny_overrides.config.parent / f"finetune_{task}.yaml"),
-                                 "overrides": [*shrink, "data.max_texts=200", "data.batch_size=64"]}
-                          for task in ("imdb", "rotten_tomatoes")}}
+    shrink = [
+        a
+        for a in tiny_overrides.args
+        if a.split("=")[0]
+        in (
+            "data.batch_size",
+            "data.cache_dir",
+            "trainer.max_steps",
+            "trainer.val_check_interval",
+            "trainer.limit_val_batches",
+            "trainer.log_every_n_steps",
+            "trainer.accelerator",
+            "optim.warmup_steps",
+        )
+    ]
+    pipeline = {
+        "experiment": "t2",
+        "output_dir": str(tmp_path / "runs"),
+        "pretrain": {"config": str(tiny_overrides.config), "overrides": tiny_overrides.args},
+        "variants": {"full": ["model.attention.kind=full"], "linformer": []},
+        "tasks": {
+            task: {
+                "config": str(tiny_overrides.config.parent / f"finetune_{task}.yaml"),
+                "overrides": [*shrink, "data.max_texts=200", "data.batch_size=64"],
+            }
+            for task in ("imdb", "rotten_tomatoes")
+        },
+    }
     (tmp_path / "p.yaml").write_text(OmegaConf.to_yaml(pipeline))
     assert cli.main(["pipeline", str(tmp_path / "p.yaml")]) == 0
     root = tmp_path / "runs" / "t2" / "version_0"
@@ -335,7 +440,9 @@ def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tin
     markdown = (root / "results.md").read_text()
     assert "| variant | pretrain val ppl | imdb | rotten_tomatoes | average |" in markdown
     linformer = table[1]
-    assert f"| linformer | {float(linformer['pretrain_val_ppl']):.2f} | {100 * float(linformer['imdb']):.1f} |" in markdown
+    assert (
+        f"| linformer | {float(linformer['pretrain_val_ppl']):.2f} | {100 * float(linformer['imdb']):.1f} |" in markdown
+    )
     events = EventAccumulator(str(root), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     assert {"table2/imdb/full", "table2/average/linformer"} <= set(events.Tags()["scalars"])
@@ -354,7 +461,9 @@ def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tin
     encoder = {k.removeprefix("encoder."): v for k, v in pretrained.items() if k.startswith("encoder.")}
     assert encoder.keys() == loaded_module.encoder.state_dict().keys()
     assert all(torch.equal(v, encoder[k]) for k, v in loaded_module.encoder.state_dict().items())
-    fresh = SequenceClassifierModule(run_config.to_container(OmegaConf.merge(cfg, {"init_from": None})), dm.vocab_size, 2)
+    fresh = SequenceClassifierModule(
+        run_config.to_container(OmegaConf.merge(cfg, {"init_from": None})), dm.vocab_size, 2
+    )
     assert not torch.equal(fresh.encoder.tok.weight, encoder["tok.weight"])
     assert math.isfinite(json.loads((ft_dir / "metrics.json").read_text())["best_val/accuracy"])
     ft_events = EventAccumulator(str(ft_dir), size_guidance={"scalars": 0})
@@ -377,5 +486,6 @@ def test_the_shipped_table2_pipeline_checks_every_stage_and_names_a_bad_variant(
     (tmp_path / "bad.yaml").write_text(OmegaConf.to_yaml(bad).replace("../configs/", f"{run_config.CONFIG_DIR}/"))
     assert cli.main(["pipeline", str(tmp_path / "bad.yaml")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "error: variants.k64: model.attention.k: k=640 (layer 0) must be in [1, model.max_len=128]")
+        "error: variants.k64: model.attention.k: k=640 (layer 0) must be in [1, model.max_len=128]"
+    )
     assert not (tmp_path / "runs").exists()

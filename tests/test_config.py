@@ -21,15 +21,18 @@ def test_merge_order_defaults_then_yaml_then_overrides(tmp_path):
     assert cfg.model.d_ff == ModelConfig().d_ff
 
 
-@pytest.mark.parametrize("override,message", [
-    ("model.attention.kind=banana", "model.attention.kind: unknown kind 'banana' (allowed: full, linformer"),
-    ("model.attention.shared=kv", "model.attention.shared: unknown key (allowed here: kind, causal, dropout, k,"),
-    ("model.d_model=wide", "model.d_model: Value 'wide' of type 'str' could not be converted to Integer"),
-    ("model.attention.k=200", "model.attention.k: k=200 (layer 0) must be in [1, model.max_len=128]"),
-    ("model.attention.k=[8,16,32]", "model.attention.k: has 3 entries but model.n_layers=2"),
-    ("model.n_heads=3", "model.d_model: 128 is not divisible by model.n_heads=3"),
-    ("task=clm", "task: 'clm' needs model.attention.causal=true"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.attention.kind=banana", "model.attention.kind: unknown kind 'banana' (allowed: full, linformer"),
+        ("model.attention.shared=kv", "model.attention.shared: unknown key (allowed here: kind, causal, dropout, k,"),
+        ("model.d_model=wide", "model.d_model: Value 'wide' of type 'str' could not be converted to Integer"),
+        ("model.attention.k=200", "model.attention.k: k=200 (layer 0) must be in [1, model.max_len=128]"),
+        ("model.attention.k=[8,16,32]", "model.attention.k: has 3 entries but model.n_layers=2"),
+        ("model.n_heads=3", "model.d_model: 128 is not divisible by model.n_heads=3"),
+        ("task=clm", "task: 'clm' needs model.attention.causal=true"),
+    ],
+)
 def test_bad_values_name_the_key_and_what_is_allowed(override, message):
     with pytest.raises(run_config.ConfigError) as err:
         run_config.load(CONFIGS / "base.yaml", [override])
@@ -44,11 +47,14 @@ def test_per_layer_k_from_list_and_schedule():
     assert layer_ks(cfg.model) == [64, 48, 32, 16]
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["train", "missing.yaml"], "config file missing.yaml: not found"),
-    (["train", "{bad}", "model.attention.kind=banana"], "model.attention.kind"),
-    (["train", "{malformed}"], "malformed YAML at line"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["train", "missing.yaml"], "config file missing.yaml: not found"),
+        (["train", "{bad}", "model.attention.kind=banana"], "model.attention.kind"),
+        (["train", "{malformed}"], "malformed YAML at line"),
+    ],
+)
 def test_cli_config_errors_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, args, fragment):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.yaml").write_text(f"defaults: [{CONFIGS / 'base.yaml'}]\n")

@@ -87,13 +87,19 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_a_run_killed_mid_training_resumes_to_the_same_weights_metrics_and_curves(tiny_overrides, tmp_path,
-                                                                                  one_thread):
+def test_a_run_killed_mid_training_resumes_to_the_same_weights_metrics_and_curves(tiny_overrides, tmp_path, one_thread):
     # 130 training blocks of 32 tokens in batches of 16: 9 batches an epoch. Checkpoints after the validations
     # at steps 4, 8, 12: the kill lands mid-epoch 0 and the resumed run crosses into epoch 1.
-    args = [str(tiny_overrides.config), *tiny_overrides.args, "data.max_texts=8", "data.batch_size=16",
-            "trainer.max_steps=12", "trainer.val_check_interval=4", "trainer.deterministic=true",
-            "trainer.cpu_threads=1"]
+    args = [
+        str(tiny_overrides.config),
+        *tiny_overrides.args,
+        "data.max_texts=8",
+        "data.batch_size=16",
+        "trainer.max_steps=12",
+        "trainer.val_check_interval=4",
+        "trainer.deterministic=true",
+        "trainer.cpu_threads=1",
+    ]
     killed, straight = tmp_path / "killed", tmp_path / "straight"
 
     assert kill_after_first_checkpoint([*args, f"run_dir={killed}"], killed) == -signal.SIGKILL
@@ -112,12 +118,12 @@ def test_a_run_killed_mid_training_resumes_to_the_same_weights_metrics_and_curve
     resumed, reference = (read_checkpoint(d / CHECKPOINT) for d in (killed, straight))
     assert resumed["global_step"] == reference["global_step"] == 12
     assert resumed["state_dict"].keys() == reference["state_dict"].keys()
-    error = max((resumed["state_dict"][k] - reference["state_dict"][k]).abs().max().item()
-                for k in reference["state_dict"])
+    error = max(
+        (resumed["state_dict"][k] - reference["state_dict"][k]).abs().max().item() for k in reference["state_dict"]
+    )
     assert error <= TOLERANCE, f"max |resumed - uninterrupted| weight difference {error:.3g}"
 
-    resumed_metrics, reference_metrics = (json.loads((d / "metrics.json").read_text())
-                                          for d in (killed, straight))
+    resumed_metrics, reference_metrics = (json.loads((d / "metrics.json").read_text()) for d in (killed, straight))
     for key in ("val/loss", "val/ppl", "val/accuracy", "tokens", "global_step"):
         assert resumed_metrics[key] == pytest.approx(reference_metrics[key], abs=TOLERANCE), key
 
@@ -168,12 +174,19 @@ class RecordLabels(L.Callback):
         self.labels[trainer.global_step] = batch["labels"].clone()
 
 
-def test_a_run_resumed_with_loader_workers_draws_the_masks_of_the_uninterrupted_run(tiny_overrides, tmp_path,
-                                                                                   one_thread):
+def test_a_run_resumed_with_loader_workers_draws_the_masks_of_the_uninterrupted_run(
+    tiny_overrides, tmp_path, one_thread
+):
     """With data.num_workers=2 the loader's workers restart on resume; the MLM masks must not restart with
     their RNG: every batch after the resume is masked as in the run that was never interrupted."""
-    args = [*tiny_overrides.args, "data.num_workers=2", "trainer.max_steps=8", "trainer.val_check_interval=4",
-            "trainer.deterministic=true", "trainer.cpu_threads=1"]
+    args = [
+        *tiny_overrides.args,
+        "data.num_workers=2",
+        "trainer.max_steps=8",
+        "trainer.val_check_interval=4",
+        "trainer.deterministic=true",
+        "trainer.cpu_threads=1",
+    ]
     config = lambda *more: run_config.load(tiny_overrides.config, [*args, *more])  # noqa: E731
     killed, straight = tmp_path / "killed", tmp_path / "straight"
     reference, resumed = RecordLabels(), RecordLabels()
@@ -193,6 +206,7 @@ def test_a_run_resumed_with_loader_workers_draws_the_masks_of_the_uninterrupted_
 
 def _die_while_saving(path: Path) -> None:
     """Child process: start overwriting ``path`` with a new checkpoint and get SIGKILLed half-way."""
+
     def dying_save(obj, fh):
         fh.write(b"PK\x03\x04 half a zip archive")
         fh.flush()
@@ -231,8 +245,12 @@ def _batches(loader: ResumableLoader, epoch: int, limit: int | None = None) -> l
 @pytest.mark.parametrize("stop_after", [0, 2, 4])  # 4 batches an epoch: 4 is the epoch's end
 def test_a_resumed_loader_hands_out_exactly_the_remaining_batches(stop_after):
     dataset = TensorDataset(torch.arange(10))
-    make = lambda: ResumableLoader(dataset, EpochShuffle(dataset, seed=3), batch_size=3,  # noqa: E731
-                                   generator=torch.Generator().manual_seed(3))
+
+    def make():
+        return ResumableLoader(
+            dataset, EpochShuffle(dataset, seed=3), batch_size=3, generator=torch.Generator().manual_seed(3)
+        )
+
     uninterrupted = make()
     reference = _batches(uninterrupted, 0) + _batches(uninterrupted, 1)
     assert sorted(sum(reference[:4], [])) == list(range(10)) and reference[:4] != reference[4:]
@@ -251,6 +269,7 @@ def test_a_failing_rename_or_sync_during_a_save_leaves_the_previous_checkpoint_i
     path = tmp_path / "checkpoints" / "last.ckpt"
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.arange(3.0)}, "global_step": 4}, path)
     for target in ("replace", "fsync"):
+
         def fail(*args, _target=target, **kwargs):
             raise OSError(f"injected {_target} failure")
 
@@ -274,8 +293,9 @@ def test_resuming_a_finished_run_is_a_no_op_that_says_so(tiny_overrides, tmp_pat
     recorded = _finished_run(tiny_overrides, run_dir)
     before = {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")}
     capsys.readouterr()
-    assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, f"run_dir={run_dir}",
-                     "resume=true"]) == 0
+    assert (
+        cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, f"run_dir={run_dir}", "resume=true"]) == 0
+    )
     assert "already finished at step 6" in capsys.readouterr().out
     assert {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")} == before
     assert json.loads((run_dir / "metrics.json").read_text()) == recorded
@@ -286,8 +306,9 @@ def test_a_run_killed_after_its_final_checkpoint_resumes_to_the_same_metrics(tin
     run_dir = tmp_path / "killed_at_the_end"
     recorded = _finished_run(tiny_overrides, run_dir)
     (run_dir / "metrics.json").unlink()  # what a kill between the last checkpoint and metrics.json leaves
-    assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, f"run_dir={run_dir}",
-                     "resume=true"]) == 0
+    assert (
+        cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, f"run_dir={run_dir}", "resume=true"]) == 0
+    )
     again = json.loads((run_dir / "metrics.json").read_text())
     same = ("global_step", "tokens", "train_time_s", "parameters", "val/loss", "val/ppl", "val/accuracy")
     for key in same:
@@ -298,7 +319,18 @@ def test_a_run_killed_after_its_final_checkpoint_resumes_to_the_same_metrics(tin
 def test_training_a_finished_run_further_keeps_its_earlier_metrics(tiny_overrides, tmp_path):
     run_dir = tmp_path / "extended"
     recorded = _finished_run(tiny_overrides, run_dir)
-    assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, f"run_dir={run_dir}",
-                     "resume=true", "trainer.max_steps=9"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                str(tiny_overrides.config),
+                *tiny_overrides.args,
+                f"run_dir={run_dir}",
+                "resume=true",
+                "trainer.max_steps=9",
+            ]
+        )
+        == 0
+    )
     assert json.loads((run_dir / "metrics.step_6.json").read_text()) == recorded
     assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == 9

@@ -40,8 +40,9 @@ def txt_corpus(tmp_path):
 
 
 def byte_cfg(tmp_path, source, **overrides):
-    return data_cfg(tmp_path, source=str(source), val_fraction=0.1, batch_size=8,
-                    tokenizer={"kind": "byte"}, **overrides)
+    return data_cfg(
+        tmp_path, source=str(source), val_fraction=0.1, batch_size=8, tokenizer={"kind": "byte"}, **overrides
+    )
 
 
 def assert_config_error(message, fn, *args):
@@ -118,7 +119,7 @@ def test_local_files_in_every_format_load_alike(tmp_path):
     assert sorted(first[0] + first[1]) == sorted(lines) and 0 < len(first[1]) < 0.25 * len(lines)
     (tmp_path / "d").mkdir()
     for i in range(2):
-        (tmp_path / "d" / f"part{i}.txt").write_text("\n".join(lines[i * 200:(i + 1) * 200]))
+        (tmp_path / "d" / f"part{i}.txt").write_text("\n".join(lines[i * 200 : (i + 1) * 200]))
     globbed = load_text_corpus(data_cfg(tmp_path, source=str(tmp_path / "d" / "*.txt")))
     assert list(iter_texts(globbed["train"])) == first[0]
 
@@ -127,12 +128,19 @@ def test_local_directory_laid_out_like_the_hub_repo_loads_by_subset(tmp_path):
     """Same files and README `configs` as Salesforce/wikitext: exercises the hub-id code path offline."""
     repo, subset = tmp_path / "wikitext", "wikitext-2-raw-v1"
     (repo / subset).mkdir(parents=True)
-    texts = {split: ["", f" = {split} = \n"] + [f" {s} \n" for s in sentences(50, seed=i)]
-             for i, split in enumerate(("train", "validation", "test"))}
+    texts = {
+        split: ["", f" = {split} = \n"] + [f" {s} \n" for s in sentences(50, seed=i)]
+        for i, split in enumerate(("train", "validation", "test"))
+    }
     for split, lines in texts.items():
         pq.write_table(pa.table({"text": lines}), repo / subset / f"{split}-00000-of-00001.parquet")
-    (repo / "README.md").write_text("---\nconfigs:\n- config_name: " + subset + "\n  data_files:\n"
-                                    + "".join(f"  - split: {s}\n    path: {subset}/{s}-*\n" for s in texts) + "---\n")
+    (repo / "README.md").write_text(
+        "---\nconfigs:\n- config_name: "
+        + subset
+        + "\n  data_files:\n"
+        + "".join(f"  - split: {s}\n    path: {subset}/{s}-*\n" for s in texts)
+        + "---\n"
+    )
     corpus = load_text_corpus(data_cfg(tmp_path, source=str(repo), subset=subset))
     assert list(iter_texts(corpus["train"])) == texts["train"][1:]
     assert list(iter_texts(corpus["validation"])) == texts["validation"][1:]  # its own split, not a hold-out
@@ -162,16 +170,18 @@ def test_input_errors_are_one_line_and_name_the_key(tmp_path, case):
     elif case == "empty":
         (tmp_path / "e.txt").write_text("\n  \n\t\n")
         cfg = data_cfg(tmp_path, source=str(tmp_path / "e.txt"))
-        assert_config_error(f"data.source: '{tmp_path / 'e.txt'}' has no non-empty texts in its training split",
-                            load_text_corpus, cfg)
+        assert_config_error(
+            f"data.source: '{tmp_path / 'e.txt'}' has no non-empty texts in its training split", load_text_corpus, cfg
+        )
     elif case == "missing_column":
         (tmp_path / "t.csv").write_text("a,b\nhello,1\n")
         cfg = data_cfg(tmp_path, source=str(tmp_path / "t.csv"), text_column="foo")
         assert_config_error("data.text_column: 'foo' not in columns [a, b]", load_text_corpus, cfg)
     else:
         cfg = data_cfg(tmp_path, tokenizer={"path": "nope.json"})
-        assert_config_error("data.tokenizer.path: file 'nope.json' not found", build_tokenizer, cfg.tokenizer,
-                            ["text"], tmp_path)
+        assert_config_error(
+            "data.tokenizer.path: file 'nope.json' not found", build_tokenizer, cfg.tokenizer, ["text"], tmp_path
+        )
 
 
 # ------------------------------------------------------------------------------- tokenizer
@@ -181,7 +191,12 @@ def test_tokenizers_have_fixed_special_ids_and_round_trip(tmp_path):
         cfg = data_cfg(tmp_path, tokenizer={"kind": kind, "vocab_size": 300})
         tok = build_tokenizer(cfg.tokenizer, texts, tmp_path)
         assert [tok.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")] == [
-            PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID]
+            PAD_ID,
+            UNK_ID,
+            CLS_ID,
+            SEP_ID,
+            MASK_ID,
+        ]
         ids = tok.encode(texts[-1], add_special_tokens=False).ids
         assert min(ids) >= NUM_SPECIAL  # literal "[MASK]" in a text is text, not the special token
         assert tok.decode(ids) == texts[-1]

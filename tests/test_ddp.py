@@ -55,16 +55,30 @@ class RecordRank(L.Callback):
         self.blocks.extend(map(tuple, batch["labels"].tolist()))
 
     def on_fit_end(self, trainer, pl_module):
-        torch.save({"weights": pl_module.state_dict(), "blocks": self.blocks, "world": trainer.world_size},
-                   self.out / f"rank{trainer.global_rank}.pt")
+        torch.save(
+            {"weights": pl_module.state_dict(), "blocks": self.blocks, "world": trainer.world_size},
+            self.out / f"rank{trainer.global_rank}.pt",
+        )
 
 
-def test_two_process_ddp_keeps_ranks_identical_and_validates_on_the_whole_set(tiny_overrides, tmp_path,
-                                                                           small_corpus):
-    cfg = run_config.load(tiny_overrides.config, [
-        *tiny_overrides.args, f"data.source={small_corpus}", "data.tokenizer.kind=byte", "data.val_fraction=0.15",
-        "data.batch_size=4", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=1000",
-        "model.dropout=0.0", "trainer.devices=2", "trainer.strategy=ddp_spawn", f"run_dir={tmp_path / 'ddp'}"])
+def test_two_process_ddp_keeps_ranks_identical_and_validates_on_the_whole_set(tiny_overrides, tmp_path, small_corpus):
+    cfg = run_config.load(
+        tiny_overrides.config,
+        [
+            *tiny_overrides.args,
+            f"data.source={small_corpus}",
+            "data.tokenizer.kind=byte",
+            "data.val_fraction=0.15",
+            "data.batch_size=4",
+            "trainer.max_steps=4",
+            "trainer.val_check_interval=2",
+            "trainer.limit_val_batches=1000",
+            "model.dropout=0.0",
+            "trainer.devices=2",
+            "trainer.strategy=ddp_spawn",
+            f"run_dir={tmp_path / 'ddp'}",
+        ],
+    )
     metrics = train(cfg, callbacks=[RecordRank(tmp_path)])
 
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
@@ -89,8 +103,13 @@ def test_two_process_ddp_keeps_ranks_identical_and_validates_on_the_whole_set(ti
     val = datamodule.val_set.tensors
     assert len(val[0]) % WORLD == 1  # an odd count: a sampler that pads to equal shares would repeat a block
     with torch.no_grad():
-        losses = [(F.cross_entropy(module(ids[None])[labels[None] != -100], labels[labels != -100], reduction="sum"),
-                   (labels != -100).sum()) for ids, labels in zip(*val)]
+        losses = [
+            (
+                F.cross_entropy(module(ids[None])[labels[None] != -100], labels[labels != -100], reduction="sum"),
+                (labels != -100).sum(),
+            )
+            for ids, labels in zip(*val)
+        ]
     whole = float(sum(s for s, _ in losses) / sum(n for _, n in losses))
     half = float(sum(s for s, _ in losses[::2]) / sum(n for _, n in losses[::2]))
     acc = EventAccumulator(str(tmp_path / "ddp"))
@@ -127,8 +146,15 @@ def accepted_configs(variants: list[dict]) -> list[dict]:
     base = OmegaConf.structured(run_config.RunConfig)
     out = []
     for attention in variants:
-        model = {"max_len": 16, "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "norm": "post",
-                 "attention": attention}
+        model = {
+            "max_len": 16,
+            "d_model": 16,
+            "n_heads": 2,
+            "n_layers": 2,
+            "d_ff": 32,
+            "norm": "post",
+            "attention": attention,
+        }
         cfg = OmegaConf.merge(base, {"task": "clm" if attention["causal"] else "mlm", "model": model})
         try:
             run_config.check(cfg)
@@ -149,8 +175,9 @@ def _train_every_variant(rank: int, rendezvous: str, configs: list[dict], result
     failures, label = [], "setup"
     try:
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=WORLD,
-                                timeout=datetime.timedelta(seconds=120))
+        dist.init_process_group(
+            "gloo", init_method=rendezvous, rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120)
+        )
         for config in configs:
             label = _label(config)
             torch.manual_seed(0)
@@ -187,8 +214,10 @@ def test_every_attention_variant_and_sharing_mode_trains_under_ddp_without_unuse
         assert seen == set(_choices(AttentionConfig, field) if field != "causal" else (False, True)) - {"auto"}
     ctx = multiprocessing.get_context("spawn")  # fork would copy this process's threads (a deadlock risk)
     results, rendezvous = ctx.Queue(), f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=_train_every_variant, args=(rank, rendezvous, configs, results), daemon=True)
-             for rank in range(WORLD)]
+    procs = [
+        ctx.Process(target=_train_every_variant, args=(rank, rendezvous, configs, results), daemon=True)
+        for rank in range(WORLD)
+    ]
     for p in procs:
         p.start()
     try:
@@ -203,36 +232,59 @@ def test_every_attention_variant_and_sharing_mode_trains_under_ddp_without_unuse
 
 # ---------------------------------------------------------------------------------------- command-line launches
 def _cli_args(config: Path, tmp_path: Path, corpus: Path, data_cache: Path) -> list[str]:
-    return ["train", str(config), "experiment=cli", f"output_dir={tmp_path / 'runs'}", "model.max_len=32",
-            "model.d_model=32", "model.n_heads=2", "model.n_layers=2", "model.d_ff=64", "model.attention.k=8",
-            f"data.source={corpus}", "data.tokenizer.kind=byte", f"data.cache_dir={data_cache}", "data.batch_size=4",
-            "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.accelerator=cpu", "trainer.devices=2",
-            "trainer.strategy=ddp"]
+    return [
+        "train",
+        str(config),
+        "experiment=cli",
+        f"output_dir={tmp_path / 'runs'}",
+        "model.max_len=32",
+        "model.d_model=32",
+        "model.n_heads=2",
+        "model.n_layers=2",
+        "model.d_ff=64",
+        "model.attention.k=8",
+        f"data.source={corpus}",
+        "data.tokenizer.kind=byte",
+        f"data.cache_dir={data_cache}",
+        "data.batch_size=4",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+    ]
 
 
 @pytest.mark.slow
-def test_strategy_ddp_from_the_command_line_writes_one_run_directory(tiny_overrides, tmp_path, small_corpus,
-                                                                     data_cache):
+def test_strategy_ddp_from_the_command_line_writes_one_run_directory(
+    tiny_overrides, tmp_path, small_corpus, data_cache
+):
     """Lightning re-runs the command in rank 1, which must join rank 0's run directory, not make its own."""
     args = _cli_args(tiny_overrides.config, tmp_path, small_corpus, data_cache)
-    done = subprocess.run([sys.executable, "-m", "experiments.cli", *args], capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([sys.executable, "-m", "experiments.cli", *args], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (run,) = (tmp_path / "runs" / "cli").iterdir()
     assert json.loads((run / "metrics.json").read_text())["global_step"] == 4
 
 
 @pytest.mark.slow
-def test_torchrun_needs_an_explicit_run_dir_and_then_writes_it_alone(tiny_overrides, tmp_path, small_corpus,
-                                                                      data_cache):
-    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node=2", "-m",
-                "experiments.cli"]
+def test_torchrun_needs_an_explicit_run_dir_and_then_writes_it_alone(
+    tiny_overrides, tmp_path, small_corpus, data_cache
+):
+    torchrun = [
+        str(Path(sys.executable).with_name("torchrun")),
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "experiments.cli",
+    ]
     args = _cli_args(tiny_overrides.config, tmp_path, small_corpus, data_cache)
     refused = subprocess.run([*torchrun, *args], capture_output=True, text=True, timeout=600)
     assert refused.returncode != 0 and "error: run_dir: a multi-process launch" in refused.stderr
     assert not (tmp_path / "runs").exists()
-    done = subprocess.run([*torchrun, *args, f"run_dir={tmp_path / 'runs' / 'cli' / 'job'}"], capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [*torchrun, *args, f"run_dir={tmp_path / 'runs' / 'cli' / 'job'}"], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert [p.name for p in (tmp_path / "runs" / "cli").iterdir()] == ["job"]
     assert json.loads((tmp_path / "runs" / "cli" / "job" / "metrics.json").read_text())["global_step"] == 4

@@ -9,8 +9,9 @@ from sweeps import efficiency
 
 
 def row(arm, quality, speed, run_dir=None):
-    trial = types.SimpleNamespace(user_attrs={"metrics": {"val/loss": quality, "tokens_per_sec": speed},
-                                              "run_dir": run_dir})
+    trial = types.SimpleNamespace(
+        user_attrs={"metrics": {"val/loss": quality, "tokens_per_sec": speed}, "run_dir": run_dir}
+    )
     return types.SimpleNamespace(arm=arm, trial=trial, metrics=trial.user_attrs["metrics"])
 
 
@@ -27,13 +28,15 @@ def test_time_to_target_is_the_worst_arms_final_quality_and_interpolates(tmp_pat
         (tmp_path / name / "metrics.json").write_text(json.dumps({"ppl_vs_wallclock": curve}))
         return str(tmp_path / name)
 
-    rows = [row("fast", 2.3, 1000.0, run("f0", [[10, 1e4, 30.0], [20, 2e4, 12.0]])),
-            row("fast", 2.4, 1200.0, run("f1", [[10, 1e4, 25.0], [20, 2e4, 14.0]])),
-            row("slow", 2.0, 300.0, run("s0", [[30, 1e4, 20.0], [60, 2e4, 8.0]]))]
+    rows = [
+        row("fast", 2.3, 1000.0, run("f0", [[10, 1e4, 30.0], [20, 2e4, 12.0]])),
+        row("fast", 2.4, 1200.0, run("f1", [[10, 1e4, 25.0], [20, 2e4, 14.0]])),
+        row("slow", 2.0, 300.0, run("s0", [[30, 1e4, 20.0], [60, 2e4, 8.0]])),
+    ]
     arms = efficiency.arm_speeds(rows, "val/loss")
     assert [a.arm for a in arms] == ["fast", "slow"]
     target = efficiency.target_ppl(arms)
-    assert target == pytest.approx(13.0)                                  # median of the fast arm's finals 12, 14
+    assert target == pytest.approx(13.0)  # median of the fast arm's finals 12, 14
     seconds, reached = efficiency.time_to(arms[0], target)
     # f0 crosses 13 at 10 + 10·(30−13)/(30−12) = 19.44 s; f1 never gets to 13
     assert reached == 1 and seconds == pytest.approx(10 + 10 * 17 / 18)
@@ -42,7 +45,9 @@ def test_time_to_target_is_the_worst_arms_final_quality_and_interpolates(tmp_pat
     text = "\n".join(efficiency.section(arms, "val/loss", maximize=False))
     assert "| fast | 2 | 2.35 ± 0.071 | 1,100 | yes | 19.4 s (1/2) |" in text
     assert "| slow | 1 | 2 ± nan | 300 | yes | 47.5 s (1/1) |" in text
-    assert efficiency.plot(arms, "val/loss", False, tmp_path / "pareto.png") and (tmp_path / "pareto.png").stat().st_size
+    assert (
+        efficiency.plot(arms, "val/loss", False, tmp_path / "pareto.png") and (tmp_path / "pareto.png").stat().st_size
+    )
 
 
 def test_a_study_without_curves_has_no_time_to_target_column():

@@ -28,12 +28,64 @@ from training.config import CONFIG_DIR, RunConfig
 KEYS = sorted(flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig))))
 KEYS += ["model.attention.k_schedule", "model.attention.options", "data.mqar", "nonsense.key"]
 
-EDGE_NUMBERS = [0, 1, -1, 2, 3, 7, 64, 0.5, -0.5, 1e-12, 1e30, -1e30, 2**31, 2**63, float("nan"), float("inf"),
-                float("-inf")]
-ODD_TEXT = ["", " ", "..", "../..", "/", "/etc", "a\x00b", "a\nb", "\t", "é✓ユニ", "~", "$HOME", "null", "true",
-            "[1, 2", "{a: 1", "&a [*a]", "*x", "%YAML", "- 1", "auto", "full", "linformer", "cpu", "gpu", "32-true",
-            "bf16-mixed", "ddp_spawn", "layerwise", "keys", "compress_first", "learned", "conv", "pool", "random",
-            "geometric", "linear"]
+EDGE_NUMBERS = [
+    0,
+    1,
+    -1,
+    2,
+    3,
+    7,
+    64,
+    0.5,
+    -0.5,
+    1e-12,
+    1e30,
+    -1e30,
+    2**31,
+    2**63,
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+]
+ODD_TEXT = [
+    "",
+    " ",
+    "..",
+    "../..",
+    "/",
+    "/etc",
+    "a\x00b",
+    "a\nb",
+    "\t",
+    "é✓ユニ",
+    "~",
+    "$HOME",
+    "null",
+    "true",
+    "[1, 2",
+    "{a: 1",
+    "&a [*a]",
+    "*x",
+    "%YAML",
+    "- 1",
+    "auto",
+    "full",
+    "linformer",
+    "cpu",
+    "gpu",
+    "32-true",
+    "bf16-mixed",
+    "ddp_spawn",
+    "layerwise",
+    "keys",
+    "compress_first",
+    "learned",
+    "conv",
+    "pool",
+    "random",
+    "geometric",
+    "linear",
+]
 
 
 def render(value) -> str:
@@ -48,16 +100,44 @@ def render(value) -> str:
     return json.dumps(value)
 
 
-scalars = st.one_of(st.sampled_from(EDGE_NUMBERS), st.integers(-10**6, 10**6), st.booleans(), st.none(),
-                    st.sampled_from(ODD_TEXT), st.text(max_size=12))
-values = st.one_of(scalars, st.lists(scalars, max_size=4), st.dictionaries(st.sampled_from(["a", "k", "window", "kind", "first", "last"]),
-                                                                           scalars, max_size=2))
-raw = st.sampled_from(["[1,2", "{a: 1", "&a [*a, *a]", "a: b: c", "!!python/object:os.system", "'", '"', "|",
-                       "${oc.env:HOME}", "${model.d_model}"])
+scalars = st.one_of(
+    st.sampled_from(EDGE_NUMBERS),
+    st.integers(-(10**6), 10**6),
+    st.booleans(),
+    st.none(),
+    st.sampled_from(ODD_TEXT),
+    st.text(max_size=12),
+)
+values = st.one_of(
+    scalars,
+    st.lists(scalars, max_size=4),
+    st.dictionaries(st.sampled_from(["a", "k", "window", "kind", "first", "last"]), scalars, max_size=2),
+)
+raw = st.sampled_from(
+    [
+        "[1,2",
+        "{a: 1",
+        "&a [*a, *a]",
+        "a: b: c",
+        "!!python/object:os.system",
+        "'",
+        '"',
+        "|",
+        "${oc.env:HOME}",
+        "${model.d_model}",
+    ]
+)
 override = st.tuples(st.sampled_from(KEYS), st.one_of(values.map(render), raw)).map(lambda kv: f"{kv[0]}={kv[1]}")
 
-TINY = ["model.max_len=32", "model.d_model=32", "model.n_heads=2", "model.n_layers=2", "model.d_ff=64",
-        "model.attention.k=8", "trainer.accelerator=cpu"]
+TINY = [
+    "model.max_len=32",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.n_layers=2",
+    "model.d_ff=64",
+    "model.attention.k=8",
+    "trainer.accelerator=cpu",
+]
 
 
 def snapshot(root: Path) -> dict[str, int]:
@@ -67,8 +147,15 @@ def snapshot(root: Path) -> dict[str, int]:
 def check_property(root: Path, overrides: list[str]) -> None:
     out, err = io.StringIO(), io.StringIO()
     before = snapshot(root)
-    argv = ["train", str(CONFIG_DIR / "base.yaml"), *TINY, f"output_dir={root / 'runs'}",
-            f"data.cache_dir={root / 'cache'}", *overrides, "--check"]
+    argv = [
+        "train",
+        str(CONFIG_DIR / "base.yaml"),
+        *TINY,
+        f"output_dir={root / 'runs'}",
+        f"data.cache_dir={root / 'cache'}",
+        *overrides,
+        "--check",
+    ]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main(argv)
     lines = [line for line in err.getvalue().splitlines() if line.startswith("error:") or "Traceback" in line]
@@ -80,8 +167,12 @@ def check_property(root: Path, overrides: list[str]) -> None:
     assert snapshot(root) == before, (overrides, "something was written")
 
 
-FAST = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")), deadline=None, derandomize=os.environ.get("FUZZ_RANDOM") is None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FAST = settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")),
+    deadline=None,
+    derandomize=os.environ.get("FUZZ_RANDOM") is None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @FAST
@@ -91,21 +182,25 @@ def test_any_overrides_end_in_success_or_one_error_line_and_write_nothing(tmp_pa
 
 
 @pytest.mark.slow
-@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                    HealthCheck.too_slow])
+@settings(
+    max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(overrides=st.lists(override, min_size=1, max_size=6))
 def test_any_overrides_deep(tmp_path, overrides):
     check_property(tmp_path, overrides)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["trainer.devices=[0,1]"],                    # a list of indices with the CPU accelerator: Lightning's rule
-    ["model.attention.options={window: 4}"],      # options of a kind that takes none
-    ["optim.betas=[0.9, .nan]"],
-    ['experiment="a\\u0000b"'],
-    ["model.attention.k_schedule={first: 0, last: 0}"],
-    ["model.attention.k_schedule={kind: geometric, first: 0, last: 5}"],   # a division by zero, once
-    ["model.attention.k_schedule={kind: geometric, first: -4, last: 5}"],  # a complex power, once
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["trainer.devices=[0,1]"],  # a list of indices with the CPU accelerator: Lightning's rule
+        ["model.attention.options={window: 4}"],  # options of a kind that takes none
+        ["optim.betas=[0.9, .nan]"],
+        ['experiment="a\\u0000b"'],
+        ["model.attention.k_schedule={first: 0, last: 0}"],
+        ["model.attention.k_schedule={kind: geometric, first: 0, last: 5}"],  # a division by zero, once
+        ["model.attention.k_schedule={kind: geometric, first: -4, last: 5}"],  # a complex power, once
+    ],
+)
 def test_known_hard_cases(tmp_path, overrides):
     check_property(tmp_path, overrides)

@@ -27,8 +27,17 @@ CPU = torch.device("cpu")
 
 
 def fake_trainer(**attrs) -> types.SimpleNamespace:
-    defaults = dict(world_size=1, global_step=0, log_every_n_steps=1, sanity_checking=False, should_stop=False,
-                    state=types.SimpleNamespace(fn="fit"), loggers=[], callback_metrics={}, is_global_zero=True)
+    defaults = dict(
+        world_size=1,
+        global_step=0,
+        log_every_n_steps=1,
+        sanity_checking=False,
+        should_stop=False,
+        state=types.SimpleNamespace(fn="fit"),
+        loggers=[],
+        callback_metrics={},
+        is_global_zero=True,
+    )
     return types.SimpleNamespace(**{**defaults, **attrs})
 
 
@@ -84,8 +93,15 @@ def test_packed_lm_batches_reach_full_attention_without_a_mask(tiny_overrides, m
         calls.append((attn_mask, is_causal))
         return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
 
-    cfg = run_config.load(tiny_overrides.config, [*tiny_overrides.args, f"task={task}", "model.attention.kind=full",
-                                                  f"model.attention.causal={str(causal).lower()}"])
+    cfg = run_config.load(
+        tiny_overrides.config,
+        [
+            *tiny_overrides.args,
+            f"task={task}",
+            "model.attention.kind=full",
+            f"model.attention.causal={str(causal).lower()}",
+        ],
+    )
     datamodule = build_datamodule(cfg)
     datamodule.setup("fit")
     module = build_module(cfg, datamodule)
@@ -101,8 +117,9 @@ def test_packed_lm_batches_reach_full_attention_without_a_mask(tiny_overrides, m
 # ---------------------------------------------------------------------------------------- 5. RNG per rank
 def rank_trainer(rank: int, world: int, device: torch.device) -> types.SimpleNamespace:
     """What LastCheckpoint reads of a trainer: its rank, world size and device (no TensorBoard logger)."""
-    return fake_trainer(global_rank=rank, world_size=world, is_global_zero=rank == 0,
-                        strategy=types.SimpleNamespace(root_device=device))
+    return fake_trainer(
+        global_rank=rank, world_size=world, is_global_zero=rank == 0, strategy=types.SimpleNamespace(root_device=device)
+    )
 
 
 def fake_cuda_rng(monkeypatch, devices: int) -> dict[int, torch.Tensor]:
@@ -123,8 +140,9 @@ def fake_cuda_rng(monkeypatch, devices: int) -> dict[int, torch.Tensor]:
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[index(device)].clone())
     monkeypatch.setattr(torch.cuda, "set_rng_state", set_state)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [s.clone() for s in states.values()])
-    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda all_states: [set_state(s, i) for i, s in
-                                                                              enumerate(all_states)])
+    monkeypatch.setattr(
+        torch.cuda, "set_rng_state_all", lambda all_states: [set_state(s, i) for i, s in enumerate(all_states)]
+    )
     return restored
 
 
@@ -149,8 +167,9 @@ def test_each_rank_saves_and_restores_its_own_devices_rng_even_with_fewer_gpus_a
     def save(rank: int) -> None:
         local.rank = rank
         written[rank] = {}
-        LastCheckpoint(tmp_path / "last.ckpt").on_save_checkpoint(rank_trainer(rank, 2, torch.device("cuda", rank)),
-                                                                  None, written[rank])
+        LastCheckpoint(tmp_path / "last.ckpt").on_save_checkpoint(
+            rank_trainer(rank, 2, torch.device("cuda", rank)), None, written[rank]
+        )
 
     threads = [threading.Thread(target=save, args=(r,)) for r in (0, 1)]
     for t in threads:
@@ -160,13 +179,15 @@ def test_each_rank_saves_and_restores_its_own_devices_rng_even_with_fewer_gpus_a
     checkpoint = written[0]  # what rank 0 writes
 
     # Resumed on the same two GPUs: rank 1 gets device 1's stream back, not rank 0's view of device 1.
-    LastCheckpoint(tmp_path / "last.ckpt").on_load_checkpoint(rank_trainer(1, 2, torch.device("cuda", 1)), None,
-                                                              checkpoint)
+    LastCheckpoint(tmp_path / "last.ckpt").on_load_checkpoint(
+        rank_trainer(1, 2, torch.device("cuda", 1)), None, checkpoint
+    )
     assert list(restored) == [1] and torch.equal(restored[1], torch.full((16,), 1, dtype=torch.uint8))
     # Resumed on one GPU: rank 0 restores its own device's state, and nothing asks for a device that is gone.
     restored = fake_cuda_rng(monkeypatch, devices=1)
-    LastCheckpoint(tmp_path / "last.ckpt").on_load_checkpoint(rank_trainer(0, 1, torch.device("cuda", 0)), None,
-                                                              checkpoint)
+    LastCheckpoint(tmp_path / "last.ckpt").on_load_checkpoint(
+        rank_trainer(0, 1, torch.device("cuda", 0)), None, checkpoint
+    )
     assert list(restored) == [0] and torch.equal(restored[0], torch.zeros(16, dtype=torch.uint8))
 
 
@@ -211,8 +232,9 @@ def test_the_divergence_guard_reads_the_loss_on_the_host_only_every_n_steps_and_
         reads.setattr(torch.Tensor, name, lambda *a, name=name: pytest.fail(f"Tensor.{name} between checks"))
     try:
         for step in (1, 2, 3):
-            guard.on_train_batch_end(fake_trainer(global_step=step), module, {"loss": torch.tensor(losses[step])},
-                                     None, step - 1)
+            guard.on_train_batch_end(
+                fake_trainer(global_step=step), module, {"loss": torch.tensor(losses[step])}, None, step - 1
+            )
     finally:
         reads.undo()
     with pytest.raises(Diverged, match=r"diverged: train/loss=nan at step 2"):
@@ -245,8 +267,9 @@ def test_a_training_step_logs_no_python_number_and_the_bar_refreshes_with_the_lo
     """A Python number logged on a GPU becomes a host-to-device copy the host waits for, every step; the
     progress bar reads train/loss back from the device whenever it refreshes."""
     spy = LoggedTypes()
-    cfg = run_config.load(tiny_overrides.config, [*tiny_overrides.args, "trainer.max_steps=2",
-                                                  "trainer.log_every_n_steps=2"])
+    cfg = run_config.load(
+        tiny_overrides.config, [*tiny_overrides.args, "trainer.max_steps=2", "trainer.log_every_n_steps=2"]
+    )
     trainer = _trainer(cfg, Path(cfg.output_dir), None, [spy])
     assert trainer.progress_bar_callback.refresh_rate == 2
     train(cfg, callbacks=[spy])
@@ -255,8 +278,9 @@ def test_a_training_step_logs_no_python_number_and_the_bar_refreshes_with_the_lo
 
 
 # ---------------------------------------------------------------------------------------- 7. precision
-@pytest.mark.parametrize("capability, expected", [((7, 0), "16-mixed"), ((7, 5), "16-mixed"), ((8, 0), "bf16-mixed"),
-                                                  ((9, 0), "bf16-mixed")])
+@pytest.mark.parametrize(
+    "capability, expected", [((7, 0), "16-mixed"), ((7, 5), "16-mixed"), ((8, 0), "bf16-mixed"), ((9, 0), "bf16-mixed")]
+)
 def test_mixed_precision_is_bf16_only_where_the_gpu_computes_it(tiny_overrides, monkeypatch, capability, expected):
     """A V100 (7.0) or T4 (7.5) emulates bf16, slowly: fp16 mixed precision there; bf16 from Ampere (8.0) on."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -44,11 +44,25 @@ class RunsCode:
 def world(tmp_path_factory, data_cache):
     """A scratch folder with a trained tiny run and the bad files the rows use."""
     root = tmp_path_factory.mktemp("hostile")
-    tiny = ["experiment=tiny", f"output_dir={root / 'runs'}", "model.max_len=32", "model.d_model=32",
-            "model.n_heads=2", "model.n_layers=2", "model.d_ff=64", "model.attention.k=8", "data.max_texts=300",
-            "data.batch_size=8", "data.tokenizer.vocab_size=300", f"data.cache_dir={data_cache}",
-            "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
-            "trainer.accelerator=cpu", "optim.warmup_steps=1"]
+    tiny = [
+        "experiment=tiny",
+        f"output_dir={root / 'runs'}",
+        "model.max_len=32",
+        "model.d_model=32",
+        "model.n_heads=2",
+        "model.n_layers=2",
+        "model.d_ff=64",
+        "model.attention.k=8",
+        "data.max_texts=300",
+        "data.batch_size=8",
+        "data.tokenizer.vocab_size=300",
+        f"data.cache_dir={data_cache}",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        "trainer.limit_val_batches=1",
+        "trainer.accelerator=cpu",
+        "optim.warmup_steps=1",
+    ]
     trained = root / "trained"
     assert cli.main(["train", str(CONFIG), *tiny, f"run_dir={trained}"]) == 0
     ckpt = trained / CHECKPOINT
@@ -59,9 +73,13 @@ def world(tmp_path_factory, data_cache):
         (files / name).write_text(text)
         return files / name
 
-    good_study = {"study": "hostile", "base": str(CONFIG),
-                  "overrides": {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in tiny)},
-                  "space": {"seed": {"type": "categorical", "choices": [0, 1]}}, "sampler": {"kind": "grid"}}
+    good_study = {
+        "study": "hostile",
+        "base": str(CONFIG),
+        "overrides": {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in tiny)},
+        "space": {"seed": {"type": "categorical", "choices": [0, 1]}},
+        "sampler": {"kind": "grid"},
+    }
     state = torch.load(ckpt, weights_only=True)
     state["hyper_parameters"]["config"]["model"]["d_ff"] = 128  # weights of d_ff 64 under a d_ff 128 config
     torch.save(state, files / "foreign.ckpt")
@@ -70,7 +88,12 @@ def world(tmp_path_factory, data_cache):
     shutil.copy(ckpt, files / "zeroed.ckpt")
     zero_inside(files / "zeroed.ckpt")
     return types.SimpleNamespace(
-        root=root, tiny=tiny, trained=trained, ckpt=ckpt, files=files, write=write,
+        root=root,
+        tiny=tiny,
+        trained=trained,
+        ckpt=ckpt,
+        files=files,
+        write=write,
         study=lambda name, **changes: write(name, yaml.safe_dump({**good_study, **changes})),
     )
 
@@ -97,20 +120,26 @@ def source(world, name: str, text: str) -> str:
 
 
 # 320 bytes that expand to 10^7 values: each line repeats the previous alias ten times.
-ALIAS_BOMB = "a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
-    f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcde", "bcdef")) + "g: [*f]\n"
-ALIAS_BOMB_FLOW = "{a: &a [1,1,1,1,1,1,1,1,1,1], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], " \
-                  "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], " \
-                  "e: [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]}"
-PIPELINE_BAD_OVERRIDE = (f"pretrain: {{config: {CONFIG}}}\nvariants: {{a: ['model.attention.k=[1,2']}}\n"
-                         f"tasks: {{t: {{config: {CONFIG}}}}}\n")
+ALIAS_BOMB = (
+    "a: &a [1,1,1,1,1,1,1,1,1,1]\n"
+    + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcde", "bcdef"))
+    + "g: [*f]\n"
+)
+ALIAS_BOMB_FLOW = (
+    "{a: &a [1,1,1,1,1,1,1,1,1,1], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
+    "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], "
+    "e: [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]}"
+)
+PIPELINE_BAD_OVERRIDE = (
+    f"pretrain: {{config: {CONFIG}}}\nvariants: {{a: ['model.attention.k=[1,2']}}\ntasks: {{t: {{config: {CONFIG}}}}}\n"
+)
 
 
 def zero_inside(path: Path) -> None:
     """4 KiB of zeros inside the archive (past its first entry's header, before the directory at the end)."""
     data = bytearray(path.read_bytes())
     middle = len(data) // 2
-    data[middle:middle + 4096] = bytes(4096)
+    data[middle : middle + 4096] = bytes(4096)
     path.write_bytes(bytes(data))
 
 
@@ -135,28 +164,38 @@ CASES: dict[str, tuple[Callable, str]] = {
     "train/missing text column": (lambda w: train(w, source(w, "notext.csv", "body\na\nb\n")), "data.text_column"),
     "train/label column of the wrong type": (
         lambda w: train(w, "task=classify", "data.tokenizer.kind=byte", source(w, "labels.csv", STRING_LABELS)),
-        "data.label_column"),
+        "data.label_column",
+    ),
     "train/resume truncated checkpoint": (
-        lambda w: train(w, f"run_dir={resumable(w, 'r_trunc', truncate)}", "resume=true"), "truncated"),
+        lambda w: train(w, f"run_dir={resumable(w, 'r_trunc', truncate)}", "resume=true"),
+        "truncated",
+    ),
     "train/resume another architecture": (
         lambda w: train(w, f"run_dir={resumable(w, 'r_arch')}", "resume=true", "model.d_model=64"),
-        "another architecture (model.d_model=32 there, 64 here"),
+        "another architecture (model.d_model=32 there, 64 here",
+    ),
     "train/resume checkpoint that runs code": (
-        lambda w: train(w, f"run_dir={resumable(w, 'r_code', lambda c: shutil.copy(w.files / 'runs_code.ckpt', c))}",
-                        "resume=true"), "holds objects that could run code when loaded (posix.system); refused"),
+        lambda w: train(
+            w, f"run_dir={resumable(w, 'r_code', lambda c: shutil.copy(w.files / 'runs_code.ckpt', c))}", "resume=true"
+        ),
+        "holds objects that could run code when loaded (posix.system); refused",
+    ),
     "train/run_dir holds a run": (lambda w: train(w, f"run_dir={w.trained}"), "already holds a run"),
     # not valid YAML, or a shape the loader cannot take
     "train/override not valid yaml": (lambda w: train(w, "model.attention.k=[1,2"), "model.attention.k: value '[1,2'"),
     "train/override a bad key": (lambda w: train(w, "model..k=3"), "the key must be dotted names"),
-    "train/defaults not a list of names": (lambda w: ["train", str(w.write("d5.yaml", "defaults: 5\n"))],
-                                           "defaults: must be a file name or a list of file names"),
+    "train/defaults not a list of names": (
+        lambda w: ["train", str(w.write("d5.yaml", "defaults: 5\n"))],
+        "defaults: must be a file name or a list of file names",
+    ),
     "train/nul byte in a name": (lambda w: train(w, "experiment=a\x00b"), "experiment"),
     "train/control character in a path": (lambda w: train(w, 'output_dir="runs\\nx"'), "output_dir"),
     "train/run_dir is a file": (lambda w: train(w, f"run_dir={w.write('a_file.txt', 'x')}"), "is a file, not a folder"),
     "train/max_len past any allocation": (lambda w: train(w, "model.max_len=100000000"), "model.max_len"),
     "train/model larger than the machine": (
         lambda w: train(w, "model.d_model=65536", "model.d_ff=262144", "model.n_heads=1", "model.n_layers=64"),
-        "more than this machine's"),
+        "more than this machine's",
+    ),
     # values Lightning, torch or Optuna would refuse only after the run directory exists
     "train/val_check_interval 0": (lambda w: train(w, "trainer.val_check_interval=0"), "trainer.val_check_interval"),
     "train/limit_val_batches -1": (lambda w: train(w, "trainer.limit_val_batches=-1"), "trainer.limit_val_batches"),
@@ -178,53 +217,99 @@ CASES: dict[str, tuple[Callable, str]] = {
     "train/experiment absolute": (lambda w: train(w, f"experiment={w.root / 'elsewhere'}"), "not absolute"),
     # resource exhaustion
     "train/yaml alias bomb": (lambda w: ["train", str(w.write("bomb.yaml", ALIAS_BOMB))], "expands to more than"),
-    "train/override alias bomb": (lambda w: train(w, "model.attention.options=" + ALIAS_BOMB_FLOW),
-                                  "expands to more than"),
-    "train/yaml file too large": (lambda w: ["train", str(w.write("big.yaml", "# " + "x" * (1 << 20) + "\n"))],
-                                  "more than the"),
+    "train/override alias bomb": (
+        lambda w: train(w, "model.attention.options=" + ALIAS_BOMB_FLOW),
+        "expands to more than",
+    ),
+    "train/yaml file too large": (
+        lambda w: ["train", str(w.write("big.yaml", "# " + "x" * (1 << 20) + "\n"))],
+        "more than the",
+    ),
     # silent corruption
     "train/resume zeroed checkpoint": (
-        lambda w: train(w, f"run_dir={resumable(w, 'r_zero', zero_inside)}", "resume=true"), "damaged"),
+        lambda w: train(w, f"run_dir={resumable(w, 'r_zero', zero_inside)}", "resume=true"),
+        "damaged",
+    ),
     # ----------------------------------------------------------------------------------------- sweep
     "sweep/missing study": (lambda w: ["sweep", str(w.files / "none.yaml")], "not found"),
     "sweep/malformed yaml": (lambda w: ["sweep", str(w.write("s_bad.yaml", "study: [x\n"))], "malformed YAML"),
-    "sweep/unknown key": (lambda w: ["sweep", str(w.study("s_key.yaml", samplerr={"kind": "grid"}))],
-                          "samplerr: unknown key (allowed here: study, base,"),
-    "sweep/wrong type": (lambda w: ["sweep", str(w.study("s_type.yaml", budget={"n_trials": "many"}))],
-                         "budget.n_trials"),
+    "sweep/unknown key": (
+        lambda w: ["sweep", str(w.study("s_key.yaml", samplerr={"kind": "grid"}))],
+        "samplerr: unknown key (allowed here: study, base,",
+    ),
+    "sweep/wrong type": (
+        lambda w: ["sweep", str(w.study("s_type.yaml", budget={"n_trials": "many"}))],
+        "budget.n_trials",
+    ),
     "sweep/out of range": (lambda w: ["sweep", str(w.study("s_ok.yaml")), "--workers", "0"], "--workers"),
     "sweep/timeout nan": (lambda w: ["sweep", str(w.study("s_ok.yaml")), "--timeout-s", "nan"], "--timeout-s"),
-    "sweep/timeout nan in the file": (lambda w: ["sweep", str(w.study("s_nan.yaml", budget={"timeout_s": "nan"}))],
-                                      "budget.timeout_s"),
-    "sweep/workers past any machine": (lambda w: ["sweep", str(w.study("s_ok.yaml")), "--workers", "100000"],
-                                       "--workers"),
+    "sweep/timeout nan in the file": (
+        lambda w: ["sweep", str(w.study("s_nan.yaml", budget={"timeout_s": "nan"}))],
+        "budget.timeout_s",
+    ),
+    "sweep/workers past any machine": (
+        lambda w: ["sweep", str(w.study("s_ok.yaml")), "--workers", "100000"],
+        "--workers",
+    ),
     "sweep/alias bomb": (lambda w: ["sweep", str(w.write("s_bomb.yaml", ALIAS_BOMB))], "expands to more than"),
-    "sweep/contradictory": (lambda w: ["sweep", str(w.study(
-        "s_prune.yaml", sampler={"kind": "tpe"}, pruner={"kind": "median"},
-        objective=[{"metric": "val/loss", "direction": "minimize"},
-                   {"metric": "tokens_per_sec", "direction": "maximize"}]))], "pruner"),
-    "sweep/bad run config": (lambda w: ["sweep", str(w.study("s_run.yaml", overrides={"model.dropout": 2.0}))],
-                             "model.dropout"),
-    "sweep/unreachable storage": (lambda w: ["sweep", str(w.study("s_ok.yaml")), "--storage",
-                                             f"postgresql+psycopg2://lab:{PASSWORD}@127.0.0.1:9/optuna"],
-                                  "--storage postgresql+psycopg2://lab:***@127.0.0.1:9/optuna: cannot open"),
-    "sweep/sqlite with workers": (lambda w: ["sweep", str(w.study("s_ok.yaml")), "--workers", "2", "--storage",
-                                             f"sqlite:///{w.files / 'x.db'}"], "SQLite cannot take parallel workers"),
+    "sweep/contradictory": (
+        lambda w: [
+            "sweep",
+            str(
+                w.study(
+                    "s_prune.yaml",
+                    sampler={"kind": "tpe"},
+                    pruner={"kind": "median"},
+                    objective=[
+                        {"metric": "val/loss", "direction": "minimize"},
+                        {"metric": "tokens_per_sec", "direction": "maximize"},
+                    ],
+                )
+            ),
+        ],
+        "pruner",
+    ),
+    "sweep/bad run config": (
+        lambda w: ["sweep", str(w.study("s_run.yaml", overrides={"model.dropout": 2.0}))],
+        "model.dropout",
+    ),
+    "sweep/unreachable storage": (
+        lambda w: [
+            "sweep",
+            str(w.study("s_ok.yaml")),
+            "--storage",
+            f"postgresql+psycopg2://lab:{PASSWORD}@127.0.0.1:9/optuna",
+        ],
+        "--storage postgresql+psycopg2://lab:***@127.0.0.1:9/optuna: cannot open",
+    ),
+    "sweep/sqlite with workers": (
+        lambda w: ["sweep", str(w.study("s_ok.yaml")), "--workers", "2", "--storage", f"sqlite:///{w.files / 'x.db'}"],
+        "SQLite cannot take parallel workers",
+    ),
     # ----------------------------------------------------------------------------------------- report
     "report/missing study": (lambda w: ["report", str(w.files / "none.yaml")], "not found"),
     "report/never run": (lambda w: ["report", str(w.study("s_ok.yaml"))], "no study journal here"),
-    "report/unreachable storage": (lambda w: ["report", str(w.study("s_ok.yaml")), "--storage",
-                                              f"postgresql+psycopg2://lab:{PASSWORD}@127.0.0.1:9/optuna"],
-                                   "lab:***@127.0.0.1:9/optuna"),
+    "report/unreachable storage": (
+        lambda w: [
+            "report",
+            str(w.study("s_ok.yaml")),
+            "--storage",
+            f"postgresql+psycopg2://lab:{PASSWORD}@127.0.0.1:9/optuna",
+        ],
+        "lab:***@127.0.0.1:9/optuna",
+    ),
     # ----------------------------------------------------------------------------------------- analyze
     "analyze/missing run": (lambda w: ["analyze", str(w.files / "none")], "no such run directory"),
     "analyze/truncated checkpoint": (lambda w: ["analyze", str(w.files / "truncated.ckpt")], "truncated"),
-    "analyze/not a checkpoint": (lambda w: ["analyze", str(w.write("notes.ckpt", "just text\n"))],
-                                 "not a PyTorch checkpoint"),
-    "analyze/checkpoint that runs code": (lambda w: ["analyze", str(w.files / "runs_code.ckpt")],
-                                          "could run code"),
-    "analyze/another architecture": (lambda w: ["analyze", str(w.files / "foreign.ckpt")],
-                                     "another architecture (tensor encoder.blocks.0.ffn.0.bias has shape (64,) there"),
+    "analyze/not a checkpoint": (
+        lambda w: ["analyze", str(w.write("notes.ckpt", "just text\n"))],
+        "not a PyTorch checkpoint",
+    ),
+    "analyze/checkpoint that runs code": (lambda w: ["analyze", str(w.files / "runs_code.ckpt")], "could run code"),
+    "analyze/another architecture": (
+        lambda w: ["analyze", str(w.files / "foreign.ckpt")],
+        "another architecture (tensor encoder.blocks.0.ffn.0.bias has shape (64,) there",
+    ),
     "analyze/wrong type": (lambda w: ["analyze", str(w.trained), "--samples", "many"], "--samples"),
     "analyze/out of range": (lambda w: ["analyze", str(w.trained), "--energy", "1.5"], "--energy"),
     "analyze/zeroed checkpoint": (lambda w: ["analyze", str(w.files / "zeroed.ckpt")], "damaged"),
@@ -237,10 +322,14 @@ CASES: dict[str, tuple[Callable, str]] = {
     "bench/nan min time": (lambda w: ["bench", "--min-time", "nan"], "--min-time"),
     "bench/out is a file": (lambda w: ["bench", "--out", str(w.write("bench_file.txt", "x"))], "is a file"),
     # ----------------------------------------------------------------------------------------- pipeline
-    "pipeline/malformed yaml": (lambda w: ["pipeline", str(w.write("p_bad.yaml", "pretrain: {config: x\n"))],
-                                "malformed YAML"),
-    "pipeline/unknown key": (lambda w: ["pipeline", str(w.write("p_key.yaml", "pretrainn: {}\n"))],
-                             "pretrainn: unknown key (allowed here: "),
+    "pipeline/malformed yaml": (
+        lambda w: ["pipeline", str(w.write("p_bad.yaml", "pretrain: {config: x\n"))],
+        "malformed YAML",
+    ),
+    "pipeline/unknown key": (
+        lambda w: ["pipeline", str(w.write("p_key.yaml", "pretrainn: {}\n"))],
+        "pretrainn: unknown key (allowed here: ",
+    ),
     "pipeline/missing parts": (lambda w: ["pipeline", str(w.write("p_empty.yaml", "variants: {}\n"))], "required"),
     # ----------------------------------------------------------------------------------------- time-to-target
     "time-to-target/wrong type": (lambda w: ["time-to-target", str(w.trained), "--target", "low"], "--target"),
@@ -248,8 +337,10 @@ CASES: dict[str, tuple[Callable, str]] = {
     "time-to-target/nan target": (lambda w: ["time-to-target", str(w.trained), "--target", "nan"], "--target"),
     "time-to-target/inf target": (lambda w: ["time-to-target", str(w.trained), "--target", "inf"], "--target"),
     # ----------------------------------------------------------------------------------------- pipeline variants
-    "pipeline/override not valid yaml": (lambda w: ["pipeline", str(w.write("p_ovr.yaml", PIPELINE_BAD_OVERRIDE))],
-                                         "malformed YAML"),
+    "pipeline/override not valid yaml": (
+        lambda w: ["pipeline", str(w.write("p_ovr.yaml", PIPELINE_BAD_OVERRIDE))],
+        "malformed YAML",
+    ),
     # ----------------------------------------------------------------------------------------- the command line
     "cli/unknown command": (lambda w: ["serve"], "invalid choice"),
     "cli/missing argument": (lambda w: ["train"], "required"),
@@ -280,31 +371,52 @@ def test_bad_input_gets_one_line_exit_2_and_writes_nothing(world, case, capsys, 
 
 
 def test_a_real_process_prints_one_line_and_no_traceback(world):
-    done = subprocess.run([sys.executable, "-m", "experiments.cli", "train", str(CONFIG), *world.tiny,
-                           f"run_dir={resumable(world, 'r_trunc', truncate)}", "resume=true"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.cli",
+            "train",
+            str(CONFIG),
+            *world.tiny,
+            f"run_dir={resumable(world, 'r_trunc', truncate)}",
+            "resume=true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ") or "Traceback" in line]
     assert len(errors) == 1 and "truncated" in errors[0], done.stderr[-2000:]
 
 
 # --------------------------------------------------------------------------------------- security
-@pytest.mark.parametrize("text, masked", [
-    ("postgresql+psycopg2://lab:s3cr%40t@db.example:5432/optuna", "postgresql+psycopg2://lab:***@db.example:5432/optuna"),
-    ("postgresql://lab:p@ss@host/db", "postgresql://lab:***@host/db"),  # a raw "@" in the password
-    ("mysql://lab:pw@host/db?charset=utf8&password=pw2", "mysql://lab:***@host/db?charset=utf8&password=***"),
-    ("redis://:pw@host:6379/0", "redis://:***@host:6379/0"),
-    ("cannot open 'postgresql:/lab:pw@host/db'", "cannot open 'postgresql:/lab:***@host/db'"),  # one slash
-    ("postgresql://lab@host/db", "postgresql://lab@host/db"),  # no password: unchanged
-    ("runs/study_cpu/journal.log", "runs/study_cpu/journal.log"),
-    ("model.attention.k: must be in [1, 32], got x:y@z", "model.attention.k: must be in [1, 32], got x:y@z"),
-])
+@pytest.mark.parametrize(
+    "text, masked",
+    [
+        (
+            "postgresql+psycopg2://lab:s3cr%40t@db.example:5432/optuna",
+            "postgresql+psycopg2://lab:***@db.example:5432/optuna",
+        ),
+        ("postgresql://lab:p@ss@host/db", "postgresql://lab:***@host/db"),  # a raw "@" in the password
+        ("mysql://lab:pw@host/db?charset=utf8&password=pw2", "mysql://lab:***@host/db?charset=utf8&password=***"),
+        ("redis://:pw@host:6379/0", "redis://:***@host:6379/0"),
+        ("cannot open 'postgresql:/lab:pw@host/db'", "cannot open 'postgresql:/lab:***@host/db'"),  # one slash
+        ("postgresql://lab@host/db", "postgresql://lab@host/db"),  # no password: unchanged
+        ("runs/study_cpu/journal.log", "runs/study_cpu/journal.log"),
+        ("model.attention.k: must be in [1, 32], got x:y@z", "model.attention.k: must be in [1, 32], got x:y@z"),
+    ],
+)
 def test_redact_masks_the_password_of_every_url_and_nothing_else(text, masked):
     assert redact(text) == masked
 
 
-SOURCES = [p for d in ("foundation", "training", "experiments", "lightning_modules", "datamodules", "sweeps")
-           for p in (REPO / d).rglob("*.py")]
+SOURCES = [
+    p
+    for d in ("foundation", "training", "experiments", "lightning_modules", "datamodules", "sweeps")
+    for p in (REPO / d).rglob("*.py")
+]
 
 
 def test_checkpoints_load_weights_only_and_yaml_loads_safely():

@@ -42,8 +42,18 @@ def attention(name, causal=False, **extra):
 
 def encoder(name, causal=False, seed=0, n_layers=2, **extra):
     torch.manual_seed(seed)
-    enc = TransformerEncoder({"max_len": N, "d_model": D, "n_heads": H, "n_layers": n_layers, "d_ff": 32,
-                              "dropout": 0.0, "attention": attention(name, causal, **extra)}, vocab_size=V)
+    enc = TransformerEncoder(
+        {
+            "max_len": N,
+            "d_model": D,
+            "n_heads": H,
+            "n_layers": n_layers,
+            "d_ff": 32,
+            "dropout": 0.0,
+            "attention": attention(name, causal, **extra),
+        },
+        vocab_size=V,
+    )
     with torch.no_grad():
         for param_name, p in enc.named_parameters():
             if param_name.endswith("bias"):
@@ -75,19 +85,19 @@ def test_output_shape_at_full_and_short_length(name):
 def test_appending_padding_never_changes_real_outputs(name, causal):
     enc = encoder(name, causal)
     ids = torch.randint(5, V, (2, 9))
-    padded = torch.cat([ids, torch.randint(5, V, (2, 5))], dim=1)       # arbitrary ids under the padding
+    padded = torch.cat([ids, torch.randint(5, V, (2, 5))], dim=1)  # arbitrary ids under the padding
     mask = torch.zeros(2, 14, dtype=torch.bool)
     mask[:, :9] = True
     with torch.no_grad():
         torch.testing.assert_close(enc(padded, mask)[:, :9], enc(ids), atol=1e-5, rtol=1e-5)
-        assert torch.isfinite(enc(padded, mask)).all()                   # nothing NaN at padded positions either
+        assert torch.isfinite(enc(padded, mask)).all()  # nothing NaN at padded positions either
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_gradients_reach_every_parameter_and_no_buffer(name):
     enc = encoder(name).train()
     out = enc(torch.randint(0, V, (2, N)))
-    (out * torch.randn_like(out)).sum().backward()   # a random readout: a LayerNorm's plain sum has zero gradient
+    (out * torch.randn_like(out)).sum().backward()  # a random readout: a LayerNorm's plain sum has zero gradient
     missing = [n for n, p in enc.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert missing == []
     assert all(not b.requires_grad and b.grad is None for b in enc.buffers())
@@ -144,9 +154,9 @@ def test_local_and_performer_decoding_states_have_a_fixed_size(name):
         return [{key: tuple(v.shape) for key, v in s.items() if torch.is_tensor(v)} for s in state["layers"]]
 
     before = shapes()
-    if name == "local":                                                  # a ring of w rows and the g globals
+    if name == "local":  # a ring of w rows and the g globals
         assert before[0]["ring_k"] == (2, H, 5, D // H) and before[0]["global_k"] == (2, H, 1, D // H)
-    else:                                                                # S (m × d_h) and z (m)
+    else:  # S (m × d_h) and z (m)
         assert before[0]["s"] == (2, H, 8, D // H) and before[0]["z"] == (2, H, 8)
     for _ in range(N):
         enc.decode_step(torch.randint(0, V, (2,)), state)
@@ -168,21 +178,39 @@ def test_attention_dropout_drops_probabilities_in_training_only(name):
     plain.load_state_dict(dropped.state_dict())
     x = torch.randn(2, N, D)
     with torch.no_grad():
-        assert not torch.allclose(dropped.train()(x), dropped.train()(x))   # a fresh mask each call
+        assert not torch.allclose(dropped.train()(x), dropped.train()(x))  # a fresh mask each call
         torch.testing.assert_close(dropped.eval()(x), plain.eval()(x))
 
 
 @pytest.mark.slow  # a Lightning run per kind
-@pytest.mark.parametrize("name,task", [("sparse_fixed", "mlm"), ("local", "clm"), ("lsh", "mlm"), ("lsh", "clm"),
-                                       ("performer", "clm"), ("nystrom", "mlm")])
+@pytest.mark.parametrize(
+    "name,task",
+    [
+        ("sparse_fixed", "mlm"),
+        ("local", "clm"),
+        ("lsh", "mlm"),
+        ("lsh", "clm"),
+        ("performer", "clm"),
+        ("nystrom", "mlm"),
+    ],
+)
 def test_every_kind_trains_two_steps_through_train(name, task, tiny_overrides):
     kind, options = CASES[name]
     chosen = [f"model.attention.options.{key}={value}" for key, value in options.items()]
     if kind == "performer":
         chosen.append("model.attention.options.redraw=every_step")
-    cfg = run_config.load(tiny_overrides.config, [*tiny_overrides.args, f"task={task}", f"model.attention.kind={kind}",
-                                                  f"model.attention.causal={task == 'clm'}", *chosen,
-                                                  "trainer.max_steps=2", "trainer.val_check_interval=2"])
+    cfg = run_config.load(
+        tiny_overrides.config,
+        [
+            *tiny_overrides.args,
+            f"task={task}",
+            f"model.attention.kind={kind}",
+            f"model.attention.causal={task == 'clm'}",
+            *chosen,
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=2",
+        ],
+    )
     metrics = train(cfg)
     assert metrics["global_step"] == 2 and math.isfinite(metrics["val/loss"])
 
@@ -217,17 +245,23 @@ def test_local_sees_exactly_window_positions_centred_and_shifted_inside_the_grid
     i = torch.arange(N)
     seen = local.visible(i[:, None], i[None, :])
     assert (seen.sum(1) == 4).all()
-    assert seen[0].nonzero().flatten().tolist() == [0, 1, 2, 3]              # shifted right at the start
-    assert seen[8].nonzero().flatten().tolist() == [6, 7, 8, 9]              # i − ⌊w/2⌋ … i + ⌈w/2⌉ − 1
-    assert seen[N - 1].nonzero().flatten().tolist() == [12, 13, 14, 15]      # shifted left at the end
+    assert seen[0].nonzero().flatten().tolist() == [0, 1, 2, 3]  # shifted right at the start
+    assert seen[8].nonzero().flatten().tolist() == [6, 7, 8, 9]  # i − ⌊w/2⌋ … i + ⌈w/2⌉ − 1
+    assert seen[N - 1].nonzero().flatten().tolist() == [12, 13, 14, 15]  # shifted left at the end
     causal = layer({"kind": "local", "causal": True, "options": {"window": 4, "n_global": 2}})
     assert causal.visible(torch.tensor(9), i).nonzero().flatten().tolist() == [0, 1, 6, 7, 8, 9]
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("options", [{"pattern": "fixed", "block": N}, {"pattern": "fixed", "block": 4, "summary": 4},
-                                     {"pattern": "strided", "block": 3, "stride": 1},
-                                     {"pattern": "strided", "block": N}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"pattern": "fixed", "block": N},
+        {"pattern": "fixed", "block": 4, "summary": 4},
+        {"pattern": "strided", "block": 3, "stride": 1},
+        {"pattern": "strided", "block": N},
+    ],
+)
 def test_sparse_pattern_covering_every_pair_is_full_attention(options, causal):
     full, sparse = _full_and({"kind": "sparse", "causal": causal, "options": options})
     x, mask = torch.randn(3, N, D), _padding_mask()
@@ -239,7 +273,7 @@ def test_sparse_pattern_covering_every_pair_is_full_attention(options, causal):
 def test_sparse_patterns_are_the_papers_sets():
     i = torch.arange(N)
     fixed = layer({"kind": "sparse", "causal": True, "options": {"pattern": "fixed", "block": 4, "summary": 1}})
-    assert fixed.visible(torch.tensor(10), i).nonzero().flatten().tolist() == [3, 7, 8, 9, 10]   # block 8-11, summaries
+    assert fixed.visible(torch.tensor(10), i).nonzero().flatten().tolist() == [3, 7, 8, 9, 10]  # block 8-11, summaries
     strided = layer({"kind": "sparse", "causal": True, "options": {"pattern": "strided", "block": 3, "stride": 4}})
     assert strided.visible(torch.tensor(10), i).nonzero().flatten().tolist() == [2, 6, 8, 9, 10]  # last 3, every 4th
     both_ways = layer({"kind": "sparse", "options": {"pattern": "strided", "block": 2, "stride": 5}})
@@ -301,12 +335,12 @@ def test_performer_error_against_full_attention_shrinks_as_features_grow(causal)
 
 def test_orthogonal_features_are_orthogonal_in_blocks_with_gaussian_norms():
     torch.manual_seed(0)
-    w = orthogonal_features(20, 8)                                       # blocks of 8, 8, 4 rows
+    w = orthogonal_features(20, 8)  # blocks of 8, 8, 4 rows
     for block in (w[:8], w[8:16], w[16:]):
         gram = block @ block.T
         torch.testing.assert_close(gram - torch.diag(gram.diagonal()), torch.zeros_like(gram), atol=1e-4, rtol=0)
     big = orthogonal_features(4000, 8)
-    assert abs(big.norm(dim=1).pow(2).mean().item() - 8) < 0.3            # E‖w‖² = d for w ~ N(0, I_d)
+    assert abs(big.norm(dim=1).pow(2).mean().item() - 8) < 0.3  # E‖w‖² = d for w ~ N(0, I_d)
 
 
 def test_nystrom_with_n_landmarks_is_full_attention_and_converges_with_iterations():
@@ -335,8 +369,9 @@ def test_performer_features_are_a_buffer_restored_not_redrawn(tmp_path):
     assert torch.equal(fresh.blocks[0].attn.features, saved.blocks[0].attn.features)
 
 
-@pytest.mark.parametrize("policy,every,redrawn_after", [("never", None, []), ("every_step", None, [1, 2, 3]),
-                                                        ("every_n_steps", 2, [2])])
+@pytest.mark.parametrize(
+    "policy,every,redrawn_after", [("never", None, []), ("every_step", None, [1, 2, 3]), ("every_n_steps", 2, [2])]
+)
 def test_performer_redraws_by_its_policy_in_training_only(policy, every, redrawn_after):
     extra = {"redraw": policy} if every is None else {"redraw": policy, "redraw_every": every}
     enc = encoder("performer", **extra)
@@ -346,7 +381,7 @@ def test_performer_redraws_by_its_policy_in_training_only(policy, every, redrawn
         for _ in range(3):
             before = attn.features.clone()
             enc.eval()(ids)
-            assert torch.equal(attn.features, before)                    # evaluation never redraws
+            assert torch.equal(attn.features, before)  # evaluation never redraws
         changed = []
         for step in range(4):
             before = attn.features.clone()
@@ -385,9 +420,9 @@ def _layer_flops(attention_cfg, n, mode, d=32, h=4, batch=2):
 @pytest.mark.parametrize("mode,per_pair", [("fwd", 4), ("fwdbwd", 14)])
 def test_local_flop_count_is_4_b_h_n_w_dh_and_full_attentions_at_w_ge_n(mode, per_pair):
     n, w, d, h, b = 64, 8, 32, 4, 2
-    projections = 8 * b * n * d * d * (1 if mode == "fwd" else 3)         # Q, K, V, O: forward, then 2× backward
+    projections = 8 * b * n * d * d * (1 if mode == "fwd" else 3)  # Q, K, V, O: forward, then 2× backward
     local = _layer_flops({"kind": "local", "options": {"window": w}}, n, mode)
-    assert local - projections == per_pair * b * h * n * w * (d // h)    # 4·B·h·n·w·d_h forward (+10 backward)
+    assert local - projections == per_pair * b * h * n * w * (d // h)  # 4·B·h·n·w·d_h forward (+10 backward)
     assert _layer_flops({"kind": "local", "options": {"window": n}}, n, mode) == _layer_flops({"kind": "full"}, n, mode)
 
 
@@ -415,50 +450,96 @@ def test_counting_flops_changes_no_output_and_no_gradient():
 def test_every_kind_counts_less_attention_work_than_full_at_a_budget_of_k():
     n, k = 64, 8
     full = _layer_flops({"kind": "full"}, n, "fwd")
-    for kind, options in (("local", {"window": k}), ("sparse", {"block": k}), ("lsh", {"bucket_size": k}),
-                          ("performer", {"n_features": k}), ("nystrom", {"n_landmarks": k})):
+    for kind, options in (
+        ("local", {"window": k}),
+        ("sparse", {"block": k}),
+        ("lsh", {"bucket_size": k}),
+        ("performer", {"n_features": k}),
+        ("nystrom", {"n_landmarks": k}),
+    ):
         assert 0 < _layer_flops({"kind": kind, "options": options}, n, "fwd") < full, kind
 
 
 # ----------------------------------------------------------------------------- config errors
-@pytest.mark.parametrize("overrides,message", [
-    (["model.attention.kind=lsh", "model.attention.options.n_landmarks=8"],
-     "model.attention.options.n_landmarks: not an option of kind 'lsh' (its options: n_hashes, bucket_size)"),
-    (["model.attention.kind=nystrom", "task=clm", "model.attention.causal=true"],
-     "model.attention.causal: kind 'nystrom' has no causal form (set causal=false or choose another kind)"),
-    (["model.attention.kind=local", "model.attention.options.window=129"],
-     "model.attention.options.window: 129 must be in [1, model.max_len=128] (window = max_len is full attention)"),
-    (["model.attention.kind=local", "model.attention.options.n_global=-1"],
-     "model.attention.options.n_global: -1 must be in [0, model.max_len=128]"),
-    (["model.attention.kind=local", "model.attention.options.engine=fast"],
-     "model.attention.options.engine: Invalid value 'fast', expected one of ['auto', 'dense', 'flex', 'compiled']"),
-    (["model.attention.kind=sparse", "model.attention.options.block=0"],
-     "model.attention.options.block: 0 must be in [1, model.max_len=128] (block = max_len is full attention)"),
-    (["model.attention.kind=sparse", "model.attention.options.stride=4"],
-     "model.attention.options.stride: 4 applies to pattern 'strided' only (pattern 'fixed' uses block and summary)"),
-    (["model.attention.kind=sparse", "model.attention.options.pattern=strided", "model.attention.options.summary=2"],
-     "model.attention.options.summary: 2 applies to pattern 'fixed' only (pattern 'strided' uses block and stride)"),
-    (["model.attention.kind=sparse", "model.attention.options.block=8", "model.attention.options.summary=9"],
-     "model.attention.options.summary: 9 must be in [1, block=8]"),
-    (["model.attention.kind=lsh", "model.attention.options.bucket_size=0"],
-     "model.attention.options.bucket_size: 0 must be in [1, model.max_len=128] (bucket_size = max_len is one bucket)"),
-    (["model.attention.kind=lsh", "model.attention.options.n_hashes=0"],
-     "model.attention.options.n_hashes: must be an integer in [1, 64], got 0"),
-    (["model.attention.kind=performer", "model.attention.options.n_features=0"],
-     "model.attention.options.n_features: must be an integer in [1, 65536], got 0"),
-    (["model.attention.kind=performer", "model.attention.options.redraw=every_n_steps"],
-     "model.attention.options.redraw_every: redraw=every_n_steps needs an integer >= 1, got None"),
-    (["model.attention.kind=performer", "model.attention.options.redraw_every=10"],
-     "model.attention.options.redraw_every: 10 applies to redraw=every_n_steps only (redraw is 'never')"),
-    (["model.attention.kind=performer", "model.attention.dropout=0.1"],
-     "model.attention.dropout: 0.1 not allowed for kind 'performer' (FAVOR+ forms no attention probabilities to "
-     "drop); set 0 (model.dropout still applies)"),
-    (["model.attention.kind=nystrom", "model.attention.options.n_landmarks=129"],
-     "model.attention.options.n_landmarks: 129 must be in [1, model.max_len=128] (n_landmarks = max_len is full "
-     "attention)"),
-    (["model.attention.kind=nystrom", "model.attention.options.pinv_iterations=0"],
-     "model.attention.options.pinv_iterations: must be an integer in [1, 1000], got 0"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["model.attention.kind=lsh", "model.attention.options.n_landmarks=8"],
+            "model.attention.options.n_landmarks: not an option of kind 'lsh' (its options: n_hashes, bucket_size)",
+        ),
+        (
+            ["model.attention.kind=nystrom", "task=clm", "model.attention.causal=true"],
+            "model.attention.causal: kind 'nystrom' has no causal form (set causal=false or choose another kind)",
+        ),
+        (
+            ["model.attention.kind=local", "model.attention.options.window=129"],
+            "model.attention.options.window: 129 must be in [1, model.max_len=128] (window = max_len is full attention)",
+        ),
+        (
+            ["model.attention.kind=local", "model.attention.options.n_global=-1"],
+            "model.attention.options.n_global: -1 must be in [0, model.max_len=128]",
+        ),
+        (
+            ["model.attention.kind=local", "model.attention.options.engine=fast"],
+            "model.attention.options.engine: Invalid value 'fast', expected one of ['auto', 'dense', 'flex', 'compiled']",
+        ),
+        (
+            ["model.attention.kind=sparse", "model.attention.options.block=0"],
+            "model.attention.options.block: 0 must be in [1, model.max_len=128] (block = max_len is full attention)",
+        ),
+        (
+            ["model.attention.kind=sparse", "model.attention.options.stride=4"],
+            "model.attention.options.stride: 4 applies to pattern 'strided' only (pattern 'fixed' uses block and summary)",
+        ),
+        (
+            [
+                "model.attention.kind=sparse",
+                "model.attention.options.pattern=strided",
+                "model.attention.options.summary=2",
+            ],
+            "model.attention.options.summary: 2 applies to pattern 'fixed' only (pattern 'strided' uses block and stride)",
+        ),
+        (
+            ["model.attention.kind=sparse", "model.attention.options.block=8", "model.attention.options.summary=9"],
+            "model.attention.options.summary: 9 must be in [1, block=8]",
+        ),
+        (
+            ["model.attention.kind=lsh", "model.attention.options.bucket_size=0"],
+            "model.attention.options.bucket_size: 0 must be in [1, model.max_len=128] (bucket_size = max_len is one bucket)",
+        ),
+        (
+            ["model.attention.kind=lsh", "model.attention.options.n_hashes=0"],
+            "model.attention.options.n_hashes: must be an integer in [1, 64], got 0",
+        ),
+        (
+            ["model.attention.kind=performer", "model.attention.options.n_features=0"],
+            "model.attention.options.n_features: must be an integer in [1, 65536], got 0",
+        ),
+        (
+            ["model.attention.kind=performer", "model.attention.options.redraw=every_n_steps"],
+            "model.attention.options.redraw_every: redraw=every_n_steps needs an integer >= 1, got None",
+        ),
+        (
+            ["model.attention.kind=performer", "model.attention.options.redraw_every=10"],
+            "model.attention.options.redraw_every: 10 applies to redraw=every_n_steps only (redraw is 'never')",
+        ),
+        (
+            ["model.attention.kind=performer", "model.attention.dropout=0.1"],
+            "model.attention.dropout: 0.1 not allowed for kind 'performer' (FAVOR+ forms no attention probabilities to "
+            "drop); set 0 (model.dropout still applies)",
+        ),
+        (
+            ["model.attention.kind=nystrom", "model.attention.options.n_landmarks=129"],
+            "model.attention.options.n_landmarks: 129 must be in [1, model.max_len=128] (n_landmarks = max_len is full "
+            "attention)",
+        ),
+        (
+            ["model.attention.kind=nystrom", "model.attention.options.pinv_iterations=0"],
+            "model.attention.options.pinv_iterations: must be an integer in [1, 1000], got 0",
+        ),
+    ],
+)
 def test_wrong_options_fail_at_config_time_with_one_line(overrides, message):
     with pytest.raises(ConfigError) as err:
         run_config.load(run_config.CONFIG_DIR / "base.yaml", overrides)
@@ -466,12 +547,17 @@ def test_wrong_options_fail_at_config_time_with_one_line(overrides, message):
 
 
 def test_an_option_of_another_kind_exits_2_through_the_cli(capsys):
-    args = ["train", str(run_config.CONFIG_DIR / "base.yaml"), "model.attention.kind=lsh",
-            "model.attention.options.n_landmarks=8"]
+    args = [
+        "train",
+        str(run_config.CONFIG_DIR / "base.yaml"),
+        "model.attention.kind=lsh",
+        "model.attention.options.n_landmarks=8",
+    ]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
-        "error: model.attention.options.n_landmarks: not an option of kind 'lsh' (its options: n_hashes, bucket_size)"]
+        "error: model.attention.options.n_landmarks: not an option of kind 'lsh' (its options: n_hashes, bucket_size)"
+    ]
 
 
 # ----------------------------------------------------------------------------- engines
@@ -494,8 +580,8 @@ def test_auto_engine_is_dense_on_cpu_and_for_a_cpu_backward():
     q = torch.randn(1, H, N, D // H, requires_grad=True)
     assert local.engine_for(q, 0.0) == "dense"
     flex = layer(attention("local", engine="flex"))
-    assert flex.engine_for(q, 0.0) == "dense"                            # torch has no CPU FlexAttention backward
-    assert flex.engine_for(q.detach(), 0.5) == "dense"                   # Flex applies no attention dropout
+    assert flex.engine_for(q, 0.0) == "dense"  # torch has no CPU FlexAttention backward
+    assert flex.engine_for(q.detach(), 0.5) == "dense"  # Flex applies no attention dropout
     assert flex.engine_for(q.detach(), 0.0) == "flex"
 
 
@@ -508,8 +594,7 @@ nystrom_lib = functools.partial(pytest.importorskip, "nystrom_attention")
 def _lsh_pair(n=32, bucket_size=4, n_hashes=2, causal=False, **library_options):
     """Our lsh layer and reformer-pytorch's LSHAttention drawing the same rotations (its draw is replayed)."""
     LSHAttention = reformer().LSHAttention
-    ours = layer({"kind": "lsh", "causal": causal, "options": {"bucket_size": bucket_size, "n_hashes": n_hashes}},
-                 n=n)
+    ours = layer({"kind": "lsh", "causal": causal, "options": {"bucket_size": bucket_size, "n_hashes": n_hashes}}, n=n)
     theirs = LSHAttention(bucket_size=bucket_size, n_hashes=n_hashes, causal=causal, **library_options).eval()
     torch.manual_seed(5)  # what its hash_vectors draws: randn(1, d_h, n_hashes, n_buckets / 2)
     drawn = torch.randn(1, D // H, n_hashes, ours.n_buckets // 2)

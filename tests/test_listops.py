@@ -22,8 +22,12 @@ CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 # ------------------------------------------------------------------------------- independent evaluator
 # Written from the task's definition (LRA, Tay et al. 2020), sharing no code with datamodules/listops.py:
 # a token-string parser with an explicit stack, and the standard library's median.
-SEMANTICS = {"[MAX": max, "[MIN": min, "[MED": lambda xs: math.floor(statistics.median(xs)),
-             "[SM": lambda xs: sum(xs) % 10}
+SEMANTICS = {
+    "[MAX": max,
+    "[MIN": min,
+    "[MED": lambda xs: math.floor(statistics.median(xs)),
+    "[SM": lambda xs: sum(xs) % 10,
+}
 
 
 def evaluate(expression: str) -> tuple[int, int, list[int]]:
@@ -49,13 +53,16 @@ def evaluate(expression: str) -> tuple[int, int, list[int]]:
     return value, depth, arities
 
 
-@pytest.mark.parametrize("expression, value", [
-    ("[MAX 4 3 [MIN 2 3 ] 1 0 [MED 1 5 8 9 2 ] ]", 5),   # LRA paper's example
-    ("[MED 1 2 3 4 ]", 2),                                # even count: mean of 2 and 3, rounded down
-    ("[MED 9 0 ]", 4),
-    ("[SM 9 9 [MAX 1 5 ] ]", 3),                          # (9 + 9 + 5) mod 10
-    ("[MIN [SM 5 5 ] 7 ]", 0),
-])
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        ("[MAX 4 3 [MIN 2 3 ] 1 0 [MED 1 5 8 9 2 ] ]", 5),  # LRA paper's example
+        ("[MED 1 2 3 4 ]", 2),  # even count: mean of 2 and 3, rounded down
+        ("[MED 9 0 ]", 4),
+        ("[SM 9 9 [MAX 1 5 ] ]", 3),  # (9 + 9 + 5) mod 10
+        ("[MIN [SM 5 5 ] 7 ]", 0),
+    ],
+)
 def test_the_evaluator_itself_follows_the_definition(expression, value):
     assert evaluate(expression)[0] == value
 
@@ -65,9 +72,14 @@ def cfg(**overrides):
     return OmegaConf.merge(OmegaConf.structured(ListOpsConfig), overrides)
 
 
-@pytest.mark.parametrize("shape", [dict(min_length=20, max_length=120, max_depth=4, max_args=5),
-                                   dict()],  # LRA's: 500-2,000 tokens, depth 10, 10 arguments
-                         ids=["small", "lra"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(min_length=20, max_length=120, max_depth=4, max_args=5),
+        dict(),
+    ],  # LRA's: 500-2,000 tokens, depth 10, 10 arguments
+    ids=["small", "lra"],
+)
 def test_generated_answers_match_an_independent_evaluator(shape):
     c = cfg(**shape)
     sequences, values = generate(300 if shape else 25, c, random.Random(7))
@@ -91,10 +103,23 @@ def test_generation_is_seeded_and_uses_the_whole_vocabulary():
 
 # ------------------------------------------------------------------------------- data module
 def data_cfg(tmp_path, **listops_cfg):
-    return OmegaConf.merge(OmegaConf.structured(DataConfig), {
-        "cache_dir": str(tmp_path), "batch_size": 4,
-        "listops": {"n_train": 40, "n_val": 12, "n_test": 12, "min_length": 10, "max_length": 60, "max_depth": 3,
-                    "max_args": 4, **listops_cfg}})
+    return OmegaConf.merge(
+        OmegaConf.structured(DataConfig),
+        {
+            "cache_dir": str(tmp_path),
+            "batch_size": 4,
+            "listops": {
+                "n_train": 40,
+                "n_val": 12,
+                "n_test": 12,
+                "min_length": 10,
+                "max_length": 60,
+                "max_depth": 3,
+                "max_args": 4,
+                **listops_cfg,
+            },
+        },
+    )
 
 
 def test_data_module_batches_splits_and_cache(tmp_path, monkeypatch):
@@ -122,12 +147,14 @@ def test_data_module_batches_splits_and_cache(tmp_path, monkeypatch):
     assert {decode(i) for i in other.datasets["train"].ids} != texts["train"]
 
 
-@pytest.mark.parametrize("override, message", [
-    ("data.listops.max_length=3000", "model.max_len: 2000 is shorter than data.listops.max_length=3000"),
-    ("data.listops.min_length=3",
-     "data.listops.min_length: must be in [4, data.listops.max_length=2000], got 3"),
-    ("data.listops.max_args=1", "data.listops.max_args: must be >= 2, got 1"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.listops.max_length=3000", "model.max_len: 2000 is shorter than data.listops.max_length=3000"),
+        ("data.listops.min_length=3", "data.listops.min_length: must be in [4, data.listops.max_length=2000], got 3"),
+        ("data.listops.max_args=1", "data.listops.max_args: must be >= 2, got 1"),
+    ],
+)
 def test_listops_config_errors_are_one_line(override, message):
     with pytest.raises(ConfigError) as err:
         load(CONFIGS / "listops.yaml", [override])
@@ -135,9 +162,18 @@ def test_listops_config_errors_are_one_line(override, message):
 
 
 def test_listops_trains_end_to_end_with_test_metrics(tiny_overrides, tmp_path):
-    args = [*tiny_overrides.args, "task=listops", "model.max_len=48", "data.listops.n_train=64",
-            "data.listops.n_val=16", "data.listops.n_test=16", "data.listops.min_length=8",
-            "data.listops.max_length=48", "data.listops.max_depth=3", "data.listops.max_args=4"]
+    args = [
+        *tiny_overrides.args,
+        "task=listops",
+        "model.max_len=48",
+        "data.listops.n_train=64",
+        "data.listops.n_val=16",
+        "data.listops.n_test=16",
+        "data.listops.min_length=8",
+        "data.listops.max_length=48",
+        "data.listops.max_depth=3",
+        "data.listops.max_args=4",
+    ]
     assert cli.main(["train", str(tiny_overrides.config), *args]) == 0
     run = tmp_path / "runs" / "tiny" / "version_0"
     metrics = json.loads((run / "metrics.json").read_text())

@@ -45,8 +45,17 @@ def decode(tokens: list[int], vocab_size: int) -> tuple[dict[int, int], list[int
 
 
 def _cfg(*overrides, max_len=48):
-    return run_config.load(None, ["task=recall", f"model.max_len={max_len}", "model.attention.kind=full",
-                         "data.mqar.n_train=64", "data.mqar.n_val=16", *overrides])
+    return run_config.load(
+        None,
+        [
+            "task=recall",
+            f"model.max_len={max_len}",
+            "model.attention.kind=full",
+            "data.mqar.n_train=64",
+            "data.mqar.n_val=16",
+            *overrides,
+        ],
+    )
 
 
 def _data(cfg, seed=0):
@@ -57,8 +66,11 @@ def _data(cfg, seed=0):
 
 @pytest.mark.parametrize("n_pairs, n_queries, vocab_size", [(8, None, 64), (12, 5, 30), (1, 1, 4)])
 def test_every_query_is_labelled_with_the_value_paired_with_its_key(n_pairs, n_queries, vocab_size):
-    cfg = _cfg(f"data.mqar.n_pairs={n_pairs}", f"data.mqar.n_queries={'null' if n_queries is None else n_queries}",
-               f"data.mqar.vocab_size={vocab_size}")
+    cfg = _cfg(
+        f"data.mqar.n_pairs={n_pairs}",
+        f"data.mqar.n_queries={'null' if n_queries is None else n_queries}",
+        f"data.mqar.vocab_size={vocab_size}",
+    )
     dm = _data(cfg)
     for dataset in (dm.train_set, dm.val_set):
         inputs, labels = dataset.tensors
@@ -84,7 +96,7 @@ def test_values_and_queried_pairs_cover_their_ranges_uniformly():
     dm = _data(_cfg("data.mqar.n_pairs=4", "data.mqar.vocab_size=8", "data.mqar.n_train=4000"))
     inputs, labels = dm.train_set.tensors
     targets = labels[labels != IGNORE]
-    counts = torch.bincount(targets, minlength=9)[5:]                   # the 4 values 5 … 8
+    counts = torch.bincount(targets, minlength=9)[5:]  # the 4 values 5 … 8
     assert counts.sum() == 4 * 4000 and (counts - 4000).abs().max() < 300  # ± ~5 standard deviations
     queried_pair = (inputs[:, 8:12, None] == inputs[:, None, 0:8:2]).float().argmax(-1)  # (N, Q): which pair
     assert torch.bincount(queried_pair.flatten(), minlength=4).min() > 3700
@@ -101,27 +113,30 @@ def test_training_set_is_fixed_by_the_seed_and_validation_set_by_nothing():
 
 
 def test_recall_trivial_baseline_is_a_uniform_guess_among_the_values():
-    dm = _data(_cfg("data.mqar.vocab_size=21", "data.mqar.n_pairs=4"))   # 10 keys, 11 values
+    dm = _data(_cfg("data.mqar.vocab_size=21", "data.mqar.n_pairs=4"))  # 10 keys, 11 values
     assert dm.trivial_baseline() == pytest.approx({"trivial_loss": math.log(11), "trivial_accuracy": 1 / 11})
 
 
-@pytest.mark.parametrize("override, key", [
-    ("data.mqar.n_pairs=33", "data.mqar.n_pairs"),                      # only 32 distinct keys in 64 tokens
-    ("data.mqar.n_queries=17", "data.mqar.n_queries"),                  # more queries than pairs
-    ("data.mqar.n_pairs=17", "model.max_len"),                          # 3 * 17 > 48
-    ("data.mqar.vocab_size=2", "data.mqar.vocab_size"),
-    ("data.mqar.n_train=0", "data.mqar.n_train"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("data.mqar.n_pairs=33", "data.mqar.n_pairs"),  # only 32 distinct keys in 64 tokens
+        ("data.mqar.n_queries=17", "data.mqar.n_queries"),  # more queries than pairs
+        ("data.mqar.n_pairs=17", "model.max_len"),  # 3 * 17 > 48
+        ("data.mqar.vocab_size=2", "data.mqar.vocab_size"),
+        ("data.mqar.n_train=0", "data.mqar.n_train"),
+    ],
+)
 def test_impossible_recall_settings_are_refused_naming_the_key(override, key):
     with pytest.raises(run_config.ConfigError, match=rf"^{key}: "):
         _cfg(override)
 
 
 def test_unigram_baseline_scores_validation_targets_under_smoothed_training_counts():
-    counts = torch.tensor([0, 3, 1])                                   # p = (c + 1) / 7 = [1, 4, 2] / 7
+    counts = torch.tensor([0, 3, 1])  # p = (c + 1) / 7 = [1, 4, 2] / 7
     got = unigram_baseline(counts, torch.tensor([1, 2, 2]))
     assert got["trivial_loss"] == pytest.approx(-(math.log(4 / 7) + 2 * math.log(2 / 7)) / 3)
-    assert got["trivial_accuracy"] == pytest.approx(1 / 3)             # the majority token 1 is right once
+    assert got["trivial_accuracy"] == pytest.approx(1 / 3)  # the majority token 1 is right once
 
 
 @pytest.mark.parametrize("cls", [CausalLMDataModule, MLMDataModule])
@@ -145,9 +160,18 @@ def test_language_model_trivial_baseline_is_the_training_unigram_cross_entropy(c
 
 
 def test_recall_run_writes_recall_accuracy_and_its_trivial_baseline(tiny_overrides, tmp_path):
-    args = ["train", str(tiny_overrides.config), *tiny_overrides.args, "task=recall", "data.mqar.n_pairs=8",
-            "data.mqar.vocab_size=16", "data.mqar.n_train=256", "data.mqar.n_val=32",
-            "model.attention.kind=linformer", "model.attention.causal=true"]  # as the CPU presets train
+    args = [
+        "train",
+        str(tiny_overrides.config),
+        *tiny_overrides.args,
+        "task=recall",
+        "data.mqar.n_pairs=8",
+        "data.mqar.vocab_size=16",
+        "data.mqar.n_train=256",
+        "data.mqar.n_val=32",
+        "model.attention.kind=linformer",
+        "model.attention.causal=true",
+    ]  # as the CPU presets train
     assert cli.main(args) == 0
     metrics = json.loads((tmp_path / "runs" / "tiny" / "version_0" / "metrics.json").read_text())
     assert metrics["trivial_loss"] == pytest.approx(math.log(8)) and metrics["trivial_accuracy"] == 0.125

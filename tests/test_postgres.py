@@ -38,9 +38,13 @@ def tiny_study(tiny_overrides, tmp_path):
 
     def write(name: str, seeds: int, **overrides) -> Path:
         base = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in tiny_overrides.args)}
-        study = {"study": name, "base": str(tiny_overrides.config), "overrides": {**base, **overrides},
-                 "space": {"seed": {"type": "categorical", "choices": list(range(seeds))}},
-                 "sampler": {"kind": "grid"}}
+        study = {
+            "study": name,
+            "base": str(tiny_overrides.config),
+            "overrides": {**base, **overrides},
+            "space": {"seed": {"type": "categorical", "choices": list(range(seeds))}},
+            "sampler": {"kind": "grid"},
+        }
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(study, sort_keys=False))
         return path
@@ -94,10 +98,13 @@ def running_with_heartbeat(url: str, name: str) -> int:
     engine = sqlalchemy.create_engine(url)
     try:
         with engine.connect() as db:
-            return db.execute(sqlalchemy.text(
-                "SELECT count(*) FROM trials t JOIN studies s ON s.study_id = t.study_id JOIN trial_heartbeats h "
-                "ON h.trial_id = t.trial_id WHERE s.study_name = :name AND t.state = 'RUNNING'"),
-                {"name": name}).scalar()
+            return db.execute(
+                sqlalchemy.text(
+                    "SELECT count(*) FROM trials t JOIN studies s ON s.study_id = t.study_id JOIN trial_heartbeats h "
+                    "ON h.trial_id = t.trial_id WHERE s.study_name = :name AND t.state = 'RUNNING'"
+                ),
+                {"name": name},
+            ).scalar()
     except sqlalchemy.exc.ProgrammingError:  # tables not created yet
         return 0
     finally:
@@ -113,11 +120,19 @@ def _workers(sweep_pid: int) -> list[int]:
 def test_a_sigkilled_worker_on_postgresql_is_found_stale_and_its_trial_retried(tiny_study, postgres_url, tmp_path):
     path = tiny_study("pg_kill", seeds=4, **{"trainer.max_steps": 30})
     # Heartbeat every second, stale after 4 s of silence (the defaults, 10 s and 60 s, suit real networks).
-    env = dict(os.environ, LINFORMER_LAB_HEARTBEAT_S="1", LINFORMER_LAB_HEARTBEAT_GRACE_S="4",
-               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "sweep", str(path), "--workers", "2",
-                             "--storage", postgres_url], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    env = dict(
+        os.environ,
+        LINFORMER_LAB_HEARTBEAT_S="1",
+        LINFORMER_LAB_HEARTBEAT_GRACE_S="4",
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.cli", "sweep", str(path), "--workers", "2", "--storage", postgres_url],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         # Both workers in a trial that has a heartbeat: Optuna never finds a trial stale that has none (a worker
         # killed between starting a trial and its first heartbeat leaves it RUNNING for good).

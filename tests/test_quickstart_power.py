@@ -17,14 +17,21 @@ TRIVIAL = {"val/accuracy": "trivial_accuracy", "val/loss": "trivial_loss"}
 def test_the_cpu_control_separates_from_full_attention_beyond_the_seed_spread(tmp_path, name):
     control = load_study(REPO_ROOT / "sweeps" / f"{name}.yaml", "cpu").control
     metric, direction = control.metrics[0], control.directions[0]
-    runs = {role: {seed: train(control.config({"control": role, "seed": seed},
-                                              {"run_dir": str(tmp_path / f"{role}_{seed}"), "experiment": role}))
-                   for seed in control.spec.space.seed.choices}
-            for role in ("reference", "degraded")}
+    runs = {
+        role: {
+            seed: train(
+                control.config(
+                    {"control": role, "seed": seed}, {"run_dir": str(tmp_path / f"{role}_{seed}"), "experiment": role}
+                )
+            )
+            for seed in control.spec.space.seed.choices
+        }
+        for role in ("reference", "degraded")
+    }
     values = {role: {seed: m[metric] for seed, m in by_seed.items()} for role, by_seed in runs.items()}
     trivial = {seed: m[TRIVIAL[metric]] for seed, m in runs["reference"].items()}
     assert power_check(values["reference"], values["degraded"], trivial, direction).has_power, (values, trivial)
-    sign = 1 if direction == "maximize" else -1                          # > 0: better
+    sign = 1 if direction == "maximize" else -1  # > 0: better
     gap = sign * compare(values["reference"], values["degraded"]).diff
     spread = max(summarize(list(v.values())).std for v in values.values())
     assert gap > 3 * spread, values

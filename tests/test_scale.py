@@ -27,10 +27,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 # --------------------------------------------------------------------------------------- training FLOPs
 def _tiny_mlm(layers: int = 2, d: int = 32, heads: int = 2, d_ff: int = 64, n: int = 16, vocab: int = 50):
-    cfg = run_config.load(REPO / "experiments" / "configs" / "base.yaml",
-                          [f"model.n_layers={layers}", f"model.d_model={d}", f"model.n_heads={heads}",
-                           f"model.d_ff={d_ff}", f"model.max_len={n}", "model.dropout=0.0",
-                           "model.attention.kind=full"])
+    cfg = run_config.load(
+        REPO / "experiments" / "configs" / "base.yaml",
+        [
+            f"model.n_layers={layers}",
+            f"model.d_model={d}",
+            f"model.n_heads={heads}",
+            f"model.d_ff={d_ff}",
+            f"model.max_len={n}",
+            "model.dropout=0.0",
+            "model.attention.kind=full",
+        ],
+    )
     return MaskedLMModule(run_config.to_container(cfg), vocab)
 
 
@@ -42,12 +50,14 @@ def test_one_training_step_counts_the_hand_computed_flops_of_a_tiny_transformer(
     module = _tiny_mlm(layers, d, 2, d_ff, n, vocab).train()
     input_ids = torch.randint(5, vocab, (batch, n), generator=torch.Generator().manual_seed(0))
     labels = torch.full_like(input_ids, -100)
-    labels[:, ::4] = input_ids[:, ::4]                                    # M = 3 · 4 masked positions
+    labels[:, ::4] = input_ids[:, ::4]  # M = 3 · 4 masked positions
     masked = int((labels != -100).sum())
     tokens = batch * n
-    expected = (6 * tokens * layers * (4 * d * d + 2 * d * d_ff)          # Q, K, V, O and the FFN
-                + layers * (4 + 10) * batch * n * n * d                   # QKᵀ and PV, forward and backward
-                + 6 * masked * (d * d + d * vocab))                       # the LM head
+    expected = (
+        6 * tokens * layers * (4 * d * d + 2 * d * d_ff)  # Q, K, V, O and the FFN
+        + layers * (4 + 10) * batch * n * n * d  # QKᵀ and PV, forward and backward
+        + 6 * masked * (d * d + d * vocab)
+    )  # the LM head
     flops = training_step_flops(module, lambda: module.training_loss({"input_ids": input_ids, "labels": labels}))
     assert flops == expected
     # ≈ 6·N·tokens for the non-embedding weights N = L·(4d² + 2·d·d_ff) when attention and the head are small
@@ -63,13 +73,13 @@ def test_counting_a_step_leaves_the_gradients_and_the_random_state_untouched():
     flops = training_step_flops(module, lambda: module.training_loss(batch))
     assert torch.equal(torch.get_rng_state(), state)
     assert all(p.grad is None for p in module.parameters())
-    direct, _ = count_flops(lambda: torch.autograd.grad(module.training_loss(batch),
-                                                       [p for p in module.parameters() if p.requires_grad]))
+    direct, _ = count_flops(
+        lambda: torch.autograd.grad(module.training_loss(batch), [p for p in module.parameters() if p.requires_grad])
+    )
     assert flops == direct
 
 
-def test_a_run_records_its_training_flops_and_trains_exactly_as_it_would_without_the_count(tiny_overrides,
-                                                                                         monkeypatch):
+def test_a_run_records_its_training_flops_and_trains_exactly_as_it_would_without_the_count(tiny_overrides, monkeypatch):
     cfg = run_config.load(tiny_overrides.config, tiny_overrides.args + ["model.dropout=0.1"])
     counted = train(cfg)
     assert counted["flops_per_batch"] > 0 and counted["train_flops"] == counted["flops_per_batch"] * 6
@@ -78,7 +88,7 @@ def test_a_run_records_its_training_flops_and_trains_exactly_as_it_would_without
     monkeypatch.setattr(TrainingFlops, "on_train_batch_start", lambda *args: None)
     plain = train(cfg)
     assert plain["train_flops"] is None
-    assert plain["val/loss"] == counted["val/loss"]                       # same dropout draws, same updates
+    assert plain["val/loss"] == counted["val/loss"]  # same dropout draws, same updates
 
 
 # --------------------------------------------------------------------------------------- the trend
@@ -87,8 +97,8 @@ def test_the_gap_trend_and_its_slope_interval_match_scipy_linregress():
 
     from sweeps import stats
 
-    x = [4.57, 4.57, 4.57, 5.01, 5.01, 5.01, 5.54, 5.54, 5.54]                 # log10 parameters, 3 seeds a rung
-    y = [0.021, 0.018, 0.030, 0.034, 0.029, 0.041, 0.052, 0.047, 0.060]        # gaps
+    x = [4.57, 4.57, 4.57, 5.01, 5.01, 5.01, 5.54, 5.54, 5.54]  # log10 parameters, 3 seeds a rung
+    y = [0.021, 0.018, 0.030, 0.034, 0.029, 0.041, 0.052, 0.047, 0.060]  # gaps
     t, ref = stats.trend(x, y), sp.linregress(x, y)
     assert (t.slope, t.intercept, t.slope_se) == pytest.approx((ref.slope, ref.intercept, ref.stderr), rel=1e-12)
     half = sp.t.ppf(0.975, len(x) - 2) * ref.stderr
@@ -100,9 +110,11 @@ def test_the_gap_trend_and_its_slope_interval_match_scipy_linregress():
 
 
 # --------------------------------------------------------------------------------------- the ladder field
-RUNGS = {"s1": {"model.n_layers": 1, "model.d_model": 16, "model.d_ff": 32, "model.attention.k": 4},
-         "s2": {"model.n_layers": 2, "model.d_model": 24, "model.d_ff": 48, "model.attention.k": 6},
-         "s3": {"model.n_layers": 2, "model.d_model": 32, "model.d_ff": 64, "model.attention.k": 8}}
+RUNGS = {
+    "s1": {"model.n_layers": 1, "model.d_model": 16, "model.d_ff": 32, "model.attention.k": 4},
+    "s2": {"model.n_layers": 2, "model.d_model": 24, "model.d_ff": 48, "model.attention.k": 6},
+    "s3": {"model.n_layers": 2, "model.d_model": 32, "model.d_ff": 64, "model.attention.k": 8},
+}
 LADDER_ARMS = {"full": {"model.attention.kind": "full"}, "linformer": {"model.attention.kind": "linformer"}}
 
 
@@ -110,9 +122,15 @@ def ladder_study(tmp_path: Path, tiny, name: str = "ladder", **changes) -> Path:
     """A 3-rung ladder (s1 < s2 < s3) × {full, linformer} × seeds 0, 1 over the tiny run config; ``changes``
     replace top-level keys of the study file."""
     base = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in tiny.args)}
-    study = {"study": name, "base": str(tiny.config), "overrides": base,
-             "space": {"seed": {"choices": [0, 1]}, "rung": {"choices": RUNGS}, "arm": {"choices": LADDER_ARMS}},
-             "arms": ["rung", "arm"], "ladder": {"rung": "rung", "reference": {"arm": "full"}}, **changes}
+    study = {
+        "study": name,
+        "base": str(tiny.config),
+        "overrides": base,
+        "space": {"seed": {"choices": [0, 1]}, "rung": {"choices": RUNGS}, "arm": {"choices": LADDER_ARMS}},
+        "arms": ["rung", "arm"],
+        "ladder": {"rung": "rung", "reference": {"arm": "full"}},
+        **changes,
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     return path
@@ -125,21 +143,37 @@ def test_a_ladder_study_names_its_rungs_and_compares_arms_only_within_a_rung(tmp
     assert study.arm_label({"seed": 0, "rung": "s2", "arm": "full"}, without=["rung"]) == "full"
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"ladder": {"rung": "size", "reference": {"arm": "full"}}}, "ladder.rung: 'size' is not a param of space"),
-    ({"ladder": {"rung": "seed", "reference": {"arm": "full"}}}, "ladder.rung: 'seed' must be one of arms"),
-    ({"ladder": {"rung": "rung"}}, "ladder.reference: give the reference arm's value of 'arm' (choices: full, "
-                                   "linformer)"),
-    ({"ladder": {"rung": "rung", "reference": {"arm": "fast"}}},
-     "ladder.reference.arm: 'fast' is not a choice of space.arm (choices: full, linformer)"),
-    ({"ladder": {"rung": "rung", "reference": {"arm": "full", "seed": 0}}},
-     "ladder.reference.seed: not an arm param beside the rung (arm params: arm)"),
-    ({"arms": ["rung"]}, "ladder: arms has no param beside the rung 'rung'"),
-    ({"space": {"seed": {"choices": [0, 1]}, "rung": {"choices": {"s2": RUNGS["s2"], "s1": RUNGS["s1"]}},
-                "arm": {"choices": LADDER_ARMS}}},
-     "ladder.rung: rungs must grow, smallest first: 's1' has 7,568 parameters, not more than 's2' before it (17,760)"),
-    ({"sampler": {"kind": "random"}, "budget": {"n_trials": 2}}, "ladder: a ladder is a grid"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"ladder": {"rung": "size", "reference": {"arm": "full"}}}, "ladder.rung: 'size' is not a param of space"),
+        ({"ladder": {"rung": "seed", "reference": {"arm": "full"}}}, "ladder.rung: 'seed' must be one of arms"),
+        (
+            {"ladder": {"rung": "rung"}},
+            "ladder.reference: give the reference arm's value of 'arm' (choices: full, linformer)",
+        ),
+        (
+            {"ladder": {"rung": "rung", "reference": {"arm": "fast"}}},
+            "ladder.reference.arm: 'fast' is not a choice of space.arm (choices: full, linformer)",
+        ),
+        (
+            {"ladder": {"rung": "rung", "reference": {"arm": "full", "seed": 0}}},
+            "ladder.reference.seed: not an arm param beside the rung (arm params: arm)",
+        ),
+        ({"arms": ["rung"]}, "ladder: arms has no param beside the rung 'rung'"),
+        (
+            {
+                "space": {
+                    "seed": {"choices": [0, 1]},
+                    "rung": {"choices": {"s2": RUNGS["s2"], "s1": RUNGS["s1"]}},
+                    "arm": {"choices": LADDER_ARMS},
+                }
+            },
+            "ladder.rung: rungs must grow, smallest first: 's1' has 7,568 parameters, not more than 's2' before it (17,760)",
+        ),
+        ({"sampler": {"kind": "random"}, "budget": {"n_trials": 2}}, "ladder: a ladder is a grid"),
+    ],
+)
 def test_a_bad_ladder_is_one_line_naming_the_key(tmp_path, tiny_overrides, changes, message):
     with pytest.raises(ConfigError) as err:
         load_study(ladder_study(tmp_path, tiny_overrides, **changes))
@@ -150,11 +184,18 @@ def test_a_bad_ladder_is_one_line_naming_the_key(tmp_path, tiny_overrides, chang
 def _add_trial(ostudy, seed: int, rung: str, arm: str, value: float, metrics: dict) -> None:
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
-    ostudy.add_trial(optuna.trial.create_trial(
-        params={"seed": seed, "rung": rung, "arm": arm},
-        distributions={"seed": IntDistribution(0, 1), "rung": CategoricalDistribution(list(RUNGS)),
-                       "arm": CategoricalDistribution(list(LADDER_ARMS))},
-        value=value, user_attrs={"metrics": {"val/loss": value, **metrics}}))
+    ostudy.add_trial(
+        optuna.trial.create_trial(
+            params={"seed": seed, "rung": rung, "arm": arm},
+            distributions={
+                "seed": IntDistribution(0, 1),
+                "rung": CategoricalDistribution(list(RUNGS)),
+                "arm": CategoricalDistribution(list(LADDER_ARMS)),
+            },
+            value=value,
+            user_attrs={"metrics": {"val/loss": value, **metrics}},
+        )
+    )
 
 
 def test_the_scale_report_gives_each_rungs_gap_its_verdict_and_the_trend_over_size(tmp_path, tiny_overrides):
@@ -179,14 +220,18 @@ def test_the_scale_report_gives_each_rungs_gap_its_verdict_and_the_trend_over_si
     t = stats.trend([4, 4, 5, 5, 6, 6], [0.012, 0.008, 0.022, 0.018, 0.032, 0.028])
     lo, hi = t.slope_ci()
     assert t.slope == pytest.approx(0.01)
-    assert lines[2] == ("**Answer:** linformer − full on val/loss: +0.01 at s1 (10k parameters; undecided), +0.02 at "
-                        "s2 (100k parameters; undecided), +0.03 at s3 (1M parameters; undecided); the gap changes by "
-                        f"+0.01 per tenfold parameters (95 % CI [{lo:+.3g}, {hi:+.3g}], least squares over 6 seeds' "
-                        "gaps): linformer loses ground to full as parameters grow.")
+    assert lines[2] == (
+        "**Answer:** linformer − full on val/loss: +0.01 at s1 (10k parameters; undecided), +0.02 at "
+        "s2 (100k parameters; undecided), +0.03 at s3 (1M parameters; undecided); the gap changes by "
+        f"+0.01 per tenfold parameters (95 % CI [{lo:+.3g}, {hi:+.3g}], least squares over 6 seeds' "
+        "gaps): linformer loses ground to full as parameters grow."
+    )
     # per rung and arm: parameters, FLOPs, tokens per parameter, the mean, the gap with its paired 95 % CI, verdict
     gap = stats.compare({0: 3.012, 1: 3.058}, {0: 3.0, 1: 3.05}).ci()
-    assert (f"| s1 | linformer | 10k | 6G | 100 | 3.03 ± 0.0325 (2) | +0.01 [{gap[0]:+.3g}, {gap[1]:+.3g}] | "
-            "undecided: 1 more seeds per arm would show 'better' |") in summary
+    assert (
+        f"| s1 | linformer | 10k | 6G | 100 | 3.03 ± 0.0325 (2) | +0.01 [{gap[0]:+.3g}, {gap[1]:+.3g}] | "
+        "undecided: 1 more seeds per arm would show 'better' |"
+    ) in summary
     assert "| s3 | full | 1M | 60T | 1 | 2.82 ± 0.0354 (2) | - | - |" in summary
     # FLOPs grow 100× a rung, parameters 10×: half the slope per tenfold compute
     assert "- linformer: +0.005 per tenfold training FLOPs (95 % CI" in summary
@@ -212,7 +257,7 @@ def test_a_tiny_ladder_swept_and_reported_end_to_end_writes_the_gap_rank_and_tim
     assert summary.splitlines()[2].startswith("**Answer:** linformer − full on val/loss: ")
     assert "## Scale: linformer against full across model sizes" in summary
     for rung in RUNGS:
-        assert f"| {rung} | linformer |" in summary                                    # gap and verdict per rung
+        assert f"| {rung} | linformer |" in summary  # gap and verdict per rung
     # the spectrum of full attention at every rung: 1, 2 and 2 layers at n = 32
     table = summary.split("### Spectrum across sizes")[1].split("\n\n")[2].splitlines()[2:]
     cells = [row.strip("| ").split(" | ") for row in table]
@@ -268,8 +313,9 @@ def test_the_largest_rung_trains_one_step_at_a_sixteenth_of_its_width(gpu_preset
     dimension 4): one AdamW step of masked LM on CPU, which every shape rule of the full-size model passes."""
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.to_container(gpu_presets["gpu_large"].config({"seed": 0, "rung": "24x1024", "arm": arm}),
-                                 resolve=True)
+    cfg = OmegaConf.to_container(
+        gpu_presets["gpu_large"].config({"seed": 0, "rung": "24x1024", "arm": arm}), resolve=True
+    )
     cfg["model"].update(d_model=cfg["model"]["d_model"] // 16, d_ff=cfg["model"]["d_ff"] // 16)
     module = MaskedLMModule(cfg, vocab_size=cfg["data"]["tokenizer"]["vocab_size"]).train()
     optimizer = module.configure_optimizers()["optimizer"]

@@ -44,7 +44,7 @@ def test_same_seeds_are_paired_and_the_interval_is_the_paired_t():
 def test_arms_with_different_seeds_are_compared_by_welch():
     c = stats.compare({0: 1.0, 1: 1.2}, {2: 2.0, 3: 2.1, 4: 1.9})
     va, vb = 0.02 / 2, 0.01 / 3  # s²/n of each arm
-    df = (va + vb) ** 2 / (va ** 2 / 1 + vb ** 2 / 2)
+    df = (va + vb) ** 2 / (va**2 / 1 + vb**2 / 2)
     assert c.test == "Welch t (2 vs 3)" and not c.paired and c.n == 2
     assert c.diff == pytest.approx(-0.9) and c.df == pytest.approx(df) and df == pytest.approx(1.68, abs=0.01)
     assert c.half_width == pytest.approx(sp.t.ppf(0.975, df) * math.sqrt(va + vb))
@@ -69,8 +69,10 @@ def test_a_known_equal_pair_is_on_par_with_enough_seeds_and_undecided_with_two()
     assert two.kind == stats.UNDECIDED and two.tost_p == pytest.approx(0.1211, abs=1e-4)
     # planned: parity at 5 seeds per arm (3 more); 'better' cannot be planned without a difference
     assert (two.seeds_on_par, two.seeds_better, two.more_seeds, two.deciding) == (5, None, 3, stats.ON_PAR)
-    assert two.text == ("undecided: 'better' cannot be planned: no difference observed; 'on par' needs 5 seeds per "
-                        "arm (3 more); at 80 % power")
+    assert two.text == (
+        "undecided: 'better' cannot be planned: no difference observed; 'on par' needs 5 seeds per "
+        "arm (3 more); at 80 % power"
+    )
 
 
 def test_a_known_different_pair_is_better_with_the_gain_and_its_interval():
@@ -157,8 +159,10 @@ def test_seeds_needed_grow_with_the_spread():
         assert all(x is not None for x in counts)
         assert counts == sorted(counts) and counts[0] < counts[-1]
     assert better[2:] == [10, 20, 34, 73]
-    welch = [stats.seeds_for_better(stats.compare({0: 0.0, 1: sd, 2: 2 * sd}, {3: 1.0, 4: 1 + sd, 5: 1 + 2 * sd}))
-             for sd in spreads]  # Welch, each arm's standard deviation sd
+    welch = [
+        stats.seeds_for_better(stats.compare({0: 0.0, 1: sd, 2: 2 * sd}, {3: 1.0, 4: 1 + sd, 5: 1 + 2 * sd}))
+        for sd in spreads
+    ]  # Welch, each arm's standard deviation sd
     assert all(x is not None for x in welch) and welch == sorted(welch) and welch[0] < welch[-1]
 
 
@@ -189,15 +193,17 @@ def test_success_rates_are_compared_by_boschloos_exact_test():
 
 # --------------------------------------------------------------------------------------- power check
 def test_a_control_that_separates_and_leaves_the_trivial_baseline_gives_the_study_power():
-    check = stats.power_check({0: 2.80, 1: 2.82, 2: 2.81}, {0: 3.08, 1: 3.09, 2: 3.10},
-                              {0: 3.09, 1: 3.09, 2: 3.09}, "minimize")
+    check = stats.power_check(
+        {0: 2.80, 1: 2.82, 2: 2.81}, {0: 3.08, 1: 3.09, 2: 3.10}, {0: 3.09, 1: 3.09, 2: 3.09}, "minimize"
+    )
     assert check.leaves_trivial and check.separates and check.has_power
     assert check.lines[1].startswith("The control separates: the reference is better than the degraded arm by 0.28 ± ")
 
 
 def test_a_control_within_the_seed_noise_says_the_study_has_no_power():
-    check = stats.power_check({0: 2.9, 1: 3.1, 2: 3.0}, {0: 3.0, 1: 3.0, 2: 3.05}, {0: 3.09, 1: 3.09, 2: 3.09},
-                              "minimize")
+    check = stats.power_check(
+        {0: 2.9, 1: 3.1, 2: 3.0}, {0: 3.0, 1: 3.0, 2: 3.05}, {0: 3.09, 1: 3.09, 2: 3.09}, "minimize"
+    )
     assert not check.separates and not check.has_power
     assert "does NOT separate" in check.lines[1]
     assert "no verdict below can be trusted; run the GPU preset" in check.lines[1]
@@ -205,15 +211,17 @@ def test_a_control_within_the_seed_noise_says_the_study_has_no_power():
 
 def test_a_reference_on_the_trivial_plateau_is_caught_even_when_the_control_separates():
     # both arms learn nothing useful, the degraded one diverges a little: a "separation" without learning
-    check = stats.power_check({0: 3.09, 1: 3.10, 2: 3.08}, {0: 3.5, 1: 3.6, 2: 3.55}, {0: 3.09, 1: 3.09, 2: 3.09},
-                              "minimize")
+    check = stats.power_check(
+        {0: 3.09, 1: 3.10, 2: 3.08}, {0: 3.5, 1: 3.6, 2: 3.55}, {0: 3.09, 1: 3.09, 2: 3.09}, "minimize"
+    )
     assert check.separates and not check.leaves_trivial and not check.has_power
     assert "does NOT leave the trivial baseline" in check.lines[0]
 
 
 def test_a_reversed_control_is_named_as_such_and_accuracy_is_maximised():
-    check = stats.power_check({0: 0.30, 1: 0.31, 2: 0.29}, {0: 0.90, 1: 0.95, 2: 0.92}, {0: 0.0625, 1: 0.0625,
-                                                                                         2: 0.0625}, "maximize")
+    check = stats.power_check(
+        {0: 0.30, 1: 0.31, 2: 0.29}, {0: 0.90, 1: 0.95, 2: 0.92}, {0: 0.0625, 1: 0.0625, 2: 0.0625}, "maximize"
+    )
     assert check.leaves_trivial and not check.separates and "REVERSED" in check.lines[1]
     check = stats.power_check({0: 1.0, 1: 0.99, 2: 1.0}, {0: 0.30, 1: 0.35, 2: 0.28}, {}, "maximize")
     assert check.has_power and check.lines[0].startswith("No trivial baseline")

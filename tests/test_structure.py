@@ -19,14 +19,20 @@ from training.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("foundation", "lightning_modules", "datamodules", "training", "sweeps", "experiments", "tests")
-PRIVATE_IMPORT = re.compile(r"^\s*(from|import)\s+(optuna|lightning|pytorch_lightning)[\w.]*\._\w*"
-                            r"|^\s*from\s+(optuna|lightning)[\w.]*\s+import\s+.*\b_[A-Za-z]", re.MULTILINE)
+PRIVATE_IMPORT = re.compile(
+    r"^\s*(from|import)\s+(optuna|lightning|pytorch_lightning)[\w.]*\._\w*"
+    r"|^\s*from\s+(optuna|lightning)[\w.]*\s+import\s+.*\b_[A-Za-z]",
+    re.MULTILINE,
+)
 
 
 def test_no_module_imports_a_private_optuna_or_lightning_module():
-    offenders = [f"{path.relative_to(ROOT)}: {m.group(0).strip()}"
-                 for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
-                 for m in PRIVATE_IMPORT.finditer(path.read_text())]
+    offenders = [
+        f"{path.relative_to(ROOT)}: {m.group(0).strip()}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for m in PRIVATE_IMPORT.finditer(path.read_text())
+    ]
     assert offenders == []
 
 
@@ -63,14 +69,16 @@ def dct_projection():
 
 
 def test_a_projection_kind_registered_in_a_test_trains_one_step_through_train(dct_projection, tiny_overrides):
-    cfg = run_config.load(tiny_overrides.config, [*tiny_overrides.args, "model.attention.projection=dct",
-                                                  "trainer.max_steps=1", "trainer.val_check_interval=1"])
+    cfg = run_config.load(
+        tiny_overrides.config,
+        [*tiny_overrides.args, "model.attention.projection=dct", "trainer.max_steps=1", "trainer.val_check_interval=1"],
+    )
     metrics = train(cfg)
     assert metrics["global_step"] == 1 and math.isfinite(metrics["val/loss"])
-    assert metrics["projection_parameters"] == 0                       # fixed: nothing to learn
+    assert metrics["projection_parameters"] == 0  # fixed: nothing to learn
     state = torch.load(Path(metrics["run_dir"]) / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     stored = [v for k, v in state.items() if k.startswith("encoder.bank.weight_")]
-    assert stored and all(torch.equal(w[0, 0], dct_rows(8, 32)) for w in stored)   # saved, never redrawn
+    assert stored and all(torch.equal(w[0, 0], dct_rows(8, 32)) for w in stored)  # saved, never redrawn
 
 
 def test_an_unregistered_projection_kind_is_one_config_line():
@@ -87,28 +95,33 @@ def mean_attention():
         has_causal_form = False
 
         def attend(self, x, q, mask, dropout_p):
-            _, v = self.keys_values(x)                                   # (B, h, T, d_h)
+            _, v = self.keys_values(x)  # (B, h, T, d_h)
             m = torch.ones(x.shape[:2], dtype=v.dtype) if mask is None else mask.to(v.dtype)
             weights = m[:, None, None, :] / m.sum(-1)[:, None, None, None]  # (B, 1, 1, T)
-            return (weights @ v).expand_as(q)                            # (B, h, T, d_h)
+            return (weights @ v).expand_as(q)  # (B, h, T, d_h)
 
     yield MeanAttention
     del ATTENTION_KINDS["mean"]
 
 
 def test_an_attention_kind_registered_in_a_test_trains_one_step_through_train(mean_attention, tiny_overrides):
-    cfg = run_config.load(tiny_overrides.config, [*tiny_overrides.args, "model.attention.kind=mean",
-                                                  "trainer.max_steps=1", "trainer.val_check_interval=1"])
+    cfg = run_config.load(
+        tiny_overrides.config,
+        [*tiny_overrides.args, "model.attention.kind=mean", "trainer.max_steps=1", "trainer.val_check_interval=1"],
+    )
     metrics = train(cfg)
     assert metrics["global_step"] == 1 and math.isfinite(metrics["val/loss"])
     with pytest.raises(ConfigError, match="^model.attention.causal: kind 'mean' has no causal form"):
-        run_config.load(tiny_overrides.config, [*tiny_overrides.args, "task=clm", "model.attention.kind=mean",
-                                                "model.attention.causal=true"])
+        run_config.load(
+            tiny_overrides.config,
+            [*tiny_overrides.args, "task=clm", "model.attention.kind=mean", "model.attention.causal=true"],
+        )
 
 
 def test_renamed_keys_still_work_for_one_release_with_a_warning(capsys):
-    cfg = run_config.load(run_config.CONFIG_DIR / "base.yaml",
-                          ["model.attention.project=k", "model.attention.path=projected"])
+    cfg = run_config.load(
+        run_config.CONFIG_DIR / "base.yaml", ["model.attention.project=k", "model.attention.path=projected"]
+    )
     assert (cfg.model.attention.compress, cfg.model.attention.order) == ("keys", "project_first")
     err = capsys.readouterr().err
     assert "model.attention.project is deprecated, use model.attention.compress" in err

@@ -30,8 +30,14 @@ ARMS = {"full": {"model.attention.kind": "full"}, "linformer": {"model.attention
 def write_study(tmp_path: Path, tiny, name: str, space: dict, overrides: dict = (), **keys) -> Path:
     """A study file over the tiny run config (the ``tiny`` fixture's settings)."""
     base = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in tiny.args)}
-    study = {"study": name, "base": str(tiny.config), "overrides": {**base, **dict(overrides)}, "space": space,
-             "sampler": {"kind": "grid"}, **keys}
+    study = {
+        "study": name,
+        "base": str(tiny.config),
+        "overrides": {**base, **dict(overrides)},
+        "space": space,
+        "sampler": {"kind": "grid"},
+        **keys,
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     return path
@@ -53,8 +59,14 @@ def counted(trials):
 def sweep_process(path: Path, *args: str) -> subprocess.Popen:
     """``linformer-lab sweep`` in its own process group, so a test can kill it whole."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, "-m", "experiments.cli", "sweep", str(path), *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "experiments.cli", "sweep", str(path), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for(condition, timeout: float = 120.0, every: float = 0.5):
@@ -92,14 +104,22 @@ def hparams_of(run_dir: Path) -> dict:
 
 # --------------------------------------------------------------------------------------- end to end
 def test_two_workers_run_the_exact_budget_with_one_run_dir_and_hparams_per_trial(tmp_path, tiny):
-    path = write_study(tmp_path, tiny, "two_workers",
-                       {"seed": {"type": "categorical", "choices": [0, 1]},
-                        "arm": {"type": "categorical", "choices": ARMS}}, arms=["arm"])
+    path = write_study(
+        tmp_path,
+        tiny,
+        "two_workers",
+        {"seed": {"type": "categorical", "choices": [0, 1]}, "arm": {"type": "categorical", "choices": ARMS}},
+        arms=["arm"],
+    )
     assert cli.main(["sweep", str(path), "--workers", "2"]) == 0
     trials = trials_of(path)
     assert len(trials) == 4 and all(t.state == TrialState.COMPLETE for t in trials)
     assert sorted((t.params["seed"], t.params["arm"]) for t in trials) == [
-        (0, "full"), (0, "linformer"), (1, "full"), (1, "linformer")]
+        (0, "full"),
+        (0, "linformer"),
+        (1, "full"),
+        (1, "linformer"),
+    ]
     run_dirs = {Path(t.user_attrs["run_dir"]) for t in trials}
     assert run_dirs == {tmp_path / "runs" / "two_workers" / f"trial_{t.number}" for t in trials}
     for t in trials:
@@ -136,14 +156,18 @@ class _NoWorker:
         return False
 
 
-@pytest.mark.parametrize("visible, count, workers, expected, line", [
-    (None, 4, 2, ["0,1", "2,3"], None),
-    ("3,5,6", 3, 2, ["3", "5"], "note: 3 GPUs for 2 workers: 1 per worker, 1 idle"),
-    (None, 1, 3, ["0", "0", "0"], "warning: 3 workers share 1 GPU(s)"),
-    (None, 0, 2, [None, None], None),
-])
+@pytest.mark.parametrize(
+    "visible, count, workers, expected, line",
+    [
+        (None, 4, 2, ["0,1", "2,3"], None),
+        ("3,5,6", 3, 2, ["3", "5"], "note: 3 GPUs for 2 workers: 1 per worker, 1 idle"),
+        (None, 1, 3, ["0", "0", "0"], "warning: 3 workers share 1 GPU(s)"),
+        (None, 0, 2, [None, None], None),
+    ],
+)
 def test_each_sweep_worker_gets_its_own_gpus_counted_without_initialising_cuda(
-        tmp_path, tiny_overrides, monkeypatch, capsys, visible, count, workers, expected, line):
+    tmp_path, tiny_overrides, monkeypatch, capsys, visible, count, workers, expected, line
+):
     import torch
 
     from sweeps import sweep
@@ -157,8 +181,13 @@ def test_each_sweep_worker_gets_its_own_gpus_counted_without_initialising_cuda(
     monkeypatch.setattr(sweep.mp, "get_context", lambda method: types.SimpleNamespace(Process=_NoWorker))
     monkeypatch.setattr(_NoWorker, "started", [])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)  # cores: no bound
-    path = write_study(tmp_path, tiny_overrides, "gpus", {"seed": {"type": "categorical", "choices": [0, 1, 2, 3]}},
-                       overrides={"trainer.accelerator": "auto"})
+    path = write_study(
+        tmp_path,
+        tiny_overrides,
+        "gpus",
+        {"seed": {"type": "categorical", "choices": [0, 1, 2, 3]}},
+        overrides={"trainer.accelerator": "auto"},
+    )
     cli.main(["sweep", str(path), "--workers", str(workers)])
     assert [kwargs["gpus"] for kwargs in _NoWorker.started] == expected
     out = capsys.readouterr().out
@@ -166,15 +195,20 @@ def test_each_sweep_worker_gets_its_own_gpus_counted_without_initialising_cuda(
     assert notes == ([] if line is None else [notes[0]]) and (line is None or notes[0].startswith(line))
 
 
-def test_a_trial_asking_for_more_gpus_than_its_worker_has_is_refused_before_any_trial(tmp_path, tiny_overrides,
-                                                                                      monkeypatch, capsys):
+def test_a_trial_asking_for_more_gpus_than_its_worker_has_is_refused_before_any_trial(
+    tmp_path, tiny_overrides, monkeypatch, capsys
+):
     import torch
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    path = write_study(tmp_path, tiny_overrides, "gpus", {"seed": {"type": "categorical", "choices": [0, 1]}},
-                       overrides={"trainer.accelerator": "auto", "trainer.devices": 2,
-                                  "trainer.strategy": "ddp_spawn"})
+    path = write_study(
+        tmp_path,
+        tiny_overrides,
+        "gpus",
+        {"seed": {"type": "categorical", "choices": [0, 1]}},
+        overrides={"trainer.accelerator": "auto", "trainer.devices": 2, "trainer.strategy": "ddp_spawn"},
+    )
     assert cli.main(["sweep", str(path), "--workers", "4"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "trainer.devices=2: each sweep worker has 1 GPU(s)" in err
@@ -182,9 +216,13 @@ def test_a_trial_asking_for_more_gpus_than_its_worker_has_is_refused_before_any_
 
 
 def test_rerunning_after_the_sweep_was_killed_completes_exactly_the_budget(tmp_path, tiny):
-    path = write_study(tmp_path, tiny, "resume",
-                       {"seed": {"type": "categorical", "choices": [0, 1, 2]}},
-                       overrides={"trainer.max_steps": 30})
+    path = write_study(
+        tmp_path,
+        tiny,
+        "resume",
+        {"seed": {"type": "categorical", "choices": [0, 1, 2]}},
+        overrides={"trainer.max_steps": 30},
+    )
 
     def running_with_checkpoint():
         found = running_trial_with_beat(path)
@@ -219,9 +257,13 @@ def test_rerunning_after_the_sweep_was_killed_completes_exactly_the_budget(tmp_p
 
 
 def test_a_sigkilled_workers_trial_is_retried_and_the_study_completes(tmp_path, tiny):
-    path = write_study(tmp_path, tiny, "killed_worker",
-                       {"seed": {"type": "categorical", "choices": [0, 1, 2, 3]}},
-                       overrides={"trainer.max_steps": 12})
+    path = write_study(
+        tmp_path,
+        tiny,
+        "killed_worker",
+        {"seed": {"type": "categorical", "choices": [0, 1, 2, 3]}},
+        overrides={"trainer.max_steps": 12},
+    )
     proc = sweep_process(path, "--workers", "2")
     victim, pid = wait_for(lambda: running_trial_with_beat(path))
     os.kill(pid, signal.SIGKILL)  # one worker only; the command and the other worker go on
@@ -263,10 +305,16 @@ def test_a_retry_continues_from_its_attempts_checkpoint_only_when_there_is_one(t
 
 def test_the_median_pruner_prunes_trials_worse_than_the_first_ones(tmp_path, tiny):
     # Two good trials first (grid order), then two whose lr is too small to move the loss.
-    path = write_study(tmp_path, tiny, "prune",
-                       {"optim.lr": {"type": "categorical", "choices": [1.0e-2, 1.0e-9]},
-                        "seed": {"type": "categorical", "choices": [0, 1]}},
-                       pruner={"kind": "median", "n_startup_trials": 2, "n_warmup_steps": 0})
+    path = write_study(
+        tmp_path,
+        tiny,
+        "prune",
+        {
+            "optim.lr": {"type": "categorical", "choices": [1.0e-2, 1.0e-9]},
+            "seed": {"type": "categorical", "choices": [0, 1]},
+        },
+        pruner={"kind": "median", "n_startup_trials": 2, "n_warmup_steps": 0},
+    )
     assert cli.main(["sweep", str(path)]) == 0
     trials = trials_of(path)
     states = {(t.params["optim.lr"], t.params["seed"]): t.state for t in trials}
@@ -297,40 +345,85 @@ def test_every_shipped_study_validates_at_every_preset(path):
         assert configs["degraded"].model.attention.k < study.shared.model.max_len // 4
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"space": {"model.attention.kk": {"choices": [1]}}}, "space.model.attention.kk: not a config key"),
-    ({"overrides": {"model.attention.kind": "bigbird"}}, "model.attention.kind"),
-    ({"space": {"model.attention.k": {"choices": [8, 999]}}}, "model.attention.k=999"),
-    ({"pruner": {"kind": "median"}, "objective": [{"metric": "val/loss"}, {"metric": "tokens_per_sec",
-                                                                          "direction": "maximize"}]},
-     "Optuna cannot prune multi-objective studies"),
-    ({"overrides": {"trainer.devices": 2}}, "ddp_spawn"),
-    ({"space": {"optim.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}}, "a grid needs finite values"),
-    ({"sampler": {"kind": "bayes"}}, "sampler.kind"),
-    ({"control": {"reference": {"model.attention.kind": "full"}, "seeds": [0, 1]}},
-     "control.degraded: give the overrides of the degraded arm"),
-    ({"control": {"reference": {"model.attention.k": 2}, "degraded": {"model.attention.k": 2}, "seeds": [0, 1]}},
-     "control: reference and degraded are the same overrides"),
-    ({"control": {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 999},
-                  "seeds": [0, 1]}}, "control.degraded: model.attention.k: k=999"),
-    ({"control": {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1}}},
-     "control.seeds: at least 2 distinct seeds"),
-    ({"control": {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1},
-                  "seeds": [0, 1]}, "space": {"control": {"choices": ["a", "b"]}}},
-     "space.control: the name is taken by the study's control arms"),
-    ({"verdict": {"deltas": {"val/loss": 0.01}}}, "verdict.deltas: unknown key (allowed here: delta, success)"),
-    ({"verdict": {"delta": {"val/loss": -0.01}}},
-     "verdict.delta.val/loss: the margin δ must be > 0 (in the metric's units), got -0.01"),
-    ({"verdict": {"delta": {"val/loss": "small"}}}, "verdict.delta.val/loss: Value 'small' of type 'str' could not be"),
-    ({"verdict": {"delta": {"val/los": 0.01}}},
-     "verdict.delta.val/los: not an objective metric of this study file (objectives: val/loss)"),
-    ({"objective": [{"metric": "val/accuracy", "direction": "maximize"}], "verdict": {"success": {"val/accuracy": 90}}},
-     "verdict.success.val/accuracy: an accuracy is a fraction in [0, 1], so 0 < threshold <= 1 (90 % is 0.9), got 90"),
-    ({"objective": [{"metric": "tokens_per_sec", "direction": "maximize"}]},
-     "verdict.delta.tokens_per_sec: objective metric 'tokens_per_sec' has no default margin δ"),
-])
-def test_a_bad_study_file_is_one_line_and_exit_2_before_any_trial(tmp_path, tiny_overrides, capsys, change,
-                                                                  message):
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"space": {"model.attention.kk": {"choices": [1]}}}, "space.model.attention.kk: not a config key"),
+        ({"overrides": {"model.attention.kind": "bigbird"}}, "model.attention.kind"),
+        ({"space": {"model.attention.k": {"choices": [8, 999]}}}, "model.attention.k=999"),
+        (
+            {
+                "pruner": {"kind": "median"},
+                "objective": [{"metric": "val/loss"}, {"metric": "tokens_per_sec", "direction": "maximize"}],
+            },
+            "Optuna cannot prune multi-objective studies",
+        ),
+        ({"overrides": {"trainer.devices": 2}}, "ddp_spawn"),
+        (
+            {"space": {"optim.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}},
+            "a grid needs finite values",
+        ),
+        ({"sampler": {"kind": "bayes"}}, "sampler.kind"),
+        (
+            {"control": {"reference": {"model.attention.kind": "full"}, "seeds": [0, 1]}},
+            "control.degraded: give the overrides of the degraded arm",
+        ),
+        (
+            {"control": {"reference": {"model.attention.k": 2}, "degraded": {"model.attention.k": 2}, "seeds": [0, 1]}},
+            "control: reference and degraded are the same overrides",
+        ),
+        (
+            {
+                "control": {
+                    "reference": {"model.attention.kind": "full"},
+                    "degraded": {"model.attention.k": 999},
+                    "seeds": [0, 1],
+                }
+            },
+            "control.degraded: model.attention.k: k=999",
+        ),
+        (
+            {"control": {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1}}},
+            "control.seeds: at least 2 distinct seeds",
+        ),
+        (
+            {
+                "control": {
+                    "reference": {"model.attention.kind": "full"},
+                    "degraded": {"model.attention.k": 1},
+                    "seeds": [0, 1],
+                },
+                "space": {"control": {"choices": ["a", "b"]}},
+            },
+            "space.control: the name is taken by the study's control arms",
+        ),
+        ({"verdict": {"deltas": {"val/loss": 0.01}}}, "verdict.deltas: unknown key (allowed here: delta, success)"),
+        (
+            {"verdict": {"delta": {"val/loss": -0.01}}},
+            "verdict.delta.val/loss: the margin δ must be > 0 (in the metric's units), got -0.01",
+        ),
+        (
+            {"verdict": {"delta": {"val/loss": "small"}}},
+            "verdict.delta.val/loss: Value 'small' of type 'str' could not be",
+        ),
+        (
+            {"verdict": {"delta": {"val/los": 0.01}}},
+            "verdict.delta.val/los: not an objective metric of this study file (objectives: val/loss)",
+        ),
+        (
+            {
+                "objective": [{"metric": "val/accuracy", "direction": "maximize"}],
+                "verdict": {"success": {"val/accuracy": 90}},
+            },
+            "verdict.success.val/accuracy: an accuracy is a fraction in [0, 1], so 0 < threshold <= 1 (90 % is 0.9), got 90",
+        ),
+        (
+            {"objective": [{"metric": "tokens_per_sec", "direction": "maximize"}]},
+            "verdict.delta.tokens_per_sec: objective metric 'tokens_per_sec' has no default margin δ",
+        ),
+    ],
+)
+def test_a_bad_study_file_is_one_line_and_exit_2_before_any_trial(tmp_path, tiny_overrides, capsys, change, message):
     space = {"seed": {"type": "categorical", "choices": [0]}, **change.pop("space", {})}
     path = write_study(tmp_path, tiny_overrides, "bad", space, **change)
     assert cli.main(["sweep", str(path)]) == 2
@@ -344,8 +437,13 @@ def test_an_existing_study_refuses_a_changed_objective(tmp_path, tiny_overrides,
 
     path = write_study(tmp_path, tiny_overrides, "changed", {"seed": {"type": "categorical", "choices": [0]}})
     open_study(load_study(path), None)  # the study as first run: val/loss, minimize
-    changed = write_study(tmp_path, tiny_overrides, "changed", {"seed": {"type": "categorical", "choices": [0]}},
-                          objective=[{"metric": "val/loss", "direction": "maximize"}])
+    changed = write_study(
+        tmp_path,
+        tiny_overrides,
+        "changed",
+        {"seed": {"type": "categorical", "choices": [0]}},
+        objective=[{"metric": "val/loss", "direction": "maximize"}],
+    )
     for command in ("sweep", "report"):
         assert cli.main([command, str(changed)]) == 2
         assert "has objective val/loss (minimize), the file now says val/loss (maximize)" in capsys.readouterr().err
@@ -357,29 +455,49 @@ def test_a_missing_preset_names_the_ones_there_are(capsys):
 
 
 def test_conditional_params_enter_the_grid_only_where_active(tmp_path, tiny_overrides):
-    path = write_study(tmp_path, tiny_overrides, "conditional", {
-        "seed": {"type": "categorical", "choices": [0, 1]},
-        "model.attention.kind": {"type": "categorical", "choices": ["full", "linformer"]},
-        "model.attention.k": {"type": "int", "low": 4, "high": 8, "step": 4,
-                              "when": {"model.attention.kind": "linformer"}}})
+    path = write_study(
+        tmp_path,
+        tiny_overrides,
+        "conditional",
+        {
+            "seed": {"type": "categorical", "choices": [0, 1]},
+            "model.attention.kind": {"type": "categorical", "choices": ["full", "linformer"]},
+            "model.attention.k": {
+                "type": "int",
+                "low": 4,
+                "high": 8,
+                "step": 4,
+                "when": {"model.attention.kind": "linformer"},
+            },
+        },
+    )
     study = load_study(path)
     per_seed = [{"model.attention.kind": "full"}] + [
-        {"model.attention.kind": "linformer", "model.attention.k": k} for k in (4, 8)]
+        {"model.attention.kind": "linformer", "model.attention.k": k} for k in (4, 8)
+    ]
     assert study.points == [{"seed": s, **arm} for s in (0, 1) for arm in per_seed]
     assert study.n_trials == 6 and study.arms == ["model.attention.kind", "model.attention.k"]
 
 
 # --------------------------------------------------------------------------------------- budget
 def _trial(number, state, **attrs):
-    return optuna.trial.create_trial(state=state, value=1.0 if state == TrialState.COMPLETE else None,
-                                     user_attrs=attrs.get("user_attrs", {}),
-                                     system_attrs=attrs.get("system_attrs", {})), number
+    return optuna.trial.create_trial(
+        state=state,
+        value=1.0 if state == TrialState.COMPLETE else None,
+        user_attrs=attrs.get("user_attrs", {}),
+        system_attrs=attrs.get("system_attrs", {}),
+    ), number
 
 
 def test_the_budget_counts_finished_trials_but_not_retried_or_discarded_ones():
-    made = [_trial(0, TrialState.COMPLETE), _trial(1, TrialState.FAIL), _trial(2, TrialState.PRUNED),
-            _trial(3, TrialState.COMPLETE, system_attrs={"retry_history": [1]}),
-            _trial(4, TrialState.PRUNED, user_attrs={storage.DISCARDED: "budget met"}), _trial(5, TrialState.RUNNING)]
+    made = [
+        _trial(0, TrialState.COMPLETE),
+        _trial(1, TrialState.FAIL),
+        _trial(2, TrialState.PRUNED),
+        _trial(3, TrialState.COMPLETE, system_attrs={"retry_history": [1]}),
+        _trial(4, TrialState.PRUNED, user_attrs={storage.DISCARDED: "budget met"}),
+        _trial(5, TrialState.RUNNING),
+    ]
     trials = []
     for t, number in made:
         t.number = number
@@ -390,11 +508,18 @@ def test_the_budget_counts_finished_trials_but_not_retried_or_discarded_ones():
 
 # --------------------------------------------------------------------------------------- power check
 def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(tmp_path, tiny):
-    control = {"reference": {"model.attention.kind": "full"},
-               "degraded": {"model.attention.kind": "linformer", "model.attention.k": 1}}
-    path = write_study(tmp_path, tiny, "powered", {"seed": {"type": "categorical", "choices": [0, 1]},
-                                                     "model.attention.share": {"choices": ["headwise", "kv"]}},
-                       overrides={"model.attention.kind": "linformer", "trainer.max_steps": 3}, control=control)
+    control = {
+        "reference": {"model.attention.kind": "full"},
+        "degraded": {"model.attention.kind": "linformer", "model.attention.k": 1},
+    }
+    path = write_study(
+        tmp_path,
+        tiny,
+        "powered",
+        {"seed": {"type": "categorical", "choices": [0, 1]}, "model.attention.share": {"choices": ["headwise", "kv"]}},
+        overrides={"model.attention.kind": "linformer", "trainer.max_steps": 3},
+        control=control,
+    )
     assert cli.main(["sweep", str(path), "--workers", "2"]) == 0
     main = counted(trials_of(path))
     root = tmp_path / "runs" / "powered"
@@ -403,7 +528,11 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
     # the control is its own study: the main study's sampler and budget never see it
     assert len(main) == 4 and all("control" not in t.params for t in main)
     assert sorted((t.params["control"], t.params["seed"]) for t in ctrials) == [
-        ("degraded", 0), ("degraded", 1), ("reference", 0), ("reference", 1)]
+        ("degraded", 0),
+        ("degraded", 1),
+        ("reference", 0),
+        ("reference", 1),
+    ]
     for t in ctrials:
         assert t.state == TrialState.COMPLETE and Path(t.user_attrs["run_dir"]).parent == root / "control"
         resolved = yaml.safe_load((Path(t.user_attrs["run_dir"]) / "config.yaml").read_text())
@@ -412,10 +541,15 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
 
     assert cli.main(["report", str(path)]) == 0
     summary = (root / "report" / "summary.md").read_text()
-    by_role = {role: {(t.params["seed"],): t.value for t in ctrials if t.params["control"] == role}
-               for role in ("reference", "degraded")}
-    trivial = {(t.params["seed"],): t.user_attrs["metrics"]["trivial_loss"] for t in ctrials
-               if t.params["control"] == "reference"}
+    by_role = {
+        role: {(t.params["seed"],): t.value for t in ctrials if t.params["control"] == role}
+        for role in ("reference", "degraded")
+    }
+    trivial = {
+        (t.params["seed"],): t.user_attrs["metrics"]["trivial_loss"]
+        for t in ctrials
+        if t.params["control"] == "reference"
+    }
     check = stats.power_check(by_role["reference"], by_role["degraded"], trivial, "minimize")
     assert summary.index("## Power check") < summary.index("## Arms")
     assert all(f"- {line}" in summary for line in check.lines)
@@ -435,12 +569,23 @@ def test_a_report_whose_control_has_not_run_says_the_power_was_not_judged(tmp_pa
     from sweeps.sweep import open_study
 
     control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1}}
-    path = write_study(tmp_path, tiny_overrides, "unjudged", {"seed": {"type": "categorical", "choices": [0, 1]}},
-                       overrides={"model.attention.kind": "linformer"}, control=control)
+    path = write_study(
+        tmp_path,
+        tiny_overrides,
+        "unjudged",
+        {"seed": {"type": "categorical", "choices": [0, 1]}},
+        overrides={"model.attention.kind": "linformer"},
+        control=control,
+    )
     study = load_study(path)
-    open_study(study, None).add_trial(optuna.trial.create_trial(
-        params={"seed": 0}, distributions={"seed": CategoricalDistribution([0, 1])}, value=3.0,
-        user_attrs={"metrics": {"val/loss": 3.0, "trivial_loss": 3.1}}))
+    open_study(study, None).add_trial(
+        optuna.trial.create_trial(
+            params={"seed": 0},
+            distributions={"seed": CategoricalDistribution([0, 1])},
+            value=3.0,
+            user_attrs={"metrics": {"val/loss": 3.0, "trivial_loss": 3.1}},
+        )
+    )
     summary = (write_report(study) / "summary.md").read_text()
     assert "Not judged: the control's reference and degraded arms have fewer than 2 complete trials" in summary
     assert "The power check failed" not in summary
@@ -449,10 +594,17 @@ def test_a_report_whose_control_has_not_run_says_the_power_was_not_judged(tmp_pa
 # --------------------------------------------------------------------------------------- report
 def test_a_diverging_trial_is_recorded_with_its_reason_and_the_report_holds_every_trial(tmp_path, tiny, capsys):
     diverges = {"optim.lr": 1.0e30, "optim.gradient_clip_val": 0.0}
-    path = write_study(tmp_path, tiny, "report",
-                       {"seed": {"type": "categorical", "choices": [0, 1]},
-                        "arm": {"type": "categorical", "choices": {**ARMS, "diverges": diverges}}},
-                       overrides={"trainer.max_steps": 3}, arms=["arm"])
+    path = write_study(
+        tmp_path,
+        tiny,
+        "report",
+        {
+            "seed": {"type": "categorical", "choices": [0, 1]},
+            "arm": {"type": "categorical", "choices": {**ARMS, "diverges": diverges}},
+        },
+        overrides={"trainer.max_steps": 3},
+        arms=["arm"],
+    )
     assert cli.main(["sweep", str(path), "--workers", "2"]) == 0
     assert "exited with code" not in capsys.readouterr().out  # a failed trial leaves its worker running
     trials = {t.number: t for t in trials_of(path)}
@@ -492,34 +644,59 @@ def _add(ostudy, params: dict, value: float, metrics: Optional[dict] = None) -> 
     """A finished trial with these params (seed an int range, as the sweep asks it)."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
-    dists = {p: IntDistribution(0, 99) if p == "seed" else CategoricalDistribution(sorted({v, "a", "b"}))
-             for p, v in params.items()}
-    ostudy.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value,
-                                               user_attrs={"metrics": {"val/loss": value, **(metrics or {})}}))
+    dists = {
+        p: IntDistribution(0, 99) if p == "seed" else CategoricalDistribution(sorted({v, "a", "b"}))
+        for p, v in params.items()
+    }
+    ostudy.add_trial(
+        optuna.trial.create_trial(
+            params=params,
+            distributions=dists,
+            value=value,
+            user_attrs={"metrics": {"val/loss": value, **(metrics or {})}},
+        )
+    )
 
 
-@pytest.mark.parametrize("a, b, first", [
-    # B lower by 0.2 at every seed, spread 0.01
-    ([3.0, 3.1, 2.9, 3.05], [2.8, 2.91, 2.69, 2.86],
-     "**Answer:** arm b is better than arm a on val/loss by 0.198 (95 % CI [0.182, 0.213], Holm-adjusted p < 0.001, "
-     "4 seeds each)."),
-    # equal on average, ±0.002 from seed to seed, 8 seeds
-    ([3.0 + 0.01 * s for s in range(8)], [3.0 + 0.01 * s + (0.002 if s % 2 else -0.002) for s in range(8)],
-     "**Answer:** arm a and arm b are on par within ±0.01 val/loss (TOST p < 0.001 after Holm, 8 seeds each)."),
-    # two seeds, differing by ±1/256 (exactly 0 on average): undecided, with the seeds to add
-    ([3.0, 3.0078125], [2.99609375, 3.01171875],
-     "**Answer:** arm a vs arm b on val/loss is undecided after 2 seeds each: 3 more seeds per arm would show 'on par' "
-     "within ±0.01 at 80 % power if the observed difference (0) and spread hold (no difference was observed to plan "
-     "'better' for); plan the seeds now and add them all with `linformer-lab sweep {path} --add-seeds 3`."),
-])
+@pytest.mark.parametrize(
+    "a, b, first",
+    [
+        # B lower by 0.2 at every seed, spread 0.01
+        (
+            [3.0, 3.1, 2.9, 3.05],
+            [2.8, 2.91, 2.69, 2.86],
+            "**Answer:** arm b is better than arm a on val/loss by 0.198 (95 % CI [0.182, 0.213], Holm-adjusted p < 0.001, "
+            "4 seeds each).",
+        ),
+        # equal on average, ±0.002 from seed to seed, 8 seeds
+        (
+            [3.0 + 0.01 * s for s in range(8)],
+            [3.0 + 0.01 * s + (0.002 if s % 2 else -0.002) for s in range(8)],
+            "**Answer:** arm a and arm b are on par within ±0.01 val/loss (TOST p < 0.001 after Holm, 8 seeds each).",
+        ),
+        # two seeds, differing by ±1/256 (exactly 0 on average): undecided, with the seeds to add
+        (
+            [3.0, 3.0078125],
+            [2.99609375, 3.01171875],
+            "**Answer:** arm a vs arm b on val/loss is undecided after 2 seeds each: 3 more seeds per arm would show 'on par' "
+            "within ±0.01 at 80 % power if the observed difference (0) and spread hold (no difference was observed to plan "
+            "'better' for); plan the seeds now and add them all with `linformer-lab sweep {path} --add-seeds 3`.",
+        ),
+    ],
+)
 def test_the_report_opens_with_the_answer_the_delta_and_the_holm_statement(tmp_path, tiny_overrides, a, b, first):
     from sweeps.report import write_report
     from sweeps.sweep import open_study
 
     arms = {"arm a": {"optim.lr": 1e-3}, "arm b": {"optim.lr": 2e-3}}
-    path = write_study(tmp_path, tiny_overrides, "answered", {"seed": {"type": "categorical", "choices": [0, 1]},
-                                                              "arm": {"type": "categorical", "choices": arms}},
-                       arms=["arm"], sampler={"kind": "grid"})
+    path = write_study(
+        tmp_path,
+        tiny_overrides,
+        "answered",
+        {"seed": {"type": "categorical", "choices": [0, 1]}, "arm": {"type": "categorical", "choices": arms}},
+        arms=["arm"],
+        sampler={"kind": "grid"},
+    )
     study = load_study(path)
     ostudy = open_study(study, None)
     for arm, values in (("arm a", a), ("arm b", b)):
@@ -536,10 +713,15 @@ def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tin
     from sweeps.sweep import open_study
 
     arms = {"a": {"optim.lr": 1e-3}, "b": {"optim.lr": 2e-3}}
-    path = write_study(tmp_path, tiny_overrides, "recall", {"seed": {"type": "categorical", "choices": [0, 1]},
-                                                            "arm": {"type": "categorical", "choices": arms}},
-                       arms=["arm"], objective=[{"metric": "val/accuracy", "direction": "maximize"}],
-                       verdict={"success": {"val/accuracy": 0.9}})
+    path = write_study(
+        tmp_path,
+        tiny_overrides,
+        "recall",
+        {"seed": {"type": "categorical", "choices": [0, 1]}, "arm": {"type": "categorical", "choices": arms}},
+        arms=["arm"],
+        objective=[{"metric": "val/accuracy", "direction": "maximize"}],
+        verdict={"success": {"val/accuracy": 0.9}},
+    )
     study = load_study(path)
     ostudy = open_study(study, None)
     for arm, values in (("a", [1.0, 0.99, 1.0, 0.98, 1.0, 1.0]), ("b", [1.0, 0.26, 0.99, 0.3, 0.28, 1.0])):
@@ -562,9 +744,14 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
     from sweeps.sweep import open_study, with_added_seeds
 
     control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1}}
-    path = write_study(tmp_path, tiny_overrides, "seeds", {"seed": {"type": "categorical", "choices": [0, 2]},
-                                                           "model.attention.k": {"choices": [4, 8]}},
-                       overrides={"model.attention.kind": "linformer"}, control=control)
+    path = write_study(
+        tmp_path,
+        tiny_overrides,
+        "seeds",
+        {"seed": {"type": "categorical", "choices": [0, 2]}, "model.attention.k": {"choices": [4, 8]}},
+        overrides={"model.attention.kind": "linformer"},
+        control=control,
+    )
     study = load_study(path)
     assert (study.n_trials, study.control.n_trials) == (4, 4)
     grown = with_added_seeds(study, None, 1, add=2)
@@ -579,10 +766,18 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
 
 
 def test_add_seeds_runs_only_the_new_seeds_points_and_the_report_counts_them(tmp_path, tiny):
-    control = {"reference": {"model.attention.kind": "full"},
-               "degraded": {"model.attention.kind": "linformer", "model.attention.k": 1}}
-    path = write_study(tmp_path, tiny, "grown", {"seed": {"type": "categorical", "choices": [0, 1]}},
-                       overrides={"model.attention.kind": "linformer", "trainer.max_steps": 3}, control=control)
+    control = {
+        "reference": {"model.attention.kind": "full"},
+        "degraded": {"model.attention.kind": "linformer", "model.attention.k": 1},
+    }
+    path = write_study(
+        tmp_path,
+        tiny,
+        "grown",
+        {"seed": {"type": "categorical", "choices": [0, 1]}},
+        overrides={"model.attention.kind": "linformer", "trainer.max_steps": 3},
+        control=control,
+    )
     assert cli.main(["sweep", str(path)]) == 0
     cstudy = load_study(path).control
 
@@ -595,7 +790,13 @@ def test_add_seeds_runs_only_the_new_seeds_points_and_the_report_counts_them(tmp
     main, ctrl = counted(trials_of(path)), counted(control_trials())
     assert sorted(t.params["seed"] for t in main) == [0, 1, 2]
     assert sorted((t.params["control"], t.params["seed"]) for t in ctrl) == [
-        ("degraded", 0), ("degraded", 1), ("degraded", 2), ("reference", 0), ("reference", 1), ("reference", 2)]
+        ("degraded", 0),
+        ("degraded", 1),
+        ("degraded", 2),
+        ("reference", 0),
+        ("reference", 1),
+        ("reference", 2),
+    ]
     assert all(t.state == TrialState.COMPLETE for t in main + ctrl)
     for t in trials_of(path):  # the points already run were not run again
         if t.params["seed"] < 2:
@@ -607,15 +808,26 @@ def test_add_seeds_runs_only_the_new_seeds_points_and_the_report_counts_them(tmp
     assert "- seeds added by `sweep --add-seeds`: 2" in summary
 
 
-@pytest.mark.parametrize("keys, args, message", [
-    ({}, ["--add-seeds", "0"], "--add-seeds: must be an integer in [1, 10000], got 0"),
-    ({"sampler": {"kind": "random"}, "budget": {"n_trials": 2}}, ["--add-seeds", "2"],
-     "--add-seeds: an open study (sampler.kind=random) has no grid to add seeds to"),
-    ({"budget": {"n_trials": 1}}, ["--add-seeds", "1"], "--add-seeds: budget.n_trials=1 fixes the number of trials"),
-])
+@pytest.mark.parametrize(
+    "keys, args, message",
+    [
+        ({}, ["--add-seeds", "0"], "--add-seeds: must be an integer in [1, 10000], got 0"),
+        (
+            {"sampler": {"kind": "random"}, "budget": {"n_trials": 2}},
+            ["--add-seeds", "2"],
+            "--add-seeds: an open study (sampler.kind=random) has no grid to add seeds to",
+        ),
+        (
+            {"budget": {"n_trials": 1}},
+            ["--add-seeds", "1"],
+            "--add-seeds: budget.n_trials=1 fixes the number of trials",
+        ),
+    ],
+)
 def test_add_seeds_is_refused_in_one_line_where_it_cannot_apply(tmp_path, tiny_overrides, capsys, keys, args, message):
-    path = write_study(tmp_path, tiny_overrides, "refused", {"seed": {"type": "categorical", "choices": [0, 1]}},
-                       **keys)
+    path = write_study(
+        tmp_path, tiny_overrides, "refused", {"seed": {"type": "categorical", "choices": [0, 1]}}, **keys
+    )
     assert cli.main(["sweep", str(path), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
@@ -629,8 +841,11 @@ def test_a_study_stored_with_a_categorical_seed_resumes_but_cannot_grow(tmp_path
 
     path = write_study(tmp_path, tiny_overrides, "legacy", {"seed": {"type": "categorical", "choices": [0, 1]}})
     study = load_study(path)
-    open_study(study, None).add_trial(optuna.trial.create_trial(
-        params={"seed": 0}, distributions={"seed": CategoricalDistribution([0, 1])}, value=3.0))
+    open_study(study, None).add_trial(
+        optuna.trial.create_trial(
+            params={"seed": 0}, distributions={"seed": CategoricalDistribution([0, 1])}, value=3.0
+        )
+    )
     assert cli.main(["sweep", str(path), "--add-seeds", "1"]) == 2
     err = capsys.readouterr().err
     assert "stores its seeds as a fixed list (it was run before --add-seeds existed)" in err
@@ -650,8 +865,14 @@ def test_a_study_stored_with_a_categorical_seed_resumes_but_cannot_grow(tmp_path
     legacy = Asked(open_study(study, None))
     study.suggest(legacy)
     assert legacy.asked == [("categorical", "seed", [0, 1])]  # the stored study's own distribution
-    fresh = Asked(open_study(load_study(write_study(tmp_path, tiny_overrides, "fresh",
-                                                    {"seed": {"type": "categorical", "choices": [0, 1]}})), None))
+    fresh = Asked(
+        open_study(
+            load_study(
+                write_study(tmp_path, tiny_overrides, "fresh", {"seed": {"type": "categorical", "choices": [0, 1]}})
+            ),
+            None,
+        )
+    )
     load_study(tmp_path / "fresh.yaml").suggest(fresh)
     assert fresh.asked == [("int", "seed", 0, 1)]
 
@@ -681,8 +902,17 @@ def postgres_url():
 
     data = root / "data"
     as_postgres(str(pg_bin / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres")
-    as_postgres(str(pg_bin / "pg_ctl"), "-D", str(data), "-w", "-l", str(root / "log"), "-o",
-                f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start")
+    as_postgres(
+        str(pg_bin / "pg_ctl"),
+        "-D",
+        str(data),
+        "-w",
+        "-l",
+        str(root / "log"),
+        "-o",
+        f"-p {port} -k {root} -c listen_addresses=127.0.0.1",
+        "start",
+    )
     try:
         as_postgres(str(pg_bin / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "optuna")
         yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/optuna"

@@ -9,9 +9,20 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from experiments import cli
 
-EXPECTED_SCALARS = {"train/loss", "train/ppl", "val/loss", "val/ppl", "val/accuracy", "perf/tokens_per_sec",
-                    "perf/step_time_s", "perf/peak_mem_mb", "train/lr", "hp/val_loss", "hp/val_ppl",
-                    "val/ppl_vs_wallclock"}
+EXPECTED_SCALARS = {
+    "train/loss",
+    "train/ppl",
+    "val/loss",
+    "val/ppl",
+    "val/accuracy",
+    "perf/tokens_per_sec",
+    "perf/step_time_s",
+    "perf/peak_mem_mb",
+    "train/lr",
+    "hp/val_loss",
+    "hp/val_ppl",
+    "val/ppl_vs_wallclock",
+}
 
 
 def _events(run_dir):

@@ -23,8 +23,8 @@ VARIANTS = {
     "learned": {"k": 4},
     "random": {"k": 4, "projection": "random"},
     "theorem2": {"k": 4, "init": "theorem2"},
-    "conv": {"k": 5, "projection": "conv"},            # w = 4: 4 slots
-    "pool": {"k": 6, "projection": "pool"},            # w = 3: 6 slots, the last one partly padding
+    "conv": {"k": 5, "projection": "conv"},  # w = 4: 4 slots
+    "pool": {"k": 6, "projection": "pool"},  # w = 3: 6 slots, the last one partly padding
     "nonuniform_k": {"k": [6, 3]},
     "nonuniform_k_layerwise": {"k": [6, 3], "share": "layerwise"},
     "key_only": {"k": 4, "compress": "keys"},
@@ -41,8 +41,16 @@ VARIANTS = {
 
 def encoder(attention, seed=0, **model):
     torch.manual_seed(seed)
-    cfg = {"max_len": N, "d_model": D, "n_heads": H, "n_layers": L, "d_ff": 32, "dropout": 0.0,
-           "attention": {"kind": "linformer", **attention}, **model}
+    cfg = {
+        "max_len": N,
+        "d_model": D,
+        "n_heads": H,
+        "n_layers": L,
+        "d_ff": 32,
+        "dropout": 0.0,
+        "attention": {"kind": "linformer", **attention},
+        **model,
+    }
     return TransformerEncoder(cfg, vocab_size=V)
 
 
@@ -93,7 +101,7 @@ def test_padding_never_changes_real_token_outputs(name):
     enc = encoder(VARIANTS[name]).eval()
     randomise_biases(enc)
     ids = torch.randint(5, V, (2, 9))
-    padded = torch.cat([ids, torch.randint(5, V, (2, 5))], dim=1)       # arbitrary ids under the padding
+    padded = torch.cat([ids, torch.randint(5, V, (2, 5))], dim=1)  # arbitrary ids under the padding
     mask = torch.zeros(2, 14, dtype=torch.bool)
     mask[:, :9] = True
     torch.testing.assert_close(enc(padded, mask)[:, :9], enc(ids), atol=1e-5, rtol=1e-5)
@@ -102,7 +110,7 @@ def test_padding_never_changes_real_token_outputs(name):
 # ----------------------------------------------------------------------------- random vs learned
 def test_random_projection_draws_what_learned_draws_and_is_frozen():
     learned, frozen = encoder({"k": 4}).bank, encoder({"k": 4, "projection": "random"}).bank
-    assert torch.equal(learned.weight_0, frozen.weight_0)            # same distribution, same draw
+    assert torch.equal(learned.weight_0, frozen.weight_0)  # same distribution, same draw
     assert count_parameters(frozen) == 0
     assert {n for n, _ in frozen.named_buffers()} == {f"weight_{i}" for i in range(L)}
 
@@ -121,29 +129,29 @@ def test_init_sets_the_scale_of_e(projection):
     n, k = 512, 64
     torch.manual_seed(0)
     jl = ProjectionBank([k], n, 4, "headwise", projection, "jl").weight_0
-    assert abs(jl.std().item() - 1 / math.sqrt(k)) < 0.01                # N(0, 1/k)
+    assert abs(jl.std().item() - 1 / math.sqrt(k)) < 0.01  # N(0, 1/k)
     uniform = ProjectionBank([k], n, 4, "headwise", projection, "uniform").weight_0
-    assert uniform.abs().max() <= 1 / math.sqrt(n)                       # U(±1/√n)
+    assert uniform.abs().max() <= 1 / math.sqrt(n)  # U(±1/√n)
     delta = 0.5
-    th2 = ProjectionBank([k], n, 4, "headwise", projection, "theorem2", delta).weight_0   # E = δR, F = e^{-δ}R
+    th2 = ProjectionBank([k], n, 4, "headwise", projection, "theorem2", delta).weight_0  # E = δR, F = e^{-δ}R
     torch.testing.assert_close(th2[0] / th2[1], torch.full_like(th2[0], delta / math.exp(-delta)))
 
 
 # ----------------------------------------------------------------------------- conv and pool
 def test_conv_is_a_depthwise_conv1d_with_kernel_and_stride_w():
-    n, k, d_h = 10, 4, 3                                                 # w = 3; 10 = 3·3 + 1: zero-padded tail
+    n, k, d_h = 10, 4, 3  # w = 3; 10 = 3·3 + 1: zero-padded tail
     bank = ProjectionBank([k], n, 2, "none", "conv", d_head=d_h)
-    x = torch.randn(5, 2, n, d_h)                                        # (B, h, T, d_h)
-    c = bank.weight_0[0]                                                 # (h, 1, w, d_h)
-    channels = x.transpose(-1, -2).reshape(5, 2 * d_h, n)                # (B, h·d_h, T)
-    kernel = c[:, 0].transpose(-1, -2).reshape(2 * d_h, 1, 3)            # per-channel weights
-    expected = F.conv1d(F.pad(channels, (0, 2)), kernel, stride=3, groups=2 * d_h)   # (B, h·d_h, 4)
-    got = bank.compress(0, 0, x)                                         # (B, h, 4, d_h)
+    x = torch.randn(5, 2, n, d_h)  # (B, h, T, d_h)
+    c = bank.weight_0[0]  # (h, 1, w, d_h)
+    channels = x.transpose(-1, -2).reshape(5, 2 * d_h, n)  # (B, h·d_h, T)
+    kernel = c[:, 0].transpose(-1, -2).reshape(2 * d_h, 1, 3)  # per-channel weights
+    expected = F.conv1d(F.pad(channels, (0, 2)), kernel, stride=3, groups=2 * d_h)  # (B, h·d_h, 4)
+    got = bank.compress(0, 0, x)  # (B, h, 4, d_h)
     torch.testing.assert_close(got.transpose(-1, -2).reshape(5, 2 * d_h, 4), expected)
 
 
 def test_pool_is_a_window_mean_with_a_fixed_divisor():
-    n, k = 10, 4                                                         # w = 3, 4 slots
+    n, k = 10, 4  # w = 3, 4 slots
     bank = ProjectionBank([k], n, 2, "none", "pool")
     x = torch.randn(5, 1, n, 7)
     expected = F.avg_pool1d(F.pad(x[:, 0].transpose(1, 2), (0, 2)), 3, 3).transpose(1, 2)
@@ -153,13 +161,13 @@ def test_pool_is_a_window_mean_with_a_fixed_divisor():
 
 def test_windows_and_slots_when_k_does_not_divide_n():
     bank = ProjectionBank([6, 5], 16, 2, "none", "pool")
-    assert [bank.window(0), bank.window(1)] == [3, 4]                    # w = ⌈n/k⌉
-    assert [bank.slots(0), bank.slots(1)] == [6, 4]                      # ⌈n/w⌉ ≤ k slots
+    assert [bank.window(0), bank.window(1)] == [3, 4]  # w = ⌈n/k⌉
+    assert [bank.slots(0), bank.slots(1)] == [6, 4]  # ⌈n/w⌉ ≤ k slots
     assert bank.compress(1, 0, torch.randn(1, 1, 16, 2)).shape == (1, 1, 4, 2)
 
 
 def test_a_window_of_padding_only_is_masked_out():
-    bank = ProjectionBank([4], 16, 2, "none", "pool")                    # w = 4
+    bank = ProjectionBank([4], 16, 2, "none", "pool")  # w = 4
     mask = torch.tensor([[True] * 5 + [False] * 11, [True] * 16])
     assert bank.nonempty_slots(0, mask).tolist() == [[True, True, False, False], [True] * 4]
 
@@ -211,7 +219,7 @@ def test_one_sided_projection_with_k_equal_n_is_full_attention(compress, e):
 
 
 def test_one_sided_pool_with_windows_of_one_is_full_attention():
-    full, one_sided, _ = _full_and_one_sided("keys", N, "pool")              # w = 1: P = I
+    full, one_sided, _ = _full_and_one_sided("keys", N, "pool")  # w = 1: P = I
     x = torch.randn(2, N, D)
     torch.testing.assert_close(one_sided(x), full(x), atol=1e-5, rtol=1e-5)
 
@@ -223,11 +231,11 @@ def test_lift_is_the_projector_onto_the_row_space_of_e_on_real_positions():
     mask[0, :real] = True
     x = torch.randn(1, H, t, 3)
     lifted = bank.lift(0, 0, x, mask)
-    e = bank.matrices(0, t)[0][:, :, :real]                             # (h, k, real): E_m
-    expected = torch.linalg.pinv(e) @ e @ x[0, :, :real]                 # E_m⁺ E_m x
+    e = bank.matrices(0, t)[0][:, :, :real]  # (h, k, real): E_m
+    expected = torch.linalg.pinv(e) @ e @ x[0, :, :real]  # E_m⁺ E_m x
     torch.testing.assert_close(lifted[0, :, :real], expected, atol=1e-5, rtol=1e-4)
-    assert lifted[0, :, real:].abs().max() == 0                          # padding stays empty
-    torch.testing.assert_close(bank.lift(0, 0, lifted, mask), lifted, atol=1e-5, rtol=1e-4)   # P² = P
+    assert lifted[0, :, real:].abs().max() == 0  # padding stays empty
+    torch.testing.assert_close(bank.lift(0, 0, lifted, mask), lifted, atol=1e-5, rtol=1e-4)  # P² = P
 
 
 def _lift_reference(bank, x, mask):
@@ -235,7 +243,7 @@ def _lift_reference(bank, x, mask):
     out = torch.zeros_like(x)
     for b in range(len(x)):
         real = int(mask[b].sum())
-        e = bank.matrices(0, x.shape[-2])[0][:, :, :real]              # (h, k, real)
+        e = bank.matrices(0, x.shape[-2])[0][:, :, :real]  # (h, k, real)
         out[b, :, :real] = torch.linalg.pinv(e) @ e @ x[b, :, :real] if real > e.shape[-2] else x[b, :, :real]
     return out
 
@@ -244,19 +252,19 @@ def test_lift_equals_the_projector_per_sequence_with_one_qr_per_group_without_pa
     bank = ProjectionBank([4], N, H, "none", compress="keys")
     x = torch.randn(3, H, 12, 3)
     mask = torch.ones(3, 12, dtype=torch.bool)
-    mask[1, 9:], mask[2, 3:] = False, False                             # 12, 9 and 3 (≤ k) real tokens
+    mask[1, 9:], mask[2, 3:] = False, False  # 12, 9 and 3 (≤ k) real tokens
     torch.testing.assert_close(bank.lift(0, 0, x, mask), _lift_reference(bank, x, mask), atol=1e-5, rtol=1e-4)
     shapes, qr = [], torch.linalg.qr
     monkeypatch.setattr(torch.linalg, "qr", lambda a, *args, **kw: shapes.append(a.shape) or qr(a, *args, **kw))
     everything = torch.ones(3, 12, dtype=torch.bool)
     torch.testing.assert_close(bank.lift(0, 0, x), _lift_reference(bank, x, everything), atol=1e-5, rtol=1e-4)
-    assert len(shapes) == 1 and math.prod(shapes[0][:-2]) == H          # E is the same for every sequence
+    assert len(shapes) == 1 and math.prod(shapes[0][:-2]) == H  # E is the same for every sequence
 
 
 def test_lift_keeps_e_in_the_graph_when_every_sequence_is_short_and_never_syncs_the_host(monkeypatch):
     """Under DDP a rank whose sequences all have ≤ k real tokens must still give E a (zero) gradient, or DDP
     (find_unused_parameters=False) fails or hangs; and whether P is needed is decided on the device."""
-    for t, real in ((12, 3), (4, 4)):                                    # padded to T > k; T ≤ k without padding
+    for t, real in ((12, 3), (4, 4)):  # padded to T > k; T ≤ k without padding
         bank = ProjectionBank([4], N, H, "none", compress="keys")
         x = torch.randn(2, H, t, 3, requires_grad=True)
         mask = None if real == t else torch.arange(t).expand(2, t) < real
@@ -270,20 +278,29 @@ def test_lift_keeps_e_in_the_graph_when_every_sequence_is_short_and_never_syncs_
 
 
 def test_windowed_lift_of_pool_is_the_window_mean_of_real_rows():
-    bank = ProjectionBank([4], 8, 1, "none", "pool", compress="values")        # w = 2
+    bank = ProjectionBank([4], 8, 1, "none", "pool", compress="values")  # w = 2
     x = torch.arange(7.0).view(1, 1, 7, 1)
     mask = torch.tensor([[True] * 5 + [False] * 2])
     assert bank.lift(0, 0, x, mask).flatten().tolist() == [0.5, 0.5, 2.5, 2.5, 4.0, 0.0, 0.0]
 
 
 # ----------------------------------------------------------------------------- parameter counts
-n_, k_, h_, d_h, layers = 64, 16, 4, 8, 3                                # w = 4; causal: 15 slots of 4
-KS = [16, 8, 6]                                                          # windows 4, 8, 11
+n_, k_, h_, d_h, layers = 64, 16, 4, 8, 3  # w = 4; causal: 15 slots of 4
+KS = [16, 8, 6]  # windows 4, 8, 11
 
 
 def _count(attention):
-    enc = TransformerEncoder({"max_len": n_, "d_model": h_ * d_h, "n_heads": h_, "n_layers": layers,
-                              "d_ff": 32, "attention": {"kind": "linformer", **attention}}, vocab_size=V)
+    enc = TransformerEncoder(
+        {
+            "max_len": n_,
+            "d_model": h_ * d_h,
+            "n_heads": h_,
+            "n_layers": layers,
+            "d_ff": 32,
+            "attention": {"kind": "linformer", **attention},
+        },
+        vocab_size=V,
+    )
     return count_parameters(enc.bank), sum(b.numel() for b in enc.bank.buffers())
 
 
@@ -291,39 +308,42 @@ def _windows(ks):
     return [math.ceil(n_ / k) for k in ks]
 
 
-@pytest.mark.parametrize("attention,expected", [
-    # dense (Eq. 7), the paper's counts; nonuniform k sums k_l, layerwise keeps one k_max × n matrix
-    ({"share": "none"}, 2 * layers * h_ * n_ * k_),
-    ({"share": "headwise"}, 2 * layers * n_ * k_),
-    ({"share": "kv"}, layers * n_ * k_),
-    ({"share": "layerwise"}, n_ * k_),
-    ({"share": "none", "k": KS}, 2 * h_ * n_ * sum(KS)),
-    ({"share": "headwise", "k": KS}, 2 * n_ * sum(KS)),
-    ({"share": "kv", "k": KS}, n_ * sum(KS)),
-    ({"share": "layerwise", "k": KS}, n_ * max(KS)),
-    ({"share": "none", "k_schedule": {"kind": "linear", "first": 16, "last": 6}}, 2 * h_ * n_ * (16 + 11 + 6)),
-    # one-sided: only E is stored
-    ({"share": "none", "compress": "keys"}, layers * h_ * n_ * k_),
-    ({"share": "headwise", "compress": "values"}, layers * n_ * k_),
-    ({"share": "layerwise", "compress": "keys"}, n_ * k_),
-    # conv: w per-channel weights (d = h·d_h channels under none, d_h shared by heads otherwise)
-    ({"projection": "conv", "share": "none"}, 2 * layers * h_ * d_h * 4),
-    ({"projection": "conv", "share": "headwise"}, 2 * layers * d_h * 4),
-    ({"projection": "conv", "share": "kv"}, layers * d_h * 4),
-    ({"projection": "conv", "share": "layerwise"}, d_h * 4),
-    ({"projection": "conv", "share": "headwise", "k": KS}, 2 * d_h * sum(_windows(KS))),
-    ({"projection": "conv", "share": "none", "compress": "keys"}, layers * h_ * d_h * 4),
-    # pool: nothing to learn, whatever the sharing mode or k
-    ({"projection": "pool", "share": "none"}, 0),
-    ({"projection": "pool", "share": "layerwise", "k": KS}, 0),
-    # causal: block-diagonal E, (⌈n/w⌉ − 1)·w per matrix (the last block is nobody's past)
-    ({"causal": True, "share": "none"}, 2 * layers * h_ * 15 * 4),
-    ({"causal": True, "share": "headwise"}, 2 * layers * 15 * 4),
-    ({"causal": True, "share": "kv"}, layers * 15 * 4),
-    ({"causal": True, "share": "layerwise"}, 15 * 4),
-    ({"causal": True, "share": "kv", "k": KS}, (15 * 4 + 7 * 8 + 5 * 11)),
-    ({"causal": True, "projection": "conv", "share": "kv"}, layers * d_h * 4),
-])
+@pytest.mark.parametrize(
+    "attention,expected",
+    [
+        # dense (Eq. 7), the paper's counts; nonuniform k sums k_l, layerwise keeps one k_max × n matrix
+        ({"share": "none"}, 2 * layers * h_ * n_ * k_),
+        ({"share": "headwise"}, 2 * layers * n_ * k_),
+        ({"share": "kv"}, layers * n_ * k_),
+        ({"share": "layerwise"}, n_ * k_),
+        ({"share": "none", "k": KS}, 2 * h_ * n_ * sum(KS)),
+        ({"share": "headwise", "k": KS}, 2 * n_ * sum(KS)),
+        ({"share": "kv", "k": KS}, n_ * sum(KS)),
+        ({"share": "layerwise", "k": KS}, n_ * max(KS)),
+        ({"share": "none", "k_schedule": {"kind": "linear", "first": 16, "last": 6}}, 2 * h_ * n_ * (16 + 11 + 6)),
+        # one-sided: only E is stored
+        ({"share": "none", "compress": "keys"}, layers * h_ * n_ * k_),
+        ({"share": "headwise", "compress": "values"}, layers * n_ * k_),
+        ({"share": "layerwise", "compress": "keys"}, n_ * k_),
+        # conv: w per-channel weights (d = h·d_h channels under none, d_h shared by heads otherwise)
+        ({"projection": "conv", "share": "none"}, 2 * layers * h_ * d_h * 4),
+        ({"projection": "conv", "share": "headwise"}, 2 * layers * d_h * 4),
+        ({"projection": "conv", "share": "kv"}, layers * d_h * 4),
+        ({"projection": "conv", "share": "layerwise"}, d_h * 4),
+        ({"projection": "conv", "share": "headwise", "k": KS}, 2 * d_h * sum(_windows(KS))),
+        ({"projection": "conv", "share": "none", "compress": "keys"}, layers * h_ * d_h * 4),
+        # pool: nothing to learn, whatever the sharing mode or k
+        ({"projection": "pool", "share": "none"}, 0),
+        ({"projection": "pool", "share": "layerwise", "k": KS}, 0),
+        # causal: block-diagonal E, (⌈n/w⌉ − 1)·w per matrix (the last block is nobody's past)
+        ({"causal": True, "share": "none"}, 2 * layers * h_ * 15 * 4),
+        ({"causal": True, "share": "headwise"}, 2 * layers * 15 * 4),
+        ({"causal": True, "share": "kv"}, layers * 15 * 4),
+        ({"causal": True, "share": "layerwise"}, 15 * 4),
+        ({"causal": True, "share": "kv", "k": KS}, (15 * 4 + 7 * 8 + 5 * 11)),
+        ({"causal": True, "projection": "conv", "share": "kv"}, layers * d_h * 4),
+    ],
+)
 def test_projection_parameter_counts(attention, expected):
     assert _count({"k": k_, **attention}) == (expected, 0)
 
@@ -340,59 +360,93 @@ def test_nonuniform_k_gives_each_layer_its_k(share):
     for layer, k in enumerate([6, 3]):
         e, f = enc.bank.matrices(layer, N)
         assert e.shape[-2:] == f.shape[-2:] == (k, N)
-    if share == "layerwise":                                             # the first k_l rows of one matrix
+    if share == "layerwise":  # the first k_l rows of one matrix
         torch.testing.assert_close(enc.bank.matrices(1, N)[0], enc.bank.weight_0[0, :, :3])
     assert enc(torch.randint(0, V, (2, N))).shape == (2, N, D)
 
 
 # ----------------------------------------------------------------------------- config-time errors
-@pytest.mark.parametrize("overrides,message", [
-    (["model.attention.projection=conv", "model.attention.order=compress_first"],
-     "model.attention.order: 'compress_first' needs E to commute with W_k, which conv's per-channel weights do not; "
-     "use auto or project_first"),
-    (["model.attention.compress=keys", "model.attention.order=compress_first"],
-     "model.attention.order: 'compress_first' does not apply with compress='keys' (the lift needs every key row); "
-     "use auto or project_first"),
-    (["task=clm", "model.attention.causal=true", "model.attention.order=compress_first"],
-     "model.attention.order: 'compress_first' does not apply with causal=true (the local block needs every key); "
-     "use auto or project_first"),
-    (["task=clm", "model.attention.causal=true", "model.attention.compress=values"],
-     "model.attention.compress: 'values' cannot be causal (its lift P = E⁺E mixes every position into every row); "
-     "use compress=both with causal=true"),
-    (["model.attention.projection=conv", "model.attention.share=layerwise", "model.attention.k=[32,16]"],
-     "model.attention.k: per-layer k [32, 16] needs one window per layer, which share=layerwise cannot give a "
-     "conv projection; use share none, headwise or kv"),
-    (["task=clm", "model.attention.causal=true", "model.attention.share=layerwise",
-      "model.attention.k_schedule={first: 32, last: 8}"],
-     "model.attention.k: per-layer k [32, 8] needs one window per layer, which share=layerwise cannot give a "
-     "causal projection; use share none, headwise or kv"),
-    (["model.attention.init=theorem2", "model.attention.share=kv"],
-     "model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
-     "got share=kv, compress=both"),
-    (["model.attention.init=theorem2", "model.attention.compress=keys"],
-     "model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
-     "got share=none, compress=keys"),
-    (["model.attention.kind=nope"],
-     "model.attention.kind: unknown kind 'nope' (allowed: full, linformer, local, lsh, nystrom, performer, sparse)"),
-    (["model.attention.projection=nope"],
-     "model.attention.projection: unknown projection kind 'nope' (allowed: learned, random, conv, pool)"),
-    (["model.attention.kind=full", "model.attention.options={window: 4}"],
-     "model.attention.options: kind 'full' takes no options, got {'window': 4}"),
-    (["model.attention.causal=true"],
-     "task: 'mlm' needs model.attention.causal=false (a masked token is predicted from both sides)"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["model.attention.projection=conv", "model.attention.order=compress_first"],
+            "model.attention.order: 'compress_first' needs E to commute with W_k, which conv's per-channel weights do not; "
+            "use auto or project_first",
+        ),
+        (
+            ["model.attention.compress=keys", "model.attention.order=compress_first"],
+            "model.attention.order: 'compress_first' does not apply with compress='keys' (the lift needs every key row); "
+            "use auto or project_first",
+        ),
+        (
+            ["task=clm", "model.attention.causal=true", "model.attention.order=compress_first"],
+            "model.attention.order: 'compress_first' does not apply with causal=true (the local block needs every key); "
+            "use auto or project_first",
+        ),
+        (
+            ["task=clm", "model.attention.causal=true", "model.attention.compress=values"],
+            "model.attention.compress: 'values' cannot be causal (its lift P = E⁺E mixes every position into every row); "
+            "use compress=both with causal=true",
+        ),
+        (
+            ["model.attention.projection=conv", "model.attention.share=layerwise", "model.attention.k=[32,16]"],
+            "model.attention.k: per-layer k [32, 16] needs one window per layer, which share=layerwise cannot give a "
+            "conv projection; use share none, headwise or kv",
+        ),
+        (
+            [
+                "task=clm",
+                "model.attention.causal=true",
+                "model.attention.share=layerwise",
+                "model.attention.k_schedule={first: 32, last: 8}",
+            ],
+            "model.attention.k: per-layer k [32, 8] needs one window per layer, which share=layerwise cannot give a "
+            "causal projection; use share none, headwise or kv",
+        ),
+        (
+            ["model.attention.init=theorem2", "model.attention.share=kv"],
+            "model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
+            "got share=kv, compress=both",
+        ),
+        (
+            ["model.attention.init=theorem2", "model.attention.compress=keys"],
+            "model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
+            "got share=none, compress=keys",
+        ),
+        (
+            ["model.attention.kind=nope"],
+            "model.attention.kind: unknown kind 'nope' (allowed: full, linformer, local, lsh, nystrom, performer, sparse)",
+        ),
+        (
+            ["model.attention.projection=nope"],
+            "model.attention.projection: unknown projection kind 'nope' (allowed: learned, random, conv, pool)",
+        ),
+        (
+            ["model.attention.kind=full", "model.attention.options={window: 4}"],
+            "model.attention.options: kind 'full' takes no options, got {'window': 4}",
+        ),
+        (
+            ["model.attention.causal=true"],
+            "task: 'mlm' needs model.attention.causal=false (a masked token is predicted from both sides)",
+        ),
+    ],
+)
 def test_combinations_that_cannot_work_fail_at_config_time_with_one_line(overrides, message):
     with pytest.raises(ConfigError) as err:
         run_config.load(run_config.CONFIG_DIR / "base.yaml", overrides)
     assert str(err.value) == message
 
 
-@pytest.mark.parametrize("overrides", [
-    ["model.attention.projection=pool", "model.attention.share=layerwise", "model.attention.k=[32,16]"],
-    ["model.attention.share=layerwise", "model.attention.k=[32,16]"],
-    ["model.attention.projection=conv", "model.attention.init=theorem2"],
-    ["task=clm", "model.attention.causal=true", "model.attention.projection=conv", "model.attention.k=[32,16]"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.attention.projection=pool", "model.attention.share=layerwise", "model.attention.k=[32,16]"],
+        ["model.attention.share=layerwise", "model.attention.k=[32,16]"],
+        ["model.attention.projection=conv", "model.attention.init=theorem2"],
+        ["task=clm", "model.attention.causal=true", "model.attention.projection=conv", "model.attention.k=[32,16]"],
+    ],
+)
 def test_combinations_that_work_pass_the_config_check_and_build(overrides):
     cfg = run_config.load(run_config.CONFIG_DIR / "base.yaml", overrides + ["model.max_len=64"])
     assert TransformerEncoder(run_config.to_container(cfg.model), V)(torch.randint(0, V, (1, 64))).shape == (1, 64, 128)

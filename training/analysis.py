@@ -74,8 +74,10 @@ def read_run(path: Path) -> Run:
 def load_module(run: Run, datamodule: L.LightningDataModule) -> L.LightningModule:
     """The run's trained module in eval mode; ``datamodule``'s tokenizer must match its vocabulary."""
     if datamodule.vocab_size != run.vocab_size:
-        raise ConfigError(f"{run.checkpoint}: trained with a vocabulary of {run.vocab_size} tokens, but the "
-                            f"tokenizer rebuilt from data.* has {datamodule.vocab_size}")
+        raise ConfigError(
+            f"{run.checkpoint}: trained with a vocabulary of {run.vocab_size} tokens, but the "
+            f"tokenizer rebuilt from data.* has {datamodule.vocab_size}"
+        )
     module = build_module(run.cfg, datamodule)
     check_architecture({"state_dict": run.state_dict}, module, run.checkpoint)
     module.load_state_dict(run.state_dict)
@@ -93,26 +95,35 @@ def _same_data(run: DictConfig, reference: DictConfig) -> None:
 
 
 def _k_schedule_yaml(ks: list[int], run: Run, energy: float, samples: int) -> str:
-    return (f"# Per-layer k from the attention spectrum of {run.run_dir} (step {run.global_step}): per layer the\n"
-            f"# smallest k keeping {energy:g} of every head's cumulative singular value on {samples} validation\n"
-            f"# sequences. Use: list this file under `defaults:` of an experiment file, or the override\n"
-            f"# model.attention.k=[{','.join(map(str, ks))}]\n"
-            f"model:\n  attention:\n    k: [{', '.join(map(str, ks))}]\n    k_schedule: null\n")
+    return (
+        f"# Per-layer k from the attention spectrum of {run.run_dir} (step {run.global_step}): per layer the\n"
+        f"# smallest k keeping {energy:g} of every head's cumulative singular value on {samples} validation\n"
+        f"# sequences. Use: list this file under `defaults:` of an experiment file, or the override\n"
+        f"# model.attention.k=[{','.join(map(str, ks))}]\n"
+        f"model:\n  attention:\n    k: [{', '.join(map(str, ks))}]\n    k_schedule: null\n"
+    )
 
 
-def _spectrum(run: Run, module: L.LightningModule, sample: list[dict], energy: float,
-              index: Optional[int]) -> tuple[dict, dict]:
+def _spectrum(
+    run: Run, module: L.LightningModule, sample: list[dict], energy: float, index: Optional[int]
+) -> tuple[dict, dict]:
     """Summary entries and figures of the spectrum (paper Fig. 1) and the suggested k."""
     spectrum = analysis.measure_spectrum(module.encoder, sample)
-    indices = ([index] * run.cfg.model.n_layers if index is not None
-               else analysis.heatmap_indices(run.cfg.model, spectrum))
+    indices = (
+        [index] * run.cfg.model.n_layers if index is not None else analysis.heatmap_indices(run.cfg.model, spectrum)
+    )
     at_index = spectrum.at_index(indices)
-    part = {"spectrum": {"index": indices, "cumulative_at_index": at_index.tolist(),
-                         "effective_rank": spectrum.effective_ranks(energy),
-                         "effective_rank_per_head": spectrum.head_effective_ranks(energy),
-                         "layer_curves": [c.tolist() for c in spectrum.layer_curves],
-                         "mean_singular_values": [s.mean((0, 1)).tolist() for s in spectrum.singular_values]},
-            "suggested_k": spectrum.suggested_ks(energy)}
+    part = {
+        "spectrum": {
+            "index": indices,
+            "cumulative_at_index": at_index.tolist(),
+            "effective_rank": spectrum.effective_ranks(energy),
+            "effective_rank_per_head": spectrum.head_effective_ranks(energy),
+            "layer_curves": [c.tolist() for c in spectrum.layer_curves],
+            "mean_singular_values": [s.mean((0, 1)).tolist() for s in spectrum.singular_values],
+        },
+        "suggested_k": spectrum.suggested_ks(energy),
+    }
     att = run.cfg.model.attention
     if att.kind == "linformer" and att.causal:
         what = "P̃ = softmax over [past slots ; own block]"
@@ -120,32 +131,45 @@ def _spectrum(run: Run, module: L.LightningModule, sample: list[dict], energy: f
         what = "P̄ = softmax(Q(EK)ᵀ/√d)"
     else:
         what = "P = softmax(QKᵀ/√d)"
-    figures = {"spectrum_cumulative": analysis.figure_cumulative(spectrum, indices, f"{what}, step {run.global_step}"),
-               "spectrum_heatmap": analysis.figure_heatmap(at_index, indices, "cumulative singular value at k")}
+    figures = {
+        "spectrum_cumulative": analysis.figure_cumulative(spectrum, indices, f"{what}, step {run.global_step}"),
+        "spectrum_heatmap": analysis.figure_heatmap(at_index, indices, "cumulative singular value at k"),
+    }
     return part, figures
 
 
-def _projections(run: Run, module: L.LightningModule, datamodule: L.LightningDataModule, sample: list[dict],
-                 energy: float, reference: Optional[Run]) -> tuple[dict, dict]:
+def _projections(
+    run: Run,
+    module: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    sample: list[dict],
+    energy: float,
+    reference: Optional[Run],
+) -> tuple[dict, dict]:
     """Summary entries and figures of what E/F encode, against Gaussian matrices (and a full model)."""
     part: dict[str, Any] = {}
     ref_spectrum = None
     if reference is not None:
         ref_spectrum = analysis.measure_spectrum(load_module(reference, datamodule).encoder, sample, grams=True)
-        part["reference"] = {"run_dir": str(reference.run_dir), "global_step": reference.global_step,
-                             "effective_rank": ref_spectrum.effective_ranks(energy)}
+        part["reference"] = {
+            "run_dir": str(reference.run_dir),
+            "global_step": reference.global_step,
+            "effective_rank": ref_spectrum.effective_ranks(energy),
+        }
     projections = analysis.distinct_projections(module.encoder.bank)
     part["projections"] = analysis.projection_report(projections, ref_spectrum, seed=run.cfg.seed)
     figures = {}
     for group in dict.fromkeys(p.name.split("/")[0] for p in projections):
         figures[f"projections_{group}"] = analysis.figure_projection_rows(
-            [p for p in projections if p.name.split("/")[0] == group], f"E/F rows over positions: {group}")
+            [p for p in projections if p.name.split("/")[0] == group], f"E/F rows over positions: {group}"
+        )
     figures["projection_metrics"] = analysis.figure_projection_metrics(part["projections"])
     return part, figures
 
 
-def analyze(path: Path, samples: int = 16, energy: float = 0.9, index: Optional[int] = None,
-            reference: Optional[Path] = None) -> dict[str, Any]:
+def analyze(
+    path: Path, samples: int = 16, energy: float = 0.9, index: Optional[int] = None, reference: Optional[Path] = None
+) -> dict[str, Any]:
     """Write ``<run>/analysis/`` and the TensorBoard images; return the summary."""
     from matplotlib.image import imsave
     from torch.utils.tensorboard import SummaryWriter
@@ -164,16 +188,24 @@ def analyze(path: Path, samples: int = 16, energy: float = 0.9, index: Optional[
             raise ConfigError("--reference: compares a Linformer's E/F with full attention; this run is full attention")
         ref = read_run(reference)
         if ref.cfg.model.attention.kind != "full":
-            raise ConfigError(f"--reference: {reference} is not a full-attention run "
-                                f"(model.attention.kind={ref.cfg.model.attention.kind})")
+            raise ConfigError(
+                f"--reference: {reference} is not a full-attention run "
+                f"(model.attention.kind={ref.cfg.model.attention.kind})"
+            )
         _same_data(run.cfg, ref.cfg)
     datamodule = build_datamodule(run.cfg)
     datamodule.setup("validate")
     module = load_module(run, datamodule)
     sample = analysis.validation_sample(datamodule.val_dataloader(), samples)
     taken = sum(len(b["input_ids"]) for b in sample)
-    summary: dict[str, Any] = {"run_dir": str(run.run_dir), "checkpoint": str(run.checkpoint),
-                               "global_step": run.global_step, "attention": kind, "samples": taken, "energy": energy}
+    summary: dict[str, Any] = {
+        "run_dir": str(run.run_dir),
+        "checkpoint": str(run.checkpoint),
+        "global_step": run.global_step,
+        "attention": kind,
+        "samples": taken,
+        "energy": energy,
+    }
     part, figures = _spectrum(run, module, sample, energy, index)
     summary.update(part)
     if module.encoder.bank is not None:
@@ -186,7 +218,7 @@ def analyze(path: Path, samples: int = 16, energy: float = 0.9, index: Optional[
     writer = SummaryWriter(log_dir=str(run.run_dir))
     try:
         for name, fig in figures.items():
-            image = analysis.figure_to_array(fig)                                # rendered once for both outputs
+            image = analysis.figure_to_array(fig)  # rendered once for both outputs
             imsave(out / f"{name}.png", image)
             writer.add_image(f"analysis/{name}", image, run.global_step, dataformats="HWC")
     finally:
@@ -199,21 +231,28 @@ def analyze(path: Path, samples: int = 16, energy: float = 0.9, index: Optional[
 
 def report(summary: dict[str, Any]) -> str:
     """The numbers a reader wants first, as text."""
-    lines = [f"{summary['attention']} attention, step {summary['global_step']}, "
-             f"{summary['samples']} validation sequences"]
+    lines = [
+        f"{summary['attention']} attention, step {summary['global_step']}, {summary['samples']} validation sequences"
+    ]
     s = summary["spectrum"]
-    lines += [f"spectrum, effective rank at energy {summary['energy']:g}:",
-              "layer  index  cumulative@index per head      effective rank (layer / per head)"]
-    for layer, (i, row, r, rh) in enumerate(zip(s["index"], s["cumulative_at_index"], s["effective_rank"],
-                                                 s["effective_rank_per_head"])):
+    lines += [
+        f"spectrum, effective rank at energy {summary['energy']:g}:",
+        "layer  index  cumulative@index per head      effective rank (layer / per head)",
+    ]
+    for layer, (i, row, r, rh) in enumerate(
+        zip(s["index"], s["cumulative_at_index"], s["effective_rank"], s["effective_rank_per_head"])
+    ):
         lines.append(f"{layer:>5}  {i:>5}  {' '.join(f'{v:.3f}' for v in row):<29} {r} / {rh}")
     lines.append(f"suggested model.attention.k: {summary['suggested_k']}")
     if "reference" in summary:
         reference = summary["reference"]
         lines.append(f"reference {reference['run_dir']}: effective rank {reference['effective_rank']}")
     if "projections" in summary:
-        metrics = [m for m in ("locality", "smoothness", "fourier_alignment", "attention_alignment")
-                   if m in next(iter(summary["projections"].values()))["model"]]
+        metrics = [
+            m
+            for m in ("locality", "smoothness", "fourier_alignment", "attention_alignment")
+            if m in next(iter(summary["projections"].values()))["model"]
+        ]
         lines.append("projection (model | gaussian)  " + "  ".join(f"{m:>22}" for m in metrics))
         for name, entry in summary["projections"].items():
             cells = [f"{entry['model'][m]:.3f} | {entry['gaussian'][m]:.3f}" for m in metrics]

@@ -25,8 +25,17 @@ from lightning_modules.config import RENAMED, ModelConfig, OptimConfig, check_mo
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
-__all__ = ["CONFIG_DIR", "ConfigError", "RunConfig", "TrainerConfig", "check", "flatten", "load", "merge_run",
-           "to_container"]
+__all__ = [
+    "CONFIG_DIR",
+    "ConfigError",
+    "RunConfig",
+    "TrainerConfig",
+    "check",
+    "flatten",
+    "load",
+    "merge_run",
+    "to_container",
+]
 
 
 @dataclass
@@ -89,10 +98,32 @@ def load(path: Optional[str | Path] = None, overrides: list[str] = ()) -> DictCo
 
 # --------------------------------------------------------------------------------------- checks
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
-STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "ddp_find_unused_parameters_true",
-              "ddp_spawn_find_unused_parameters_true", "fsdp", "single_device", "deepspeed")
-PRECISIONS = ("64-true", "64", "32-true", "32", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true",
-              "transformer-engine", "transformer-engine-float16")
+STRATEGIES = (
+    "auto",
+    "ddp",
+    "ddp_spawn",
+    "ddp_fork",
+    "ddp_notebook",
+    "ddp_find_unused_parameters_true",
+    "ddp_spawn_find_unused_parameters_true",
+    "fsdp",
+    "single_device",
+    "deepspeed",
+)
+PRECISIONS = (
+    "64-true",
+    "64",
+    "32-true",
+    "32",
+    "16-mixed",
+    "16",
+    "bf16-mixed",
+    "bf16",
+    "16-true",
+    "bf16-true",
+    "transformer-engine",
+    "transformer-engine-float16",
+)
 MAX_STEPS = 10**9
 
 
@@ -112,12 +143,18 @@ def check(cfg: DictConfig) -> None:
     for key in ("init_from",):
         if cfg[key] is not None:
             check_path(key, cfg[key])
-    require(cfg.task != "clm" or att.causal,
-            "task: 'clm' needs model.attention.causal=true (next-token prediction must not see the future)")
-    require(cfg.task != "mlm" or not att.causal,
-            "task: 'mlm' needs model.attention.causal=false (a masked token is predicted from both sides)")
-    require(cfg.init_from is None or cfg.task == "classify",
-            f"init_from: only task 'classify' loads a pretrained encoder, got task '{cfg.task}'")
+    require(
+        cfg.task != "clm" or att.causal,
+        "task: 'clm' needs model.attention.causal=true (next-token prediction must not see the future)",
+    )
+    require(
+        cfg.task != "mlm" or not att.causal,
+        "task: 'mlm' needs model.attention.causal=false (a masked token is predicted from both sides)",
+    )
+    require(
+        cfg.init_from is None or cfg.task == "classify",
+        f"init_from: only task 'classify' loads a pretrained encoder, got task '{cfg.task}'",
+    )
     check_fits_memory(cfg)
 
 
@@ -141,24 +178,34 @@ def check_trainer(t: DictConfig) -> None:
     check_number("trainer.num_nodes", t.num_nodes, 1, 1 << 16, integer=True)
     check_number("trainer.cpu_threads", t.cpu_threads, 0, 1024, integer=True)
     check_number("trainer.spectrum_every_n_val", t.spectrum_every_n_val, 0, MAX_STEPS, integer=True)
-    require(t.accelerator in ACCELERATORS,
-            f"trainer.accelerator: {t.accelerator!r} is not one of {', '.join(ACCELERATORS)}")
+    require(
+        t.accelerator in ACCELERATORS, f"trainer.accelerator: {t.accelerator!r} is not one of {', '.join(ACCELERATORS)}"
+    )
     require(t.strategy in STRATEGIES, f"trainer.strategy: {t.strategy!r} is not one of {', '.join(STRATEGIES)}")
-    require(t.precision is None or str(t.precision) in PRECISIONS,
-            f"trainer.precision: {t.precision!r} is not one of {', '.join(PRECISIONS)} (or null: bf16-mixed on a "
-            "GPU that has bf16, 32-true on CPU)")
+    require(
+        t.precision is None or str(t.precision) in PRECISIONS,
+        f"trainer.precision: {t.precision!r} is not one of {', '.join(PRECISIONS)} (or null: bf16-mixed on a "
+        "GPU that has bf16, 32-true on CPU)",
+    )
     devices = t.devices
     if isinstance(devices, str):
-        require(devices == "auto" or devices.lstrip("-").isdigit() or devices.replace(",", "").isdigit(),
-                f"trainer.devices: {devices!r} is not a count, a list of device indices, -1 or 'auto'")
+        require(
+            devices == "auto" or devices.lstrip("-").isdigit() or devices.replace(",", "").isdigit(),
+            f"trainer.devices: {devices!r} is not a count, a list of device indices, -1 or 'auto'",
+        )
     elif isinstance(devices, (int, float)) and not isinstance(devices, bool):
-        require(isinstance(devices, int) and (devices == -1 or 1 <= devices <= 4096),
-                f"trainer.devices: must be a count >= 1, -1 (all), a list of indices or 'auto', got {devices!r}")
+        require(
+            isinstance(devices, int) and (devices == -1 or 1 <= devices <= 4096),
+            f"trainer.devices: must be a count >= 1, -1 (all), a list of indices or 'auto', got {devices!r}",
+        )
     else:
         items = list(devices) if devices is not None and not isinstance(devices, bool) else None
-        require(items is not None and len(items) >= 1
-                and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 4096 for i in items),
-                f"trainer.devices: must be a count >= 1, -1 (all), a list of indices or 'auto', got {devices!r}")
+        require(
+            items is not None
+            and len(items) >= 1
+            and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 4096 for i in items),
+            f"trainer.devices: must be a count >= 1, -1 (all), a list of indices or 'auto', got {devices!r}",
+        )
 
 
 def parameter_estimate(cfg: DictConfig) -> int:
@@ -178,6 +225,9 @@ def check_fits_memory(cfg: DictConfig) -> None:
     except (ValueError, OSError, AttributeError):
         return
     need = 16 * parameter_estimate(cfg)
-    require(need <= total, f"model: about {parameter_estimate(cfg):.3g} parameters need {need / 2**30:.1f} GiB for "
-                           f"weights, gradients and AdamW state, more than this machine's {total / 2**30:.1f} GiB "
-                           "(reduce model.max_len, d_model, d_ff or n_layers)")
+    require(
+        need <= total,
+        f"model: about {parameter_estimate(cfg):.3g} parameters need {need / 2**30:.1f} GiB for "
+        f"weights, gradients and AdamW state, more than this machine's {total / 2**30:.1f} GiB "
+        "(reduce model.max_len, d_model, d_ff or n_layers)",
+    )

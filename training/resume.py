@@ -39,11 +39,13 @@ def _rng_states(device: torch.device) -> dict[str, Any]:
     """This process's generators: CPU (torch, NumPy, Python) and, on a CUDA device, that device's only (a run
     on the CPU never touches CUDA, which would initialise it, or fail, in every process)."""
     np_state = np.random.get_state()
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-            # plain types only: the checkpoint must load with weights_only=True
-            "numpy": [np_state[0], np_state[1].tolist(), *map(float, np_state[2:])],
-            "python": random.getstate()}
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        # plain types only: the checkpoint must load with weights_only=True
+        "numpy": [np_state[0], np_state[1].tolist(), *map(float, np_state[2:])],
+        "python": random.getstate(),
+    }
 
 
 def _set_rng_states(states: dict[str, Any], device: torch.device) -> None:

@@ -50,8 +50,9 @@ def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
 
     if cfg.task == "classify":  # init_from: encode with the pretraining run's tokenizer
         return ClassificationDataModule(cfg.data, cfg.model.max_len, cfg.seed, init_from=cfg.init_from)
-    cls = {"mlm": MLMDataModule, "clm": CausalLMDataModule, "recall": MQARDataModule,
-           "listops": ListOpsDataModule}[cfg.task]
+    cls = {"mlm": MLMDataModule, "clm": CausalLMDataModule, "recall": MQARDataModule, "listops": ListOpsDataModule}[
+        cfg.task
+    ]
     return cls(cfg.data, cfg.model.max_len, cfg.seed)
 
 
@@ -124,8 +125,9 @@ def _keep_earlier_metrics(run_dir: Path) -> None:
         os.replace(path, run_dir / f"metrics.step_{step}.json")
 
 
-def _open_run_dir(cfg: DictConfig, datamodule: L.LightningDataModule,
-                  module: L.LightningModule) -> tuple[Path, Optional[str], Optional[dict]]:
+def _open_run_dir(
+    cfg: DictConfig, datamodule: L.LightningDataModule, module: L.LightningModule
+) -> tuple[Path, Optional[str], Optional[dict]]:
     """The run directory, with config.yaml (and the tokenizer) written; the checkpoint to resume from; and, when
     the run to resume has already finished and recorded its metrics, those metrics (then nothing is written).
 
@@ -156,11 +158,11 @@ def _open_run_dir(cfg: DictConfig, datamodule: L.LightningDataModule,
     return run_dir, resume_from, None
 
 
-def _logger(cfg: DictConfig, module: L.LightningModule, run_dir: Path, resumed: bool,
-            hparams: Optional[dict]) -> TensorBoardLogger:
+def _logger(
+    cfg: DictConfig, module: L.LightningModule, run_dir: Path, resumed: bool, hparams: Optional[dict]
+) -> TensorBoardLogger:
     """TensorBoard logger of the run; a new run first records its HPARAMS (a resumed one has them)."""
-    logger = TensorBoardLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name,
-                               default_hp_metric=False)
+    logger = TensorBoardLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name, default_hp_metric=False)
     if not resumed:
         hp_metrics = getattr(module, "hp_metrics", HP_METRICS)  # a module may declare its own
         logger.log_hyperparams({**_hparams(cfg), **(hparams or {})}, metrics={m: math.nan for m in hp_metrics})
@@ -174,19 +176,34 @@ def trainer_arguments(cfg: DictConfig) -> dict[str, Any]:
     """The Lightning Trainer's arguments that come from the config."""
     t = cfg.trainer
     return dict(
-        max_steps=t.max_steps, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
-        limit_val_batches=t.limit_val_batches, log_every_n_steps=t.log_every_n_steps,
-        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
-        precision=_precision(cfg), accumulate_grad_batches=t.accumulate_grad_batches,
-        gradient_clip_val=cfg.optim.gradient_clip_val, deterministic=t.deterministic)
+        max_steps=t.max_steps,
+        val_check_interval=t.val_check_interval,
+        check_val_every_n_epoch=None,
+        limit_val_batches=t.limit_val_batches,
+        log_every_n_steps=t.log_every_n_steps,
+        accelerator=t.accelerator,
+        devices=t.devices,
+        num_nodes=t.num_nodes,
+        strategy=t.strategy,
+        precision=_precision(cfg),
+        accumulate_grad_batches=t.accumulate_grad_batches,
+        gradient_clip_val=cfg.optim.gradient_clip_val,
+        deterministic=t.deterministic,
+    )
 
 
 def _trainer(cfg: DictConfig, run_dir: Path, logger: TensorBoardLogger, callbacks: list[L.Callback]) -> L.Trainer:
     # The bar reads its metrics (train/loss) back from the device when it refreshes: as often as the loggers.
     bar = TQDMProgressBar(refresh_rate=max(1, cfg.trainer.log_every_n_steps))
-    return L.Trainer(**trainer_arguments(cfg), num_sanity_val_steps=0, enable_model_summary=False,
-                     default_root_dir=str(run_dir), logger=logger, plugins=[AtomicCheckpointIO()],
-                     callbacks=[*callbacks, bar])
+    return L.Trainer(
+        **trainer_arguments(cfg),
+        num_sanity_val_steps=0,
+        enable_model_summary=False,
+        default_root_dir=str(run_dir),
+        logger=logger,
+        plugins=[AtomicCheckpointIO()],
+        callbacks=[*callbacks, bar],
+    )
 
 
 def preflight(cfg: DictConfig, vocab_size: Optional[int] = None) -> int:
@@ -204,11 +221,17 @@ def preflight(cfg: DictConfig, vocab_size: Optional[int] = None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if not gpu_wanted:  # a GPU preset validated on a CPU machine: its device arguments are for later
-                L.Trainer(**trainer_arguments(cfg), logger=False, enable_checkpointing=False,
-                          enable_progress_bar=False, enable_model_summary=False)
+                L.Trainer(
+                    **trainer_arguments(cfg),
+                    logger=False,
+                    enable_checkpointing=False,
+                    enable_progress_bar=False,
+                    enable_model_summary=False,
+                )
     except (MisconfigurationException, ValueError, TypeError, RuntimeError) as err:
-        raise ConfigError(f"trainer: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}"
-                          ) from None
+        raise ConfigError(
+            f"trainer: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}"
+        ) from None
     finally:
         for logger, level in zip(quiet, levels):
             logger.setLevel(level)
@@ -224,8 +247,14 @@ def model_parameters(cfg: DictConfig, vocab_size: Optional[int] = None) -> int:
     return count_parameters(encoder)
 
 
-def _final_scores(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule,
-                  best: Optional[ModelCheckpoint], validated_at: Optional[int], global_step: int) -> dict[str, Any]:
+def _final_scores(
+    trainer: L.Trainer,
+    module: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    best: Optional[ModelCheckpoint],
+    validated_at: Optional[int],
+    global_step: int,
+) -> dict[str, Any]:
     """val/* at the last step (validating once more if the last step was not validated, or if this process
     holds no validation scores: a resumed run whose training was already over), and for tasks with a test split,
     test/* of the best validation checkpoint."""
@@ -246,18 +275,30 @@ def build_module_or_refuse(cfg: DictConfig, datamodule: L.LightningDataModule) -
     try:
         return build_module(cfg, datamodule)
     except MemoryError as err:
-        raise ConfigError(f"model: cannot allocate its weights ({type(err).__name__}); reduce model.max_len, "
-                          "d_model, d_ff or n_layers") from None
+        raise ConfigError(
+            f"model: cannot allocate its weights ({type(err).__name__}); reduce model.max_len, "
+            "d_model, d_ff or n_layers"
+        ) from None
     except RuntimeError as err:
         if "alloc" not in str(err).lower():
             raise
-        raise ConfigError(f"model: cannot allocate its weights ({str(err).splitlines()[0][:120]}); reduce "
-                          "model.max_len, d_model, d_ff or n_layers") from None
+        raise ConfigError(
+            f"model: cannot allocate its weights ({str(err).splitlines()[0][:120]}); reduce "
+            "model.max_len, d_model, d_ff or n_layers"
+        ) from None
 
 
-def run_metrics_of(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule,
-                   best: Optional[ModelCheckpoint], run: RunMetrics, flops: TrainingFlops, global_step: int,
-                   started: float, run_dir: Path) -> dict[str, Any]:
+def run_metrics_of(
+    trainer: L.Trainer,
+    module: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    best: Optional[ModelCheckpoint],
+    run: RunMetrics,
+    flops: TrainingFlops,
+    global_step: int,
+    started: float,
+    run_dir: Path,
+) -> dict[str, Any]:
     """What ``metrics.json`` records: final scores, trivial baselines, sizes, time, throughput, FLOPs, memory."""
     return {
         **_final_scores(trainer, module, datamodule, best, run.validated_at, global_step),
@@ -297,19 +338,41 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
     module = build_module_or_refuse(cfg, datamodule)
     run_dir, resume_from, done = _open_run_dir(cfg, datamodule, module)  # the first write
     if done is not None:
-        print(f"{run_dir}: already finished at step {done['global_step']} (trainer.max_steps={cfg.trainer.max_steps}); "
-              f"nothing to do, its {METRICS} is unchanged")
+        print(
+            f"{run_dir}: already finished at step {done['global_step']} (trainer.max_steps={cfg.trainer.max_steps}); "
+            f"nothing to do, its {METRICS} is unchanged"
+        )
         return done
     logger = _logger(cfg, module, run_dir, resume_from is not None, hparams)
     run, flops = RunMetrics(), TrainingFlops()
     # Modules with a checkpoint_monitor (classifiers) also keep their best validation step, which is tested.
     monitor, mode = getattr(module, "checkpoint_monitor", (None, "min"))
-    best = ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="best", monitor=monitor, mode=mode,
-                           save_top_k=1, save_on_train_epoch_end=False) if monitor else None
+    best = (
+        ModelCheckpoint(
+            dirpath=str(run_dir / "checkpoints"),
+            filename="best",
+            monitor=monitor,
+            mode=mode,
+            save_top_k=1,
+            save_on_train_epoch_end=False,
+        )
+        if monitor
+        else None
+    )
     every = cfg.trainer.spectrum_every_n_val
-    trainer = _trainer(cfg, run_dir, logger, [
-        run, flops, *callbacks, *([SpectrumMonitor(every)] if every > 0 else []), *([best] if best else []),
-        LastCheckpoint(run_dir / CHECKPOINT)])  # after `best`: last.ckpt holds its state after each validation
+    trainer = _trainer(
+        cfg,
+        run_dir,
+        logger,
+        [
+            run,
+            flops,
+            *callbacks,
+            *([SpectrumMonitor(every)] if every > 0 else []),
+            *([best] if best else []),
+            LastCheckpoint(run_dir / CHECKPOINT),
+        ],
+    )  # after `best`: last.ckpt holds its state after each validation
     with shared_with_ranks(run_dir):
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
     global_step = trainer.global_step
@@ -324,23 +387,30 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="experiment YAML file (e.g. experiments/configs/quickstart.yaml)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.attention.k=32")
-    parser.add_argument("--check", action="store_true",
-                        help="validate the config (schema, rules, Trainer arguments, the model built on the meta "
-                             "device) and exit without writing anything")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the config (schema, rules, Trainer arguments, the model built on the meta "
+        "device) and exit without writing anything",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     cfg = run_config.load(args.config, args.overrides)
     if args.check:
-        print(f"config OK: {cfg.task}, {cfg.model.attention.kind} attention, about {preflight(cfg):,} parameters; "
-              "nothing written")
+        print(
+            f"config OK: {cfg.task}, {cfg.model.attention.kind} attention, about {preflight(cfg):,} parameters; "
+            "nothing written"
+        )
         return 0
     metrics = train(cfg)
     print(f"run directory: {metrics['run_dir']}")
     shown = [f"{k} {metrics[k]:.4g}" for k in ("val/ppl", "val/loss", "val/accuracy") if k in metrics]
     print("  ".join(shown + [f"{metrics['tokens_per_sec']:.0f} tokens/s"]))
     if "test/accuracy" in metrics:
-        print(f"test/accuracy {metrics['test/accuracy']:.4f}  test/f1 {metrics['test/f1']:.4f} "
-              f"(best validation checkpoint)")
+        print(
+            f"test/accuracy {metrics['test/accuracy']:.4f}  test/f1 {metrics['test/f1']:.4f} "
+            f"(best validation checkpoint)"
+        )
     print(f"tensorboard --logdir {Path(metrics['run_dir']).parent} --host 127.0.0.1")
     return 0

@@ -26,15 +26,14 @@ from torch import Tensor, nn
 from lightning_modules.encoder import TransformerEncoder
 
 BASELINES = ("naive", "sdpa")
-BASELINE_LABELS = {"naive": "naive softmax attention (the paper's baseline)",
-                   "sdpa": "scaled_dot_product_attention"}
+BASELINE_LABELS = {"naive": "naive softmax attention (the paper's baseline)", "sdpa": "scaled_dot_product_attention"}
 
 # Variant name → attention config for projected length k at sequence length n (evaluation orders are added
 # separately). The other kinds are matched to Linformer's budget: each query attends to about k slots
 # (window = k positions, k landmarks, k random features, buckets of k keys with one hash round; sparse: the
 # fixed pattern with the paper's block l ≈ √n and c summaries per block, l + c·n/l ≈ k, c ≥ 1).
 VARIANTS: dict[str, Callable[[int, int], dict]] = {
-    "learned": lambda k, n: {"kind": "linformer", "k": k},                    # E_i, F_i per head (Eq. 7)
+    "learned": lambda k, n: {"kind": "linformer", "k": k},  # E_i, F_i per head (Eq. 7)
     "headwise": lambda k, n: {"kind": "linformer", "k": k, "share": "headwise"},
     "kv": lambda k, n: {"kind": "linformer", "k": k, "share": "kv"},
     "layerwise": lambda k, n: {"kind": "linformer", "k": k, "share": "layerwise"},
@@ -43,8 +42,10 @@ VARIANTS: dict[str, Callable[[int, int], dict]] = {
     "pool": lambda k, n: {"kind": "linformer", "k": k, "projection": "pool"},
     "causal": lambda k, n: {"kind": "linformer", "k": k, "causal": True},
     # k from k in the first layer down to k/4 in the last (equals `learned` for one layer).
-    "nonuniform": lambda k, n: {"kind": "linformer", "k_schedule": {"kind": "linear", "first": k,
-                                                                    "last": max(1, k // 4)}},
+    "nonuniform": lambda k, n: {
+        "kind": "linformer",
+        "k_schedule": {"kind": "linear", "first": k, "last": max(1, k // 4)},
+    },
     "sparse": lambda k, n: {"kind": "sparse", "options": sparse_options(k, n)},
     "local": lambda k, n: {"kind": "local", "options": {"window": min(k, n)}},
     "lsh": lambda k, n: {"kind": "lsh", "options": {"bucket_size": min(k, n), "n_hashes": 1}},
@@ -81,18 +82,18 @@ class Shape:
 class Case:
     """One thing to time: ``run()`` does one forward (inference mode) or one forward+backward."""
 
-    level: str                  # layer | model
-    mode: str                   # fwd | fwdbwd
-    variant: str                # a baseline or a VARIANTS name
-    k: Optional[int]            # None for baselines
-    order: str                  # requested evaluation order of E K ("-" for baselines)
-    order_used: str             # what the layer resolved it to
+    level: str  # layer | model
+    mode: str  # fwd | fwdbwd
+    variant: str  # a baseline or a VARIANTS name
+    k: Optional[int]  # None for baselines
+    order: str  # requested evaluation order of E K ("-" for baselines)
+    order_used: str  # what the layer resolved it to
     causal: bool
     n: int
-    tokens: int                 # B·n tokens per call
+    tokens: int  # B·n tokens per call
     run: Callable[[], Any]
-    clear: Callable[[], None]   # drop gradients, so a memory probe starts from the weights alone
-    held: Callable[[], int]     # bytes kept between calls: weights, buffers, inputs, gradients of the last call
+    clear: Callable[[], None]  # drop gradients, so a memory probe starts from the weights alone
+    held: Callable[[], int]  # bytes kept between calls: weights, buffers, inputs, gradients of the last call
 
     @property
     def key(self) -> tuple:
@@ -113,13 +114,13 @@ class NaiveAttention(nn.Module):
         heads = lambda y: y.view(b, t, a.n_heads, a.d_head).transpose(1, 2)  # noqa: E731  (B, h, T, d_h)
         q = heads(a.q_proj(x)) * (1.0 / math.sqrt(a.d_head))
         k, v = heads(a.k_proj(x)), heads(a.v_proj(x))
-        scores = q @ k.transpose(-2, -1)                                  # (B, h, T, T)
+        scores = q @ k.transpose(-2, -1)  # (B, h, T, T)
         # In place: the product does not keep its output for backward, so no second T×T copy.
         if a.causal:
             scores.masked_fill_(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
         if mask is not None:
             scores.masked_fill_(~mask[:, None, None, :], float("-inf"))
-        out = scores.softmax(-1) @ v                                      # (B, h, T, d_h)
+        out = scores.softmax(-1) @ v  # (B, h, T, d_h)
         return a.out_proj(out.transpose(1, 2).reshape(b, t, d))
 
 
@@ -130,19 +131,35 @@ def attention_config(variant: str, k: Optional[int], order: str, n: int, causal:
     return {**VARIANTS[variant](k, n), "order": order, "dropout": 0.0}
 
 
-def model_config(level: str, variant: str, k: Optional[int], order: str, n: int, shape: Shape,
-                 causal: bool = False) -> dict:
-    return {"max_len": n, "d_model": shape.d_model, "n_heads": shape.n_heads,
-            "n_layers": 1 if level == "layer" else shape.n_layers, "d_ff": shape.d_ff, "dropout": 0.0,
-            "attention": attention_config(variant, k, order, n, causal)}
+def model_config(
+    level: str, variant: str, k: Optional[int], order: str, n: int, shape: Shape, causal: bool = False
+) -> dict:
+    return {
+        "max_len": n,
+        "d_model": shape.d_model,
+        "n_heads": shape.n_heads,
+        "n_layers": 1 if level == "layer" else shape.n_layers,
+        "d_ff": shape.d_ff,
+        "dropout": 0.0,
+        "attention": attention_config(variant, k, order, n, causal),
+    }
 
 
 def is_causal(variant: str) -> bool:
     return bool(VARIANTS[variant](1, 1).get("causal", False))
 
 
-def build(level: str, mode: str, variant: str, k: Optional[int], order: str, n: int, shape: Shape,
-          causal: bool = False, seed: int = 0) -> Case:
+def build(
+    level: str,
+    mode: str,
+    variant: str,
+    k: Optional[int],
+    order: str,
+    n: int,
+    shape: Shape,
+    causal: bool = False,
+    seed: int = 0,
+) -> Case:
     """A ready-to-run case (its tensors allocated on ``shape.device``)."""
     causal = causal if variant in BASELINES else is_causal(variant)
     torch.manual_seed(seed)
@@ -179,5 +196,17 @@ def build(level: str, mode: str, variant: str, k: Optional[int], order: str, n: 
         clear()  # a training step starts without gradients (as after zero_grad(set_to_none=True))
         call().sum().backward()
 
-    return Case(level, mode, variant, k, order if variant not in BASELINES else "-", order_used, causal, n,
-                shape.batch * n, run, clear, held)
+    return Case(
+        level,
+        mode,
+        variant,
+        k,
+        order if variant not in BASELINES else "-",
+        order_used,
+        causal,
+        n,
+        shape.batch * n,
+        run,
+        clear,
+        held,
+    )

@@ -39,10 +39,10 @@ def decode_seconds(positions: list[int], k: int, shape: Shape, window: int) -> d
                 _, state = model.decode_step(ids[:, t], state)
         states = {name: m.init_decode_state(shape.batch) for name, m in models.items()}
         for t in range(length):
-            for name in (list(models) if t % 2 == 0 else list(models)[::-1]):
+            for name in list(models) if t % 2 == 0 else list(models)[::-1]:
                 synchronize(shape.device)
                 start = time.perf_counter()
                 _, states[name] = models[name].decode_step(ids[:, t], states[name])
                 synchronize(shape.device)
                 steps[name].append(time.perf_counter() - start)
-    return {name: {p: median(s[max(0, p - window):p]) for p in positions} for name, s in steps.items()}
+    return {name: {p: median(s[max(0, p - window) : p]) for p in positions} for name, s in steps.items()}

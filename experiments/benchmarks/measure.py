@@ -46,8 +46,9 @@ def peak_memory_bytes(fn: Callable[[], Any], device: torch.device) -> int:
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
+    events = [
+        e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() == DeviceType.CPU
+    ]
     held = peak = 0
     for event in sorted(events, key=lambda e: e.start_ns()):
         held += event.nbytes()
@@ -69,8 +70,9 @@ def calls_for(seconds_one_call: float, min_time: float) -> int:
     return max(1, math.ceil(min_time / max(seconds_one_call, 1e-9)))
 
 
-def interleaved_seconds(fns: dict[str, Callable[[], Any]], calls: dict[str, int], repeats: int,
-                        device: torch.device) -> dict[str, list[float]]:
+def interleaved_seconds(
+    fns: dict[str, Callable[[], Any]], calls: dict[str, int], repeats: int, device: torch.device
+) -> dict[str, list[float]]:
     """Seconds per call of every case in each of ``repeats`` rounds (round r starts at case r)."""
     names = list(fns)
     samples: dict[str, list[float]] = {name: [] for name in names}
@@ -87,8 +89,9 @@ def median(values: Sequence[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
-def gemm_peak(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype, device: torch.device,
-              min_time: float, repeats: int = 3) -> tuple[float, dict[tuple[int, int, int], float]]:
+def gemm_peak(
+    shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype, device: torch.device, min_time: float, repeats: int = 3
+) -> tuple[float, dict[tuple[int, int, int], float]]:
     """Best FLOP/s of ``(m×k) @ (k×n)`` products over ``shapes`` (each its best of ``repeats``).
 
     Returns (peak FLOP/s, FLOP/s per shape); a product costs 2·m·k·n flops.

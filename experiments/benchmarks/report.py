@@ -16,11 +16,37 @@ from typing import Any, Iterable, Optional
 
 from experiments.benchmarks.cases import BASELINE_LABELS, BASELINES
 
-COLUMNS = ("level", "mode", "variant", "k", "order", "order_used", "causal", "n", "batch", "dtype", "device",
-           "threads", "repeats", "calls", "time_ms_median", "time_ms_min", "time_ms_max", "tokens_per_s",
-           "peak_mem_mb", "gflop", "gflops_per_s", "gemm_peak_gflops", "efficiency", "efficiency_paired",
-           "speedup_vs_sdpa",
-           "speedup_vs_naive", "memory_saving_vs_sdpa", "memory_saving_vs_naive", "note")
+COLUMNS = (
+    "level",
+    "mode",
+    "variant",
+    "k",
+    "order",
+    "order_used",
+    "causal",
+    "n",
+    "batch",
+    "dtype",
+    "device",
+    "threads",
+    "repeats",
+    "calls",
+    "time_ms_median",
+    "time_ms_min",
+    "time_ms_max",
+    "tokens_per_s",
+    "peak_mem_mb",
+    "gflop",
+    "gflops_per_s",
+    "gemm_peak_gflops",
+    "efficiency",
+    "efficiency_paired",
+    "speedup_vs_sdpa",
+    "speedup_vs_naive",
+    "memory_saving_vs_sdpa",
+    "memory_saving_vs_naive",
+    "note",
+)
 MODE_NAMES = {"fwd": "forward (inference mode)", "fwdbwd": "forward + backward"}
 
 
@@ -78,10 +104,14 @@ def _variant_sections(rows: list[dict]) -> list[str]:
         ns = sorted({r["n"] for r in group})
         cell = {(r["n"], r["k"]): r for r in group}
         used = sorted({r["order_used"] for r in group})
-        out += [f"### {level} · {MODE_NAMES[mode]} · {label}", "",
-                f"Evaluation order of E K used: {', '.join(used)}. Multipliers are baseline ÷ this variant (higher is "
-                "better), medians of per-round paired ratios. Efficiency: achieved matrix FLOP/s ÷ the start-up "
-                "GEMM peak, and in brackets ÷ the same peak GEMM timed again in the same rounds.", ""]
+        out += [
+            f"### {level} · {MODE_NAMES[mode]} · {label}",
+            "",
+            f"Evaluation order of E K used: {', '.join(used)}. Multipliers are baseline ÷ this variant (higher is "
+            "better), medians of per-round paired ratios. Efficiency: achieved matrix FLOP/s ÷ the start-up "
+            "GEMM peak, and in brackets ÷ the same peak GEMM timed again in the same rounds.",
+            "",
+        ]
         for base in BASELINES:
             header = ["n"] + [f"time k={k}" for k in ks] + [f"memory k={k}" for k in ks]
             if base == "sdpa":
@@ -102,12 +132,24 @@ def _baseline_section(rows: list[dict]) -> list[str]:
     base = [r for r in _timed(rows) if r["variant"] in BASELINES and r["level"] in ("layer", "model")]
     if not base:
         return []
-    body = [[r["level"], r["mode"], _label(r), str(r["n"]), f"{r['time_ms_median']:.3g}",
-             f"{r['time_ms_min']:.3g}–{r['time_ms_max']:.3g}", f"{r['peak_mem_mb']:.4g}",
-             _efficiency(r)]
-            for r in sorted(base, key=lambda r: (r["level"], r["mode"], _label(r), r["n"]))]
-    return ["## Baselines (absolute)", ""] + _table(
-        ["level", "mode", "baseline", "n", "median ms", "min–max ms", "peak MB", "efficiency"], body) + [""]
+    body = [
+        [
+            r["level"],
+            r["mode"],
+            _label(r),
+            str(r["n"]),
+            f"{r['time_ms_median']:.3g}",
+            f"{r['time_ms_min']:.3g}–{r['time_ms_max']:.3g}",
+            f"{r['peak_mem_mb']:.4g}",
+            _efficiency(r),
+        ]
+        for r in sorted(base, key=lambda r: (r["level"], r["mode"], _label(r), r["n"]))
+    ]
+    return (
+        ["## Baselines (absolute)", ""]
+        + _table(["level", "mode", "baseline", "n", "median ms", "min–max ms", "peak MB", "efficiency"], body)
+        + [""]
+    )
 
 
 def _decode_section(rows: list[dict]) -> list[str]:
@@ -123,32 +165,57 @@ def _decode_section(rows: list[dict]) -> list[str]:
         line = [str(p)]
         for lab in labels:
             r = cell.get((lab, p))
-            line.append("–" if r is None else f"{r['time_ms_median']:.3g} ms "
-                        f"({r['time_ms_median'] / cell[(lab, first)]['time_ms_median']:.2f}× of n={first})")
+            line.append(
+                "–"
+                if r is None
+                else f"{r['time_ms_median']:.3g} ms "
+                f"({r['time_ms_median'] / cell[(lab, first)]['time_ms_median']:.2f}× of n={first})"
+            )
         body.append(line)
-    return (["## Streaming decode: time per token at a position", "",
-             "One token through `decode_step` with the state of all earlier tokens; causal Linformer keeps a "
-             "fixed-size state, full attention a growing key/value cache. Median over the steps just before "
-             "each position; in brackets, relative to the first position.", ""]
-            + _table(["position"] + labels, body) + [""])
+    return (
+        [
+            "## Streaming decode: time per token at a position",
+            "",
+            "One token through `decode_step` with the state of all earlier tokens; causal Linformer keeps a "
+            "fixed-size state, full attention a growing key/value cache. Median over the steps just before "
+            "each position; in brackets, relative to the first position.",
+            "",
+        ]
+        + _table(["position"] + labels, body)
+        + [""]
+    )
 
 
 def _loop_section(rows: list[dict]) -> list[str]:
     loop = [r for r in rows if r["level"] == "loop"]
     if not loop:
         return []
-    body = [[r["variant"], str(r["n"]), str(r["batch"]), f"{r['time_ms_median']:.4g}" if r.get("time_ms_median")
-             else "–", r.get("note") or ""] for r in loop]
-    return (["## Lightning loop vs bare PyTorch loop (same model, batches and optimiser)", ""]
-            + _table(["loop", "n", "batch", "median ms/step", "note"], body) + [""])
+    body = [
+        [
+            r["variant"],
+            str(r["n"]),
+            str(r["batch"]),
+            f"{r['time_ms_median']:.4g}" if r.get("time_ms_median") else "–",
+            r.get("note") or "",
+        ]
+        for r in loop
+    ]
+    return (
+        ["## Lightning loop vs bare PyTorch loop (same model, batches and optimiser)", ""]
+        + _table(["loop", "n", "batch", "median ms/step", "note"], body)
+        + [""]
+    )
 
 
 def _skipped_section(rows: list[dict]) -> list[str]:
     skipped = [r for r in rows if r.get("time_ms_median") is None and r["level"] != "loop"]
     if not skipped:
         return []
-    return ["## Skipped cases", ""] + [
-        f"- {r['level']} {r['mode']} {_full_label(r)} n={r['n']}: {r['note']}" for r in skipped] + [""]
+    return (
+        ["## Skipped cases", ""]
+        + [f"- {r['level']} {r['mode']} {_full_label(r)} n={r['n']}: {r['note']}" for r in skipped]
+        + [""]
+    )
 
 
 def markdown(rows: list[dict], header: list[str]) -> str:
@@ -188,10 +255,12 @@ def figure(rows: list[dict]) -> Any:
     import matplotlib.pyplot as plt
 
     order = ("layer", "model", "decode")  # the loop case is one point, not a curve
-    panels = sorted({(r["level"], r["mode"]) for r in _timed(rows) if r["level"] in order},
-                    key=lambda p: (order.index(p[0]), p[1]))
-    fig, axes = plt.subplots(max(1, len(panels)), 2, figsize=(17, 4.5 * max(1, len(panels))), squeeze=False,
-                             layout="constrained")
+    panels = sorted(
+        {(r["level"], r["mode"]) for r in _timed(rows) if r["level"] in order}, key=lambda p: (order.index(p[0]), p[1])
+    )
+    fig, axes = plt.subplots(
+        max(1, len(panels)), 2, figsize=(17, 4.5 * max(1, len(panels))), squeeze=False, layout="constrained"
+    )
     for (level, mode), row_axes in zip(panels, axes):
         y_names = (("time_ms_median", "ms per token" if level == "decode" else "ms"), ("peak_mem_mb", "peak MB"))
         for ax, (metric, unit) in zip(row_axes, y_names):
@@ -199,10 +268,23 @@ def figure(rows: list[dict]) -> Any:
             for label, (xs, ys) in _curves(rows, level, mode, metric).items():
                 slope = fitted_slope(xs, ys)
                 base = label.split()[0] in BASELINES  # baselines: thick black/grey, dashed when causal
-                style = ({"color": "black" if label.startswith("naive") else "grey", "linewidth": 2.2,
-                          "linestyle": "--" if "causal" in label else "-"} if base else {"color": next(colours)})
-                ax.plot(xs, ys, marker="o", markersize=3, **style,
-                        label=f"{label} (slope {slope:.2f})" if slope is not None else label)
+                style = (
+                    {
+                        "color": "black" if label.startswith("naive") else "grey",
+                        "linewidth": 2.2,
+                        "linestyle": "--" if "causal" in label else "-",
+                    }
+                    if base
+                    else {"color": next(colours)}
+                )
+                ax.plot(
+                    xs,
+                    ys,
+                    marker="o",
+                    markersize=3,
+                    **style,
+                    label=f"{label} (slope {slope:.2f})" if slope is not None else label,
+                )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("position" if level == "decode" else "sequence length n")
@@ -222,8 +304,17 @@ def tensorboard(log_dir: Path, rows: list[dict], png: Path, table: str) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(log_dir=str(log_dir))
-    metrics = ("time_ms_median", "peak_mem_mb", "efficiency", "efficiency_paired", "speedup_vs_sdpa",
-               "speedup_vs_naive", "memory_saving_vs_sdpa", "memory_saving_vs_naive", "tokens_per_s")
+    metrics = (
+        "time_ms_median",
+        "peak_mem_mb",
+        "efficiency",
+        "efficiency_paired",
+        "speedup_vs_sdpa",
+        "speedup_vs_naive",
+        "memory_saving_vs_sdpa",
+        "memory_saving_vs_naive",
+        "tokens_per_s",
+    )
     for r in _timed(rows):
         label = _full_label(r).replace(" ", "_")
         for m in metrics:

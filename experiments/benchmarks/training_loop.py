@@ -55,19 +55,28 @@ def _module(overrides: list[str], vocab: int, device: torch.device) -> MaskedLMM
     return MaskedLMModule(run_config.to_container(cfg), vocab).to(device)
 
 
-def _lightning_steps(module: MaskedLMModule, batches: list[dict], device: torch.device, bf16: bool,
-                     warmup: int) -> float:
+def _lightning_steps(
+    module: MaskedLMModule, batches: list[dict], device: torch.device, bf16: bool, warmup: int
+) -> float:
     clock = _StepClock(device)
-    trainer = L.Trainer(max_steps=len(batches), accelerator=device.type, devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0, limit_val_batches=0, callbacks=[clock],
-                        precision="bf16-mixed" if bf16 else "32-true")
+    trainer = L.Trainer(
+        max_steps=len(batches),
+        accelerator=device.type,
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[clock],
+        precision="bf16-mixed" if bf16 else "32-true",
+    )
     trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None))
     return _per_step(clock.ends, warmup)
 
 
-def _bare_steps(module: MaskedLMModule, batches: list[dict], device: torch.device, bf16: bool,
-                warmup: int) -> float:
+def _bare_steps(module: MaskedLMModule, batches: list[dict], device: torch.device, bf16: bool, warmup: int) -> float:
     opt = module.configure_optimizers()
     optimizer, scheduler = opt["optimizer"], opt["lr_scheduler"]["scheduler"]
     module.train()
@@ -85,13 +94,33 @@ def _bare_steps(module: MaskedLMModule, batches: list[dict], device: torch.devic
     return _per_step(ends, warmup)
 
 
-def loop_overhead(n: int, k: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, batch: int,
-                  steps: int, rounds: int, device: torch.device, bf16: bool, vocab: int = 1000) -> dict:
+def loop_overhead(
+    n: int,
+    k: int,
+    d_model: int,
+    n_heads: int,
+    n_layers: int,
+    d_ff: int,
+    batch: int,
+    steps: int,
+    rounds: int,
+    device: torch.device,
+    bf16: bool,
+    vocab: int = 1000,
+) -> dict:
     """Seconds per step of both loops in each round and the median paired ratio Lightning / bare."""
     warmup = max(1, steps // 4)
-    overrides = [f"model.max_len={n}", f"model.d_model={d_model}", f"model.n_heads={n_heads}",
-                 f"model.n_layers={n_layers}", f"model.d_ff={d_ff}", f"model.attention.k={k}",
-                 "model.dropout=0.0", f"trainer.max_steps={steps}", "optim.warmup_steps=1"]
+    overrides = [
+        f"model.max_len={n}",
+        f"model.d_model={d_model}",
+        f"model.n_heads={n_heads}",
+        f"model.n_layers={n_layers}",
+        f"model.d_ff={d_ff}",
+        f"model.attention.k={k}",
+        "model.dropout=0.0",
+        f"trainer.max_steps={steps}",
+        "optim.warmup_steps=1",
+    ]
     batches = _batches(steps, batch, n, vocab, device)
     lightning_module, bare_module = _module(overrides, vocab, device), _module(overrides, vocab, device)
     lightning_s: list[float] = []
@@ -104,7 +133,7 @@ def loop_overhead(n: int, k: int, d_model: int, n_heads: int, n_layers: int, d_f
             warnings.simplefilter("ignore")  # "few dataloader workers" and friends, every round
             for r in range(rounds):
                 runs = [(lightning_s, _lightning_steps, lightning_module), (bare_s, _bare_steps, bare_module)]
-                for out, loop, module in (runs if r % 2 == 0 else runs[::-1]):
+                for out, loop, module in runs if r % 2 == 0 else runs[::-1]:
                     out.append(loop(module, batches, device, bf16, warmup))
     finally:
         quiet.setLevel(level)

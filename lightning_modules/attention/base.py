@@ -94,7 +94,7 @@ class SelfAttention(nn.Module):
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """x: (B, T, d); mask: (B, T) bool, True at real tokens (None: no padding) → (B, T, d)."""
         b, t, _ = x.shape
-        q = self.heads(self.q_proj(x))                                    # (B, h, T, d_h)
+        q = self.heads(self.q_proj(x))  # (B, h, T, d_h)
         out = self.attend(x, q, mask, self.dropout if self.training else 0.0)  # (B, h, T, d_h)
         return self.out_proj(out.transpose(1, 2).reshape(b, t, self.d_model))
 
@@ -103,8 +103,9 @@ class SelfAttention(nn.Module):
         """Empty decoding state of this layer (kinds with a streaming form override it)."""
         if not self.causal:
             raise ValueError("incremental decoding needs causal attention (attention.causal=true)")
-        raise ValueError(f"attention kind {self.kind!r} has no streaming form: incremental decoding needs a causal "
-                         "kind that has one")
+        raise ValueError(
+            f"attention kind {self.kind!r} has no streaming form: incremental decoding needs a causal kind that has one"
+        )
 
     def step(self, x: Tensor, state: dict) -> tuple[Tensor, dict]:
         """The output at position state["t"] from its input x (B, 1, d) → ((B, 1, d), state), in place."""

@@ -20,10 +20,10 @@ from lightning_modules.attention.base import SelfAttention, register_attention
 @register_attention("full")
 class FullAttention(SelfAttention):
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        k, v = self.keys_values(x)                                        # (B, h, T, d_h) each
-        if mask is None:                                                  # no padding: the fast kernels
+        k, v = self.keys_values(x)  # (B, h, T, d_h) each
+        if mask is None:  # no padding: the fast kernels
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=self.causal)
-        visible = mask[:, None, None, :]                                  # (B, 1, 1, T): real keys
+        visible = mask[:, None, None, :]  # (B, 1, 1, T): real keys
         if self.causal:
             t = x.shape[1]
             visible = visible & torch.ones(t, t, dtype=torch.bool, device=x.device).tril()  # (B, 1, T, T)
@@ -34,15 +34,18 @@ class FullAttention(SelfAttention):
         if not self.causal:
             return super().init_state(batch_size, capacity, device, dtype)
         shape = (batch_size, self.n_heads, capacity, self.d_head)
-        return {"t": 0, "k": torch.zeros(shape, device=device, dtype=dtype),
-                "v": torch.zeros(shape, device=device, dtype=dtype)}
+        return {
+            "t": 0,
+            "k": torch.zeros(shape, device=device, dtype=dtype),
+            "v": torch.zeros(shape, device=device, dtype=dtype),
+        }
 
     def step(self, x: Tensor, state: dict) -> tuple[Tensor, dict]:
         """Position t attends to the cached keys 0 … t: x (B, 1, d) → ((B, 1, d), state)."""
         t = state["t"]
         if t >= state["k"].shape[2]:
             raise ValueError(f"decoding position {t} exceeds the state's capacity of {state['k'].shape[2]} tokens")
-        q = self.heads(self.q_proj(x))                                    # (B, h, 1, d_h)
+        q = self.heads(self.q_proj(x))  # (B, h, 1, d_h)
         k, v = self.keys_values(x)
         state["k"][:, :, t], state["v"][:, :, t] = k[:, :, 0], v[:, :, 0]
         out = F.scaled_dot_product_attention(q, state["k"][:, :, : t + 1], state["v"][:, :, : t + 1])

@@ -70,8 +70,18 @@ class Linformer(SelfAttention):
     @classmethod
     def shared(cls, model: DictConfig) -> ProjectionBank:
         att = model.attention
-        return ProjectionBank(layer_ks(model), model.max_len, model.n_heads, att.share, att.projection, att.init,
-                              att.delta, compress=att.compress, causal=att.causal, d_head=model.d_model // model.n_heads)
+        return ProjectionBank(
+            layer_ks(model),
+            model.max_len,
+            model.n_heads,
+            att.share,
+            att.projection,
+            att.init,
+            att.delta,
+            compress=att.compress,
+            causal=att.causal,
+            d_head=model.d_model // model.n_heads,
+        )
 
     @classmethod
     def check(cls, model: DictConfig) -> None:
@@ -79,49 +89,75 @@ class Linformer(SelfAttention):
         att = model.attention
         k = att.k
         if isinstance(k, (list, ListConfig)):
-            require(all(isinstance(v, int) and not isinstance(v, bool) for v in k),
-                    f"model.attention.k: a list must hold integers, got {list(k)}")
-            require(len(k) == model.n_layers,
-                    f"model.attention.k: has {len(k)} entries but model.n_layers={model.n_layers} (one per layer)")
+            require(
+                all(isinstance(v, int) and not isinstance(v, bool) for v in k),
+                f"model.attention.k: a list must hold integers, got {list(k)}",
+            )
+            require(
+                len(k) == model.n_layers,
+                f"model.attention.k: has {len(k)} entries but model.n_layers={model.n_layers} (one per layer)",
+            )
         else:
-            require(isinstance(k, int) and not isinstance(k, bool),
-                    f"model.attention.k: must be an integer or a list of integers, got {k!r}")
+            require(
+                isinstance(k, int) and not isinstance(k, bool),
+                f"model.attention.k: must be an integer or a list of integers, got {k!r}",
+            )
         if att.k_schedule is not None:
             for end in ("first", "last"):
                 check_number(f"model.attention.k_schedule.{end}", att.k_schedule[end], 1, model.max_len, integer=True)
         ks = layer_ks(model)
         for i, kl in enumerate(ks):
-            require(1 <= kl <= model.max_len,
-                    f"model.attention.k: k={kl} (layer {i}) must be in [1, model.max_len={model.max_len}]")
+            require(
+                1 <= kl <= model.max_len,
+                f"model.attention.k: k={kl} (layer {i}) must be in [1, model.max_len={model.max_len}]",
+            )
         projection = PROJECTION_KINDS.get(att.projection)
-        require(projection is not None, f"model.attention.projection: unknown projection kind {att.projection!r} "
-                                        f"(allowed: {', '.join(PROJECTION_KINDS)})")
+        require(
+            projection is not None,
+            f"model.attention.projection: unknown projection kind {att.projection!r} "
+            f"(allowed: {', '.join(PROJECTION_KINDS)})",
+        )
         one_sided = att.compress != "both"
-        require(not (one_sided and att.causal),
-                f"model.attention.compress: '{att.compress}' cannot be causal (its lift P = E⁺E mixes every position "
-                "into every row); use compress=both with causal=true")
+        require(
+            not (one_sided and att.causal),
+            f"model.attention.compress: '{att.compress}' cannot be causal (its lift P = E⁺E mixes every position "
+            "into every row); use compress=both with causal=true",
+        )
         if att.order == "compress_first":
-            require(not projection.per_channel,
-                    f"model.attention.order: 'compress_first' needs E to commute with W_k, which {att.projection}'s "
-                    "per-channel weights do not; use auto or project_first")
-            require(not att.causal, "model.attention.order: 'compress_first' does not apply with causal=true (the "
-                                    "local block needs every key); use auto or project_first")
-            require(not one_sided, f"model.attention.order: 'compress_first' does not apply with "
-                                   f"compress='{att.compress}' (the lift needs every key row); use auto or project_first")
+            require(
+                not projection.per_channel,
+                f"model.attention.order: 'compress_first' needs E to commute with W_k, which {att.projection}'s "
+                "per-channel weights do not; use auto or project_first",
+            )
+            require(
+                not att.causal,
+                "model.attention.order: 'compress_first' does not apply with causal=true (the "
+                "local block needs every key); use auto or project_first",
+            )
+            require(
+                not one_sided,
+                f"model.attention.order: 'compress_first' does not apply with "
+                f"compress='{att.compress}' (the lift needs every key row); use auto or project_first",
+            )
         one_window_per_matrix = projection.parametric and (projection.windowed or att.causal)
-        require(not (att.share == "layerwise" and one_window_per_matrix and len(set(ks)) > 1),
-                f"model.attention.k: per-layer k {ks} needs one window per layer, which share=layerwise cannot give a "
-                f"{att.projection if projection.windowed else 'causal'} projection; use share none, headwise or kv")
-        require(att.init != "theorem2" or not projection.parametric
-                or (att.share in ("none", "headwise") and not one_sided),
-                f"model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
-                f"got share={att.share}, compress={att.compress}")
+        require(
+            not (att.share == "layerwise" and one_window_per_matrix and len(set(ks)) > 1),
+            f"model.attention.k: per-layer k {ks} needs one window per layer, which share=layerwise cannot give a "
+            f"{att.projection if projection.windowed else 'causal'} projection; use share none, headwise or kv",
+        )
+        require(
+            att.init != "theorem2"
+            or not projection.parametric
+            or (att.share in ("none", "headwise") and not one_sided),
+            f"model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
+            f"got share={att.share}, compress={att.compress}",
+        )
 
     # ------------------------------------------------------------------------------ Eq. 7
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        k, v = self.compressed_keys_values(x, mask)                      # E K, F V: (B, h, k', d_h) each
-        real = self.bank.nonempty_slots(self.layer, mask)                 # (B, k') or None
-        visible = None if real is None else real[:, None, None, :]        # (B, 1, 1, k')
+        k, v = self.compressed_keys_values(x, mask)  # E K, F V: (B, h, k', d_h) each
+        real = self.bank.nonempty_slots(self.layer, mask)  # (B, k') or None
+        visible = None if real is None else real[:, None, None, :]  # (B, 1, 1, k')
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)  # (B, h, T, d_h)
 
     def _choose_order(self, order: str) -> str:
@@ -138,12 +174,12 @@ class Linformer(SelfAttention):
         """E K and F V, each (B, h, k', d_h), in the layer's exact order."""
         bank, layer = self.bank, self.layer
         if self.order == "project_first":
-            k, v = self.keys_values(x)                                    # (B, h, T, d_h)
+            k, v = self.keys_values(x)  # (B, h, T, d_h)
             return bank.compress(layer, 0, k, mask), bank.compress(layer, 1, v, mask)
         ones = x.new_ones(1, 1, x.shape[1], 1)
         xe, mass = bank.compress(layer, 0, x.unsqueeze(1), mask), bank.compress(layer, 0, ones, mask)  # E X, E m
-        k = self._apply_linear(xe, mass, self.k_proj)                     # (B, G, k', d) → (B, h, k', d_h)
-        if bank.sides == 2:                                               # F ≠ E: compress again
+        k = self._apply_linear(xe, mass, self.k_proj)  # (B, G, k', d) → (B, h, k', d_h)
+        if bank.sides == 2:  # F ≠ E: compress again
             xe, mass = bank.compress(layer, 1, x.unsqueeze(1), mask), bank.compress(layer, 1, ones, mask)
         v = self._apply_linear(xe, mass, self.v_proj)
         return k, v
@@ -151,5 +187,5 @@ class Linformer(SelfAttention):
     def _apply_linear(self, xe: Tensor, mass: Tensor, linear: nn.Linear) -> Tensor:
         """(E X) Wᵀ + (E m) bᵀ per head: (B, G, k, d), mass (B or 1, G, k, 1) → (B, h, k, d_h)."""
         w = linear.weight.view(self.n_heads, self.d_head, self.d_model)  # (h, d_h, d)
-        bias = linear.bias.view(self.n_heads, 1, self.d_head)            # (h, 1, d_h)
+        bias = linear.bias.view(self.n_heads, 1, self.d_head)  # (h, 1, d_h)
         return xe @ w.transpose(1, 2) + mass * bias

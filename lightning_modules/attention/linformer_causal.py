@@ -25,21 +25,29 @@ from lightning_modules.attention.linformer import Linformer
 from lightning_modules.projections import blocks
 
 
-def _bias(batch: int, t: int, w: int, u: int, dtype: torch.dtype, device: torch.device,
-          mask: Optional[Tensor] = None, real_slots: Optional[Tensor] = None) -> Tensor:
+def _bias(
+    batch: int,
+    t: int,
+    w: int,
+    u: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    mask: Optional[Tensor] = None,
+    real_slots: Optional[Tensor] = None,
+) -> Tensor:
     """The additive mask of :meth:`CausalLinformer.blockwise`, (B·nr, 1, u, nb − 1 + u): query i sees the slots
     j < ⌊i/w⌋ (non-empty: ``real_slots`` (B, nb − 1)) and the real keys of its own block up to i (``mask`` (B, T),
     None: no padding)."""
     nb, nr = -(-t // w), -(-t // u)
     # Visibility, without the head axis: (B, nr, u, nb-1+u).
-    position = torch.arange(nr * u, device=device).view(nr, u)        # (nr, u)
+    position = torch.arange(nr * u, device=device).view(nr, u)  # (nr, u)
     block = position // w
-    own = block[:, :, None] == block[:, None, :]                       # (nr, u, u)
+    own = block[:, :, None] == block[:, None, :]  # (nr, u, u)
     slot_ok = torch.arange(nb - 1, device=device) < block[..., None]  # j < b: (nr, u, nb-1)
-    local_ok = own & (position[:, None, :] <= position[:, :, None])    # own block, key ≤ query
+    local_ok = own & (position[:, None, :] <= position[:, :, None])  # own block, key ≤ query
     if mask is not None:
-        slot_ok = slot_ok & real_slots[:, None, None, :]                # (B, nr, u, nb-1)
-        local_ok = local_ok & blocks(mask[..., None], u)[:, :, None, :, 0]                      # (B, nr, u, u)
+        slot_ok = slot_ok & real_slots[:, None, None, :]  # (B, nr, u, nb-1)
+        local_ok = local_ok & blocks(mask[..., None], u)[:, :, None, :, 0]  # (B, nr, u, u)
     visible = torch.cat([slot_ok.expand(batch, nr, u, nb - 1), local_ok.expand(batch, nr, u, u)], -1)
     # Additive, with two floors: keys of the row's other blocks are outside query i's key set
     # (the dtype's lowest value), hidden keys of its set [all slots ; own block] get half of it.
@@ -48,13 +56,14 @@ def _bias(batch: int, t: int, w: int, u: int, dtype: torch.dtype, device: torch.
     # lowest value never reaches −inf, and in fp32/bf16 leaves it unchanged.
     lowest = torch.finfo(dtype).min
     bias = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, lowest / 2)
-    bias[..., nb - 1:].masked_fill_(~own, lowest)
+    bias[..., nb - 1 :].masked_fill_(~own, lowest)
     return bias.flatten(0, 1)[:, None]
 
 
 @functools.lru_cache(maxsize=32)
-def _unpadded_bias(batch: int, t: int, w: int, u: int, dtype: torch.dtype, device: torch.device,
-                   inference: bool) -> Tensor:
+def _unpadded_bias(
+    batch: int, t: int, w: int, u: int, dtype: torch.dtype, device: torch.device, inference: bool
+) -> Tensor:
     """:func:`_bias` without padding, cached per shape, dtype and device (every layer of that w, every step use
     the same one instead of building it again); ``inference`` keys apart the tensors built in inference mode,
     which autograd may not save for a training step."""
@@ -63,8 +72,8 @@ def _unpadded_bias(batch: int, t: int, w: int, u: int, dtype: torch.dtype, devic
 
 class CausalLinformer(Linformer):
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        k, v = self.keys_values(x)                                        # (B, h, T, d_h) each
-        return self.blockwise(q, k, v, mask, dropout_p)                   # (B, h, T, d_h)
+        k, v = self.keys_values(x)  # (B, h, T, d_h) each
+        return self.blockwise(q, k, v, mask, dropout_p)  # (B, h, T, d_h)
 
     def blockwise(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float) -> Tensor:
         """Causal Linformer (module docstring): q, k, v (B, h, T, d_h) → (B, h, T, d_h).
@@ -82,14 +91,14 @@ class CausalLinformer(Linformer):
         batch, t, w = q.shape[0], q.shape[2], self.bank.window(self.layer)
         nb, u = -(-t // w), w * -(-2 * self.d_head // w)
         nr = -(-t // u)
-        past = (nb - 1) * w                                                # tokens in completed-able blocks
+        past = (nb - 1) * w  # tokens in completed-able blocks
         past_mask = None if mask is None else mask[:, :past]
         sk = self.bank.compress(self.layer, 0, k[:, :, :past], past_mask)  # (B, h, nb-1, d_h)
         sv = self.bank.compress(self.layer, 1, v[:, :, :past], past_mask)
 
         def rows(x: Tensor, slots: Optional[Tensor] = None) -> Tensor:
             """(B, h, T, d_h) → (B·nr, h, u, d_h), preceded by the slots: (B·nr, h, nb-1+u, d_h)."""
-            xr = blocks(x, u).transpose(1, 2)                              # (B, nr, h, u, d_h)
+            xr = blocks(x, u).transpose(1, 2)  # (B, nr, h, u, d_h)
             if slots is not None:
                 xr = torch.cat([slots[:, None].expand(-1, nr, -1, -1, -1), xr], -2)
             return xr.flatten(0, 1)
@@ -98,8 +107,9 @@ class CausalLinformer(Linformer):
             bias = _unpadded_bias(batch, t, w, u, q.dtype, q.device, torch.is_inference_mode_enabled())
         else:
             bias = _bias(batch, t, w, u, q.dtype, q.device, mask, self.bank.nonempty_slots(self.layer, past_mask))
-        out = F.scaled_dot_product_attention(rows(q), rows(k, sk), rows(v, sv), attn_mask=bias,
-                                             dropout_p=p)                  # (B·nr, h, u, d_h)
+        out = F.scaled_dot_product_attention(
+            rows(q), rows(k, sk), rows(v, sv), attn_mask=bias, dropout_p=p
+        )  # (B·nr, h, u, d_h)
         return out.unflatten(0, (batch, nr)).transpose(1, 2).flatten(2, 3)[:, :, :t]
 
     # ------------------------------------------------------------------------------ incremental decoding
@@ -119,16 +129,16 @@ class CausalLinformer(Linformer):
         t = state["t"]
         if t >= self.bank.max_len:
             raise ValueError(f"decoding position {t} exceeds the state's capacity of {self.bank.max_len} tokens")
-        q = self.heads(self.q_proj(x))                                    # (B, h, 1, d_h)
+        q = self.heads(self.q_proj(x))  # (B, h, 1, d_h)
         k, v = self.keys_values(x)
         w = self.bank.window(self.layer)
         j, r = divmod(t, w)
         state["block_k"][:, :, r], state["block_v"][:, :, r] = k[:, :, 0], v[:, :, 0]
-        keys = torch.cat([state["slot_k"][:, :, :j], state["block_k"][:, :, : r + 1]], 2)      # (B, h, j+r+1, d_h)
+        keys = torch.cat([state["slot_k"][:, :, :j], state["block_k"][:, :, : r + 1]], 2)  # (B, h, j+r+1, d_h)
         values = torch.cat([state["slot_v"][:, :, :j], state["block_v"][:, :, : r + 1]], 2)
         if r == w - 1 and j < self.bank.slots(self.layer):
             state["slot_k"][:, :, j] = self.bank.compress_block(self.layer, 0, state["block_k"], j)
             state["slot_v"][:, :, j] = self.bank.compress_block(self.layer, 1, state["block_v"], j)
-        out = F.scaled_dot_product_attention(q, keys, values)              # (B, h, 1, d_h)
+        out = F.scaled_dot_product_attention(q, keys, values)  # (B, h, 1, d_h)
         state["t"] = t + 1
         return self.merge_step(out), state

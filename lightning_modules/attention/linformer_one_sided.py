@@ -22,10 +22,10 @@ from lightning_modules.attention.linformer import Linformer
 
 class OneSidedLinformer(Linformer):
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        k, v = self.keys_values(x)                                        # (B, h, T, d_h) each
+        k, v = self.keys_values(x)  # (B, h, T, d_h) each
         if self.bank.compressed_side == "keys":
-            k = self.bank.lift(self.layer, 0, k, mask)                    # P K
+            k = self.bank.lift(self.layer, 0, k, mask)  # P K
         else:
-            v = self.bank.lift(self.layer, 1, v, mask)                    # P V
-        visible = None if mask is None else mask[:, None, None, :]        # (B, 1, 1, T)
+            v = self.bank.lift(self.layer, 1, v, mask)  # P V
+        visible = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)

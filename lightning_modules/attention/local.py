@@ -54,17 +54,22 @@ class LocalAttention(PatternAttention):
     @classmethod
     def check(cls, model: DictConfig) -> None:
         opts, n = kind_options(model.attention), model.max_len
-        require(1 <= opts.window <= n, f"model.attention.options.window: {opts.window} must be in "
-                                       f"[1, model.max_len={n}] (window = max_len is full attention)")
-        require(0 <= opts.n_global <= n,
-                f"model.attention.options.n_global: {opts.n_global} must be in [0, model.max_len={n}]")
+        require(
+            1 <= opts.window <= n,
+            f"model.attention.options.window: {opts.window} must be in "
+            f"[1, model.max_len={n}] (window = max_len is full attention)",
+        )
+        require(
+            0 <= opts.n_global <= n,
+            f"model.attention.options.n_global: {opts.n_global} must be in [0, model.max_len={n}]",
+        )
 
     def visible(self, i: Tensor, j: Tensor) -> Tensor:
         w, g = self.window, self.n_global
         if self.causal:
-            return (j <= i) & ((i - j < w) | (j < g))                     # the last w positions, and the globals
+            return (j <= i) & ((i - j < w) | (j < g))  # the last w positions, and the globals
         start = torch.clamp(i - w // 2, min=0, max=max(self.max_len - w, 0))
-        return ((start <= j) & (j < start + w)) | (j < g) | (i < g)      # the window, globals both ways
+        return ((start <= j) & (j < start + w)) | (j < g) | (i < g)  # the window, globals both ways
 
     # ------------------------------------------------------------------------------ incremental decoding
     def init_state(self, batch_size: int, capacity: int, device: Any = None, dtype: Any = None) -> dict:
@@ -76,9 +81,14 @@ class LocalAttention(PatternAttention):
         def zeros(rows: int) -> Tensor:
             return torch.zeros(batch_size, self.n_heads, rows, self.d_head, device=device, dtype=dtype)
 
-        return {"t": 0, "ring_k": zeros(self.window), "ring_v": zeros(self.window),
-                "ring_position": torch.full((self.window,), -1, device=device, dtype=torch.long),
-                "global_k": zeros(self.n_global), "global_v": zeros(self.n_global)}
+        return {
+            "t": 0,
+            "ring_k": zeros(self.window),
+            "ring_v": zeros(self.window),
+            "ring_position": torch.full((self.window,), -1, device=device, dtype=torch.long),
+            "global_k": zeros(self.n_global),
+            "global_v": zeros(self.n_global),
+        }
 
     def step(self, x: Tensor, state: dict) -> tuple[Tensor, dict]:
         """Position t attends to the globals 0 … min(g, t+1) − 1 and the ring's positions t − w < p ≤ t that are
@@ -86,17 +96,17 @@ class LocalAttention(PatternAttention):
         t = state["t"]
         if t >= self.max_len:
             raise ValueError(f"decoding position {t} exceeds the state's capacity of {self.max_len} tokens")
-        q = self.heads(self.q_proj(x))                                    # (B, h, 1, d_h)
-        k, v = self.keys_values(x)                                        # (B, h, 1, d_h) each
-        slot = t % self.window                                            # the oldest position leaves the ring
+        q = self.heads(self.q_proj(x))  # (B, h, 1, d_h)
+        k, v = self.keys_values(x)  # (B, h, 1, d_h) each
+        slot = t % self.window  # the oldest position leaves the ring
         state["ring_k"][:, :, slot], state["ring_v"][:, :, slot] = k[:, :, 0], v[:, :, 0]
         state["ring_position"][slot] = t
         if t < self.n_global:
             state["global_k"][:, :, t], state["global_v"][:, :, t] = k[:, :, 0], v[:, :, 0]
         seen = min(t + 1, self.n_global)
-        local = state["ring_position"] >= self.n_global                  # globals are counted once, from their rows
-        keys = torch.cat([state["global_k"][:, :, :seen], state["ring_k"][:, :, local]], 2)    # (B, h, ≤ g + w, d_h)
+        local = state["ring_position"] >= self.n_global  # globals are counted once, from their rows
+        keys = torch.cat([state["global_k"][:, :, :seen], state["ring_k"][:, :, local]], 2)  # (B, h, ≤ g + w, d_h)
         values = torch.cat([state["global_v"][:, :, :seen], state["ring_v"][:, :, local]], 2)
-        out = F.scaled_dot_product_attention(q, keys, values)             # (B, h, 1, d_h)
+        out = F.scaled_dot_product_attention(q, keys, values)  # (B, h, 1, d_h)
         state["t"] = t + 1
         return self.merge_step(out), state

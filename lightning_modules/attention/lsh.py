@@ -60,7 +60,7 @@ class LSHAttention(SelfAttention):
     def __init__(self, model: DictConfig, layer: int = 0, shared: Any = None) -> None:
         super().__init__(model, layer, shared)
         opts = kind_options(model.attention)
-        self.k_proj = None                                                 # shared QK: keys are normalised queries
+        self.k_proj = None  # shared QK: keys are normalised queries
         self.n_hashes, self.bucket_size = int(opts.n_hashes), int(opts.bucket_size)
         self.n_buckets = n_buckets(int(model.max_len), self.bucket_size)
         self.register_buffer("rotations", torch.randn(self.n_hashes, self.d_head, self.n_buckets // 2))
@@ -69,15 +69,18 @@ class LSHAttention(SelfAttention):
     def check(cls, model: DictConfig) -> None:
         opts, n = kind_options(model.attention), model.max_len
         check_number("model.attention.options.n_hashes", opts.n_hashes, 1, 64, integer=True)
-        require(1 <= opts.bucket_size <= n, f"model.attention.options.bucket_size: {opts.bucket_size} must be in "
-                                            f"[1, model.max_len={n}] (bucket_size = max_len is one bucket)")
+        require(
+            1 <= opts.bucket_size <= n,
+            f"model.attention.options.bucket_size: {opts.bucket_size} must be in "
+            f"[1, model.max_len={n}] (bucket_size = max_len is one bucket)",
+        )
 
     def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """K̂ = Q / ‖Q‖ (shared QK) and V, each (B, h, T, d_h)."""
         return F.normalize(self.heads(self.q_proj(x)), dim=-1), self.heads(self.v_proj(x))
 
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        v = self.heads(self.v_proj(x))                                    # (B, h, T, d_h)
+        v = self.heads(self.v_proj(x))  # (B, h, T, d_h)
         return self.lsh_attention(q, v, mask, dropout_p)
 
     def buckets(self, q: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -86,8 +89,8 @@ class LSHAttention(SelfAttention):
         if self.n_buckets == 1:
             found = q.new_zeros(b, h, self.n_hashes, t, dtype=torch.long)
         else:
-            rotated = torch.einsum("bhtd,rdk->bhrtk", q, self.rotations.to(q.dtype))   # (B, h, r, T, nb/2)
-            found = torch.cat([rotated, -rotated], -1).argmax(-1)         # (B, h, r, T)
+            rotated = torch.einsum("bhtd,rdk->bhrtk", q, self.rotations.to(q.dtype))  # (B, h, r, T, nb/2)
+            found = torch.cat([rotated, -rotated], -1).argmax(-1)  # (B, h, r, T)
         if mask is not None:
             found = found.masked_fill(~mask[:, None, None, :], self.n_buckets)
         return found
@@ -96,58 +99,59 @@ class LSHAttention(SelfAttention):
         """The module docstring's equations: q, v (B, h, T, d_h), mask (B, T) or None → (B, h, T, d_h)."""
         b, h, t, d = q.shape
         r, m = self.n_hashes, self.bucket_size
-        nc = -(-t // m)                                                   # chunks per round
-        k = F.normalize(q, dim=-1)                                        # shared QK: unit keys
-        bucket = self.buckets(q, mask)                                    # (B, h, r, T)
+        nc = -(-t // m)  # chunks per round
+        k = F.normalize(q, dim=-1)  # shared QK: unit keys
+        bucket = self.buckets(q, mask)  # (B, h, r, T)
         position = torch.arange(t, device=q.device)
-        order = (bucket * t + position).argsort(-1)                       # sort by (bucket, position): (B, h, r, T)
-        rank = order.argsort(-1)                                          # each position's place in the sort
-        chunk = self.chunk_index(bucket, rank)                            # (B, h, r, T)
-        back = 2 if self.causal else 1                                    # chunks before its own a query may reach
+        order = (bucket * t + position).argsort(-1)  # sort by (bucket, position): (B, h, r, T)
+        rank = order.argsort(-1)  # each position's place in the sort
+        chunk = self.chunk_index(bucket, rank)  # (B, h, r, T)
+        back = 2 if self.causal else 1  # chunks before its own a query may reach
 
         # Sorted, padded to nc·m rows with dummies (position t: never visible), cut into chunks.
-        def chunks(x: Tensor, fill: Any) -> Tensor:                       # (B, h, r, T, …) → (B, h, r, nc, m, …)
+        def chunks(x: Tensor, fill: Any) -> Tensor:  # (B, h, r, T, …) → (B, h, r, nc, m, …)
             pad = x.new_full((*x.shape[:3], nc * m - t, *x.shape[4:]), fill)
             return torch.cat([x, pad], 3).unflatten(3, (nc, m))
 
-        def rows(x: Tensor) -> Tensor:                                    # (B, h, T, e) sorted per round
+        def rows(x: Tensor) -> Tensor:  # (B, h, T, e) sorted per round
             index = order[..., None].expand(-1, -1, -1, -1, x.shape[-1])
             return x[:, :, None].expand(-1, -1, r, -1, -1).gather(3, index)
 
-        def window(x: Tensor, fill: Any) -> Tensor:                       # a chunk's keys: [`back` chunks before ; own]
-            def earlier(s: int) -> Tensor:                                # chunk c − s in place c
+        def window(x: Tensor, fill: Any) -> Tensor:  # a chunk's keys: [`back` chunks before ; own]
+            def earlier(s: int) -> Tensor:  # chunk c − s in place c
                 return torch.cat([torch.full_like(x[:, :, :, :s], fill), x[:, :, :, :-s]], 3)
 
-            return torch.cat([*(earlier(s) for s in range(back, 0, -1)), x], 4)   # (B, h, r, nc, (back+1)·m, …)
+            return torch.cat([*(earlier(s) for s in range(back, 0, -1)), x], 4)  # (B, h, r, nc, (back+1)·m, …)
 
-        q_pos = chunks(order, t)                                          # (B, h, r, nc, m) positions
-        k_pos = window(q_pos, t)                                          # (B, h, r, nc, (back+1)·m)
-        qs = chunks(rows(q), 0.0)                                         # (B, h, r, nc, m, d_h)
+        q_pos = chunks(order, t)  # (B, h, r, nc, m) positions
+        k_pos = window(q_pos, t)  # (B, h, r, nc, (back+1)·m)
+        qs = chunks(rows(q), 0.0)  # (B, h, r, nc, m, d_h)
         ks, vs = window(chunks(rows(k), 0.0), 0.0), window(chunks(rows(v), 0.0), 0.0)
 
-        scores = qs @ ks.transpose(-1, -2) / d**0.5                       # (B, h, r, nc, m, (back+1)·m)
+        scores = qs @ ks.transpose(-1, -2) / d**0.5  # (B, h, r, nc, m, (back+1)·m)
         visible = self.in_set(bucket, chunk, q_pos, k_pos, slice(None)) & (k_pos[..., None, :] < t)
         if self.causal:
             visible &= k_pos[..., None, :] <= q_pos[..., :, None]
-        if mask is not None:                                              # padded keys sit in bucket nb: only padded
-            real = torch.cat([mask, mask.new_zeros(b, 1)], 1)             # queries share it; hide them from those too
+        if mask is not None:  # padded keys sit in bucket nb: only padded
+            real = torch.cat([mask, mask.new_zeros(b, 1)], 1)  # queries share it; hide them from those too
             visible &= real.gather(1, k_pos.flatten(1)).view_as(k_pos)[..., None, :]
         scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
         itself = (k_pos[..., None, :] == q_pos[..., :, None]) & visible
         scores = scores.masked_fill(itself, SELF_SCORE)
-        if r > 1:                                                         # − log N_ij: each pair once in the union
-            repeats = sum(self.in_set(bucket, chunk, q_pos, k_pos, slice(rr, rr + 1)).to(scores.dtype)
-                          for rr in range(r))
+        if r > 1:  # − log N_ij: each pair once in the union
+            repeats = sum(
+                self.in_set(bucket, chunk, q_pos, k_pos, slice(rr, rr + 1)).to(scores.dtype) for rr in range(r)
+            )
             scores = scores - repeats.clamp(min=1).log()
-        lse = scores.logsumexp(-1, keepdim=True)                          # (B, h, r, nc, m, 1)
+        lse = scores.logsumexp(-1, keepdim=True)  # (B, h, r, nc, m, 1)
         p = F.dropout((scores - lse).exp(), dropout_p)
-        out = p @ vs                                                      # (B, h, r, nc, m, d_h)
+        out = p @ vs  # (B, h, r, nc, m, d_h)
 
         # Unsort each round, then combine rounds by their share of the union's softmax mass.
         out, lse = out.flatten(3, 4)[:, :, :, :t], lse.flatten(3, 4)[:, :, :, :t]
-        out = out.gather(3, rank[..., None].expand(-1, -1, -1, -1, d))    # (B, h, r, T, d_h)
-        weight = lse.gather(3, rank[..., None]).softmax(2)                # (B, h, r, T, 1)
-        return (weight * out).sum(2)                                      # (B, h, T, d_h)
+        out = out.gather(3, rank[..., None].expand(-1, -1, -1, -1, d))  # (B, h, r, T, d_h)
+        weight = lse.gather(3, rank[..., None]).softmax(2)  # (B, h, r, T, 1)
+        return (weight * out).sum(2)  # (B, h, T, d_h)
 
     def chunk_index(self, bucket: Tensor, rank: Tensor) -> Tensor:
         """Each position's chunk per round (B, h, r, T). Non-causal: rank // m in the sorted sequence (the paper).
@@ -157,8 +161,8 @@ class LSHAttention(SelfAttention):
         if not self.causal:
             return rank // self.bucket_size
         counts = torch.zeros(*bucket.shape[:3], self.n_buckets + 1, dtype=torch.long, device=bucket.device)
-        counts.scatter_add_(-1, bucket, torch.ones_like(bucket))          # tokens per bucket: (B, h, r, nb + 1)
-        first = counts.cumsum(-1) - counts                                # where each bucket starts in the sort
+        counts.scatter_add_(-1, bucket, torch.ones_like(bucket))  # tokens per bucket: (B, h, r, nb + 1)
+        first = counts.cumsum(-1) - counts  # where each bucket starts in the sort
         return (rank - first.gather(-1, bucket)) // self.bucket_size
 
     @staticmethod

@@ -45,7 +45,7 @@ class NystromOptions:
 def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
     """Ã⁺ of each (…, m, m) matrix by the module docstring's iteration."""
     eye = torch.eye(a.shape[-1], device=a.device, dtype=a.dtype)
-    scale = a.abs().sum(-2).amax(-1, keepdim=True) * a.abs().sum(-1).amax(-1, keepdim=True)   # ‖Ã‖₁‖Ã‖_∞: (…, 1)
+    scale = a.abs().sum(-2).amax(-1, keepdim=True) * a.abs().sum(-1).amax(-1, keepdim=True)  # ‖Ã‖₁‖Ã‖_∞: (…, 1)
     z = a.transpose(-1, -2) / scale[..., None]
     for _ in range(iterations):
         az = a @ z
@@ -62,47 +62,53 @@ class NystromAttention(SelfAttention):
         super().__init__(model, layer, shared)
         opts = kind_options(model.attention)
         self.pinv_iterations = int(opts.pinv_iterations)
-        self.segment = -(-int(model.max_len) // int(opts.n_landmarks))    # s = ⌈n/m⌉
-        self.n_landmarks = -(-int(model.max_len) // self.segment)         # ⌈n/s⌉ ≤ m
+        self.segment = -(-int(model.max_len) // int(opts.n_landmarks))  # s = ⌈n/m⌉
+        self.n_landmarks = -(-int(model.max_len) // self.segment)  # ⌈n/s⌉ ≤ m
 
     @classmethod
     def check(cls, model: DictConfig) -> None:
         opts, att, n = kind_options(model.attention), model.attention, model.max_len
-        require(1 <= opts.n_landmarks <= n, f"model.attention.options.n_landmarks: {opts.n_landmarks} must be in "
-                                            f"[1, model.max_len={n}] (n_landmarks = max_len is full attention)")
+        require(
+            1 <= opts.n_landmarks <= n,
+            f"model.attention.options.n_landmarks: {opts.n_landmarks} must be in "
+            f"[1, model.max_len={n}] (n_landmarks = max_len is full attention)",
+        )
         check_number("model.attention.options.pinv_iterations", opts.pinv_iterations, 1, 1000, integer=True)
-        require(att.dropout == 0, f"model.attention.dropout: {att.dropout} not allowed for kind 'nystrom' (F̃Ã⁺B̃ "
-                                  "is not a matrix of probabilities to drop); set 0 (model.dropout still applies)")
+        require(
+            att.dropout == 0,
+            f"model.attention.dropout: {att.dropout} not allowed for kind 'nystrom' (F̃Ã⁺B̃ "
+            "is not a matrix of probabilities to drop); set 0 (model.dropout still applies)",
+        )
 
     def landmarks(self, x: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
         """Segment means of the real rows: x (B, h, T, d_h), real (B, 1, T, 1) → ((B, h, L, d_h), present (B, 1, L))."""
         b, h, t, d = x.shape
-        length = self.n_landmarks * self.segment                          # ≥ T: the n-grid, whatever T is
+        length = self.n_landmarks * self.segment  # ≥ T: the n-grid, whatever T is
         sums = torch.zeros(b, h, length, d, device=x.device, dtype=x.dtype)
         sums[:, :, :t] = x * real
         counts = torch.zeros(b, 1, length, device=x.device, dtype=x.dtype)
         counts[:, :, :t] = real[..., 0]
         sums = sums.unflatten(2, (self.n_landmarks, self.segment)).sum(3)  # (B, h, L, d_h)
-        counts = counts.unflatten(2, (self.n_landmarks, self.segment)).sum(3)   # (B, 1, L)
+        counts = counts.unflatten(2, (self.n_landmarks, self.segment)).sum(3)  # (B, 1, L)
         return sums / counts.clamp(min=1)[..., None], counts > 0
 
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        k, v = self.keys_values(x)                                        # (B, h, T, d_h) each
+        k, v = self.keys_values(x)  # (B, h, T, d_h) each
         b, _, t, _ = q.shape
         real = torch.ones(b, t, dtype=torch.bool, device=x.device) if mask is None else mask
-        weight = real[:, None, :, None].to(q.dtype)                       # (B, 1, T, 1)
-        q_l, present = self.landmarks(q, weight)                          # Q̃ (B, h, L, d_h), present (B, 1, L)
-        k_l, _ = self.landmarks(k, weight)                                # K̃
+        weight = real[:, None, :, None].to(q.dtype)  # (B, 1, T, 1)
+        q_l, present = self.landmarks(q, weight)  # Q̃ (B, h, L, d_h), present (B, 1, L)
+        k_l, _ = self.landmarks(k, weight)  # K̃
         scale, lowest = self.d_head**-0.5, torch.finfo(q.dtype).min
 
-        def softmax(scores: Tensor, keep: Tensor) -> Tensor:             # over the last axis, hidden where not keep
+        def softmax(scores: Tensor, keep: Tensor) -> Tensor:  # over the last axis, hidden where not keep
             return (scores * scale).masked_fill(~keep, lowest).softmax(-1)
 
-        f = softmax(q @ k_l.transpose(-1, -2), present[:, :, None, :])     # F̃: (B, h, T, L)
-        a = softmax(q_l @ k_l.transpose(-1, -2), present[:, :, None, :])   # Ã: (B, h, L, L)
-        both = present[:, :, :, None] & present[:, :, None, :]             # (B, 1, L, L)
-        a = torch.where(both, a, torch.eye(self.n_landmarks, device=x.device, dtype=q.dtype))   # absent: identity
-        bt = softmax(q_l @ k.transpose(-1, -2), real[:, None, None, :])    # B̃: (B, h, L, T)
-        with torch.autocast(x.device.type, enabled=False):               # the iteration needs float32
-            pinv = iterative_pinv(a.float(), self.pinv_iterations).to(a.dtype)   # Ã⁺: (B, h, L, L)
-        return (f @ pinv) @ (bt @ v)                                      # (B, h, T, d_h)
+        f = softmax(q @ k_l.transpose(-1, -2), present[:, :, None, :])  # F̃: (B, h, T, L)
+        a = softmax(q_l @ k_l.transpose(-1, -2), present[:, :, None, :])  # Ã: (B, h, L, L)
+        both = present[:, :, :, None] & present[:, :, None, :]  # (B, 1, L, L)
+        a = torch.where(both, a, torch.eye(self.n_landmarks, device=x.device, dtype=q.dtype))  # absent: identity
+        bt = softmax(q_l @ k.transpose(-1, -2), real[:, None, None, :])  # B̃: (B, h, L, T)
+        with torch.autocast(x.device.type, enabled=False):  # the iteration needs float32
+            pinv = iterative_pinv(a.float(), self.pinv_iterations).to(a.dtype)  # Ã⁺: (B, h, L, L)
+        return (f @ pinv) @ (bt @ v)  # (B, h, T, d_h)

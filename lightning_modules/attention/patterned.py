@@ -68,24 +68,27 @@ class PatternAttention(SelfAttention):
 
     # ------------------------------------------------------------------------------ the attention
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        k, v = self.keys_values(x)                                        # (B, h, T, d_h) each
-        return self.patterned(q, k, v, mask, dropout_p)                   # (B, h, T, d_h)
+        k, v = self.keys_values(x)  # (B, h, T, d_h) each
+        return self.patterned(q, k, v, mask, dropout_p)  # (B, h, T, d_h)
 
     def patterned(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         """softmax(Q Kᵀ/√d_h + log M) V with M = visible ∧ real keys: q, k, v (B, h, T, d_h) → (B, h, T, d_h)."""
         engine = self.engine_for(q, dropout_p)
         if engine == "dense":
+
             def core(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=self.dense_mask(q.shape[2], mask, q.device),
-                                                      dropout_p=dropout_p)
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=self.dense_mask(q.shape[2], mask, q.device), dropout_p=dropout_p
+                )
         else:
             from torch.nn.attention.flex_attention import flex_attention
 
             attention = compiled_flex_attention() if engine == "compiled" else flex_attention
-            block_mask = self.block_mask(q.shape[2], mask, q.device)      # once per forward, for every head
+            block_mask = self.block_mask(q.shape[2], mask, q.device)  # once per forward, for every head
 
             def core(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
                 return attention(q, k, v, block_mask=block_mask)
+
         if not flops.counting():
             return core(q, k, v)
         pairs = self.visible_pairs(q.shape[2], mask, q.shape[0]) * self.n_heads * self.d_head
@@ -116,7 +119,7 @@ class PatternAttention(SelfAttention):
     def dense_mask(self, t: int, mask: Optional[Tensor], device: Any) -> Tensor:
         """M as a bool tensor: (T, T) without padding, (B, 1, T, T) with it."""
         i = torch.arange(t, device=device)
-        seen = self.visible(i[:, None], i[None, :])                       # (T, T)
+        seen = self.visible(i[:, None], i[None, :])  # (T, T)
         return seen if mask is None else seen & mask[:, None, None, :]
 
     def visible_pairs(self, t: int, mask: Optional[Tensor], batch: int) -> int:
@@ -125,10 +128,10 @@ class PatternAttention(SelfAttention):
         real = None if mask is None else mask.cpu()
         total = 0
         for i in torch.arange(t).split(self.ROWS_PER_COUNT):
-            seen = self.visible(i[:, None], j[None, :])                   # (rows, T)
+            seen = self.visible(i[:, None], j[None, :])  # (rows, T)
             if real is None:
                 total += batch * int(seen.sum())
-            else:                                                         # real queries × real keys
+            else:  # real queries × real keys
                 total += int((seen & real[:, i, None] & real[:, None, :]).sum())
         return total
 
@@ -138,15 +141,18 @@ class PatternAttention(SelfAttention):
         if not self.causal:
             return super().init_state(batch_size, capacity, device, dtype)
         shape = (batch_size, self.n_heads, capacity, self.d_head)
-        return {"t": 0, "k": torch.zeros(shape, device=device, dtype=dtype),
-                "v": torch.zeros(shape, device=device, dtype=dtype)}
+        return {
+            "t": 0,
+            "k": torch.zeros(shape, device=device, dtype=dtype),
+            "v": torch.zeros(shape, device=device, dtype=dtype),
+        }
 
     def step(self, x: Tensor, state: dict) -> tuple[Tensor, dict]:
         """Position t attends to the cached keys j ≤ t with visible(t, j): x (B, 1, d) → ((B, 1, d), state)."""
         t = state["t"]
         if t >= state["k"].shape[2]:
             raise ValueError(f"decoding position {t} exceeds the state's capacity of {state['k'].shape[2]} tokens")
-        q = self.heads(self.q_proj(x))                                    # (B, h, 1, d_h)
+        q = self.heads(self.q_proj(x))  # (B, h, 1, d_h)
         k, v = self.keys_values(x)
         state["k"][:, :, t], state["v"][:, :, t] = k[:, :, 0], v[:, :, 0]
         position = torch.arange(t + 1, device=x.device)

@@ -42,8 +42,8 @@ from foundation.errors import check_number, require
 from lightning_modules.attention.base import SelfAttention, register_attention
 from lightning_modules.config import kind_options
 
-CHUNK = 64         # positions per chunk of the causal form
-KEY_BOUND = 60.0   # no key feature exceeds e^KEY_BOUND (module docstring)
+CHUNK = 64  # positions per chunk of the causal form
+KEY_BOUND = 60.0  # no key feature exceeds e^KEY_BOUND (module docstring)
 
 
 @dataclass
@@ -75,24 +75,32 @@ class PerformerAttention(SelfAttention):
         opts = kind_options(model.attention)
         self.n_features, self.redraw = int(opts.n_features), str(opts.redraw)
         self.redraw_every = 1 if opts.redraw_every is None else int(opts.redraw_every)
-        self.register_buffer("features", orthogonal_features(self.n_features, self.d_head))   # W: (m, d_h)
+        self.register_buffer("features", orthogonal_features(self.n_features, self.d_head))  # W: (m, d_h)
         self.register_buffer("seed", torch.randint(0, 2**62, ()))
-        self.register_buffer("draws", torch.zeros((), dtype=torch.long))   # redraws so far
-        self.register_buffer("steps", torch.zeros((), dtype=torch.long))   # training forwards so far
+        self.register_buffer("draws", torch.zeros((), dtype=torch.long))  # redraws so far
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))  # training forwards so far
 
     @classmethod
     def check(cls, model: DictConfig) -> None:
         opts, att = kind_options(model.attention), model.attention
         check_number("model.attention.options.n_features", opts.n_features, 1, 1 << 16, integer=True)
         if opts.redraw == "every_n_steps":
-            require(opts.redraw_every is not None and opts.redraw_every >= 1,
-                    f"model.attention.options.redraw_every: redraw=every_n_steps needs an integer >= 1, "
-                    f"got {opts.redraw_every}")
+            require(
+                opts.redraw_every is not None and opts.redraw_every >= 1,
+                f"model.attention.options.redraw_every: redraw=every_n_steps needs an integer >= 1, "
+                f"got {opts.redraw_every}",
+            )
         else:
-            require(opts.redraw_every is None, f"model.attention.options.redraw_every: {opts.redraw_every} applies "
-                                               f"to redraw=every_n_steps only (redraw is {opts.redraw!r})")
-        require(att.dropout == 0, f"model.attention.dropout: {att.dropout} not allowed for kind 'performer' (FAVOR+ "
-                                  "forms no attention probabilities to drop); set 0 (model.dropout still applies)")
+            require(
+                opts.redraw_every is None,
+                f"model.attention.options.redraw_every: {opts.redraw_every} applies "
+                f"to redraw=every_n_steps only (redraw is {opts.redraw!r})",
+            )
+        require(
+            att.dropout == 0,
+            f"model.attention.dropout: {att.dropout} not allowed for kind 'performer' (FAVOR+ "
+            "forms no attention probabilities to drop); set 0 (model.dropout still applies)",
+        )
 
     # ------------------------------------------------------------------------------ random features
     @torch.no_grad()
@@ -114,11 +122,11 @@ class PerformerAttention(SelfAttention):
 
     def feature_map(self, x: Tensor, is_query: bool) -> Tensor:
         """φ(x): (B, h, T, d_h) → (B, h, T, m), in float32."""
-        w = self.features.float()                                         # (m, d_h)
+        w = self.features.float()  # (m, d_h)
         x = x.float() * self.d_head**-0.25
-        logits = x @ w.T - (x * x).sum(-1, keepdim=True) / 2              # w_fᵀx − ‖x‖²/2: (B, h, T, m)
+        logits = x @ w.T - (x * x).sum(-1, keepdim=True) / 2  # w_fᵀx − ‖x‖²/2: (B, h, T, m)
         if is_query:
-            shift = logits.amax(-1, keepdim=True).detach()                # per query: cancels in its own ratio
+            shift = logits.amax(-1, keepdim=True).detach()  # per query: cancels in its own ratio
         else:
             shift = ((w * w).sum(-1).amax() / 2 - KEY_BOUND).clamp(min=0)  # one constant for every key
         return (logits - shift).exp() / math.sqrt(self.n_features)
@@ -127,19 +135,19 @@ class PerformerAttention(SelfAttention):
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         if self.training:
             self.maybe_redraw()
-        k, v = self.keys_values(x)                                        # (B, h, T, d_h) each
-        with torch.autocast(x.device.type, enabled=False):               # float32 even under mixed precision
-            qf, kf = self.feature_map(q, True), self.feature_map(k, False)    # (B, h, T, m) each
+        k, v = self.keys_values(x)  # (B, h, T, d_h) each
+        with torch.autocast(x.device.type, enabled=False):  # float32 even under mixed precision
+            qf, kf = self.feature_map(q, True), self.feature_map(k, False)  # (B, h, T, m) each
             if mask is not None:
-                kf = kf * mask[:, None, :, None]                          # padded keys join no sum
+                kf = kf * mask[:, None, :, None]  # padded keys join no sum
             out = self.causal_favor(qf, kf, v.float()) if self.causal else self.favor(qf, kf, v.float())
-        return out.to(q.dtype)                                            # (B, h, T, d_h)
+        return out.to(q.dtype)  # (B, h, T, d_h)
 
     @staticmethod
     def favor(qf: Tensor, kf: Tensor, v: Tensor) -> Tensor:
         """φ(Q) (φ(K)ᵀ V) / φ(Q) (φ(K)ᵀ 1): (B, h, T, m), (B, h, T, m), (B, h, T, d_h) → (B, h, T, d_h)."""
-        kv = kf.transpose(-1, -2) @ v                                     # Σ_j φ(k_j) v_jᵀ: (B, h, m, d_h)
-        z = kf.sum(-2)[..., None]                                         # Σ_j φ(k_j): (B, h, m, 1)
+        kv = kf.transpose(-1, -2) @ v  # Σ_j φ(k_j) v_jᵀ: (B, h, m, d_h)
+        z = kf.sum(-2)[..., None]  # Σ_j φ(k_j): (B, h, m, 1)
         return (qf @ kv) / (qf @ z).clamp(min=torch.finfo(qf.dtype).tiny)
 
     @staticmethod
@@ -148,17 +156,17 @@ class PerformerAttention(SelfAttention):
         b, h, t, m = qf.shape
         nc = -(-t // CHUNK)
 
-        def chunks(x: Tensor) -> Tensor:                                  # (B, h, T, e) → (B, h, nc, C, e)
+        def chunks(x: Tensor) -> Tensor:  # (B, h, T, e) → (B, h, nc, C, e)
             return torch.cat([x, x.new_zeros(b, h, nc * CHUNK - t, x.shape[-1])], 2).unflatten(2, (nc, CHUNK))
 
         qc, kc, vc = chunks(qf), chunks(kf), chunks(v)
-        kv = kc.transpose(-1, -2) @ vc                                    # per chunk Σ φ(k) vᵀ: (B, h, nc, m, d_h)
-        z = kc.sum(-2)                                                    # per chunk Σ φ(k): (B, h, nc, m)
-        s_before = torch.cat([torch.zeros_like(kv[:, :, :1]), kv[:, :, :-1].cumsum(2)], 2)    # chunks c' < c
+        kv = kc.transpose(-1, -2) @ vc  # per chunk Σ φ(k) vᵀ: (B, h, nc, m, d_h)
+        z = kc.sum(-2)  # per chunk Σ φ(k): (B, h, nc, m)
+        s_before = torch.cat([torch.zeros_like(kv[:, :, :1]), kv[:, :, :-1].cumsum(2)], 2)  # chunks c' < c
         z_before = torch.cat([torch.zeros_like(z[:, :, :1]), z[:, :, :-1].cumsum(2)], 2)
-        local = (qc @ kc.transpose(-1, -2)).tril()                        # φ(q_i)·φ(k_j), j ≤ i: (B, h, nc, C, C)
-        num = qc @ s_before + local @ vc                                  # (B, h, nc, C, d_h)
-        den = qc @ z_before[..., None] + local.sum(-1, keepdim=True)      # (B, h, nc, C, 1)
+        local = (qc @ kc.transpose(-1, -2)).tril()  # φ(q_i)·φ(k_j), j ≤ i: (B, h, nc, C, C)
+        num = qc @ s_before + local @ vc  # (B, h, nc, C, d_h)
+        den = qc @ z_before[..., None] + local.sum(-1, keepdim=True)  # (B, h, nc, C, 1)
         out = num / den.clamp(min=torch.finfo(qf.dtype).tiny)
         return out.flatten(2, 3)[:, :, :t]
 
@@ -167,16 +175,19 @@ class PerformerAttention(SelfAttention):
         """The running sums ``s`` (B, h, m, d_h) and ``z`` (B, h, m), float32; ``t`` the next position."""
         if not self.causal:
             return super().init_state(batch_size, capacity, device, dtype)
-        return {"t": 0, "s": torch.zeros(batch_size, self.n_heads, self.n_features, self.d_head, device=device),
-                "z": torch.zeros(batch_size, self.n_heads, self.n_features, device=device)}
+        return {
+            "t": 0,
+            "s": torch.zeros(batch_size, self.n_heads, self.n_features, self.d_head, device=device),
+            "z": torch.zeros(batch_size, self.n_heads, self.n_features, device=device),
+        }
 
     def step(self, x: Tensor, state: dict) -> tuple[Tensor, dict]:
         """S += φ(k_t) v_tᵀ, z += φ(k_t); out = φ(q_t)ᵀ S / φ(q_t)ᵀ z: x (B, 1, d) → ((B, 1, d), state)."""
-        q = self.heads(self.q_proj(x))                                    # (B, h, 1, d_h)
+        q = self.heads(self.q_proj(x))  # (B, h, 1, d_h)
         k, v = self.keys_values(x)
         with torch.autocast(x.device.type, enabled=False):
-            qf, kf = self.feature_map(q, True), self.feature_map(k, False)    # (B, h, 1, m)
-            state["s"] += kf.transpose(-1, -2) @ v.float()                # (B, h, m, d_h)
+            qf, kf = self.feature_map(q, True), self.feature_map(k, False)  # (B, h, 1, m)
+            state["s"] += kf.transpose(-1, -2) @ v.float()  # (B, h, m, d_h)
             state["z"] += kf[:, :, 0]
             out = (qf @ state["s"]) / (qf @ state["z"][..., None]).clamp(min=torch.finfo(qf.dtype).tiny)
         state["t"] += 1

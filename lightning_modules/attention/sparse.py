@@ -58,23 +58,36 @@ class SparseAttention(PatternAttention):
     @classmethod
     def check(cls, model: DictConfig) -> None:
         opts, n = kind_options(model.attention), model.max_len
-        require(1 <= opts.block <= n, f"model.attention.options.block: {opts.block} must be in "
-                                      f"[1, model.max_len={n}] (block = max_len is full attention)")
+        require(
+            1 <= opts.block <= n,
+            f"model.attention.options.block: {opts.block} must be in "
+            f"[1, model.max_len={n}] (block = max_len is full attention)",
+        )
         if opts.pattern == "strided":
-            require(opts.summary is None, f"model.attention.options.summary: {opts.summary} applies to pattern "
-                                          "'fixed' only (pattern 'strided' uses block and stride)")
-            require(opts.stride is None or 1 <= opts.stride <= n,
-                    f"model.attention.options.stride: {opts.stride} must be in [1, model.max_len={n}]")
+            require(
+                opts.summary is None,
+                f"model.attention.options.summary: {opts.summary} applies to pattern "
+                "'fixed' only (pattern 'strided' uses block and stride)",
+            )
+            require(
+                opts.stride is None or 1 <= opts.stride <= n,
+                f"model.attention.options.stride: {opts.stride} must be in [1, model.max_len={n}]",
+            )
         else:
-            require(opts.stride is None, f"model.attention.options.stride: {opts.stride} applies to pattern "
-                                         "'strided' only (pattern 'fixed' uses block and summary)")
-            require(opts.summary is None or 1 <= opts.summary <= opts.block,
-                    f"model.attention.options.summary: {opts.summary} must be in [1, block={opts.block}]")
+            require(
+                opts.stride is None,
+                f"model.attention.options.stride: {opts.stride} applies to pattern "
+                "'strided' only (pattern 'fixed' uses block and summary)",
+            )
+            require(
+                opts.summary is None or 1 <= opts.summary <= opts.block,
+                f"model.attention.options.summary: {opts.summary} must be in [1, block={opts.block}]",
+            )
 
     def visible(self, i: Tensor, j: Tensor) -> Tensor:
         l, s, c = self.block, self.stride, self.summary
         if self.pattern == "strided":
-            seen = ((i - j).abs() < l) | ((i - j) % s == 0)                # band ∪ every s-th position
+            seen = ((i - j).abs() < l) | ((i - j) % s == 0)  # band ∪ every s-th position
         else:
-            seen = (i // l == j // l) | (j % l >= l - c)                  # own block ∪ the blocks' summaries
+            seen = (i // l == j // l) | (j % l >= l - c)  # own block ∪ the blocks' summaries
         return seen & (j <= i) if self.causal else seen
