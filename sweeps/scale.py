@@ -123,7 +123,8 @@ class Ladder:
         return stats.trend(xs, ys) if len(set(xs)) >= 2 else None
 
     def has_axis(self, axis: str) -> bool:
-        return all(self.size(rung, axis) for rung in self.rungs)
+        """Whether some rung's reference runs recorded ``axis`` (a study still running may lack a rung)."""
+        return any(self.size(rung, axis) for rung in self.rungs)
 
 
 def build(study: Study, rows: list["Row"], found: "Findings") -> Ladder:
@@ -395,10 +396,11 @@ def figure_gap(ladder: Ladder) -> Optional["Figure"]:
         ax.set_xscale("log")
         ax.axhspan(-ladder.delta, ladder.delta, color="tab:green", alpha=0.12, linewidth=0, zorder=0)
         ax.axhline(0, color="0.5", linewidth=0.8, zorder=1)
-        sizes = [ladder.size(rung, axis) for rung in ladder.rungs]
+        sized = [(rung, size) for rung in ladder.rungs if (size := ladder.size(rung, axis))]
+        sizes = [size for _, size in sized]
         for i, line in enumerate(ladder.lines):
             color, shift = colors[i % len(colors)], 1.0 + 0.04 * (i - (len(ladder.lines) - 1) / 2)
-            for rung, size in zip(ladder.rungs, sizes):
+            for rung, size in sized:
                 c = ladder.gap(rung, line)
                 if c is None:
                     continue
@@ -424,7 +426,7 @@ def figure_gap(ladder: Ladder) -> Optional["Figure"]:
                 ax.plot(xx, t.intercept + t.slope * np.log10(xx), "--", color=color, linewidth=1.2)
                 label += f": {_signed(t.slope)} per 10× {_interval(lo, hi)}"
             ax.plot([], [], "--", color=color, label=label)
-        for rung, size in zip(ladder.rungs, sizes):
+        for rung, size in sized:
             ax.annotate(
                 rung,
                 (size, 1),
