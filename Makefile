@@ -25,7 +25,7 @@ WORKERS ?= 2
 run: setup
 	$(VENV)/bin/linformer-lab sweep sweeps/random_vs_learned.yaml --preset cpu --workers $(WORKERS)
 	$(VENV)/bin/linformer-lab report sweeps/random_vs_learned.yaml --preset cpu
-	@echo "report:      runs/$(QUICKSTART)/report/summary.md  (power check of the control first; trials.csv, *.png beside it)"
+	@echo "report:      runs/$(QUICKSTART)/report/summary.md  (the answer first, then the control's power check; trials.csv, *.png beside it)"
 	@echo "tensorboard: $(VENV)/bin/tensorboard --logdir runs/$(QUICKSTART) --host $(HOST)"
 	@echo "dashboard:   $(VENV)/bin/optuna-dashboard runs/$(QUICKSTART)/journal.log --host $(HOST)   (or: make dashboard)"
 
