@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Optional
 
+import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
@@ -110,6 +111,27 @@ class SelfAttention(nn.Module):
     def step(self, x: Tensor, state: dict) -> tuple[Tensor, dict]:
         """The output at position state["t"] from its input x (B, 1, d) → ((B, 1, d), state), in place."""
         raise ValueError(f"attention kind {self.kind!r} has no streaming form")
+
+    def kv_cache(self, batch_size: int, capacity: int, device: Any = None, dtype: Any = None) -> dict:
+        """The decoding state of a kind that caches every key: ``k``, ``v`` of (B, h, capacity, d_h) and the next
+        position ``t`` (a non-causal layer refuses, as :meth:`init_state` does)."""
+        if not self.causal:
+            return SelfAttention.init_state(self, batch_size, capacity, device, dtype)
+        shape = (batch_size, self.n_heads, capacity, self.d_head)
+        return {
+            "t": 0,
+            "k": torch.zeros(shape, device=device, dtype=dtype),
+            "v": torch.zeros(shape, device=device, dtype=dtype),
+        }
+
+    def cache_step(self, x: Tensor, state: dict) -> tuple[Tensor, int]:
+        """Store position t = state["t"]'s key and value (x: (B, 1, d)) in the cache; its query (B, h, 1, d_h), t."""
+        t = state["t"]
+        if t >= state["k"].shape[2]:
+            raise ValueError(f"decoding position {t} exceeds the state's capacity of {state['k'].shape[2]} tokens")
+        k, v = self.keys_values(x)  # (B, h, 1, d_h)
+        state["k"][:, :, t], state["v"][:, :, t] = k[:, :, 0], v[:, :, 0]
+        return self.heads(self.q_proj(x)), t
 
     def merge_step(self, out: Tensor) -> Tensor:
         """(B, h, 1, d_h) → (B, 1, d) through W_o."""

@@ -30,24 +30,12 @@ class FullAttention(SelfAttention):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)
 
     def init_state(self, batch_size: int, capacity: int, device: Any = None, dtype: Any = None) -> dict:
-        """A KV cache ``k``, ``v`` of (B, h, capacity, d_h); ``t`` is the next position."""
-        if not self.causal:
-            return super().init_state(batch_size, capacity, device, dtype)
-        shape = (batch_size, self.n_heads, capacity, self.d_head)
-        return {
-            "t": 0,
-            "k": torch.zeros(shape, device=device, dtype=dtype),
-            "v": torch.zeros(shape, device=device, dtype=dtype),
-        }
+        """A KV cache of every position (:meth:`SelfAttention.kv_cache`)."""
+        return self.kv_cache(batch_size, capacity, device, dtype)
 
     def step(self, x: Tensor, state: dict) -> tuple[Tensor, dict]:
         """Position t attends to the cached keys 0 … t: x (B, 1, d) → ((B, 1, d), state)."""
-        t = state["t"]
-        if t >= state["k"].shape[2]:
-            raise ValueError(f"decoding position {t} exceeds the state's capacity of {state['k'].shape[2]} tokens")
-        q = self.heads(self.q_proj(x))  # (B, h, 1, d_h)
-        k, v = self.keys_values(x)
-        state["k"][:, :, t], state["v"][:, :, t] = k[:, :, 0], v[:, :, 0]
+        q, t = self.cache_step(x, state)  # (B, h, 1, d_h)
         out = F.scaled_dot_product_attention(q, state["k"][:, :, : t + 1], state["v"][:, :, : t + 1])
         state["t"] = t + 1
         return self.merge_step(out), state
