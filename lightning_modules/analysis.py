@@ -120,23 +120,29 @@ def recorded_attention(model: nn.Module) -> Iterator[list[list[Tensor]]]:
             handle.remove()
 
 
-def blockwise_context_matrix(p: Tensor, length: int, window: int) -> Tensor:
-    """Causal Linformer's context-mapping matrix P̃ from the probabilities of its one SDPA call.
+def blockwise_context_matrix(chunks: list[Tensor], length: int, window: int) -> Tensor:
+    """Causal Linformer's context-mapping matrix P̃ from the probabilities of its SDPA calls, one per chunk.
 
-    p: (B·nr, h, u, nb − 1 + u), row r of sequence s (index s·nr + r) holding queries ru … ru + u − 1
-    against [slots 0 … nb − 2 ; the same u positions] (w = ``window``, nb = ⌈T/w⌉, T = ``length``,
-    nr = ⌈T/u⌉) → P̃ (B, h, T, nb − 1 + T): query i keeps its slot weights in columns 0 … nb − 2 and
-    puts its weight on key t at column nb − 1 + t (zero outside its row, where the layer's mask
-    already leaves only its own block), so that out_i = Σ_j P̃_ij [F-slots ; V]_j. Memory O(B·h·T²):
-    for analysis, not training.
+    Chunk c: (B·m_c, h, u, u + s_c), its row r (of sequence b: index b·m_c + r) holding the u queries of one
+    row of positions against [the same u positions ; slots 0 … s_c − 1] (w = ``window``, nb = ⌈T/w⌉,
+    T = ``length``, :meth:`~lightning_modules.attention.linformer_causal.CausalLinformer.blockwise`) →
+    P̃ (B, h, T, nb − 1 + T): query i keeps its slot weights in columns 0 … nb − 2 and puts its weight on key t
+    at column nb − 1 + t (zero outside its row, where the layer's mask already leaves only its own block), so
+    that out_i = Σ_j P̃_ij [F-slots ; V]_j. Memory O(B·h·T²): for analysis, not training.
     """
-    u, slots = p.shape[-2], -(-length // window) - 1
+    u, slots = chunks[0].shape[-2], -(-length // window) - 1
     nr = -(-length // u)
-    pr = p.unflatten(0, (-1, nr)).transpose(1, 2)  # (B, h, nr, u, nb-1+u)
-    eye = torch.eye(nr, dtype=p.dtype, device=p.device)
-    local = torch.einsum("bhric,rs->bhrisc", pr[..., slots:], eye)  # block-diagonal (B, h, nr, u, nr, u)
-    local = local.flatten(4, 5).flatten(2, 3)  # (B, h, nr·u, nr·u)
-    return torch.cat([pr[..., :slots].flatten(2, 3), local[..., :length]], -1)[:, :, :length]
+    batch = sum(c.shape[0] for c in chunks) // nr
+    p = chunks[0].new_zeros(batch, chunks[0].shape[1], nr * u, slots + nr * u)  # (B, h, nr·u, nb-1+nr·u)
+    row = 0
+    for chunk in chunks:
+        pr = chunk.unflatten(0, (batch, -1))  # (B, m, h, u, u + s)
+        for r in range(pr.shape[1]):
+            q0 = (row + r) * u  # the row's first query
+            p[:, :, q0 : q0 + u, : chunk.shape[-1] - u] = pr[:, r, :, :, u:]  # its slot weights
+            p[:, :, q0 : q0 + u, slots + q0 : slots + q0 + u] = pr[:, r, :, :, :u]  # its own positions
+        row += pr.shape[1]
+    return p[:, :, :length, : slots + length]
 
 
 def attention_maps(encoder: nn.Module, input_ids: Tensor, mask: Optional[Tensor] = None) -> list[Tensor]:
@@ -150,14 +156,15 @@ def attention_maps(encoder: nn.Module, input_ids: Tensor, mask: Optional[Tensor]
     length = input_ids.shape[1]
     maps = []
     for index, (layer, calls) in enumerate(zip(layers, records)):
-        if len(calls) != 1:
+        if len(calls) != 1 and not (layer.kind == "linformer" and layer.causal):
             raise RuntimeError(
                 f"attention layer {index} made {len(calls)} scaled_dot_product_attention calls; the "
                 "spectrum needs exactly one context-mapping matrix per layer"
             )
-        p = calls[0]
-        if layer.kind == "linformer" and layer.causal:
-            p = blockwise_context_matrix(p, length, layer.bank.window(layer.layer))
+        if layer.kind == "linformer" and layer.causal:  # one call per chunk of rows
+            p = blockwise_context_matrix(calls, length, layer.bank.window(layer.layer))
+        else:
+            p = calls[0]
         maps.append(p if mask is None else p * mask[:, None, :, None].to(p.dtype))
     return maps
 

@@ -137,6 +137,70 @@ def test_the_block_mask_is_built_once_per_shape_not_in_every_layer_and_step(monk
     enc(ids[:1]).sum().backward()
 
 
+def explicit_causal_linformer(layer, x, mask):
+    """Causal Linformer written out: one softmax per query over [slots j < ⌊i/w⌋ (non-empty) ; real keys of its
+    own block up to i], every score materialised (B, h, T, nb − 1 + T)."""
+    q, (k, v) = layer.heads(layer.q_proj(x)), layer.keys_values(x)
+    t, w = x.shape[1], layer.bank.window(layer.layer)
+    past = (math.ceil(t / w) - 1) * w
+    past_mask = None if mask is None else mask[:, :past]
+    sk = layer.bank.compress(layer.layer, 0, k[:, :, :past], past_mask)  # (B, h, nb-1, d_h)
+    sv = layer.bank.compress(layer.layer, 1, v[:, :, :past], past_mask)
+    i = torch.arange(t)
+    slot_ok = torch.arange(sk.shape[2])[None, :] < (i // w)[:, None]  # (T, nb-1)
+    local_ok = (i[None, :] // w == i[:, None] // w) & (i[None, :] <= i[:, None])  # (T, T)
+    if mask is not None:
+        nonempty = layer.bank.nonempty_slots(layer.layer, past_mask)  # (B, nb-1)
+        slot_ok, local_ok = slot_ok & nonempty[:, None, :], local_ok & mask[:, None, :]
+    visible = torch.cat([slot_ok, local_ok], -1)  # (T, S) or (B, T, S)
+    visible = visible if mask is None else visible[:, None]
+    scores = torch.cat([q @ sk.transpose(-1, -2), q @ k.transpose(-1, -2)], -1) / math.sqrt(layer.d_head)
+    p = scores.masked_fill(~visible, float("-inf")).softmax(-1).nan_to_num()  # padded queries: zeros
+    out = p @ torch.cat([sv, v], 2)  # (B, h, T, d_h)
+    return layer.out_proj(out.transpose(1, 2).reshape(x.shape))
+
+
+@pytest.mark.parametrize("rows_per_call", [1, 3, 10**9])  # every row its own call, 3 rows per call, one call
+@pytest.mark.parametrize("padded", [False, True])
+def test_chunked_rows_equal_the_written_out_causal_linformer(rows_per_call, padded, monkeypatch):
+    """T = 45, w = 4, d_h = 4: rows of u = 8 queries, 6 rows (the last one padded), 11 blocks."""
+    from lightning_modules.attention.linformer_causal import CausalLinformer
+
+    monkeypatch.setattr(CausalLinformer, "rows_per_call", staticmethod(lambda t, u, nb: rows_per_call))
+    torch.manual_seed(0)
+    n, d = 45, 16
+    layer = (
+        TransformerEncoder(
+            {
+                "max_len": n,
+                "d_model": d,
+                "n_heads": 4,
+                "n_layers": 1,
+                "d_ff": 32,
+                "dropout": 0.0,
+                "attention": {"kind": "linformer", "k": 12, "causal": True},
+            },
+            vocab_size=V,
+        )
+        .blocks[0]
+        .attn
+    )
+    x = torch.randn(2, n, d, requires_grad=True)
+    mask = None
+    if padded:  # sequence 1: 29 real tokens, then padding
+        mask = torch.ones(2, n, dtype=torch.bool)
+        mask[1, 29:] = False
+    real = torch.ones(2, n, dtype=torch.bool) if mask is None else mask
+    expected = explicit_causal_linformer(layer, x, mask)
+    with torch.no_grad():  # written over the queries, chunk by chunk
+        torch.testing.assert_close(layer(x, mask)[real], expected[real], atol=1e-5, rtol=1e-5)
+    got = layer(x, mask)  # with autograd: the chunks concatenated
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
+    weights = torch.randn_like(got) * real[..., None]
+    grad = torch.autograd.grad((got * weights).sum(), x)[0]
+    torch.testing.assert_close(grad, torch.autograd.grad((expected * weights).sum(), x)[0], atol=1e-5, rtol=1e-5)
+
+
 def test_full_attention_decodes_with_a_kv_cache():
     enc = causal_encoder({"kind": "full"})
     state = enc.init_decode_state(2)
@@ -206,3 +270,22 @@ def test_causal_full_attention_lm_runs_end_to_end(tiny_overrides, tmp_path):
     assert cli.main(args) == 0
     metrics = json.loads((tmp_path / "runs" / "tiny" / "version_0" / "metrics.json").read_text())
     assert math.isfinite(metrics["val/ppl"]) and metrics["projection_parameters"] == 0
+
+
+@pytest.mark.parametrize("n, k", [(2048, 64), (3000, 100)])
+def test_causal_linformer_forward_holds_no_more_memory_than_causal_sdpa(n, k):
+    """Inference forward of one layer (B = 2, d = 64, 2 heads), peak bytes above the start, same process:
+    the rows' calls write over the consumed queries, so nothing of length T beyond Q, K, V is held."""
+    from experiments.benchmarks import cases
+    from experiments.benchmarks.measure import peak_memory_bytes
+
+    shape = cases.Shape(
+        d_model=64, n_heads=2, n_layers=1, d_ff=256, vocab=V, batch=2, dtype=torch.float32, device=torch.device("cpu")
+    )
+    peaks = []
+    for variant, kk, causal in [("sdpa", None, True), ("causal", k, False)]:
+        case = cases.build("layer", "fwd", variant, kk, "auto", n, shape, causal=causal)
+        case.run()  # warm-up: the cached mask of the unpadded shape is built here
+        peaks.append(peak_memory_bytes(case.run, shape.device))
+    sdpa, linformer = peaks
+    assert linformer <= sdpa, f"causal Linformer {linformer / 2**20:.2f} MiB > causal SDPA {sdpa / 2**20:.2f} MiB"

@@ -79,7 +79,10 @@ class SelfAttention(nn.Module):
         return None
 
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        """The heads' outputs: x (B, T, d), q (B, h, T, d_h), mask (B, T) or None → (B, h, T, d_h)."""
+        """The heads' outputs: x (B, T, d), q (B, h, T, d_h), mask (B, T) or None → (B, h, T, d_h).
+
+        q is this call's own (:meth:`forward` built it and reads it no more): without autograd a kind may write
+        its output over it."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------ shared pieces

@@ -1,7 +1,7 @@
 """Causal Linformer (``kind: linformer``, ``causal: true``), causal by construction.
 
 The sequence is cut into blocks of w = ⌈n/k⌉ tokens; slot j compresses block j only (block-diagonal E, or the
-conv/pool window j). Query i, in block b = ⌊i/w⌋, attends in ONE softmax to the slots of the completed blocks
+conv/pool window j). Query i, in block b = ⌊i/w⌋, attends in one softmax to the slots of the completed blocks
 j < b (every token of which is ≤ bw − 1 < i) and exactly, causally, to the keys bw … i of its own block::
 
     scores_i = [ q_i s_jᵀ / √d_h  for j < b ]  ⧺  [ q_i k_tᵀ / √d_h  for bw ≤ t ≤ i ]
@@ -35,29 +35,29 @@ def _bias(
     mask: Optional[Tensor] = None,
     real_slots: Optional[Tensor] = None,
 ) -> Tensor:
-    """The additive mask of :meth:`CausalLinformer.blockwise`, (B·nr, 1, u, nb − 1 + u): query i sees the slots
-    j < ⌊i/w⌋ (non-empty: ``real_slots`` (B, nb − 1)) and the real keys of its own block up to i (``mask`` (B, T),
-    None: no padding)."""
+    """The additive mask of :meth:`CausalLinformer.blockwise`, (B, nr, 1, u, u + nb − 1) over the keys
+    [the row's own u positions ; slots]: query i sees the real keys of its own block up to i and the slots
+    j < ⌊i/w⌋ (non-empty: ``real_slots`` (B, nb − 1)); ``mask`` (B, T), None: no padding."""
     nb, nr = -(-t // w), -(-t // u)
-    # Visibility, without the head axis: (B, nr, u, nb-1+u).
+    # Visibility, without the head axis: (B, nr, u, u + nb - 1).
     position = torch.arange(nr * u, device=device).view(nr, u)  # (nr, u)
     block = position // w
     own = block[:, :, None] == block[:, None, :]  # (nr, u, u)
-    slot_ok = torch.arange(nb - 1, device=device) < block[..., None]  # j < b: (nr, u, nb-1)
     local_ok = own & (position[:, None, :] <= position[:, :, None])  # own block, key ≤ query
+    slot_ok = torch.arange(nb - 1, device=device) < block[..., None]  # j < b: (nr, u, nb-1)
     if mask is not None:
-        slot_ok = slot_ok & real_slots[:, None, None, :]  # (B, nr, u, nb-1)
         local_ok = local_ok & blocks(mask[..., None], u)[:, :, None, :, 0]  # (B, nr, u, u)
-    visible = torch.cat([slot_ok.expand(batch, nr, u, nb - 1), local_ok.expand(batch, nr, u, u)], -1)
+        slot_ok = slot_ok & real_slots[:, None, None, :]  # (B, nr, u, nb-1)
+    visible = torch.cat([local_ok.expand(batch, nr, u, u), slot_ok.expand(batch, nr, u, nb - 1)], -1)
     # Additive, with two floors: keys of the row's other blocks are outside query i's key set
-    # (the dtype's lowest value), hidden keys of its set [all slots ; own block] get half of it.
+    # (the dtype's lowest value), hidden keys of its set [own block ; slots] get half of it.
     # A query without any visible key (only an all-padding prefix) then averages its set's values,
     # finite, instead of SDPA's zeros (or NaN in an explicit softmax). Adding a score to half the
     # lowest value never reaches −inf, and in fp32/bf16 leaves it unchanged.
     lowest = torch.finfo(dtype).min
     bias = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, lowest / 2)
-    bias[..., nb - 1 :].masked_fill_(~own, lowest)
-    return bias.flatten(0, 1)[:, None]
+    bias[..., :u].masked_fill_(~own, lowest)
+    return bias[:, :, None]
 
 
 @functools.lru_cache(maxsize=32)
@@ -70,6 +70,19 @@ def _unpadded_bias(
     return _bias(batch, t, w, u, dtype, device)
 
 
+def _rows(x: Tensor, a: int, z: int, u: int, slots: Optional[Tensor] = None) -> Tensor:
+    """Positions a … z − 1 of x (B, h, T, d_h), a row of u each (the last one zero-padded), then ``slots``
+    (B, h, s, d_h) after every row → (B·m, h, u + s, d_h), m = ⌈(z − a)/u⌉."""
+    m = -(-(z - a) // u)
+    xr = x[:, :, a:z]
+    if z - a < m * u:
+        xr = F.pad(xr, (0, 0, 0, m * u - (z - a)))
+    xr = xr.unflatten(2, (m, u)).transpose(1, 2)  # (B, m, h, u, d_h)
+    if slots is not None:
+        xr = torch.cat([xr, slots[:, None].expand(-1, m, -1, -1, -1)], -2)
+    return xr.flatten(0, 1)
+
+
 class CausalLinformer(Linformer):
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         k, v = self.keys_values(x)  # (B, h, T, d_h) each
@@ -78,39 +91,53 @@ class CausalLinformer(Linformer):
     def blockwise(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float) -> Tensor:
         """Causal Linformer (module docstring): q, k, v (B, h, T, d_h) → (B, h, T, d_h).
 
-        Blocks b = 0 … nb − 1 (nb = ⌈T/w⌉); slots of blocks 0 … nb − 2 (the last block is nobody's
-        past). One ``scaled_dot_product_attention`` call over rows of u = g·w consecutive queries (g
-        whole blocks, the tail zero-padded; nr = ⌈T/u⌉ rows per sequence): queries (B·nr, h, u, d_h)
-        against keys and values [slots ; the row's own u positions] (B·nr, h, nb − 1 + u, d_h), with an
-        additive mask (B·nr, 1, u, nb − 1 + u) that leaves query i the slots j < ⌊i/w⌋ (non-empty) and
-        the real keys of its own block up to i. Every row repeats the slots: 2(nb − 1)d_h numbers,
-        against the u(nb − 1) slot scores of its queries, so rows of u ≥ 2d_h queries (g = ⌈2d_h/w⌉)
-        keep the repeat no larger than the scores a hand-written softmax would hold, for u − w extra
-        (masked) local scores per query.
+        Blocks b = 0 … nb − 1 (nb = ⌈T/w⌉); slots of blocks 0 … nb − 2 (the last block is nobody's past).
+        Queries go in rows of u = g·w consecutive positions (g whole blocks; nr = ⌈T/u⌉ rows, the tail
+        zero-padded), m rows per call (:meth:`rows_per_call`); one ``scaled_dot_product_attention`` call per chunk: queries
+        (B·m, h, u, d_h) against [the row's own u keys ; the slots its chunk can see] (B·m, h, u + s, d_h),
+        s = min(nb − 1, g·r₁ − 1) for a chunk ending before row r₁, with an additive mask that leaves query i
+        the real keys of its own block up to i and the slots j < ⌊i/w⌋ (non-empty). Each row repeats its
+        chunk's s slots: rows of u ≥ 2d_h queries (g = ⌈2d_h/w⌉) keep that repeat no larger than the scores a
+        hand-written softmax would hold, and the chunks' growing prefixes skip about half of the slot scores
+        a single call over every slot would mask. Without autograd the output of a chunk is written over
+        its own rows of q, which no later chunk reads: no (B, h, T, d_h) tensor beyond q, k and v is held.
         """
         batch, t, w = q.shape[0], q.shape[2], self.bank.window(self.layer)
         nb, u = -(-t // w), w * -(-2 * self.d_head // w)
-        nr = -(-t // u)
+        nr, g = -(-t // u), u // w
+        m = self.rows_per_call(t, u, nb)
         past = (nb - 1) * w  # tokens in completed-able blocks
         past_mask = None if mask is None else mask[:, :past]
         sk = self.bank.compress(self.layer, 0, k[:, :, :past], past_mask)  # (B, h, nb-1, d_h)
         sv = self.bank.compress(self.layer, 1, v[:, :, :past], past_mask)
-
-        def rows(x: Tensor, slots: Optional[Tensor] = None) -> Tensor:
-            """(B, h, T, d_h) → (B·nr, h, u, d_h), preceded by the slots: (B·nr, h, nb-1+u, d_h)."""
-            xr = blocks(x, u).transpose(1, 2)  # (B, nr, h, u, d_h)
-            if slots is not None:
-                xr = torch.cat([slots[:, None].expand(-1, nr, -1, -1, -1), xr], -2)
-            return xr.flatten(0, 1)
-
         if mask is None:  # the same for every layer of this w and every step: built once
             bias = _unpadded_bias(batch, t, w, u, q.dtype, q.device, torch.is_inference_mode_enabled())
         else:
             bias = _bias(batch, t, w, u, q.dtype, q.device, mask, self.bank.nonempty_slots(self.layer, past_mask))
-        out = F.scaled_dot_product_attention(
-            rows(q), rows(k, sk), rows(v, sv), attn_mask=bias, dropout_p=p
-        )  # (B·nr, h, u, d_h)
-        return out.unflatten(0, (batch, nr)).transpose(1, 2).flatten(2, 3)[:, :, :t]
+        in_place = not (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, sk, sv)))
+        pieces = []
+        for r0 in range(0, nr, m):
+            r1 = min(r0 + m, nr)
+            a, z, s = r0 * u, min(r1 * u, t), min(nb - 1, g * r1 - 1)
+            out = F.scaled_dot_product_attention(
+                _rows(q, a, z, u),
+                _rows(k, a, z, u, sk[:, :, :s]),
+                _rows(v, a, z, u, sv[:, :, :s]),
+                attn_mask=bias[:, r0:r1, ..., : u + s].flatten(0, 1),
+                dropout_p=p,
+            )  # (B·(r1-r0), h, u, d_h)
+            out = out.unflatten(0, (batch, r1 - r0)).transpose(1, 2).flatten(2, 3)[:, :, : z - a]
+            if in_place:
+                q[:, :, a:z] = out
+            else:
+                pieces.append(out)
+        return q if in_place else torch.cat(pieces, 2)
+
+    @staticmethod
+    def rows_per_call(t: int, u: int, nb: int) -> int:
+        """Rows of u queries per SDPA call: at most 512 queries, and few enough that a call's keys and values
+        (m rows of u + nb − 1 at most) stay within T/4 rows each, a quarter of K's."""
+        return max(1, min(512 // u, t // (4 * (u + nb - 1))))
 
     # ------------------------------------------------------------------------------ incremental decoding
     def init_state(self, batch_size: int, capacity: int, device: Any = None, dtype: Any = None) -> dict:
