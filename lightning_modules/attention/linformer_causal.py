@@ -93,14 +93,14 @@ class CausalLinformer(Linformer):
 
         Blocks b = 0 … nb − 1 (nb = ⌈T/w⌉); slots of blocks 0 … nb − 2 (the last block is nobody's past).
         Queries go in rows of u = g·w consecutive positions (g whole blocks; nr = ⌈T/u⌉ rows, the tail
-        zero-padded), m rows per call (:meth:`rows_per_call`); one ``scaled_dot_product_attention`` call per chunk: queries
-        (B·m, h, u, d_h) against [the row's own u keys ; the slots its chunk can see] (B·m, h, u + s, d_h),
-        s = min(nb − 1, g·r₁ − 1) for a chunk ending before row r₁, with an additive mask that leaves query i
+        zero-padded), m rows per ``scaled_dot_product_attention`` call (:meth:`rows_per_call`): queries
+        (B·m, h, u, d_h) against [the row's own u keys ; the slots its call can see] (B·m, h, u + s, d_h),
+        s = min(nb − 1, g·r₁ − 1) for a call ending before row r₁, with an additive mask that leaves query i
         the real keys of its own block up to i and the slots j < ⌊i/w⌋ (non-empty). Each row repeats its
-        chunk's s slots: rows of u ≥ 2d_h queries (g = ⌈2d_h/w⌉) keep that repeat no larger than the scores a
-        hand-written softmax would hold, and the chunks' growing prefixes skip about half of the slot scores
-        a single call over every slot would mask. Without autograd the output of a chunk is written over
-        its own rows of q, which no later chunk reads: no (B, h, T, d_h) tensor beyond q, k and v is held.
+        call's s slots: rows of u ≥ 2d_h queries (g = ⌈2d_h/w⌉) keep that repeat no larger than the scores a
+        hand-written softmax would hold, and the calls' growing prefixes skip about half of the slot scores
+        a single call over every slot would mask. Without autograd the output of a call is written over
+        its own rows of q, which no later call reads: no (B, h, T, d_h) tensor beyond q, k and v is held.
         """
         batch, t, w = q.shape[0], q.shape[2], self.bank.window(self.layer)
         nb, u = -(-t // w), w * -(-2 * self.d_head // w)
