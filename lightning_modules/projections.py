@@ -273,7 +273,9 @@ class ProjectionBank(nn.Module):
             return e.unsqueeze(0) @ x
         xb = blocks(x, self.windows[layer])  # (B, H, k', w, C)
         weight = self.block_weights(layer, side, x)[:, : xb.shape[-3]]  # (G, S', w, C')
-        return (xb * weight).sum(-2)
+        if weight.shape[-1] == 1:  # one weight per window position: a (1 × w)·(w × C) product per slot
+            return (weight.transpose(-1, -2) @ xb).squeeze(-2)  # (B, max(H, G), k', C)
+        return (xb * weight).sum(-2)  # per-channel weights (conv)
 
     def compress_block(self, layer: int, side: int, block: Tensor, j: int) -> Tensor:
         """Slot j from its complete block: (B, H, w, C) → (B, max(H, G), C) (incremental decoding)."""
