@@ -86,19 +86,33 @@ def test_an_unregistered_projection_kind_is_one_config_line():
         run_config.load(run_config.CONFIG_DIR / "base.yaml", ["model.attention.projection=dct"])
 
 
-@pytest.fixture
-def mean_attention():
-    """An attention kind registered for the test only: every query averages the real tokens' values."""
+@pytest.fixture(params=["attend_qkv", "attend"])
+def mean_attention(request):
+    """An attention kind registered for the test only: every query averages the real tokens' values, written
+    through either hook of the base class (Q, K, V from one product; or X and Q, K and V made by the kind)."""
 
-    @register_attention("mean")
-    class MeanAttention(SelfAttention):
-        has_causal_form = False
+    def mean(q, v, mask):  # (B, h, T, d_h) each → (B, h, T, d_h)
+        m = v.new_ones(v.shape[0], v.shape[2]) if mask is None else mask.to(v.dtype)  # (B, T)
+        weights = m[:, None, None, :] / m.sum(-1)[:, None, None, None]  # (B, 1, 1, T)
+        return (weights @ v).expand_as(q)
 
-        def attend(self, x, q, mask, dropout_p):
-            _, v = self.keys_values(x)  # (B, h, T, d_h)
-            m = torch.ones(x.shape[:2], dtype=v.dtype) if mask is None else mask.to(v.dtype)
-            weights = m[:, None, None, :] / m.sum(-1)[:, None, None, None]  # (B, 1, 1, T)
-            return (weights @ v).expand_as(q)  # (B, h, T, d_h)
+    if request.param == "attend_qkv":
+
+        @register_attention("mean")
+        class MeanAttention(SelfAttention):
+            has_causal_form = False
+
+            def attend_qkv(self, q, k, v, mask, dropout_p):
+                return mean(q, v, mask)
+
+    else:
+
+        @register_attention("mean")
+        class MeanAttention(SelfAttention):
+            has_causal_form = False
+
+            def attend(self, x, q, mask, dropout_p):
+                return mean(q, self.keys_values(x)[1], mask)
 
     yield MeanAttention
     del ATTENTION_KINDS["mean"]
@@ -116,6 +130,28 @@ def test_an_attention_kind_registered_in_a_test_trains_one_step_through_train(me
             tiny_overrides.config,
             [*tiny_overrides.args, "task=clm", "model.attention.kind=mean", "model.attention.causal=true"],
         )
+
+
+def test_one_product_for_q_k_v_equals_the_three_projections_and_their_gradients():
+    from lightning_modules.attention import build_attention
+
+    torch.manual_seed(0)
+    layer = build_attention({"max_len": 8, "d_model": 16, "n_heads": 2, "attention": {"kind": "full"}})
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    fused = layer.queries_keys_values(x)
+    apart = (layer.heads(layer.q_proj(x)), *layer.keys_values(x))
+    for a, b in zip(fused, apart):
+        torch.testing.assert_close(a, b)
+    weights = [torch.randn_like(t) for t in fused]
+    grads = [
+        torch.autograd.grad(
+            sum((t * w).sum() for t, w in zip(ts, weights)),
+            [x, *(p for name, p in layer.named_parameters() if not name.startswith("out_proj"))],
+        )
+        for ts in (fused, apart)
+    ]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
 
 
 def test_renamed_keys_still_work_for_one_release_with_a_warning(capsys):

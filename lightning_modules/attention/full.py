@@ -19,14 +19,13 @@ from lightning_modules.attention.base import SelfAttention, register_attention
 
 @register_attention("full")
 class FullAttention(SelfAttention):
-    def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        k, v = self.keys_values(x)  # (B, h, T, d_h) each
+    def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         if mask is None:  # no padding: the fast kernels
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=self.causal)
         visible = mask[:, None, None, :]  # (B, 1, 1, T): real keys
         if self.causal:
-            t = x.shape[1]
-            visible = visible & torch.ones(t, t, dtype=torch.bool, device=x.device).tril()  # (B, 1, T, T)
+            t = q.shape[2]
+            visible = visible & torch.ones(t, t, dtype=torch.bool, device=q.device).tril()  # (B, 1, T, T)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)
 
     def init_state(self, batch_size: int, capacity: int, device: Any = None, dtype: Any = None) -> dict:

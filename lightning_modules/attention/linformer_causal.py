@@ -84,8 +84,7 @@ def _rows(x: Tensor, a: int, z: int, u: int, slots: Optional[Tensor] = None) -> 
 
 
 class CausalLinformer(Linformer):
-    def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        k, v = self.keys_values(x)  # (B, h, T, d_h) each
+    def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         return self.blockwise(q, k, v, mask, dropout_p)  # (B, h, T, d_h)
 
     def blockwise(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float) -> Tensor:

@@ -21,8 +21,7 @@ from lightning_modules.attention.linformer import Linformer
 
 
 class OneSidedLinformer(Linformer):
-    def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        k, v = self.keys_values(x)  # (B, h, T, d_h) each
+    def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         if self.bank.compressed_side == "keys":
             k = self.bank.lift(self.layer, 0, k, mask)  # P K
         else:

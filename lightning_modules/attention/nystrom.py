@@ -92,10 +92,9 @@ class NystromAttention(SelfAttention):
         counts = counts.unflatten(2, (self.n_landmarks, self.segment)).sum(3)  # (B, 1, L)
         return sums / counts.clamp(min=1)[..., None], counts > 0
 
-    def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        k, v = self.keys_values(x)  # (B, h, T, d_h) each
+    def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         b, _, t, _ = q.shape
-        real = torch.ones(b, t, dtype=torch.bool, device=x.device) if mask is None else mask
+        real = torch.ones(b, t, dtype=torch.bool, device=q.device) if mask is None else mask
         weight = real[:, None, :, None].to(q.dtype)  # (B, 1, T, 1)
         q_l, present = self.landmarks(q, weight)  # Q̃ (B, h, L, d_h), present (B, 1, L)
         k_l, _ = self.landmarks(k, weight)  # K̃
@@ -107,8 +106,8 @@ class NystromAttention(SelfAttention):
         f = softmax(q @ k_l.transpose(-1, -2), present[:, :, None, :])  # F̃: (B, h, T, L)
         a = softmax(q_l @ k_l.transpose(-1, -2), present[:, :, None, :])  # Ã: (B, h, L, L)
         both = present[:, :, :, None] & present[:, :, None, :]  # (B, 1, L, L)
-        a = torch.where(both, a, torch.eye(self.n_landmarks, device=x.device, dtype=q.dtype))  # absent: identity
+        a = torch.where(both, a, torch.eye(self.n_landmarks, device=q.device, dtype=q.dtype))  # absent: identity
         bt = softmax(q_l @ k.transpose(-1, -2), real[:, None, None, :])  # B̃: (B, h, L, T)
-        with torch.autocast(x.device.type, enabled=False):  # the iteration needs float32
+        with torch.autocast(q.device.type, enabled=False):  # the iteration needs float32
             pinv = iterative_pinv(a.float(), self.pinv_iterations).to(a.dtype)  # Ã⁺: (B, h, L, L)
         return (f @ pinv) @ (bt @ v)  # (B, h, T, d_h)

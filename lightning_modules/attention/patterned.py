@@ -67,8 +67,7 @@ class PatternAttention(SelfAttention):
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------ the attention
-    def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        k, v = self.keys_values(x)  # (B, h, T, d_h) each
+    def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         return self.patterned(q, k, v, mask, dropout_p)  # (B, h, T, d_h)
 
     def patterned(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:

@@ -132,11 +132,10 @@ class PerformerAttention(SelfAttention):
         return (logits - shift).exp() / math.sqrt(self.n_features)
 
     # ------------------------------------------------------------------------------ FAVOR+
-    def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
+    def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         if self.training:
             self.maybe_redraw()
-        k, v = self.keys_values(x)  # (B, h, T, d_h) each
-        with torch.autocast(x.device.type, enabled=False):  # float32 even under mixed precision
+        with torch.autocast(q.device.type, enabled=False):  # float32 even under mixed precision
             qf, kf = self.feature_map(q, True), self.feature_map(k, False)  # (B, h, T, m) each
             if mask is not None:
                 kf = kf * mask[:, None, :, None]  # padded keys join no sum
