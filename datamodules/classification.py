@@ -72,7 +72,7 @@ from datamodules.corpus import FILE_BUILDERS, cap_texts, is_file_spec, load_hub,
 from datamodules.embedded import SOURCES as EMBEDDED_SOURCES
 from datamodules.embedded import clean_text, load_embedded
 from datamodules.language_model import unigram_baseline
-from datamodules.sampling import make_loader
+from datamodules.sampling import loader_options, make_loader
 from datamodules.tokenizer import CLS_ID, PAD_ID, SEP_ID, build_tokenizer
 from foundation.errors import ConfigError
 from foundation.rundir import init_from_tokenizer
@@ -343,16 +343,7 @@ class LabelledSequenceDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, seed: Optional[int]) -> DataLoader:
         """Training order resumable mid-epoch, evaluation sharded over DDP ranks (``datamodules/sampling.py``)."""
-        workers = self.data_cfg.num_workers
-        return make_loader(
-            self._split(split),
-            self.trainer,
-            seed,
-            batch_size=self.data_cfg.batch_size,
-            collate_fn=collate,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-        )
+        return make_loader(self._split(split), self.trainer, seed, collate_fn=collate, **loader_options(self.data_cfg))
 
 
 class ClassificationDataModule(LabelledSequenceDataModule):

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from datamodules.cache import cache_key, fingerprint
 from datamodules.corpus import iter_texts, load_text_corpus
-from datamodules.sampling import make_loader
+from datamodules.sampling import loader_options, make_loader
 from datamodules.tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID, build_tokenizer
 from foundation.atomic import atomic_write
 from foundation.errors import ConfigError
@@ -136,17 +136,7 @@ class PackedTextDataModule(L.LightningDataModule):
         return blocks
 
     def _loader(self, dataset, collate_fn, seed: Optional[int], draw=None) -> DataLoader:
-        workers = self.data_cfg.num_workers
-        return make_loader(
-            dataset,
-            self.trainer,
-            seed,
-            draw,
-            batch_size=self.data_cfg.batch_size,
-            collate_fn=collate_fn,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-        )
+        return make_loader(dataset, self.trainer, seed, draw, collate_fn=collate_fn, **loader_options(self.data_cfg))
 
     def _train_batch(self, ids: torch.Tensor, generator: torch.Generator) -> dict:
         return _as_batch(*self.make_inputs_labels(ids, generator))

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from datamodules.sampling import make_loader
+from datamodules.sampling import loader_options, make_loader
 from datamodules.tokenizer import PAD_ID
 
 IGNORE_INDEX = -100
@@ -113,16 +113,7 @@ class MQARDataModule(L.LightningDataModule):
         """Training order resumable mid-epoch, validation sharded over DDP ranks (``datamodules/sampling.py``)."""
         if dataset is None:
             raise RuntimeError("MQARDataModule.setup() has not run yet")
-        workers = self.data_cfg.num_workers
-        return make_loader(
-            dataset,
-            self.trainer,
-            seed,
-            batch_size=self.data_cfg.batch_size,
-            collate_fn=collate,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-        )
+        return make_loader(dataset, self.trainer, seed, collate_fn=collate, **loader_options(self.data_cfg))
 
 
 def collate(items: list[tuple[Tensor, Tensor]]) -> dict:

@@ -100,6 +100,12 @@ class ResumableLoader(DataLoader):
         self._resume_at = (int(state["epoch"]), int(state["batches"]))
 
 
+def loader_options(data: Any) -> dict:
+    """What every data module's loaders take from its ``data`` config: the batch size and the worker processes
+    (kept alive between epochs when there are any)."""
+    return {"batch_size": data.batch_size, "num_workers": data.num_workers, "persistent_workers": data.num_workers > 0}
+
+
 def make_loader(
     dataset,
     trainer: Optional[Any],

@@ -20,6 +20,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from pg import postgres_server, postgres_url  # noqa: E402,F401  (fixtures: a throwaway PostgreSQL server)
+from tiny import TINY_MODEL  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
@@ -38,12 +39,7 @@ def tiny_overrides(tmp_path, monkeypatch, data_cache):
     args = [
         "experiment=tiny",
         f"output_dir={tmp_path / 'runs'}",
-        "model.max_len=32",
-        "model.d_model=32",
-        "model.n_heads=2",
-        "model.n_layers=2",
-        "model.d_ff=64",
-        "model.attention.k=8",
+        *TINY_MODEL,
         "data.max_texts=300",
         "data.batch_size=8",
         "data.tokenizer.vocab_size=300",

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tiny import TINY_MODEL
 from torch.nn.parallel import DistributedDataParallel
 
 from foundation.checkpoint import read_checkpoint
@@ -237,12 +238,7 @@ def _cli_args(config: Path, tmp_path: Path, corpus: Path, data_cache: Path) -> l
         str(config),
         "experiment=cli",
         f"output_dir={tmp_path / 'runs'}",
-        "model.max_len=32",
-        "model.d_model=32",
-        "model.n_heads=2",
-        "model.n_layers=2",
-        "model.d_ff=64",
-        "model.attention.k=8",
+        *TINY_MODEL,
         f"data.source={corpus}",
         "data.tokenizer.kind=byte",
         f"data.cache_dir={data_cache}",

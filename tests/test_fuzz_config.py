@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
+from tiny import TINY_MODEL
 
 from experiments import cli
 from foundation.configfile import flatten
@@ -130,12 +131,7 @@ raw = st.sampled_from(
 override = st.tuples(st.sampled_from(KEYS), st.one_of(values.map(render), raw)).map(lambda kv: f"{kv[0]}={kv[1]}")
 
 TINY = [
-    "model.max_len=32",
-    "model.d_model=32",
-    "model.n_heads=2",
-    "model.n_layers=2",
-    "model.d_ff=64",
-    "model.attention.k=8",
+    *TINY_MODEL,
     "trainer.accelerator=cpu",
 ]
 

@@ -20,6 +20,7 @@ from typing import Callable
 import pytest
 import torch
 import yaml
+from tiny import TINY_MODEL
 
 from experiments import cli
 from foundation.redact import redact
@@ -47,12 +48,7 @@ def world(tmp_path_factory, data_cache):
     tiny = [
         "experiment=tiny",
         f"output_dir={root / 'runs'}",
-        "model.max_len=32",
-        "model.d_model=32",
-        "model.n_heads=2",
-        "model.n_layers=2",
-        "model.d_ff=64",
-        "model.attention.k=8",
+        *TINY_MODEL,
         "data.max_texts=300",
         "data.batch_size=8",
         "data.tokenizer.vocab_size=300",
