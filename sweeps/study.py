@@ -9,7 +9,7 @@ so a trial is exactly a ``linformer-lab train`` run with a few more overrides. `
 ``gpu``) are partial studies merged over the file; each preset is its own Optuna study, named
 ``<study>_<preset>``, under ``<output_dir>/<study>_<preset>/``.
 
-A space param is either a dotted RunConfig key (``model.attention.k``) whose ``choices`` are values, or
+A space param is either a dotted RunConfig key (``model.attention.options.k``) whose ``choices`` are values, or
 a free label whose ``choices`` map choice names to bundles of overrides (``arm: {full: {...}, ...}``),
 for arms that differ in several keys at once. ``when: {key: value}`` makes a param conditional on the
 trial's config so far. Every problem is a one-line :class:`ConfigError` naming the file and the key;
@@ -362,25 +362,30 @@ class Study:
     def param_overrides(self, params: dict) -> dict:
         """Dotted config key -> value that a trial's params set (bundles expanded), in space order."""
         out: dict = {}
-        for name, value in params.items():
-            if self.is_bundle(name):
-                out.update(OmegaConf.to_container(self.spec.space[name].choices[value]))
-            else:
-                out[name] = value
+        for layer in self.param_layers(params):
+            out.update(layer)
         return out
+
+    def param_layers(self, params: dict) -> list[dict]:
+        """What each of a trial's params sets (dotted key -> value, a bundle expanded), one layer per param in
+        space order: a later param's ``kind`` starts from that kind's options (foundation.configfile)."""
+        return [
+            OmegaConf.to_container(self.spec.space[name].choices[value]) if self.is_bundle(name) else {name: value}
+            for name, value in params.items()
+        ]
 
     def _active(self, name: str, params: dict) -> bool:
         when = self.spec.space[name].when
         if not when:
             return True
         flat = run_config.flatten(
-            OmegaConf.to_container(OmegaConf.merge(self.shared, _nested(self.param_overrides(params))))
+            run_config.to_container(run_config.merge_run([self.shared, *map(_nested, self.param_layers(params))]))
         )
         return all(flat.get(key) == value for key, value in when.items())
 
     def config(self, params: dict, run: Optional[dict] = None) -> DictConfig:
         """The checked RunConfig of a trial: base < overrides < params < ``run`` (run_dir, experiment)."""
-        cfg = run_config.merge_run([self.shared, _nested(self.param_overrides(params)), _nested(run or {})])
+        cfg = run_config.merge_run([self.shared, *map(_nested, self.param_layers(params)), _nested(run or {})])
         run_config.check(cfg)
         check_trial_devices(cfg)
         return cfg
@@ -608,10 +613,10 @@ def _check_space(spec: DictConfig, flat_keys: set[str]) -> None:
         raise ConfigError(f"space.{CONTROL_PARAM}: the name is taken by the study's control arms; rename the param")
     for name, p in spec.space.items():
         _check_param(name, p)
-        if not isinstance(p.choices, DictConfig) and name not in flat_keys:
+        if not isinstance(p.choices, DictConfig) and not run_config.is_key(name, flat_keys):
             raise ConfigError(f"space.{name}: not a config key; a free label needs choices that map names to overrides")
         for key in p.when:
-            if key not in flat_keys:
+            if not run_config.is_key(key, flat_keys):
                 raise ConfigError(f"space.{name}.when: {key} is not a config key")
     for name in spec.arms or []:
         if name not in spec.space:

@@ -57,7 +57,7 @@ def test_train_writes_run_dir_tensorboard_and_metrics(tiny_overrides, tmp_path, 
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(6))
     hparams, metric_tags = _hparams(run)
     assert hparams["model.attention.kind"].string_value == kind
-    assert hparams["model.attention.k"].number_value == 8
+    assert hparams["model.attention.options.k"].number_value == 8
     assert {"hp/val_loss", "hp/val_ppl"} <= metric_tags
 
 

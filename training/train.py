@@ -386,7 +386,7 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="experiment YAML file (e.g. experiments/configs/quickstart.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.attention.k=32")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.attention.options.k=32")
     parser.add_argument(
         "--check",
         action="store_true",
