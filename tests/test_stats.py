@@ -208,7 +208,9 @@ def test_a_control_that_separates_and_leaves_the_trivial_baseline_gives_the_stud
         {0: 2.80, 1: 2.82, 2: 2.81}, {0: 3.08, 1: 3.09, 2: 3.10}, {0: 3.09, 1: 3.09, 2: 3.09}, "minimize"
     )
     assert check.leaves_trivial and check.separates and check.has_power
-    assert words.power(check)[1].startswith("The control separates: the reference is better than the degraded arm by 0.28 ± ")
+    assert words.power(check)[1].startswith(
+        "The control separates: the reference is better than the degraded arm by 0.28 ± "
+    )
 
 
 def test_a_control_within_the_seed_noise_says_the_study_has_no_power():
