@@ -499,7 +499,7 @@ def test_every_kind_counts_less_attention_work_than_full_at_a_budget_of_k():
         ),
         (
             ["model.attention.kind=local", "model.attention.options.engine=fast"],
-            "model.attention.options.engine: Invalid value 'fast', expected one of ['auto', 'dense', 'flex', 'compiled']",
+            "model.attention.options.engine: Invalid value 'fast', expected one of ['auto', 'blocked', 'dense', 'flex', 'compiled']",
         ),
         (
             ["model.attention.kind=sparse", "model.attention.options.block=0"],
@@ -592,13 +592,13 @@ def test_flex_attention_engine_equals_the_dense_engine(name, causal):
         torch.testing.assert_close(flex(x), dense(x), atol=1e-6, rtol=1e-5)
 
 
-def test_auto_engine_is_dense_on_cpu_and_for_a_cpu_backward():
+def test_auto_engine_is_blocked_on_cpu_and_where_flex_cannot_run():
     local = layer(attention("local"))
     q = torch.randn(1, H, N, D // H, requires_grad=True)
-    assert local.engine_for(q, 0.0) == "dense"
+    assert local.engine_for(q, 0.0) == "blocked"
     flex = layer(attention("local", engine="flex"))
-    assert flex.engine_for(q, 0.0) == "dense"  # torch has no CPU FlexAttention backward
-    assert flex.engine_for(q.detach(), 0.5) == "dense"  # Flex applies no attention dropout
+    assert flex.engine_for(q, 0.0) == "blocked"  # torch has no CPU FlexAttention backward
+    assert flex.engine_for(q.detach(), 0.5) == "blocked"  # Flex applies no attention dropout
     assert flex.engine_for(q.detach(), 0.0) == "flex"
 
 
