@@ -1,4 +1,4 @@
-"""The attention kinds beyond Linformer (sparse, local, lsh, performer, nystrom) as specifications: the mask and
+"""The attention kinds beyond Linformer (sparse, local, lsh, performer, nystrom, no_context) as specifications: the mask and
 causal contracts every kind keeps, each kind's exact limit, decoding, checkpoints, FLOP counts, config errors,
 and cross-checks against the field's reference libraries (skipped when ``.[refs]`` is not installed)."""
 
@@ -30,9 +30,10 @@ CASES = {
     "lsh": ("lsh", {"bucket_size": 4, "n_hashes": 2}),
     "performer": ("performer", {"n_features": 8}),
     "nystrom": ("nystrom", {"n_landmarks": 4}),
+    "no_context": ("no_context", {}),
 }
 CAUSAL = [name for name, (kind, _) in CASES.items() if ATTENTION_KINDS[kind].has_causal_form]
-STREAMING = ["local", "local_no_global", "sparse_fixed", "sparse_strided", "performer"]
+STREAMING = ["local", "local_no_global", "sparse_fixed", "sparse_strided", "performer", "no_context"]
 
 
 def attention(name, causal=False, **extra):
@@ -216,6 +217,22 @@ def test_every_kind_trains_two_steps_through_train(name, task, tiny_overrides):
 
 
 # ----------------------------------------------------------------------------- exact limits
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_context_output_at_a_position_is_blind_to_every_other_token_exactly(causal):
+    enc = encoder("no_context", causal)  # two layers, non-zero biases
+    ids = torch.randint(5, V, (3, N))
+    mask = _padding_mask()  # the last row: 10 real tokens, then padding
+    with torch.no_grad():
+        base = enc(ids, mask)
+        torch.testing.assert_close(enc(ids), base, atol=0, rtol=0)  # padding changes no output either
+        for i in range(N):
+            others = (ids + torch.randint(1, V - 5, ids.shape)) % (V - 5) + 5  # every token changed …
+            others[:, i] = ids[:, i]  # … but the one at position i
+            out = enc(others, mask)
+            assert torch.equal(out[:, i], base[:, i]), f"position {i} saw another token"
+            assert not torch.allclose(out[:, i - 1], base[:, i - 1]), "a token did not reach its own output"
+
+
 def _full_and(cfg, n=N, h=H):
     torch.manual_seed(0)
     full = layer({"kind": "full", "causal": cfg.get("causal", False)}, n=n, h=h)
