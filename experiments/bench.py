@@ -39,6 +39,7 @@ from experiments.benchmarks.measure import (
     peak_memory_bytes,
     seconds_per_call,
 )
+from foundation.atomic import atomic_write_text, write_figure
 from foundation.errors import ConfigError, check_number
 from foundation.paths import check_folder
 from lightning_modules.flops import count_flops
@@ -575,8 +576,8 @@ def _run(args: argparse.Namespace) -> int:
     ]
     table = report.markdown(bench.rows, header)
     report.write_csv(out / "results.csv", bench.rows)
-    (out / "table.md").write_text(table)
-    report.figure(bench.rows).savefig(out / "scaling.png", dpi=130)
+    atomic_write_text(out / "table.md", table)
+    write_figure(out / "scaling.png", report.figure(bench.rows), dpi=130)
     report.tensorboard(out, bench.rows, out / "scaling.png", table)
     print(f"bench results: {out}/table.md")
     return 0

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from foundation.atomic import write_figure
 from training.curves import reach
 
 
@@ -175,6 +176,6 @@ def plot(arms: Sequence[ArmSpeed], metric: str, maximize: bool, path: Path) -> b
         ax.set_title("quality at equal steps against training speed, per arm")
         ax.legend(fontsize="small")
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        write_figure(path, fig, dpi=110)
     plt.close(fig)
     return True

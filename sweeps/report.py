@@ -40,6 +40,7 @@ from typing import Any, Callable, Optional
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from foundation.atomic import atomic_text, atomic_write_text, write_figure
 from foundation.errors import ConfigError
 from sweeps import efficiency, scale, stats, storage
 from sweeps.study import ADDED_SEEDS, CONTROL_PARAM, Study, load_study
@@ -102,7 +103,7 @@ def write_csv(study: Study, rows: list[Row], path: Path) -> None:
         *metric_keys,
         "run_dir",
     ]
-    with path.open("w", newline="") as fh:
+    with atomic_text(path) as fh:
         w = csv.writer(fh)
         w.writerow(header)
         for r in rows:
@@ -688,7 +689,7 @@ def plot_learning_curves(rows: list[Row], path: Path) -> bool:
     if len(curves) <= 12:
         ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(path, fig, dpi=110)
     plt.close(fig)
     return True
 
@@ -725,7 +726,7 @@ def write_plots(study: Study, ostudy: optuna.Study, rows: list[Row], out: Path) 
                 fn(ostudy, **kwargs)
             plt.gcf().set_size_inches(8, 5)
             plt.gcf().tight_layout()
-            plt.gcf().savefig(out / name, dpi=110)
+            write_figure(out / name, plt.gcf(), dpi=110)
             written.append(name)
         except Exception as err:  # optuna refuses some plots on too few trials; say so, keep the rest
             skipped.append(f"{name} ({str(err).splitlines()[0] if str(err) else type(err).__name__})")
@@ -745,7 +746,7 @@ def load(study: Study, url: Optional[str]) -> optuna.Study:
             f"{study.root / storage.JOURNAL}: no study journal here; run `linformer-lab sweep {study.path}` first"
         )
     try:
-        ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, url))
+        ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, url, create=False))
     except KeyError:
         raise ConfigError(
             f"study {study.name}: not in {storage.storage_display(study, url)}; run the sweep first"
@@ -776,7 +777,9 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
     if study.ladder is not None:  # the gap across sizes, its trend, the spectrum across sizes (sweeps/scale.py)
         scale_lines, drawn, not_drawn = scale.write(study, rows, findings(study, rows + control_rows), out)
         plots, skipped = plots + drawn, skipped + not_drawn
-    (out / "summary.md").write_text(summary_md(study, ostudy, rows, control_rows, url, plots, skipped, scale_lines))
+    atomic_write_text(
+        out / "summary.md", summary_md(study, ostudy, rows, control_rows, url, plots, skipped, scale_lines)
+    )
     return out
 
 

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 from optuna.trial import TrialState
 
+from foundation.atomic import write_figure
 from sweeps import stats
 from sweeps.study import Study
 
@@ -689,6 +690,6 @@ def write(study: Study, rows: list["Row"], found: "Findings", out: Path) -> tupl
             if fig is None:
                 skipped.append(f"{name} ({why})")
                 continue
-            fig.savefig(out / name, dpi=110)
+            write_figure(out / name, fig, dpi=110)
             written.append(name)
     return section(ladder, ttt, spectra, written), written, skipped

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from experiments.benchmarks.cases import BASELINE_LABELS, BASELINES
+from foundation.atomic import atomic_text
 
 COLUMNS = (
     "level",
@@ -51,7 +52,7 @@ MODE_NAMES = {"fwd": "forward (inference mode)", "fwdbwd": "forward + backward"}
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as fh:
+    with atomic_text(path) as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS)
         writer.writeheader()
         for row in rows:
