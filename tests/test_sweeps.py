@@ -19,7 +19,7 @@ import yaml
 from optuna.trial import TrialState
 
 from experiments import cli
-from sweeps import stats, storage
+from sweeps import stats, storage, words
 from sweeps.study import load_study, shipped_studies
 
 REPO = Path(__file__).resolve().parents[1]
@@ -552,7 +552,7 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
     }
     check = stats.power_check(by_role["reference"], by_role["degraded"], trivial, "minimize")
     assert summary.index("## Power check") < summary.index("## Arms")
-    assert all(f"- {line}" in summary for line in check.lines)
+    assert all(f"- {line}" in summary for line in words.power(check))
     assert ("The power check failed" in summary) == (not check.has_power)
     # the control's arms sit in the table and in the comparisons beside the study's own arms
     assert "| control reference (kind=full) | 2 |" in summary
@@ -632,7 +632,7 @@ def test_a_diverging_trial_is_recorded_with_its_reason_and_the_report_holds_ever
     full = [t.value for t in trials.values() if t.params["arm"] == "full"]
     mean = sum(full) / 2
     std = math.sqrt(sum((v - mean) ** 2 for v in full))
-    assert f"| full | 2 | {stats.fmt(mean)} ± {stats.fmt(std)} |" in summary
+    assert f"| full | 2 | {words.fmt(mean)} ± {words.fmt(std)} |" in summary
     assert "trivial loss" in summary
     assert summary.count("| full | linformer |") == 1 and "paired t (n=2)" in summary
     assert "| diverges | 0 |" in summary and "## Failed trials" in summary

@@ -39,6 +39,7 @@ from foundation.lock import Owner
 from foundation.rundir import CHECKPOINT, TOKENIZER, choose_run_dir, shared_with_ranks
 from lightning_modules.callbacks import RunMetrics, SpectrumMonitor, TrainingFlops
 from lightning_modules.encoder import TransformerEncoder, count_parameters
+from lightning_modules.language_model import EXAMPLES
 from training import config as run_config
 from training.resume import LastCheckpoint, adopt_final_state, check_same_config, rollback_events
 
@@ -69,7 +70,7 @@ def build_module(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.Lightn
         return SequenceClassifierModule(run_config.to_container(cfg), datamodule.vocab_size, datamodule.num_labels)
     # recall: loss on the queried values, with bidirectional or causal attention alike.
     cls = {"mlm": MaskedLMModule, "clm": CausalLMModule, "recall": TokenPredictionModule}[cfg.task]
-    return cls(run_config.to_container(cfg), datamodule.vocab_size)
+    return cls(run_config.to_container(cfg), datamodule.vocab_size, getattr(datamodule, "target_groups", ()))
 
 
 def _precision(cfg: DictConfig) -> str:
@@ -343,6 +344,18 @@ def build_module_or_refuse(cfg: DictConfig, datamodule: L.LightningDataModule) -
         ) from None
 
 
+def validation_examples(callback_metrics: dict[str, Any]) -> dict[str, Any]:
+    """``{"validation_examples": {metric: {"sum": [...], "count": [...]}}}``, entry i the i-th validation example's
+    (``lightning_modules/per_example.py``), from the callback metrics ``validation_examples/<metric>/sum|count``
+    that token-prediction modules leave; empty for modules that leave none."""
+    examples: dict[str, dict[str, list[float]]] = {}
+    for key, value in callback_metrics.items():
+        if key.startswith(EXAMPLES):
+            metric, _, field = key.removeprefix(EXAMPLES).rpartition("/")
+            examples.setdefault(metric, {})[field] = value.tolist()
+    return {"validation_examples": examples} if examples else {}
+
+
 def run_metrics_of(
     trainer: L.Trainer,
     module: L.LightningModule,
@@ -355,9 +368,12 @@ def run_metrics_of(
     run_dir: Path,
 ) -> dict[str, Any]:
     """What ``metrics.json`` records: final scores, trivial baselines, sizes, time, throughput, FLOPs, memory."""
+    final = _final_scores(trainer, module, datamodule, best, run.validated_at, global_step)
     return {
-        **_final_scores(trainer, module, datamodule, best, run.validated_at, global_step),
+        **final,
         **datamodule.trivial_baseline(),  # trivial_loss, trivial_accuracy: what "learned nothing" scores
+        **({"baselines": datamodule.baselines()} if hasattr(datamodule, "baselines") else {}),
+        **validation_examples(trainer.callback_metrics),
         "global_step": global_step,
         "parameters": module.n_parameters,
         "projection_parameters": count_parameters(module.encoder.bank) if module.encoder.bank is not None else 0,
