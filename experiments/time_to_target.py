@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 
 import yaml
 
+from foundation.atomic import atomic_write_text
 from foundation.configfile import flatten
 from foundation.errors import ConfigError, check_number
 from foundation.paths import check_path
@@ -176,5 +177,5 @@ def main(args: argparse.Namespace) -> int:
     print(text, end="")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        atomic_write_text(args.out, text)
     return 0

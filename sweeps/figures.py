@@ -15,6 +15,7 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
+from foundation.atomic import write_figure
 from sweeps import efficiency, scale, stats
 from sweeps.findings import Row
 from sweeps.study import Study
@@ -77,7 +78,7 @@ def plot_learning_curves(rows: list[Row], path: Path) -> bool:
     if len(curves) <= 12:
         ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(path, fig, dpi=110)
     plt.close(fig)
     return True
 
@@ -114,7 +115,7 @@ def write_plots(study: Study, ostudy: optuna.Study, rows: list[Row], out: Path) 
                 fn(ostudy, **kwargs)
             plt.gcf().set_size_inches(8, 5)
             plt.gcf().tight_layout()
-            plt.gcf().savefig(out / name, dpi=110)
+            write_figure(out / name, plt.gcf(), dpi=110)
             written.append(name)
         except Exception as err:  # optuna refuses some plots on too few trials; say so, keep the rest
             skipped.append(f"{name} ({str(err).splitlines()[0] if str(err) else type(err).__name__})")
@@ -170,7 +171,7 @@ def pareto(arms: Sequence[efficiency.ArmSpeed], metric: str, maximize: bool, pat
         ax.set_title("quality at equal steps against training speed, per arm")
         ax.legend(fontsize="small")
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        write_figure(path, fig, dpi=110)
     plt.close(fig)
     return True
 
@@ -382,6 +383,6 @@ def write_ladder(
             if fig is None:
                 skipped.append(f"{name} ({why})")
                 continue
-            fig.savefig(out / name, dpi=110)
+            write_figure(out / name, fig, dpi=110)
             written.append(name)
     return written, skipped

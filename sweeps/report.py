@@ -38,6 +38,7 @@ from typing import Optional
 import optuna
 from optuna.trial import TrialState
 
+from foundation.atomic import atomic_text, atomic_write_text
 from foundation.errors import ConfigError
 from sweeps import efficiency, figures, scale, stats, storage, words
 from sweeps.findings import Findings, Row, control_label, findings, reused_rows, rows_of, run_baselines, value
@@ -52,7 +53,7 @@ def write_csv(study: Study, rows: list[Row], path: Path) -> None:
     params = list(dict.fromkeys(p for r in rows for p in r.trial.params))
     metric_keys = sorted({k for r in rows for k in r.metrics} - set(study.metrics))
     header = ["number", "state", *study.metrics, "arm", *(f"params_{p}" for p in params), "fail_reason", "duration_s"]
-    with path.open("w", newline="") as fh:
+    with atomic_text(path) as fh:
         w = csv.writer(fh)
         w.writerow(header + metric_keys + ["run_dir"])
         for r in rows:
@@ -442,7 +443,7 @@ def load(study: Study, url: Optional[str]) -> optuna.Study:
             f"{study.root / storage.JOURNAL}: no study journal here; run `linformer-lab sweep {study.path}` first"
         )
     try:
-        ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, url))
+        ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, url, create=False))
     except KeyError:
         raise ConfigError(
             f"study {study.name}: not in {storage.storage_display(study, url)}; run the sweep first"
@@ -490,7 +491,7 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
         drawn, not_drawn = figures.write_ladder(report.ladder, ttt, spectra, out)
         scale_lines = scale.section(report.ladder, ttt, spectra, drawn)
         plots, skipped = plots + drawn, skipped + not_drawn
-    (out / "summary.md").write_text(summary_md(report, plots, skipped, scale_lines))
+    atomic_write_text(out / "summary.md", summary_md(report, plots, skipped, scale_lines))
     return out
 
 
