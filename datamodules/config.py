@@ -79,6 +79,8 @@ class DataConfig:
     val_fraction: float = 0.05
     # Use at most this many training texts (a CPU budget knob); null keeps all.
     max_texts: Optional[int] = None
+    # Validate (MLM, CLM) on at most this many blocks, evenly spaced through the validation split; null: all.
+    max_val_blocks: Optional[int] = None
     batch_size: int = 16
     num_workers: int = 0
     mask_prob: float = 0.15
@@ -97,8 +99,9 @@ def check_data(data: DictConfig, task: str, max_len: int) -> None:
     """Every rule of the data config for ``task`` and a model of ``max_len`` positions."""
     check_number("data.batch_size", data.batch_size, 1, 1 << 20, integer=True)
     check_number("data.num_workers", data.num_workers, 0, 256, integer=True)
-    if data.max_texts is not None:
-        check_number("data.max_texts", data.max_texts, 1, None, integer=True)
+    for key in ("max_texts", "max_val_blocks"):
+        if data[key] is not None:
+            check_number(f"data.{key}", data[key], 1, None, integer=True)
     check_path("data.cache_dir", data.cache_dir)
     check_path("data.source", data.source)
     check_number("data.tokenizer.vocab_size", data.tokenizer.vocab_size, 1, 1 << 22, integer=True)

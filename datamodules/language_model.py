@@ -10,7 +10,9 @@ Lightning contract: ``prepare_data`` (one process per node) builds the caches an
 ``setup`` (every process) loads them, building whatever is missing, and is idempotent.
 
 Batches are dicts of ``input_ids`` (long, B x T), ``labels`` (long, B x T, -100 where nothing is
-predicted) and ``attention_mask`` None: a packed block has no padding, and None is the attention's "no
+predicted) and ``attention_mask`` None (validation batches also carry ``example_index`` (B,), each block's place in
+the validation set, and for MLM ``target_group`` (B x T): what BERT's rule did to each target, an index into
+``target_groups``): a packed block has no padding, and None is the attention's "no
 padding" (base.py's mask contract), which lets full attention call SDPA without a mask (its flash kernel on
 CUDA; ``is_causal`` instead of a (B, 1, T, T) mask for CLM). Known here by construction, it costs no check; a
 check in the LightningModule would read a device tensor back to the host every batch. Subclasses differ only in
@@ -47,10 +49,15 @@ class PackedTextDataModule(L.LightningDataModule):
     ``data_cfg`` is ``RunConfig.data``; ``max_len`` the block length (``model.max_len``); ``seed`` seeds
     the training shuffle (epoch e: seed + e; ``datamodules/sampling.py``), so compared runs see batches in
     the same order whatever else uses the RNG, and a resumed run continues that order mid-epoch.
+
+    The validation set is ``data.max_val_blocks`` blocks evenly spaced through the validation split (all of
+    them when null), masked once with a fixed generator: the same examples, in the same order, with the same
+    masks, for every seed and every model of a data config.
     """
 
     pad_id = PAD_ID
     mask_id = MASK_ID
+    target_groups: tuple[str, ...] = ()  # names of the values of a validation batch's ``target_group``
 
     def __init__(self, data_cfg, max_len: int, seed: int = 0):
         super().__init__()
@@ -58,10 +65,13 @@ class PackedTextDataModule(L.LightningDataModule):
         self.tokenizer: Optional[Tokenizer] = None
         self.train_blocks: Optional[torch.Tensor] = None
         self.val_set: Optional[TensorDataset] = None
+        self._val_columns: tuple[str, ...] = ()  # the batch key of each tensor of val_set
+        self._baselines: Optional[dict[str, float]] = None
 
     # ----------------------------------------------------------------------------- subclass hook
     def make_inputs_labels(self, ids: torch.Tensor, generator: Optional[torch.Generator]):
-        """(input_ids, labels) for a long (B, T) batch of blocks; ``generator`` None = torch's global RNG."""
+        """(input_ids, labels, target_group or None) for a long (B, T) batch of blocks; ``generator`` None =
+        torch's global RNG."""
         raise NotImplementedError
 
     # ----------------------------------------------------------------------------- Lightning hooks
@@ -74,8 +84,13 @@ class PackedTextDataModule(L.LightningDataModule):
         tokenizer, train, val = self._load()
         self.tokenizer = tokenizer
         self.train_blocks = torch.from_numpy(train)
-        val_ids = torch.from_numpy(val).long()
-        self.val_set = TensorDataset(*self.make_inputs_labels(val_ids, torch.Generator().manual_seed(VAL_MASK_SEED)))
+        val_ids = torch.from_numpy(spread(val, self.data_cfg.max_val_blocks)).long()
+        inputs, labels, groups = self.make_inputs_labels(val_ids, torch.Generator().manual_seed(VAL_MASK_SEED))
+        columns = {"input_ids": inputs, "labels": labels, "example_index": torch.arange(len(val_ids))}
+        if groups is not None:
+            columns["target_group"] = groups
+        self._val_columns = tuple(columns)
+        self.val_set = TensorDataset(*columns.values())
 
     def train_dataloader(self) -> DataLoader:
         # Workers only stack blocks; the masks are drawn per batch from (seed, epoch, rank, batch index), in
@@ -93,14 +108,35 @@ class PackedTextDataModule(L.LightningDataModule):
     def trivial_baseline(self) -> dict[str, float]:
         """Loss and accuracy of the best context-free predictor: the validation targets scored under the
         unigram distribution of the training targets (see :func:`unigram_baseline`)."""
+        unigram = self.baselines()
+        return {"trivial_loss": unigram["unigram/loss"], "trivial_accuracy": unigram["unigram/accuracy"]}
+
+    def baselines(self) -> dict[str, float]:
+        """``unigram/<metric>``: the unigram predictor of :meth:`trivial_baseline` on the validation targets the
+        model is scored on, every target (``unigram/loss``, ``unigram/accuracy``) and each target group's
+        (``unigram/masked_loss``, …): the level a model that ignores its context reaches."""
+        if self._baselines is None:
+            self._baselines = self._unigram_scores()
+        return self._baselines
+
+    def _unigram_scores(self) -> dict[str, float]:
         self._ready()
         counts = torch.zeros(self.vocab_size, dtype=torch.long)
         generator = torch.Generator().manual_seed(VAL_MASK_SEED)
         for chunk in self.train_blocks.split(_BASELINE_CHUNK):
             labels = self.make_inputs_labels(chunk.long(), generator)[1]
             counts += torch.bincount(labels[labels != IGNORE_INDEX], minlength=self.vocab_size)
-        val_labels = self.val_set.tensors[1]
-        return unigram_baseline(counts, val_labels[val_labels != IGNORE_INDEX])
+        columns = dict(zip(self._val_columns, self.val_set.tensors))
+        labels, target = columns["labels"], columns["labels"] != IGNORE_INDEX
+        chosen = {"": target}
+        for g, name in enumerate(self.target_groups):
+            chosen[f"{name}_"] = target & (columns["target_group"] == g)
+        return {
+            f"unigram/{prefix}{metric.removeprefix('trivial_')}": value
+            for prefix, where in chosen.items()
+            if where.any()
+            for metric, value in unigram_baseline(counts, labels[where]).items()
+        }
 
     @property
     def num_train_blocks(self) -> int:
@@ -139,26 +175,30 @@ class PackedTextDataModule(L.LightningDataModule):
         return make_loader(dataset, self.trainer, seed, draw, collate_fn=collate_fn, **loader_options(self.data_cfg))
 
     def _train_batch(self, ids: torch.Tensor, generator: torch.Generator) -> dict:
-        return _as_batch(*self.make_inputs_labels(ids, generator))
+        return _as_batch(*self.make_inputs_labels(ids, generator)[:2])
 
-    def _val_batch(self, items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
-        inputs, labels = (torch.stack(column) for column in zip(*items))
-        return _as_batch(inputs, labels)
+    def _val_batch(self, items: list[tuple[torch.Tensor, ...]]) -> dict:
+        columns = {name: torch.stack(column) for name, column in zip(self._val_columns, zip(*items))}
+        return {**columns, "attention_mask": None}  # packed: no padding
 
 
 class MLMDataModule(PackedTextDataModule):
     """BERT-style dynamic masking: each training batch draws new masks from its own generator, seeded from
     (seed, epoch, rank, batch index) (``datamodules/sampling.py``: a resumed run, with or without loader
     workers, draws the same masks as an uninterrupted one); validation masks are drawn once, in ``setup``, with
-    a fixed generator."""
+    a fixed generator. Each target's group is BERT's action on it: ``masked`` (80 %: the input is [MASK]),
+    ``random`` (10 %: a random token), ``kept`` (10 %: the input is the target itself)."""
+
+    target_groups = ("masked", "random", "kept")
 
     def make_inputs_labels(self, ids, generator):
         selected = (torch.rand(ids.shape, generator=generator) < self.data_cfg.mask_prob) & (ids >= NUM_SPECIAL)
         action = torch.rand(ids.shape, generator=generator)  # < 0.8: [MASK], < 0.9: random token, else keep
         random_ids = torch.randint(NUM_SPECIAL, self.vocab_size, ids.shape, generator=generator)
-        inputs = torch.where(selected & (action < 0.8), MASK_ID, ids)
-        inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
-        return inputs, torch.where(selected, ids, IGNORE_INDEX)
+        group = (action >= 0.8).long() + (action >= 0.9).long()  # 0 masked, 1 random, 2 kept
+        inputs = torch.where(selected & (group == 0), MASK_ID, ids)
+        inputs = torch.where(selected & (group == 1), random_ids, inputs)
+        return inputs, torch.where(selected, ids, IGNORE_INDEX), torch.where(selected, group, -1)
 
 
 class CausalLMDataModule(PackedTextDataModule):
@@ -167,7 +207,7 @@ class CausalLMDataModule(PackedTextDataModule):
     def make_inputs_labels(self, ids, generator):
         labels = torch.full_like(ids, IGNORE_INDEX)
         labels[:, :-1] = ids[:, 1:]
-        return ids, labels
+        return ids, labels, None
 
 
 def unigram_baseline(train_counts: torch.Tensor, val_targets: torch.Tensor) -> dict[str, float]:
@@ -192,6 +232,14 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
             ids.extend(encoding.ids)
             ids.append(SEP_ID)
     return np.asarray(ids, dtype=np.int32)
+
+
+def spread(blocks: np.ndarray, count: Optional[int]) -> np.ndarray:
+    """``count`` rows of ``blocks`` evenly spaced through it, in order (all of them when ``count`` is None or
+    not smaller): row ⌊i·n/count⌋ for i < count, so the set samples the whole split, not its beginning."""
+    if count is None or count >= len(blocks):
+        return blocks
+    return blocks[(np.arange(count) * len(blocks)) // count]
 
 
 def pack(ids: np.ndarray, max_len: int) -> np.ndarray:

@@ -21,7 +21,8 @@ the V values: loss log V, accuracy 1/V. (A model that copies *some* value of the
 it to its key is at best near log N and 1/N: leaving that level is what shows recall.)
 
 The training set (``n_train`` sequences) is drawn from the run's seed, so arms compared at one seed see
-the same data; the validation set (``n_val``) is drawn from a fixed seed, the same for every run.
+the same data; the validation set (``n_val``) is drawn from a fixed seed, the same for every run. Validation
+batches carry each example's index in it (``example_index``), the order of ``metrics.json``'s per-example sums.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class MQARDataModule(L.LightningDataModule):
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train_set is None:
             self.train_set = self._draw(self.cfg.n_train, self.seed)
-            self.val_set = self._draw(self.cfg.n_val, VAL_SEED)
+            inputs, labels = self._draw(self.cfg.n_val, VAL_SEED).tensors
+            self.val_set = TensorDataset(inputs, labels, torch.arange(len(inputs)))  # + each example's index
 
     @property
     def vocab_size(self) -> int:
@@ -91,6 +93,10 @@ class MQARDataModule(L.LightningDataModule):
         """Loss and accuracy of the best context-free predictor: uniform over the V values."""
         n_values = len(vocabulary(self.cfg.vocab_size)[1])
         return {"trivial_loss": math.log(n_values), "trivial_accuracy": 1.0 / n_values}
+
+    def baselines(self) -> dict[str, float]:
+        """``unigram/loss`` and ``unigram/accuracy``: the context-free predictor (:meth:`trivial_baseline`)."""
+        return {f"unigram/{key.removeprefix('trivial_')}": value for key, value in self.trivial_baseline().items()}
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, seed=self.seed)
@@ -116,6 +122,8 @@ class MQARDataModule(L.LightningDataModule):
         return make_loader(dataset, self.trainer, seed, collate_fn=collate, **loader_options(self.data_cfg))
 
 
-def collate(items: list[tuple[Tensor, Tensor]]) -> dict:
-    inputs, labels = (torch.stack(column) for column in zip(*items))
-    return {"input_ids": inputs, "labels": labels, "attention_mask": inputs != PAD_ID}
+def collate(items: list[tuple[Tensor, ...]]) -> dict:
+    """(input_ids, labels[, example_index]) items → a batch (validation items carry their index in the set)."""
+    inputs, labels, *index = (torch.stack(column) for column in zip(*items))
+    batch = {"input_ids": inputs, "labels": labels, "attention_mask": inputs != PAD_ID}
+    return {**batch, "example_index": index[0]} if index else batch

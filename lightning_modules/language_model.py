@@ -4,22 +4,29 @@ Both minimise the mean cross-entropy over the positions whose label is not -100 
 positions for MLM, every next token for causal LM, the queried values for associative recall) and
 report perplexity exp(loss). The head is RoBERTa's: dense → GELU → LayerNorm → decoder tied to the
 token embedding, plus a bias.
+
+Validation logs ``val/loss`` and ``val/accuracy`` over every target and, for each of the data module's target
+groups (MLM: BERT's action on the target, ``masked``, ``random``, ``kept``), ``val/<group>_loss`` and
+``val/<group>_accuracy`` over that group's targets: token-weighted means over the whole validation set, whatever
+the DDP ranks, from per-example sums (:mod:`lightning_modules.per_example`) that ``metrics.json`` also keeps.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
 
 from lightning_modules.config import model_config
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.optim import build_optimizer
+from lightning_modules.per_example import PerExampleSums, column_names, example_sums
+
+EXAMPLES = "validation_examples/"  # callback-metric prefix of the per-example sums (metrics.json)
 
 
 class LMHead(nn.Module):
@@ -42,15 +49,16 @@ class TokenPredictionModule(L.LightningModule):
         vocab_size: size of the tokenizer's vocabulary.
     """
 
-    def __init__(self, config: dict, vocab_size: int) -> None:
+    def __init__(self, config: dict, vocab_size: int, target_groups: Sequence[str] = ()) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.config = config
         self.encoder = TransformerEncoder(config["model"], vocab_size)
         self.head = LMHead(config["model"]["d_model"], self.encoder.tok)
         self.n_parameters = count_parameters(self)
-        # Token-weighted means over the whole validation set (synchronised across DDP ranks).
-        self.val_loss, self.val_accuracy = MeanMetric(), MeanMetric()
+        self.target_groups = tuple(target_groups)
+        # Per validation example and target group (lightning_modules/per_example.py), gathered across DDP ranks.
+        self.val_sums = PerExampleSums()
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         return self.head(self.encoder(input_ids, attention_mask))
@@ -78,25 +86,37 @@ class TokenPredictionModule(L.LightningModule):
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        loss, acc = self._loss(batch)
-        n = (batch["labels"] != -100).sum()
-        self.val_loss.update(loss.detach(), weight=n)
-        self.val_accuracy.update(acc, weight=n)
+        labels = batch["labels"]
+        target = labels != -100  # (B, T)
+        logits = self.head(self.encoder(batch["input_ids"], batch.get("attention_mask"))[target])  # (N, V)
+        losses = F.cross_entropy(logits.float(), labels[target], reduction="none")  # (N,)
+        correct = logits.argmax(-1) == labels[target]  # (N,)
+        group = batch["target_group"][target] if self.target_groups else None  # (N,)
+        b = len(labels)
+        # The example's index in the validation set (in one process without it: the batches' running order).
+        index = batch.get("example_index", torch.arange(b, device=labels.device) + batch_idx * b)
+        example = target.nonzero()[:, 0]  # (N,) each target's row
+        self.val_sums.update(index, example_sums(losses, correct, example, group, b, len(self.target_groups)))
 
     def on_validation_epoch_end(self) -> None:
-        loss = float(self.val_loss.compute())
-        ppl = math.exp(min(loss, 50.0))
-        self.log_dict(
-            {
-                "val/loss": loss,
-                "val/ppl": ppl,
-                "val/accuracy": self.val_accuracy.compute(),
-                "hp/val_loss": loss,
-                "hp/val_ppl": ppl,
-            }
-        )
-        self.val_loss.reset()
-        self.val_accuracy.reset()
+        index, sums = self.val_sums.compute()  # (n,), (n, 3, 1 + G)
+        self.val_sums.reset()
+        totals = sums.sum(0)  # (3, 1 + G): Σ loss, Σ correct, count
+        scores = {}
+        for m, prefix in enumerate(column_names(self.target_groups)):
+            if totals[2, m] > 0:  # a group without targets (none kept in a tiny set) has no mean
+                scores[f"val/{prefix}loss"] = float(totals[0, m] / totals[2, m])
+                scores[f"val/{prefix}accuracy"] = float(totals[1, m] / totals[2, m])
+                for s, name in ((0, "loss"), (1, "accuracy")):
+                    self.keep_examples(f"{prefix}{name}", sums[:, s, m], sums[:, 2, m])
+        ppl = math.exp(min(scores["val/loss"], 50.0))
+        self.log_dict({**scores, "val/ppl": ppl, "hp/val_loss": scores["val/loss"], "hp/val_ppl": ppl})
+
+    def keep_examples(self, metric: str, sums: Tensor, counts: Tensor) -> None:
+        """Hand one metric's per-example sums and counts to ``metrics.json`` (``validation_examples``): they ride
+        in the trainer's callback metrics, which Lightning also brings back from spawned DDP ranks."""
+        self.trainer.callback_metrics[f"{EXAMPLES}{metric}/sum"] = sums.float().cpu()
+        self.trainer.callback_metrics[f"{EXAMPLES}{metric}/count"] = counts.float().cpu()
 
     def configure_optimizers(self) -> Any:
         return build_optimizer(self, self.config["optim"], self.config["trainer"]["max_steps"])
@@ -105,16 +125,16 @@ class TokenPredictionModule(L.LightningModule):
 class MaskedLMModule(TokenPredictionModule):
     """Masked language modelling (RoBERTa's objective); attention must be bidirectional."""
 
-    def __init__(self, config: dict, vocab_size: int) -> None:
+    def __init__(self, config: dict, vocab_size: int, target_groups: Sequence[str] = ()) -> None:
         if model_config(config["model"]).attention.causal:
             raise ValueError("MaskedLMModule needs bidirectional attention (attention.causal=false)")
-        super().__init__(config, vocab_size)
+        super().__init__(config, vocab_size, target_groups)
 
 
 class CausalLMModule(TokenPredictionModule):
     """Next-token language modelling; attention must be causal (labels are the shifted inputs)."""
 
-    def __init__(self, config: dict, vocab_size: int) -> None:
+    def __init__(self, config: dict, vocab_size: int, target_groups: Sequence[str] = ()) -> None:
         if not model_config(config["model"]).attention.causal:
             raise ValueError("CausalLMModule needs attention.causal=true")
-        super().__init__(config, vocab_size)
+        super().__init__(config, vocab_size, target_groups)

@@ -14,7 +14,7 @@ Writes ``<output_dir>/<study>_<preset>/report/``:
   or undecided with the seeds that would decide it; failed trials and their reasons; the best
   parameters of open (non-grid) studies. Its first lines answer the study's question in one sentence
   (from the study's own arms), then give the δ used and the multiplicity (Holm) statement;
-* PNG plots (``optuna.visualization.matplotlib``): optimisation history, parameter importances (when
+* PNG plots (:mod:`sweeps.figures`, with Optuna's): optimisation history, parameter importances (when
   at least 2 params vary), parallel coordinates, the Pareto front (2 objectives), and the validation
   loss against step of every trial, coloured by arm, read from the trials' TensorBoard events.
 * a ladder study (``ladder:`` in the study file, docs/scale.md): arms are compared only within a rung; the
@@ -22,7 +22,9 @@ Writes ``<output_dir>/<study>_<preset>/report/``:
   over size, time to target, and the reference's attention rank across sizes, with ``gap_vs_size.png``,
   ``rank_vs_size.png`` and ``time_to_target_vs_size.png`` (:mod:`sweeps.scale`).
 
-Everything but the learning curves comes from the storage, so a report of a study run on several
+The report is built in layers: numbers (:mod:`sweeps.stats`, :mod:`sweeps.findings`, computed once per report),
+the words that phrase every verdict (:mod:`sweeps.words`) and the figures (:mod:`sweeps.figures`); this module
+puts them together. Everything but the learning curves comes from the storage, so a report of a study run on several
 machines needs only the storage URL.
 """
 
@@ -30,84 +32,33 @@ from __future__ import annotations
 
 import argparse
 import csv
-import itertools
-import math
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
+from foundation.atomic import atomic_text, atomic_write_text
 from foundation.errors import ConfigError
-from sweeps import efficiency, scale, stats, storage
-from sweeps.study import ADDED_SEEDS, CONTROL_PARAM, Study, load_study
+from sweeps import efficiency, figures, scale, stats, storage, words
+from sweeps.findings import Findings, Row, control_label, findings, reused_rows, rows_of, run_baselines, value
+from sweeps.study import ADDED_SEEDS, Study, load_study
 from sweeps.sweep import check_objective
 
 TRIVIAL = {"trivial_loss": "trivial loss", "trivial_accuracy": "trivial accuracy"}
-CURVE_TAG = "val/loss"
-
-
-@dataclass
-class Row:
-    trial: FrozenTrial
-    arm: str  # "learned" or "k=32 share=none"; "" when the study has no arms
-    replicate: tuple  # the values of the non-arm params (e.g. (seed,))
-    role: str = ""  # control trials: "reference" or "degraded"
-
-    @property
-    def metrics(self) -> dict:
-        return self.trial.user_attrs.get("metrics", {})
-
-
-def _short(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
-
-
-def control_label(study: Study, role: str) -> str:
-    """``control reference (kind=full)``: a control arm named by its role and what it sets."""
-    bundle = study.spec.space[CONTROL_PARAM].choices[role]
-    return f"control {role} ({' '.join(f'{_short(k)}={v}' for k, v in bundle.items())})"
-
-
-def rows_of(study: Study, trials: list[FrozenTrial]) -> list[Row]:
-    """Trials that count (retried and discarded ones left out), with their arm and replicate."""
-    excluded = storage.excluded_numbers(trials)
-    rows = []
-    for t in trials:
-        if t.number in excluded or t.state in (TrialState.WAITING, TrialState.RUNNING):
-            continue
-        replicate = tuple(v for p, v in t.params.items() if p not in study.arms)
-        if study.parent is not None:
-            role = t.params[CONTROL_PARAM]
-            rows.append(Row(t, control_label(study, role), replicate, role))
-            continue
-        rows.append(Row(t, study.arm_label(t.params), replicate))
-    return rows
 
 
 # --------------------------------------------------------------------------------------- trials.csv
 def write_csv(study: Study, rows: list[Row], path: Path) -> None:
     params = list(dict.fromkeys(p for r in rows for p in r.trial.params))
     metric_keys = sorted({k for r in rows for k in r.metrics} - set(study.metrics))
-    header = [
-        "number",
-        "state",
-        *study.metrics,
-        "arm",
-        *(f"params_{p}" for p in params),
-        "fail_reason",
-        "duration_s",
-        *metric_keys,
-        "run_dir",
-    ]
-    with path.open("w", newline="") as fh:
+    header = ["number", "state", *study.metrics, "arm", *(f"params_{p}" for p in params), "fail_reason", "duration_s"]
+    with atomic_text(path) as fh:
         w = csv.writer(fh)
-        w.writerow(header)
+        w.writerow(header + metric_keys + ["run_dir"])
         for r in rows:
             t = r.trial
-            values = t.values if t.state == TrialState.COMPLETE else [None] * len(study.metrics)
+            values = t.values if r.complete else [None] * len(study.metrics)
             w.writerow(
                 [
                     t.number,
@@ -124,155 +75,29 @@ def write_csv(study: Study, rows: list[Row], path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------- summary.md
-def _table(header: list[str], body: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in body]
-
-
-def _value(r: Row, metric: str, study: Study) -> Optional[float]:
-    if r.trial.state != TrialState.COMPLETE:
-        return None
-    if metric in study.metrics:
-        return r.trial.values[study.metrics.index(metric)]
-    return r.metrics.get(metric)
-
-
-def _mean_std(values: list[float]) -> str:
-    s = stats.summarize(values)
-    return "-" if s.n == 0 else stats.fmt(s.mean) if s.n == 1 else f"{stats.fmt(s.mean)} ± {stats.fmt(s.std)}"
-
-
-def trivial_key(metric: str) -> Optional[str]:
-    """The metrics.json entry holding the trivial baseline of ``metric`` (val/loss -> trivial_loss)."""
-    for suffix in ("loss", "accuracy"):
-        if metric.endswith(suffix):
-            return f"trivial_{suffix}"
-    return None
-
-
-def power_section(study: Study, control_rows: list[Row], advice: str) -> tuple[list[str], Optional[bool]]:
-    """The control contrast of the first objective: (lines, whether the study has power; None: not run)."""
-    metric, direction = study.metrics[0], study.directions[0]
-    by_role: dict[str, dict] = {"reference": {}, "degraded": {}}
-    trivial: dict = {}
-    key = trivial_key(metric)
-    for r in control_rows:
-        if (v := _value(r, metric, study)) is not None:
-            by_role[r.role][r.replicate] = v
-            if r.role == "reference" and key in r.metrics:
-                trivial[r.replicate] = r.metrics[key]
+def power_section(study: Study, found: Findings, advice: str) -> list[str]:
+    """The control contrast of the first objective."""
     c = study.control
     lines = [
         "## Power check (control contrast)",
         "",
         f"A contrast known to be real, run at every seed: {control_label(c, 'reference')} against "
-        f"{control_label(c, 'degraded')}; metric {metric} ({direction}).",
+        f"{control_label(c, 'degraded')}; metric {study.metrics[0]} ({study.directions[0]}).",
         "",
     ]
-    missing = [role for role, values in by_role.items() if len(values) < 2]
-    if missing:
-        arms = f"{' and '.join(missing)} {'arms have' if len(missing) > 1 else 'arm has'}"
+    if found.power is None:
         return lines + [
-            f"Not judged: the control's {arms} fewer than 2 complete trials "
-            f"(run the same `sweep` command again). Without it, nothing below says whether this "
+            "Not judged: the control's reference and degraded arms have fewer than 2 complete trials "
+            "(run the same `sweep` command again). Without it, nothing below says whether this "
             "budget can see an effect at all.",
             "",
-        ], None
-    check = stats.power_check(by_role["reference"], by_role["degraded"], trivial, direction, advice)
-    return lines + [f"- {line}" for line in check.lines] + [""], check.has_power
+        ]
+    return lines + [f"- {line}" for line in words.power(found.power, advice)] + [""]
 
 
-# --------------------------------------------------------------------------------------- verdicts
-@dataclass
-class Compared:
-    """One comparison of the report: a pair of arms on one metric, with its verdict."""
-
-    pair: stats.Pair
-    verdict: stats.Verdict
-    n_a: int  # replicates with a value, per arm
-    n_b: int
-    own: bool  # both arms are the study's own (not the control's)
-
-    @property
-    def seeds(self) -> str:
-        return f"{self.n_a} seeds each" if self.n_a == self.n_b else f"{self.n_a} and {self.n_b} seeds"
-
-
-@dataclass
-class RatesCompared:
-    metric: str
-    threshold: float
-    a: str
-    b: str
-    rate_a: stats.Rate
-    rate_b: stats.Rate
-    p: float  # Boschloo's two-sided p, and Holm-adjusted (a member of the "better" family)
-    p_holm: float = math.nan
-
-    @property
-    def better(self) -> Optional[str]:
-        """The arm that solves the task more often, when Boschloo's test shows it after Holm."""
-        if self.p_holm >= stats.ALPHA:
-            return None
-        return self.a if self.rate_a.k / self.rate_a.n > self.rate_b.k / self.rate_b.n else self.b
-
-    @property
-    def text(self) -> str:
-        return f"{self.better} solves it more often" if self.better else "undecided (no difference shown)"
-
-
-@dataclass
-class Findings:
-    arms: list[str]
-    values: dict  # (arm, metric) -> {replicate: value}
-    compared: list[Compared]
-    rates: list[RatesCompared]
-
-    def family(self) -> tuple[int, int]:
-        """(size of the "better" family, size of the "on par" family)."""
-        return len(self.compared) + len(self.rates), len(self.compared)
-
-
-def compared_pairs(study: Study, rows: list[Row], arms: list[str]) -> list[tuple[str, str]]:
-    """The pairs of arms a report compares: every pair; on a ladder, only the study's own arms at the same rung,
-    and the control's two arms (a 37k-parameter model against a 344k one answers no question of the study)."""
-    pairs = list(itertools.combinations(arms, 2))
-    if study.ladder is None:
-        return pairs
-    rung = {r.arm: (bool(r.role), r.trial.params.get(study.ladder.rung)) for r in rows}
-    return [(a, b) for a, b in pairs if rung[a] == rung[b]]
-
-
-def findings(study: Study, rows: list[Row]) -> Findings:
-    """Every pair of arms on every objective metric, judged together (Holm over the report's tests)."""
-    arms = list(dict.fromkeys(r.arm for r in rows))
-    own = {r.arm for r in rows if not r.role}
-    values = {
-        (arm, m): {r.replicate: v for r in rows if r.arm == arm and (v := _value(r, m, study)) is not None}
-        for arm in arms
-        for m in study.metrics
-    }
-    pairs, rates = [], []
-    for metric, direction in zip(study.metrics, study.directions):
-        delta, _ = study.delta(metric)
-        threshold = study.success(metric)
-        for a, b in compared_pairs(study, rows, arms):
-            va, vb = values[(a, metric)], values[(b, metric)]
-            pairs.append(
-                (
-                    stats.Pair(a, b, metric, direction, delta, stats.compare(va, vb)),
-                    len(va),
-                    len(vb),
-                    a in own and b in own,
-                )
-            )
-            if threshold is not None:
-                ra, rb = (stats.success_rate(list(v.values()), threshold, direction) for v in (va, vb))
-                rates.append(RatesCompared(metric, threshold, a, b, ra, rb, stats.compare_rates(ra, rb)))
-    verdicts, rate_p = stats.judge([p for p, *_ in pairs], [r.p for r in rates])
-    for r, p in zip(rates, rate_p):
-        r.p_holm = p
-    compared = [Compared(pair, v, n_a, n_b, own_pair) for (pair, n_a, n_b, own_pair), v in zip(pairs, verdicts)]
-    return Findings(arms, values, compared, rates)
+def has_power(found: Findings) -> Optional[bool]:
+    """Whether the control's power check passed; None: not judged (no control, or not run yet)."""
+    return None if found.power is None else found.power.has_power
 
 
 def _add_seeds_command(study: Study, n: int) -> str:
@@ -280,269 +105,248 @@ def _add_seeds_command(study: Study, n: int) -> str:
     return f"`linformer-lab sweep {study.path}{preset} --add-seeds {n}`"
 
 
-def _at_or_beyond(direction: str) -> str:
-    return "≥" if direction == "maximize" else "≤"
-
-
-def _p(p: float) -> str:
-    text = stats.fmt_p(p)
-    return f"p {text}" if text.startswith("<") else f"p = {text}"
-
-
-def _pair_sentence(study: Study, c: Compared, rates: list[RatesCompared]) -> str:
-    pair, v, comparison = c.pair, c.verdict, c.pair.comparison
-    metric, delta = pair.metric, stats.fmt(pair.delta)
-    if v.kind == stats.ON_PAR:
-        text = (
-            f"{pair.a} and {pair.b} are on par within ±{delta} {metric} "
-            f"(TOST {_p(v.tost_p_holm)} after Holm, {c.seeds})"
-        )
-    elif v.kind == stats.BETTER:
-        a_wins = comparison.a_better(pair.direction)
-        better, worse = (pair.a, pair.b) if a_wins else (pair.b, pair.a)
-        sign = 1 if a_wins == (pair.direction == "maximize") else -1
-        lo, hi = sorted(sign * x for x in comparison.ci())
-        text = (
-            f"{better} is better than {worse} on {metric} by {stats.fmt(abs(comparison.diff))} (95 % CI "
-            f"[{stats.fmt(lo)}, {stats.fmt(hi)}], Holm-adjusted {_p(v.p_holm)}, {c.seeds})"
-        )
-    elif v.more_seeds is not None:
-        if v.deciding == stats.BETTER:
-            other = (
-                f"'on par' would need {v.more(v.seeds_on_par)} more"
-                if v.seeds_on_par is not None
-                else f"parity within ±{delta} is out of reach"
-                if abs(comparison.diff) >= pair.delta
-                else f"'on par' would need over {stats.MAX_SEEDS} seeds per arm"
-            )
-        else:
-            other = (
-                f"'better' would need {v.more(v.seeds_better)} more"
-                if v.seeds_better is not None
-                else "no difference was observed to plan 'better' for"
-                if comparison.diff == 0
-                else f"'better' would need over {stats.MAX_SEEDS} seeds per arm"
-            )
-        text = (
-            f"{pair.a} vs {pair.b} on {metric} is undecided after {c.seeds}: {v.more_seeds} more seeds per arm "
-            f"would show '{v.deciding}'"
-            + (f" within ±{delta}" if v.deciding == stats.ON_PAR else "")
-            + f" at {stats.PCT} power if the observed difference ({stats.fmt(comparison.diff)}) and spread hold "
-            f"({other})"
-        )
-    else:
-        text = (
-            f"{pair.a} vs {pair.b} on {metric} is undecided at ±{delta} after {c.seeds}: "
-            f"{v.text.removeprefix('undecided: ')}"
-        )
-    for r in rates:
-        if (r.metric, r.a, r.b) == (metric, pair.a, pair.b):
-            text += (
-                f"; runs reaching {metric} {_at_or_beyond(pair.direction)} {stats.fmt(r.threshold)}: "
-                f"{r.rate_a.k}/{r.rate_a.n} vs {r.rate_b.k}/{r.rate_b.n}, Boschloo {_p(r.p_holm)} after Holm"
-                + (f": {r.better} solves it more often" if r.better else "")
-            )
-    if v.kind == stats.UNDECIDED and v.more_seeds is not None:
-        text += f"; plan the seeds now and add them all with {_add_seeds_command(study, v.more_seeds)}"
+def pair_sentence(study: Study, c, found: Findings) -> str:
+    """One of the study's comparisons as the answer's sentence, with its success rates and the seeds to add."""
+    text = words.sentence(c)
+    if c.validation_error is not None:
+        text += f"; {words.noise(c)}"
+    for r in found.rates:
+        if (r.metric, r.a, r.b) == (c.pair.metric, c.pair.a, c.pair.b):
+            text += words.rates_clause(r, c.pair.direction)
+    if c.verdict.kind == stats.UNDECIDED and c.verdict.more_seeds is not None:
+        text += f"; plan the seeds now and add them all with {_add_seeds_command(study, c.verdict.more_seeds)}"
     return text
 
 
-def _short_verdict(c: Compared) -> str:
-    pair, v = c.pair, c.verdict
-    if v.kind == stats.BETTER:
-        return v.text
-    if v.kind == stats.ON_PAR:
-        return f"{pair.a} and {pair.b}"
-    more = f"{v.more_seeds} more seeds" if v.more_seeds is not None else "no plan yet"
-    return f"{pair.a} vs {pair.b} ({more})"
-
-
-def answer(study: Study, ostudy: optuna.Study, found: Findings, rows: list[Row]) -> list[str]:
-    """The answer to the study's question, one sentence per objective metric, from its own arms."""
-    own = [a for a in found.arms if any(r.arm == a and not r.role for r in rows)]
-    if not study.is_grid:
-        complete = [t for t in ostudy.trials if t.state == TrialState.COMPLETE]
-        if not complete:
-            return ["Open study: no complete trial yet."]
-        if len(study.metrics) > 1:
-            return [
-                f"Open study ({study.spec.sampler.kind}): {len(ostudy.best_trials)} Pareto-optimal trials of "
-                f"{len(complete)} (below); it has no arms to compare."
-            ]
-        best = ostudy.best_trial
+def _open_answer(study: Study, ostudy: optuna.Study) -> list[str]:
+    complete = [t for t in ostudy.trials if t.state == TrialState.COMPLETE]
+    kind = study.spec.sampler.kind
+    if not complete:
+        return ["Open study: no complete trial yet."]
+    if len(study.metrics) > 1:
         return [
-            f"Open study ({study.spec.sampler.kind}): the best of {len(complete)} trials, {best.number}, reached "
-            f"{study.metrics[0]} = {stats.fmt(best.value)} (parameters below); it has no arms to compare."
+            f"Open study ({kind}): {len(ostudy.best_trials)} Pareto-optimal trials of "
+            f"{len(complete)} (below); it has no arms to compare."
         ]
-    if study.ladder is not None and own:
-        return scale.answer(scale.build(study, rows, found))
-    if len(own) < 2:
-        what = f"one arm ({own[0]})" if own else "no arm"
+    best = ostudy.best_trial
+    return [
+        f"Open study ({kind}): the best of {len(complete)} trials, {best.number}, reached "
+        f"{study.metrics[0]} = {words.fmt(best.value)} (parameters below); it has no arms to compare."
+    ]
+
+
+def answer(study: Study, ostudy: optuna.Study, found: Findings, ladder: Optional[scale.Ladder]) -> list[str]:
+    """The answer to the study's question, one sentence per objective metric, from its own arms."""
+    if not study.is_grid:
+        return _open_answer(study, ostudy)
+    if ladder is not None and found.own:
+        return scale.answer(ladder)
+    if len(found.own) < 2:
+        what = f"one arm ({found.own[0]})" if found.own else "no arm"
         return [f"Nothing to compare: the study has {what} of its own; the control's arms are compared below."]
     lines = []
     for metric in study.metrics:
-        mine = [c for c in found.compared if c.own and c.pair.metric == metric]
-        rates = [r for r in found.rates if r.metric == metric]
+        mine = found.of(metric)
         if len(mine) == 1:
-            lines.append(_pair_sentence(study, mine[0], rates) + ".")
+            lines.append(pair_sentence(study, mine[0], found) + ".")
             continue
         groups = []
-        par = f"on par within ±{stats.fmt(mine[0].pair.delta)}"
+        par = f"on par within ±{words.fmt(mine[0].pair.delta)}"
         for kind, title in ((stats.BETTER, "better"), (stats.ON_PAR, par), (stats.UNDECIDED, "undecided")):
-            these = [_short_verdict(c) for c in mine if c.verdict.kind == kind]
+            these = [words.short(c) for c in mine if c.verdict.kind == kind]
             if these:
                 groups.append(f"{title}: {', '.join(these)}")
         lines.append(f"Of the {len(mine)} pairs of arms on {metric}: {'; '.join(groups)}.")
     return lines
 
 
-def header_section(
-    study: Study, ostudy: optuna.Study, found: Findings, rows: list[Row], has_power: Optional[bool], advice: str
-) -> list[str]:
-    """The first lines of summary.md: the answer, the δ used, the Holm statement."""
-    label = "**Answer:**"
-    if has_power is False:
-        label = f"**Answer (uninformative: the control's power check below failed; {advice}):**"
-    elif has_power is None and study.control is not None:
-        label = "**Answer (power not judged yet: the control has not run):**"
-    out = [f"{label} {line}" for line in answer(study, ostudy, found, rows)] + [""]
-    deltas = [f"{m} ±{stats.fmt(d)} ({source})" for m in study.metrics for d, source in [study.delta(m)]]
-    out.append(f"- δ, the margin within which two arms are on par: {', '.join(deltas)}.")
+def _holm_line(found: Findings) -> list[str]:
     m_better, m_par = found.family()
-    if m_par:
-        n_rates = f", {len(found.rates)} comparisons of success rates" if found.rates else ""
-        rate = f"{stats.ALPHA * 100:.0f} %"
-        out.append(
-            f"- Holm's correction over the {m_better} 'better' tests of this report ({m_par} comparisons of "
-            f"means{n_rates}) keeps their family-wise error rate at {rate}; the {m_par} 'on par' tests "
-            f"(TOST: the 90 % CI of A − B inside ±δ) are a second Holm family at {rate}. "
-            f"Seed counts are planned at {stats.PCT} power for the observed difference and spread, at "
-            "the level Holm applies to each test now. The control's power check is a design check outside "
-            "both families."
-        )
+    if not m_par:
+        return []
+    n_rates = f", {len(found.rates)} comparisons of success rates" if found.rates else ""
+    rate = f"{stats.ALPHA * 100:.0f} %"
+    return [
+        f"- Holm's correction over the {m_better} 'better' tests of this report ({m_par} comparisons of "
+        f"means{n_rates}) keeps their family-wise error rate at {rate}; the {m_par} 'on par' tests "
+        f"(TOST: the 90 % CI of A − B inside ±δ) are a second Holm family at {rate}. "
+        f"Seed counts are planned at {words.PCT} power for the observed difference and spread, at "
+        "the level Holm applies to each test now. The control's arms are in neither family: its power check "
+        "and the context gain are design checks of the study."
+    ]
+
+
+def _noise_line(found: Findings) -> list[str]:
+    """How the validation sampling error beside each verdict is measured, or that it is not available."""
+    if not found.compared:
+        return []
+    if all(c.validation_error is None for c in found.compared):
+        return [
+            "- Validation sampling error: not available (the runs' metrics.json hold no per-example validation "
+            "sums, `validation_examples`): these verdicts cover the seeds' spread, not the validation set's."
+        ]
+    return [
+        f"- Validation sampling error: the 95 % half-width of A − B from the validation set alone (a bootstrap of "
+        f"{stats.BOOTSTRAP} resamples of the validation examples, the same for every run), beside every verdict; "
+        "a verdict whose margin lies inside it says so."
+    ]
+
+
+def header_section(study: Study, answered: list[str], found: Findings, advice: str) -> list[str]:
+    """The first lines of summary.md: the reference's context gain (a study with a control), the answer, the δ
+    used, the Holm statement. A reference that did not learn to use context leaves one answer: uninformative."""
+    out = [words.context(found.context, control_label(study.control, "reference")), ""] if study.control else []
+    if not found.informative:
+        return out + [f"**Answer:** {words.uninformative(found.context)}", ""]
+    label = "**Answer:**"
+    if has_power(found) is False:
+        label = f"**Answer (uninformative: the control's power check below failed; {advice}):**"
+    elif found.power is None and study.control is not None:
+        label = "**Answer (power not judged yet: the control has not run):**"
+    out += [f"{label} {line}" for line in answered] + [""]
+    deltas = [f"{m} ±{words.fmt(d)} ({source})" for m in study.metrics for d, source in [study.delta(m)]]
+    out.append(f"- δ, the margin within which two arms are on par: {', '.join(deltas)}.")
+    out += _holm_line(found)
+    out += _noise_line(found)
     for m, direction in zip(study.metrics, study.directions):
         if (threshold := study.success(m)) is not None:
             out.append(
-                f"- Success: a run with {m} {_at_or_beyond(direction)} {stats.fmt(threshold)} "
+                f"- Success: a run with {m} {words.at_or_beyond(direction)} {words.fmt(threshold)} "
                 "solved the task (study file); success rates with exact (Clopper–Pearson) 95 % intervals, "
                 "compared by Boschloo's exact test."
             )
     return out + [""]
 
 
-def arm_section(
-    study: Study, rows: list[Row], found: Findings, advice: str, has_power: Optional[bool] = None
-) -> list[str]:
-    arms = found.arms
+def _numbers(r: Row) -> dict:
+    """The trial's numbers with its run's no-context baselines (``baselines/unigram/<metric>``) beside them."""
+    return {**r.metrics, **run_baselines(r)}
+
+
+def _arm_row(study: Study, arm: str, rows: list[Row], found: Findings, shown: list[str], trivial: list[str]) -> list:
+    mine = [r for r in rows if r.arm == arm]
+    ok = [r for r in mine if r.complete]
+    successes = [(m, d, t) for m, d in zip(study.metrics, study.directions) if (t := study.success(m)) is not None]
+    return [
+        arm,
+        str(len(ok)),
+        *[words.mean_std([v for r in ok if (v := value(r, m, study)) is not None]) for m in shown],
+        *[str(stats.success_rate(list(found.values[(arm, m)].values()), t, d)) for m, d, t in successes],
+        *[words.fmt(stats.summarize([m[k] for m in map(_numbers, ok) if k in m]).mean) for k in trivial],
+        "/".join(str(sum(r.trial.state == s for r in mine)) for s in (TrialState.PRUNED, TrialState.FAIL)),
+    ]
+
+
+def arms_table(study: Study, rows: list[Row], found: Findings) -> list[str]:
+    """Per arm: n, each objective's mean ± std, success rates, the trivial baseline, pruned/failed."""
     shown = list(study.metrics) + [
         m for m in ("val/accuracy",) if m not in study.metrics and any(m in r.metrics for r in rows)
     ]
-    trivial = [k for k in TRIVIAL if any(k in r.metrics for r in rows)]
-    successes = [(m, d, t) for m, d in zip(study.metrics, study.directions) if (t := study.success(m)) is not None]
+    numbers = [_numbers(r) for r in rows]
+    unigram = [f"baselines/unigram/{m.removeprefix('val/')}" for m in study.metrics]
+    trivial = [k for k in unigram if any(k in n for n in numbers)] + [
+        k for k in TRIVIAL if any(k in n for n in numbers)
+    ]
     header = [
         "arm",
         "n",
         *[f"{m} mean ± std" for m in shown],
-        *[f"{m} {_at_or_beyond(d)} {stats.fmt(t)}: solved [95 % CI]" for m, d, t in successes],
-        *[TRIVIAL[k] for k in trivial],
+        *[
+            f"{m} {words.at_or_beyond(d)} {words.fmt(t)}: solved [95 % CI]"
+            for m, d in zip(study.metrics, study.directions)
+            if (t := study.success(m)) is not None
+        ],
+        *[TRIVIAL.get(k, k.removeprefix("baselines/").replace("/", " ")) for k in trivial],
         "pruned/failed",
     ]
-    body = []
-    for arm in arms:
-        mine = [r for r in rows if r.arm == arm]
-        ok = [r for r in mine if r.trial.state == TrialState.COMPLETE]
-        body.append(
-            [
-                arm,
-                str(len(ok)),
-                *[_mean_std([v for r in ok if (v := _value(r, m, study)) is not None]) for m in shown],
-                *[str(stats.success_rate(list(found.values[(arm, m)].values()), t, d)) for m, d, t in successes],
-                *[stats.fmt(stats.summarize([r.metrics[k] for r in ok if k in r.metrics]).mean) for k in trivial],
-                f"{sum(r.trial.state == TrialState.PRUNED for r in mine)}/"
-                f"{sum(r.trial.state == TrialState.FAIL for r in mine)}",
-            ]
-        )
+    body = [_arm_row(study, arm, rows, found, shown, trivial) for arm in found.arms]
     # an open study's own trials have no arms: then only the control's are here, replicated over seeds
     replicates = [p for p in study.spec.space if p not in study.arms] if study.arms else ["seed"]
-    out = [
+    return [
         "## Arms",
         "",
         f"Replicates: {', '.join(replicates) or 'none'}. "
-        "The trivial baseline is what a model that ignores its input reaches (unigram loss, chance accuracy).",
+        "The no-context baselines are what a model that ignores its context reaches: the unigram on the same "
+        "targets (metrics.json `baselines`), the trivial loss and accuracy (unigram loss, chance accuracy).",
         "",
-        *_table(header, body),
+        *words.table(header, body),
         "",
     ]
-    if has_power is False:
+
+
+def comparisons_table(found: Findings, metric: str, direction: str) -> list[str]:
+    """Every comparison on ``metric``: A − B, its CI, the tests, δ and the verdict; then the success rates."""
+    body = []
+    for c in found.of(metric):
+        lo, hi = c.pair.comparison.ci()
+        v = c.verdict
+        body.append(
+            [
+                c.pair.a,
+                c.pair.b,
+                words.fmt(c.pair.comparison.diff),
+                words.interval(lo, hi) if lo == lo else "-",
+                c.pair.comparison.test,
+                f"{words.fmt_p(v.p)} ({words.fmt_p(v.p_holm)})",
+                f"{words.fmt_p(v.tost_p)} ({words.fmt_p(v.tost_p_holm)})",
+                f"±{words.fmt(c.pair.delta)}",
+                "-" if c.validation_error is None else f"±{words.fmt(c.validation_error)}",
+                words.verdict(c.pair, v) + (f"; {words.noise(c)}" if c.inside_noise else ""),
+            ]
+        )
+    header = ["A", "B", "A − B", "95 % CI", "test", "p (Holm)", "TOST p (Holm)", "δ", "validation error", "verdict"]
+    out = [f"## Comparisons of {metric} ({direction}; A − B with its 95 % CI)", "", *words.table(header, body), ""]
+    return out + rates_table(found, metric, direction)
+
+
+def rates_table(found: Findings, metric: str, direction: str) -> list[str]:
+    rates = [r for r in found.rates if r.metric == metric]
+    if not rates:
+        return []
+    body = [
+        [r.a, r.b, str(r.rate_a), str(r.rate_b), f"{words.fmt_p(r.p)} ({words.fmt_p(r.p_holm)})", words.rates(r)]
+        for r in rates
+    ]
+    return [
+        f"### Success rates ({metric} {words.at_or_beyond(direction)} {words.fmt(rates[0].threshold)}: solved)",
+        "",
+        *words.table(["A", "B", "A solved", "B solved", "Boschloo p (Holm)", "verdict"], body),
+        "",
+    ]
+
+
+def seeds_advice(study: Study, found: Findings) -> list[str]:
+    """The seeds that would decide every undecided pair of the study's own arms, and how to add them."""
+    undecided = [
+        c.verdict.more_seeds
+        for c in found.compared
+        if c.verdict.kind == stats.UNDECIDED and c.verdict.more_seeds is not None
+    ]
+    if not undecided:
+        return []
+    n = max(undecided)
+    return [
+        f"To decide every undecided pair of the study's arms at {words.PCT} power, add {n} seeds: "
+        f"{_add_seeds_command(study, n)} (every arm and the control; the runs done are kept). Decide the "
+        "count before running and run all of it: adding seeds until a verdict appears (optional stopping) "
+        "inflates the error rates these verdicts promise (docs/verdicts.md).",
+        "",
+    ]
+
+
+def arm_section(study: Study, rows: list[Row], found: Findings, advice: str) -> list[str]:
+    out = arms_table(study, rows, found)
+    if has_power(found) is False:
         out += [
             f"**The power check failed (above): at this budget every verdict below is uninformative; {advice}.**",
             "",
         ]
+    if not found.informative:
+        return out + ["No comparisons: the reference did not learn to use context (above), so no verdict is given.", ""]
     for metric, direction in zip(study.metrics, study.directions):
-        mine = [c for c in found.compared if c.pair.metric == metric]
-        if not mine:
-            continue
-        table = []
-        for c in mine:
-            lo, hi = c.pair.comparison.ci()
-            ci = f"[{stats.fmt(lo)}, {stats.fmt(hi)}]" if math.isfinite(lo) else "-"
-            v = c.verdict
-            table.append(
-                [
-                    c.pair.a,
-                    c.pair.b,
-                    stats.fmt(c.pair.comparison.diff),
-                    ci,
-                    c.pair.comparison.test,
-                    f"{stats.fmt_p(v.p)} ({stats.fmt_p(v.p_holm)})",
-                    f"{stats.fmt_p(v.tost_p)} ({stats.fmt_p(v.tost_p_holm)})",
-                    f"±{stats.fmt(c.pair.delta)}",
-                    v.text,
-                ]
-            )
-        out += [
-            f"## Comparisons of {metric} ({direction}; A − B with its 95 % CI)",
-            "",
-            *_table(["A", "B", "A − B", "95 % CI", "test", "p (Holm)", "TOST p (Holm)", "δ", "verdict"], table),
-            "",
-        ]
-        rates = [r for r in found.rates if r.metric == metric]
-        if rates:
-            sign = _at_or_beyond(direction)
-            out += [
-                f"### Success rates ({metric} {sign} {stats.fmt(rates[0].threshold)}: solved)",
-                "",
-                *_table(
-                    ["A", "B", "A solved", "B solved", "Boschloo p (Holm)", "verdict"],
-                    [
-                        [
-                            r.a,
-                            r.b,
-                            str(r.rate_a),
-                            str(r.rate_b),
-                            f"{stats.fmt_p(r.p)} ({stats.fmt_p(r.p_holm)})",
-                            r.text,
-                        ]
-                        for r in rates
-                    ],
-                ),
-                "",
-            ]
-    undecided = [
-        c.verdict.more_seeds
-        for c in found.compared
-        if c.own and c.verdict.kind == stats.UNDECIDED and c.verdict.more_seeds is not None
-    ]
-    if undecided:
-        n = max(undecided)
-        out += [
-            f"To decide every undecided pair of the study's arms at {stats.PCT} power, add {n} seeds: "
-            f"{_add_seeds_command(study, n)} (every arm and the control; the runs done are kept). Decide the "
-            "count before running and run all of it: adding seeds until a verdict appears (optional stopping) "
-            "inflates the error rates these verdicts promise (docs/verdicts.md).",
-            "",
-        ]
-    return out
+        if found.of(metric):
+            out += comparisons_table(found, metric, direction)
+    return out + seeds_advice(study, found)
 
 
 def best_section(study: Study, ostudy: optuna.Study) -> list[str]:
@@ -553,189 +357,85 @@ def best_section(study: Study, ostudy: optuna.Study) -> list[str]:
     title = "## Pareto-optimal trials" if len(study.metrics) > 1 else "## Best parameters"
     lines = [title, ""]
     for t in best:
-        values = ", ".join(f"{m} = {stats.fmt(v)}" for m, v in zip(study.metrics, t.values))
+        values = ", ".join(f"{m} = {words.fmt(v)}" for m, v in zip(study.metrics, t.values))
         params = ", ".join(f"`{p}` = {v}" for p, v in t.params.items())
         lines.append(f"- trial {t.number}: {values}; {params}")
     return lines + [""]
 
 
-def summary_md(
-    study: Study,
-    ostudy: optuna.Study,
-    rows: list[Row],
-    control_rows: list[Row],
-    url: Optional[str],
-    plots: list[str],
-    skipped: list[str],
-    scale_lines: list[str] = (),
-) -> str:
+def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_rows: list[Row], url) -> list[str]:
+    """What was run: the file, the storage, the trials, the objective, retries, added seeds, sampler."""
     counts = {
         s: sum(r.trial.state == s for r in rows) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     }
-    advice = "add seeds or training steps" if study.preset == "gpu" else "run the GPU preset"
     retried = sorted(storage.retried_numbers(ostudy.get_trials(deepcopy=False)))
-    has_power, power = None, []
-    if study.control is not None:
-        power, has_power = power_section(study, control_rows, advice)
-    arm_rows = (rows if study.arms else []) + control_rows
-    found = findings(study, arm_rows)
-    lines = [
-        f"# Study {study.name}",
-        "",
-        *header_section(study, ostudy, found, arm_rows, has_power, advice),
+    out = [
         f"- study file: `{study.path}`" + (f", preset `{study.preset}`" if study.preset else ""),
         f"- storage: `{storage.storage_display(study, url)}`",
         f"- trials: {len(rows)} finished of {study.n_trials if study.n_trials is not None else 'an open budget'} "
         f"({', '.join(f'{v} {s.name.lower()}' for s, v in counts.items())})",
-        *(
-            [
-                f"- control: {len(control_rows)} finished of {study.control.n_trials} "
-                f"(study `{study.control.name}`, storage `{storage.storage_display(study.control, url)}`)"
-            ]
-            if study.control is not None
-            else []
-        ),
-        "- objective: " + ", ".join(f"{m} ({d})" for m, d in zip(study.metrics, study.directions)),
-        *(
-            [
-                f"- retried with the same params after their worker died or was interrupted: trials "
-                f"{', '.join(map(str, retried))}"
-            ]
-            if retried
-            else []
-        ),
-        *(
-            [f"- seeds added by `sweep --add-seeds`: {', '.join(map(str, study.added_seeds))}"]
-            if study.added_seeds
-            else []
-        ),
-        f"- sampler: {study.spec.sampler.kind}, pruner: {study.spec.pruner.kind}",
-        "",
-        *power,
-        *scale_lines,
     ]
-    if arm_rows:
-        lines += arm_section(study, arm_rows, found, advice, has_power)
-    lines += efficiency.section(speeds_of(study, rows), study.metrics[0], study.directions[0] == "maximize")
-    if not study.is_grid:
-        lines += best_section(study, ostudy)
-    failed = [r for r in rows + control_rows if r.trial.state == TrialState.FAIL]
-    if failed:
-        lines += (
-            ["## Failed trials", ""]
-            + [
-                f"- {'control ' if r.role else ''}trial {r.trial.number} "
-                f"({', '.join(f'{p}={v}' for p, v in r.trial.params.items())}): "
-                f"{r.trial.user_attrs.get('fail_reason') or 'worker died and its retries ran out'}"
-                for r in failed
-            ]
-            + [""]
+    if study.control is not None:
+        reused = sum(r.reused for r in control_rows)
+        out.append(
+            f"- control: {len(control_rows) - reused} finished of {study.control.n_trials} "
+            f"(study `{study.control.name}`, storage `{storage.storage_display(study.control, url)}`)"
+            + (f"; {reused} more are the study's own trials, reused" if reused else "")
         )
+    out.append("- objective: " + ", ".join(f"{m} ({d})" for m, d in zip(study.metrics, study.directions)))
+    if retried:
+        out.append(
+            "- retried with the same params after their worker died or was interrupted: trials "
+            + ", ".join(map(str, retried))
+        )
+    if study.added_seeds:
+        out.append(f"- seeds added by `sweep --add-seeds`: {', '.join(map(str, study.added_seeds))}")
+    return out + [f"- sampler: {study.spec.sampler.kind}, pruner: {study.spec.pruner.kind}", ""]
+
+
+def failed_section(rows: list[Row]) -> list[str]:
+    failed = [r for r in rows if r.trial.state == TrialState.FAIL]
+    if not failed:
+        return []
+    return (
+        ["## Failed trials", ""]
+        + [
+            f"- {'control ' if r.role else ''}trial {r.trial.number} "
+            f"({', '.join(f'{p}={v}' for p, v in r.trial.params.items())}): "
+            f"{r.trial.user_attrs.get('fail_reason') or 'worker died and its retries ran out'}"
+            for r in failed
+        ]
+        + [""]
+    )
+
+
+def advice_of(study: Study) -> str:
+    return "add seeds or training steps" if study.preset == "gpu" else "run the GPU preset"
+
+
+def summary_md(report: "Report", plots: list[str], skipped: list[str], scale_lines: list[str] = ()) -> str:
+    study, found, advice = report.study, report.found, advice_of(report.study)
+    arm_rows = (report.rows if study.arms else []) + report.control_rows
+    lines = [
+        f"# Study {study.name}",
+        "",
+        *header_section(study, answer(study, report.ostudy, found, report.ladder), found, advice),
+        *study_lines(study, report.ostudy, report.rows, report.control_rows, report.url),
+        *(power_section(study, found, advice) if study.control is not None else []),
+        *scale_lines,
+        *(arm_section(study, arm_rows, found, advice) if arm_rows else []),
+        *efficiency.section(speeds_of(study, report.rows), study.metrics[0], study.directions[0] == "maximize"),
+        *(best_section(study, report.ostudy) if not study.is_grid else []),
+        *failed_section(report.rows + [r for r in report.control_rows if not r.reused]),
+    ]
     lines += ["## Plots", ""] + [f"- `{p}`" for p in plots] + [f"- skipped: {s}" for s in skipped] + [""]
     return "\n".join(lines)
 
 
 def speeds_of(study: Study, rows: list[Row]) -> list[efficiency.ArmSpeed]:
     """Quality and speed of each arm of the study's own complete trials (none for a study without arms)."""
-    complete = [r for r in rows if r.trial.state == TrialState.COMPLETE]
+    complete = [r for r in rows if r.complete]
     return efficiency.arm_speeds(complete, study.metrics[0]) if study.arms else []
-
-
-# --------------------------------------------------------------------------------------- plots
-def _curves(rows: list[Row]) -> dict[str, list[tuple[list[int], list[float]]]]:
-    """val/loss against step of each trial from its TensorBoard events, grouped by arm."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out: dict[str, list] = {}
-    for r in rows:
-        run_dir = r.trial.user_attrs.get("run_dir")
-        if not run_dir or not Path(run_dir).is_dir():
-            continue
-        ea = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-        ea.Reload()
-        if CURVE_TAG in ea.Tags().get("scalars", []):
-            events = ea.Scalars(CURVE_TAG)
-            out.setdefault(r.arm or f"trial {r.trial.number}", []).append(
-                ([e.step for e in events], [e.value for e in events])
-            )
-    return out
-
-
-def plot_learning_curves(rows: list[Row], path: Path) -> bool:
-    import matplotlib.pyplot as plt
-
-    curves = _curves(rows)
-    if not curves:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (arm, lines) in enumerate(curves.items()):
-        for j, (steps, values) in enumerate(lines):
-            ax.plot(
-                steps,
-                values,
-                color=colors[i % len(colors)],
-                alpha=0.8,
-                marker=".",
-                label=arm if j == 0 and len(curves) <= 12 else None,
-            )
-    trivial = [r.metrics["trivial_loss"] for r in rows if "trivial_loss" in r.metrics]
-    if trivial:
-        ax.axhline(sum(trivial) / len(trivial), color="black", linestyle="--", linewidth=1, label="trivial baseline")
-    ax.set_xlabel("training step")
-    ax.set_ylabel(CURVE_TAG)
-    ax.set_title("validation loss of every trial, by arm")
-    if len(curves) <= 12:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-def write_plots(study: Study, ostudy: optuna.Study, rows: list[Row], out: Path) -> tuple[list[str], list[str]]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from optuna.visualization import matplotlib as vis
-
-    complete = [t for t in ostudy.trials if t.state == TrialState.COMPLETE]
-    varying = [p for p in study.spec.space if len({str(t.params.get(p)) for t in complete}) > 1]
-    plans: list[tuple[str, Callable[..., Any], dict]] = []
-    for i, metric in enumerate(study.metrics):
-        kwargs: dict[str, Any] = {"target_name": metric}
-        suffix = ""
-        if len(study.metrics) > 1:  # optuna plots one objective at a time
-            kwargs["target"] = lambda t, i=i: t.values[i]
-            suffix = "_" + metric.replace("/", "_")
-        plans.append((f"history{suffix}.png", vis.plot_optimization_history, kwargs))
-        plans.append((f"parallel_coordinate{suffix}.png", vis.plot_parallel_coordinate, kwargs))
-        if len(varying) >= 2:
-            plans.append((f"param_importances{suffix}.png", vis.plot_param_importances, kwargs))
-    if len(study.metrics) == 2:
-        plans.append(("pareto_front.png", vis.plot_pareto_front, {"target_names": study.metrics}))
-    written, skipped = [], []
-    if len(varying) < 2:
-        skipped.append("param_importances.png (fewer than 2 params vary)")
-    for name, fn, kwargs in plans:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                fn(ostudy, **kwargs)
-            plt.gcf().set_size_inches(8, 5)
-            plt.gcf().tight_layout()
-            plt.gcf().savefig(out / name, dpi=110)
-            written.append(name)
-        except Exception as err:  # optuna refuses some plots on too few trials; say so, keep the rest
-            skipped.append(f"{name} ({str(err).splitlines()[0] if str(err) else type(err).__name__})")
-        finally:
-            plt.close("all")
-    if plot_learning_curves(rows, out / "learning_curves.png"):
-        written.append("learning_curves.png")
-    else:
-        skipped.append("learning_curves.png (no trial run directory with TensorBoard events here)")
-    return written, skipped
 
 
 # --------------------------------------------------------------------------------------- command
@@ -745,7 +445,7 @@ def load(study: Study, url: Optional[str]) -> optuna.Study:
             f"{study.root / storage.JOURNAL}: no study journal here; run `linformer-lab sweep {study.path}` first"
         )
     try:
-        ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, url))
+        ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, url, create=False))
     except KeyError:
         raise ConfigError(
             f"study {study.name}: not in {storage.storage_display(study, url)}; run the sweep first"
@@ -754,29 +454,46 @@ def load(study: Study, url: Optional[str]) -> optuna.Study:
     return ostudy
 
 
+class Report:
+    """A study's trials read from its storage, and what they found (computed once)."""
+
+    def __init__(self, study: Study, url: Optional[str]) -> None:
+        ostudy = load(study, url)
+        added = [int(s) for s in ostudy.user_attrs.get(ADDED_SEEDS, [])]
+        if added and tuple(added) != study.added_seeds:  # the grid and budget as `sweep --add-seeds` grew them
+            study = load_study(study.path, study.preset, added_seeds=added)
+        self.study, self.ostudy, self.url = study, ostudy, url
+        self.rows = rows_of(study, ostudy.get_trials(deepcopy=False))
+        self.control_rows: list[Row] = []
+        if study.control is not None:
+            try:
+                self.control_rows = rows_of(study.control, load(study.control, url).get_trials(deepcopy=False))
+            except ConfigError:  # not run yet (e.g. a sweep interrupted before it began): the report says so
+                pass
+            self.control_rows += reused_rows(study, self.rows)
+        self.found = findings(study, self.rows if study.arms else [], self.control_rows)
+        own = [r for r in self.rows if not r.role]
+        self.ladder = scale.build(study, own, self.found) if study.ladder is not None and self.found.own else None
+
+
 def write_report(study: Study, url: Optional[str] = None) -> Path:
-    ostudy = load(study, url)
-    added = [int(s) for s in ostudy.user_attrs.get(ADDED_SEEDS, [])]
-    if added and tuple(added) != study.added_seeds:  # the grid and budget as `sweep --add-seeds` grew them
-        study = load_study(study.path, study.preset, added_seeds=added)
-    rows = rows_of(study, ostudy.get_trials(deepcopy=False))
-    control_rows: list[Row] = []
-    if study.control is not None:
-        try:
-            control_rows = rows_of(study.control, load(study.control, url).get_trials(deepcopy=False))
-        except ConfigError:  # not run yet (e.g. a sweep interrupted before it began): the report says so
-            pass
+    report = Report(study, url)
+    study = report.study
     out = study.root / "report"
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(study, rows + control_rows, out / "trials.csv")
-    plots, skipped = write_plots(study, ostudy, rows + control_rows, out)
-    if efficiency.plot(speeds_of(study, rows), study.metrics[0], study.directions[0] == "maximize", out / "pareto.png"):
+    trained = report.rows + [r for r in report.control_rows if not r.reused]  # each trial once
+    write_csv(study, trained, out / "trials.csv")
+    plots, skipped = figures.write_plots(study, report.ostudy, trained, out)
+    speeds = speeds_of(study, report.rows)
+    if figures.pareto(speeds, study.metrics[0], study.directions[0] == "maximize", out / "pareto.png"):
         plots.append("pareto.png")
     scale_lines: list[str] = []
-    if study.ladder is not None:  # the gap across sizes, its trend, the spectrum across sizes (sweeps/scale.py)
-        scale_lines, drawn, not_drawn = scale.write(study, rows, findings(study, rows + control_rows), out)
+    if report.ladder is not None:  # the gap across sizes, its trend, the spectrum across sizes (sweeps/scale.py)
+        ttt, spectra = scale.time_to_target(report.ladder), scale.spectrum_across_sizes(report.ladder)
+        drawn, not_drawn = figures.write_ladder(report.ladder, ttt, spectra, out)
+        scale_lines = scale.section(report.ladder, ttt, spectra, drawn)
         plots, skipped = plots + drawn, skipped + not_drawn
-    (out / "summary.md").write_text(summary_md(study, ostudy, rows, control_rows, url, plots, skipped, scale_lines))
+    atomic_write_text(out / "summary.md", summary_md(report, plots, skipped, scale_lines))
     return out
 
 

@@ -27,9 +27,9 @@ rung (its ``analysis/summary.json`` is reused when newer than its checkpoint and
 sample), and the effective rank of each layer's P at τ = 0.9 against the rung's parameters: does the rank of
 attention grow with the model (the paper's Fig. 1 question, across scale)?
 
-Figures, in the report folder: ``gap_vs_size.png`` (the gap against parameters and training FLOPs, log axes,
-one line per compared arm, with its fitted trend, the ±δ band and each rung's verdict as its marker),
-``rank_vs_size.png`` and ``time_to_target_vs_size.png``.
+Figures (drawn by :mod:`sweeps.figures`), in the report folder: ``gap_vs_size.png`` (the gap against parameters
+and training FLOPs, log axes, one line per compared arm, with its fitted trend, the ±δ band and each rung's
+verdict as its marker), ``rank_vs_size.png`` and ``time_to_target_vs_size.png``.
 """
 
 from __future__ import annotations
@@ -38,23 +38,19 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import numpy as np
 from optuna.trial import TrialState
 
-from sweeps import stats
+from sweeps import stats, words
+from sweeps.efficiency import no_context_ppl
+from sweeps.findings import Compared, Findings, Row, run_metrics
 from sweeps.study import Study
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-    from sweeps.report import Compared, Findings, Row
 
 ENERGY = 0.9  # τ of the effective rank across sizes
 SAMPLES = 16  # validation sequences the spectrum is measured on
 AXES = {"parameters": "parameters", "train_flops": "training FLOPs"}  # metrics.json key -> axis name
-GAP_FIGURE, RANK_FIGURE, TIME_FIGURE = "gap_vs_size.png", "rank_vs_size.png", "time_to_target_vs_size.png"
 
 
 # --------------------------------------------------------------------------------------- the ladder
@@ -65,11 +61,11 @@ class Cell:
     rung: str
     line: str  # the arm without its rung ("k_fixed"): one line across the ladder
     arm: str  # the report's arm label ("2x32 k_fixed")
-    rows: list["Row"] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
     values: dict = field(default_factory=dict)  # replicate -> value of the objective metric
 
     @property
-    def complete(self) -> list["Row"]:
+    def complete(self) -> list[Row]:
         return [r for r in self.rows if r.trial.state == TrialState.COMPLETE]
 
     def mean(self, key: str) -> Optional[float]:
@@ -88,7 +84,7 @@ class Ladder:
     reference: str  # the reference arm's line ("full")
     lines: list[str]  # the compared arms' lines, in the study file's order
     cells: dict[tuple[str, str], Cell]
-    verdicts: dict[tuple[str, str], "Compared"]  # (rung, line) -> the report's comparison with the reference
+    verdicts: dict[tuple[str, str], Compared]  # (rung, line) -> the report's comparison with the reference
 
     def cell(self, rung: str, line: str) -> Optional[Cell]:
         return self.cells.get((rung, line))
@@ -127,7 +123,7 @@ class Ladder:
         return any(self.size(rung, axis) for rung in self.rungs)
 
 
-def build(study: Study, rows: list["Row"], found: "Findings") -> Ladder:
+def build(study: Study, rows: list[Row], found: Findings) -> Ladder:
     """The ladder of a study's own trials, with the report's values and verdicts (``found``)."""
     spec = study.ladder
     metric, direction = study.metrics[0], study.directions[0]
@@ -153,72 +149,28 @@ def build(study: Study, rows: list["Row"], found: "Findings") -> Ladder:
 
 
 # --------------------------------------------------------------------------------------- words
-def si(x: Optional[float]) -> str:
-    """37300 -> 37.3k, 9.2e7 -> 92M, 1.2e15 -> 1.2P."""
-    if x is None or not math.isfinite(x):
-        return "-"
-    for power, prefix in ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k")):
-        if abs(x) >= 10**power:
-            return f"{x / 10**power:.3g}{prefix}"
-    return f"{x:.3g}"
-
-
-def _signed(x: float) -> str:
-    return "nan" if not math.isfinite(x) else f"{x:+.3g}"
-
-
-def _interval(lo: float, hi: float) -> str:
-    return "-" if not math.isfinite(lo) else f"[{_signed(lo)}, {_signed(hi)}]"
-
-
 def verdict_text(ladder: Ladder, rung: str, line: str, short: bool = False) -> str:
     """The report's verdict on ``line`` against the reference at ``rung``, in a few words."""
-    c = ladder.verdicts.get((rung, line))
-    if c is None:
-        return "-"
-    v, pair = c.verdict, c.pair
-    if v.kind == stats.BETTER:
-        winner = pair.a if pair.comparison.a_better(pair.direction) else pair.b
-        name = line if winner == ladder.cells[(rung, line)].arm else ladder.reference
-        return f"{name} better" + ("" if short else f" by {stats.fmt(abs(pair.comparison.diff))}")
-    if v.kind == stats.ON_PAR:
-        return "on par" + ("" if short else f" within ±{stats.fmt(pair.delta)}")
-    if short:
-        return "undecided"
-    if v.more_seeds is not None:
-        return f"undecided: {v.more_seeds} more seeds per arm would show '{v.deciding}'"
-    return "undecided: " + v.text.removeprefix("undecided: ").split(";")[0]
+    cell = ladder.cell(rung, line)
+    arm = cell.arm if cell is not None else line
+    return words.rung_verdict(ladder.verdicts.get((rung, line)), line, arm, ladder.reference, short)
 
 
 def trend_text(ladder: Ladder, line: str, axis: str = "parameters") -> str:
     """The gap's slope per tenfold size with its 95 % CI, and what it means for ``line``."""
-    t = ladder.trend(line, axis)
-    what = AXES[axis]
-    if t is None:
-        return f"no trend: fewer than 2 rungs with {what} recorded"
-    lo, hi = t.slope_ci()
-    fit = f"{_signed(t.slope)} per tenfold {what} (95 % CI {_interval(lo, hi)}, least squares over {t.n} seeds' gaps)"
-    if not math.isfinite(lo):
-        return fit + ": too few points for an interval"
-    if lo <= 0 <= hi:
-        return fit + ": no trend shown (the interval holds 0)"
-    rising = lo > 0
-    worse_up = rising == (ladder.direction == "minimize")  # the gap moves toward "line worse"
-    return fit + f": {line} {'loses ground to' if worse_up else 'gains on'} {ladder.reference} as {what} grow"
+    return words.trend(ladder.trend(line, axis), AXES[axis], line, ladder.reference, ladder.direction)
 
 
 def answer(ladder: Ladder) -> list[str]:
     """One sentence per compared arm: its gap at every rung with the verdict, and the trend over parameters."""
     out = []
     for line in ladder.lines:
-        gaps = []
-        for rung in ladder.rungs:
-            c = ladder.gap(rung, line)
-            if c is not None:
-                gaps.append(
-                    f"{_signed(c.diff)} at {rung} ({si(ladder.size(rung))} parameters; "
-                    f"{verdict_text(ladder, rung, line, short=True)})"
-                )
+        gaps = [
+            f"{words.signed(c.diff)} at {rung} ({words.si(ladder.size(rung))} parameters; "
+            f"{verdict_text(ladder, rung, line, short=True)})"
+            for rung in ladder.rungs
+            if (c := ladder.gap(rung, line)) is not None
+        ]
         if not gaps:
             out.append(f"{line} − {ladder.reference} on {ladder.metric}: no rung has runs of both yet.")
             continue
@@ -248,6 +200,8 @@ class TimeToTarget:
     targets: dict[str, float]  # rung -> validation perplexity every arm of the rung reaches on average
     seconds: dict[tuple[str, str], dict]  # (rung, line) -> {replicate: training seconds to the target}
     runs: dict[tuple[str, str], int]  # (rung, line) -> runs with a curve
+    # rung -> the no-context val ppl of a rung whose target a model without context reaches: not timed
+    refused: dict[str, float] = field(default_factory=dict)
 
     def ratio(self, rung: str, line: str, reference: str) -> Optional[Ratio]:
         """``line``'s time to the rung's target over the reference's, paired over the seeds both reached it."""
@@ -260,7 +214,7 @@ class TimeToTarget:
         return Ratio(math.exp(c.diff), math.exp(lo), math.exp(hi), len(both))  # exp(nan) is nan
 
 
-def _curve(row: "Row") -> Optional[list[tuple[float, float, float]]]:
+def _curve(row: Row) -> Optional[list[tuple[float, float, float]]]:
     run_dir = row.trial.user_attrs.get("run_dir")
     path = Path(run_dir) / "metrics.json" if run_dir else None
     if path is None or not path.is_file():
@@ -279,17 +233,28 @@ def time_to_target(ladder: Ladder) -> Optional[TimeToTarget]:
     }
     if not any(curves.values()):
         return None
-    targets, seconds = {}, {}
+    targets, seconds, refused = {}, {}, {}
     for rung in ladder.rungs:
         finals = [float(np.mean([c[-1][2] for c in cs.values()])) for (r, _), cs in curves.items() if r == rung and cs]
         if not finals:
             continue
         targets[rung] = max(finals)
+        floor = _no_context_ppl(ladder, rung)
+        if floor is not None and targets[rung] >= floor:
+            refused[rung] = floor
+            continue
         for (r, line), cs in curves.items():
             if r == rung:
                 reached = {k: reach(c, targets[rung]) for k, c in cs.items()}
                 seconds[(rung, line)] = {k: s for k, hit in reached.items() if hit is not None and (s := hit[0]) > 0}
-    return TimeToTarget(targets, seconds, {key: len(cs) for key, cs in curves.items()})
+    return TimeToTarget(targets, seconds, {key: len(cs) for key, cs in curves.items()}, refused)
+
+
+def _no_context_ppl(ladder: Ladder, rung: str) -> Optional[float]:
+    """The lowest no-context val ppl of the rung's reference runs (efficiency.no_context_ppl); None without one."""
+    cell = ladder.cell(rung, ladder.reference)
+    floors = [p for r in (cell.complete if cell else []) if (p := no_context_ppl({**r.metrics, **run_metrics(r)}))]
+    return min(floors) if floors else None
 
 
 # --------------------------------------------------------------------------------------- spectrum across sizes
@@ -365,330 +330,101 @@ def arm_ks(ladder: Ladder, line: str) -> dict[str, float]:
     return out
 
 
-# --------------------------------------------------------------------------------------- figures
-def _figure(width: float, height: float) -> "Figure":
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), dpi=100, layout="constrained")
-
-
-def _colors() -> list[str]:
-    import matplotlib
-
-    return matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-
-
-# the verdict of a rung as the marker of its point: (marker, filled)
-MARKERS = {stats.BETTER: ("o", True), stats.ON_PAR: ("s", False), stats.UNDECIDED: ("X", True)}
-
-
-def figure_gap(ladder: Ladder) -> Optional["Figure"]:
-    """The gap against parameters and training FLOPs (log x), one line per compared arm: each rung's paired
-    mean gap with its 95 % CI, the verdict as the marker, the fitted trend dashed, the ±δ band shaded."""
-    from matplotlib.lines import Line2D
-
-    axes = [axis for axis in AXES if ladder.has_axis(axis)]
-    if not axes or not ladder.lines:
-        return None
-    fig = _figure(5.5 * len(axes), 4.3)
-    colors = _colors()
-    for ax, axis in zip(fig.subplots(1, len(axes), squeeze=False)[0], axes):
-        ax.set_xscale("log")
-        ax.axhspan(-ladder.delta, ladder.delta, color="tab:green", alpha=0.12, linewidth=0, zorder=0)
-        ax.axhline(0, color="0.5", linewidth=0.8, zorder=1)
-        sized = [(rung, size) for rung in ladder.rungs if (size := ladder.size(rung, axis))]
-        sizes = [size for _, size in sized]
-        for i, line in enumerate(ladder.lines):
-            color, shift = colors[i % len(colors)], 1.0 + 0.04 * (i - (len(ladder.lines) - 1) / 2)
-            for rung, size in sized:
-                c = ladder.gap(rung, line)
-                if c is None:
-                    continue
-                lo, hi = c.ci()
-                verdict = ladder.verdicts.get((rung, line))
-                marker, filled = MARKERS[verdict.verdict.kind if verdict else stats.UNDECIDED]
-                ax.errorbar(
-                    [size * shift],
-                    [c.diff],
-                    yerr=None if not math.isfinite(lo) else [[c.diff - lo], [hi - c.diff]],
-                    color=color,
-                    marker=marker,
-                    markersize=7,
-                    capsize=3,
-                    markerfacecolor=color if filled else "white",
-                    linestyle="none",
-                )
-            t = ladder.trend(line, axis)
-            label = line
-            if t is not None and math.isfinite(t.slope):
-                lo, hi = t.slope_ci()
-                xx = np.logspace(math.log10(min(sizes)), math.log10(max(sizes)), 50)
-                ax.plot(xx, t.intercept + t.slope * np.log10(xx), "--", color=color, linewidth=1.2)
-                label += f": {_signed(t.slope)} per 10× {_interval(lo, hi)}"
-            ax.plot([], [], "--", color=color, label=label)
-        for rung, size in sized:
-            ax.annotate(
-                rung,
-                (size, 1),
-                xycoords=("data", "axes fraction"),
-                textcoords="offset points",
-                xytext=(0, -10),
-                ha="center",
-                fontsize=7,
-                color="0.4",
-            )
-        ax.set(
-            xlabel=f"{AXES[axis]} (log)",
-            ylabel=f"{ladder.metric}: arm − {ladder.reference}",
-            title=f"gap to {ladder.reference} against {AXES[axis]}",
-        )
-        ax.grid(alpha=0.3, which="both")
-        handles, _ = ax.get_legend_handles_labels()
-        handles += [
-            Line2D(
-                [],
-                [],
-                color="0.3",
-                marker=MARKERS[stats.BETTER][0],
-                linestyle="none",
-                label="a rung's verdict: better (either way)",
-            ),
-            Line2D(
-                [],
-                [],
-                color="0.3",
-                marker=MARKERS[stats.ON_PAR][0],
-                markerfacecolor="white",
-                linestyle="none",
-                label=f"on par within ±{stats.fmt(ladder.delta)} (band)",
-            ),
-            Line2D([], [], color="0.3", marker=MARKERS[stats.UNDECIDED][0], linestyle="none", label="undecided"),
-        ]
-        ax.legend(handles=handles, fontsize="x-small")
-    return fig
-
-
-def figure_rank(ladder: Ladder, spectra: list[RungSpectrum]) -> Optional["Figure"]:
-    """Effective rank of the reference's P per layer (first, middle, last, mean) against parameters (log x),
-    beside the k of each Linformer arm at each rung (dotted)."""
-    if not spectra:
-        return None
-    fig = _figure(6.5, 4.5)
-    ax = fig.add_subplot()
-    ax.set_xscale("log")
-    x = [s.parameters for s in spectra]
-    picks = {
-        "first layer": lambda r: r[0],
-        "middle layer": lambda r: r[len(r) // 2] if len(r) >= 3 else math.nan,
-        "last layer": lambda r: r[-1],
-        "mean over layers": lambda r: float(np.mean(r)),
-    }
-    # ranks are integers and often coincide: markers shrink from the first layer on so that each shows
-    for (name, pick), style, size in zip(picks.items(), ("o-", "s-", "^-", "D--"), (11, 8, 5, 4)):
-        ax.plot(
-            x,
-            [pick(s.effective_rank) for s in spectra],
-            style,
-            label=name,
-            markersize=size,
-            color="black" if name.startswith("mean") else None,
-        )
-    colors = _colors()
-    for i, line in enumerate(ladder.lines):
-        ks = arm_ks(ladder, line)
-        shown = [(s.parameters, ks[s.rung]) for s in spectra if s.rung in ks]
-        if shown:
-            ax.plot(*zip(*shown), ":", color=colors[(i + 4) % len(colors)], label=f"k of {line}")
-    for s in spectra:
-        ax.annotate(
-            f"{s.rung} ({len(s.effective_rank)} layers)",
-            (s.parameters, 0),
-            xycoords=("data", "axes fraction"),
-            textcoords="offset points",
-            xytext=(0, 4),
-            ha="center",
-            fontsize=7,
-            color="0.4",
-        )
-    n = max(s.length for s in spectra)
-    ax.set(
-        xlabel="parameters (log)",
-        ylabel=f"effective rank of P at τ = {ENERGY:g}",
-        title=f"{ladder.reference} attention's rank across sizes (n = {n}, one seed per rung)",
-        ylim=(0, None),
-    )
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize="small")
-    return fig
-
-
-def figure_time(ladder: Ladder, ttt: TimeToTarget) -> Optional["Figure"]:
-    """Each compared arm's training time to the rung's target over the reference's, against parameters."""
-    fig = _figure(6.5, 4.3)
-    ax = fig.add_subplot()
-    ax.set(xscale="log", yscale="log")
-    ax.axhline(1, color="0.5", linewidth=0.8)
-    colors, drawn = _colors(), False
-    for i, line in enumerate(ladder.lines):
-        pts = [
-            (ladder.size(rung), r)
-            for rung in ladder.rungs
-            if (r := ttt.ratio(rung, line, ladder.reference)) is not None and ladder.size(rung)
-        ]
-        if not pts:
-            continue
-        drawn = True
-        xs, ys = [x for x, _ in pts], [r.value for _, r in pts]
-        err = [
-            [r.value - r.lo if math.isfinite(r.lo) else 0.0 for _, r in pts],
-            [r.hi - r.value if math.isfinite(r.hi) else 0.0 for _, r in pts],
-        ]
-        ax.errorbar(xs, ys, yerr=err, color=colors[i % len(colors)], marker="o", capsize=3, label=line)
-    if not drawn:
-        return None
-    ax.set(
-        xlabel="parameters (log)",
-        ylabel=f"training time to target: arm / {ladder.reference}",
-        title="time to each rung's target perplexity",
-    )
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize="small")
-    return fig
-
-
 # --------------------------------------------------------------------------------------- summary.md
-def _table(header: list[str], body: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in body]
-
-
 def section(ladder: Ladder, ttt: Optional[TimeToTarget], spectra: list[RungSpectrum], written: list[str]) -> list[str]:
     """The scale section of summary.md."""
-    m = ladder.metric
     out = [
         f"## Scale: {', '.join(ladder.lines)} against {ladder.reference} across model sizes",
         "",
         f"Rungs ({ladder.study.ladder.rung}), smallest first: {', '.join(ladder.rungs)}. Gap = arm − "
-        f"{ladder.reference} on {m} ({ladder.direction}), paired over seeds, with its 95 % CI; the verdict is the "
-        f"comparison's below (δ = ±{stats.fmt(ladder.delta)}). Parameters, training FLOPs (forward + backward "
-        "matrix products, metrics.json `train_flops`) and tokens per parameter are the reference runs' means.",
+        f"{ladder.reference} on {ladder.metric} ({ladder.direction}), paired over seeds, with its 95 % CI; the "
+        f"verdict is the comparison's below (δ = ±{words.fmt(ladder.delta)}). Parameters, training FLOPs (forward + "
+        "backward matrix products, metrics.json `train_flops`) and tokens per parameter are the reference runs' means.",
         "",
+        *_gap_table(ladder),
+        *_trend_lines(ladder),
+        *(_time_lines(ladder, ttt) if ttt is not None else []),
+        *(_spectrum_lines(ladder, spectra) if spectra else []),
     ]
-    body = []
-    for rung in ladder.rungs:
-        for line in [ladder.reference, *ladder.lines]:
-            cell = ladder.cell(rung, line)
-            if cell is None:
-                continue
-            s = stats.summarize(list(cell.values.values()))
-            value = "-" if s.n == 0 else stats.fmt(s.mean) if s.n == 1 else f"{stats.fmt(s.mean)} ± {stats.fmt(s.std)}"
-            params, tokens = cell.mean("parameters"), cell.mean("tokens")
-            c = ladder.gap(rung, line) if line != ladder.reference else None
-            body.append(
-                [
-                    rung,
-                    line,
-                    si(params),
-                    si(cell.mean("train_flops")),
-                    f"{tokens / params:.3g}" if tokens and params else "-",
-                    f"{value} ({s.n})",
-                    "-" if c is None else f"{_signed(c.diff)} {_interval(*c.ci())}",
-                    "-" if c is None else verdict_text(ladder, rung, line),
-                ]
-            )
-    out += _table(
-        [
-            "rung",
-            "arm",
-            "parameters",
-            "training FLOPs",
-            "tokens/param",
-            f"{m} mean ± sd (seeds)",
-            f"gap to {ladder.reference} [95 % CI]",
-            "verdict",
-        ],
-        body,
-    ) + [""]
-    out += ["Trend of the gap over size (gap = a + b·log10(size), every seed's gap a point):", ""]
+    return out + [f"Figures: {', '.join(f'`{f}`' for f in written) or 'none (see Plots below)'}.", ""]
+
+
+def _gap_row(ladder: Ladder, rung: str, line: str, cell: Cell) -> list[str]:
+    s = stats.summarize(list(cell.values.values()))
+    params, tokens = cell.mean("parameters"), cell.mean("tokens")
+    c = ladder.gap(rung, line) if line != ladder.reference else None
+    return [
+        rung,
+        line,
+        words.si(params),
+        words.si(cell.mean("train_flops")),
+        f"{tokens / params:.3g}" if tokens and params else "-",
+        f"{words.mean_std(list(cell.values.values()))} ({s.n})",
+        "-" if c is None else f"{words.signed(c.diff)} {words.signed_interval(*c.ci())}",
+        "-" if c is None else verdict_text(ladder, rung, line),
+    ]
+
+
+def _gap_table(ladder: Ladder) -> list[str]:
+    body = [
+        _gap_row(ladder, rung, line, cell)
+        for rung in ladder.rungs
+        for line in [ladder.reference, *ladder.lines]
+        if (cell := ladder.cell(rung, line)) is not None
+    ]
+    header = ["rung", "arm", "parameters", "training FLOPs", "tokens/param", f"{ladder.metric} mean ± sd (seeds)"]
+    return words.table(header + [f"gap to {ladder.reference} [95 % CI]", "verdict"], body) + [""]
+
+
+def _trend_lines(ladder: Ladder) -> list[str]:
+    out = ["Trend of the gap over size (gap = a + b·log10(size), every seed's gap a point):", ""]
     for line in ladder.lines:
         out.append(f"- {line}: {trend_text(ladder, line)}.")
         if ladder.has_axis("train_flops"):
             out.append(f"- {line}: {trend_text(ladder, line, 'train_flops')}.")
-    out.append("")
-    if ttt is not None:
-        out += [
-            f"### Time to target ({ladder.reference}'s and each arm's training seconds)",
-            "",
-            "Target per rung: the highest mean final validation perplexity among its arms. Ratio = arm / "
-            f"{ladder.reference}, geometric mean over the seeds where both reached it, with its 95 % CI.",
-            "",
+    return out + [""]
+
+
+def _time_lines(ladder: Ladder, ttt: TimeToTarget) -> list[str]:
+    rows = []
+    for rung in (rung for rung in ladder.rungs if rung in ttt.targets):
+        if rung in ttt.refused:
+            no = f"not timed: a model without context reaches val ppl {ttt.refused[rung]:.4g}"
+            rows.append([rung, f"{ttt.targets[rung]:.4g}", "every arm", "-", no])
+            continue
+        for line in ladder.lines:
+            r = ttt.ratio(rung, line, ladder.reference)
+            reached = f"{len(ttt.seconds.get((rung, line), {}))}/{ttt.runs.get((rung, line), 0)}"
+            rows.append([rung, f"{ttt.targets[rung]:.4g}", line, reached, "-" if r is None else str(r)])
+    return [
+        f"### Time to target ({ladder.reference}'s and each arm's training seconds)",
+        "",
+        "Target per rung: the highest mean final validation perplexity among its arms. Ratio = arm / "
+        f"{ladder.reference}, geometric mean over the seeds where both reached it, with its 95 % CI.",
+        "",
+        *words.table(["rung", "target val ppl", "arm", "reached", f"time / {ladder.reference} [95 % CI]"], rows),
+        "",
+    ]
+
+
+def _spectrum_lines(ladder: Ladder, spectra: list[RungSpectrum]) -> list[str]:
+    rows = [
+        [
+            s.rung,
+            words.si(s.parameters),
+            str(s.length),
+            ", ".join(map(str, s.effective_rank)),
+            f"{np.mean(s.effective_rank):.3g}",
+            f"`{s.run_dir}`",
         ]
-        rows = []
-        for rung in ladder.rungs:
-            if rung not in ttt.targets:
-                continue
-            for line in ladder.lines:
-                r = ttt.ratio(rung, line, ladder.reference)
-                reached = len(ttt.seconds.get((rung, line), {}))
-                rows.append(
-                    [
-                        rung,
-                        f"{ttt.targets[rung]:.4g}",
-                        line,
-                        f"{reached}/{ttt.runs.get((rung, line), 0)}",
-                        "-" if r is None else str(r),
-                    ]
-                )
-        out += _table(["rung", "target val ppl", "arm", "reached", f"time / {ladder.reference} [95 % CI]"], rows)
-        out.append("")
-    if spectra:
-        out += [
-            f"### Spectrum across sizes ({ladder.reference} attention, one seed per rung)",
-            "",
-            f"Effective rank of P (the smallest r keeping {ENERGY:g} of the cumulative singular value, "
-            f"`linformer-lab analyze`) per layer, first to last, on {SAMPLES} validation sequences.",
-            "",
-        ]
-        out += _table(
-            ["rung", "parameters", "n", "effective rank per layer", "mean", "run"],
-            [
-                [
-                    s.rung,
-                    si(s.parameters),
-                    str(s.length),
-                    ", ".join(map(str, s.effective_rank)),
-                    f"{np.mean(s.effective_rank):.3g}",
-                    f"`{s.run_dir}`",
-                ]
-                for s in spectra
-            ],
-        ) + [""]
-    out += [f"Figures: {', '.join(f'`{f}`' for f in written) or 'none (see Plots below)'}.", ""]
-    return out
-
-
-def write(study: Study, rows: list["Row"], found: "Findings", out: Path) -> tuple[list[str], list[str], list[str]]:
-    """Build the ladder, measure the spectrum across sizes, write the figures into ``out``; returns (summary
-    lines, figures written, figures skipped with why)."""
-    import matplotlib
-
-    ladder = build(study, rows, found)
-    ttt = time_to_target(ladder)
-    spectra = spectrum_across_sizes(ladder)
-    plans = {
-        GAP_FIGURE: (lambda: figure_gap(ladder), "no rung has a gap yet"),
-        RANK_FIGURE: (lambda: figure_rank(ladder, spectra), "no reference run with a checkpoint here"),
-        TIME_FIGURE: (
-            lambda: figure_time(ladder, ttt) if ttt is not None else None,
-            "no run's ppl_vs_wallclock curve here",
-        ),
-    }
-    written, skipped = [], []
-    with matplotlib.style.context("default"):  # not the style the report's Optuna plots leave set
-        for name, (draw, why) in plans.items():
-            fig = draw()
-            if fig is None:
-                skipped.append(f"{name} ({why})")
-                continue
-            fig.savefig(out / name, dpi=110)
-            written.append(name)
-    return section(ladder, ttt, spectra, written), written, skipped
+        for s in spectra
+    ]
+    return [
+        f"### Spectrum across sizes ({ladder.reference} attention, one seed per rung)",
+        "",
+        f"Effective rank of P (the smallest r keeping {ENERGY:g} of the cumulative singular value, "
+        f"`linformer-lab analyze`) per layer, first to last, on {SAMPLES} validation sequences.",
+        "",
+        *words.table(["rung", "parameters", "n", "effective rank per layer", "mean", "run"], rows),
+        "",
+    ]

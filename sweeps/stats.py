@@ -32,6 +32,8 @@ Runs whose outcome splits into "solved" and "stuck" (recall near 1 or on a plate
 a threshold: the success rate k/n with its exact (Clopper–Pearson) 95 % interval, and two arms' rates
 compared with Boschloo's exact test (uniformly more powerful than Fisher's), a member of the "better"
 family. Every distribution and test here is SciPy's.
+
+Everything here is numbers (frozen dataclasses); :mod:`sweeps.words` phrases them.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ from scipy import stats as sp
 LEVEL = 0.95  # confidence of the interval shown beside a difference
 ALPHA = 0.05  # family-wise error rate of the "better" verdicts of one report, and of its "on par" ones
 POWER = 0.80  # the power seed counts are planned for
-PCT = f"{POWER * 100:.0f} %"
 MAX_SEEDS = 1000  # seed counts are searched up to this many per arm
 
 BETTER, ON_PAR, UNDECIDED = "better", "on par", "undecided"
@@ -65,14 +66,6 @@ def summarize(values: Sequence[float]) -> Summary:
     mean = float(np.mean(values)) if n else math.nan
     std = float(np.std(values, ddof=1)) if n >= 2 else math.nan
     return Summary(n, mean, std)
-
-
-def fmt(x: float) -> str:
-    return "nan" if not math.isfinite(x) else f"{x:.3g}"
-
-
-def fmt_p(p: float) -> str:
-    return "-" if not math.isfinite(p) else "< 0.001" if p < 0.001 else f"{p:.2g}"
 
 
 # --------------------------------------------------------------------------------------- A − B
@@ -147,6 +140,38 @@ def compare(a: Mapping[Hashable, float], b: Mapping[Hashable, float]) -> Compari
     se = math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va**2 / (sa.n - 1) + vb**2 / (sb.n - 1)) if se > 0 else sa.n + sb.n - 2
     return Comparison(diff, se, df, f"Welch t ({sa.n} vs {sb.n})", n, False, sa.std, sb.std)
+
+
+# --------------------------------------------------------------------------------------- validation noise
+BOOTSTRAP = 1000  # resamples of the validation examples
+BOOTSTRAP_SEED = 0
+
+
+def examples_metric(sums: np.ndarray, counts: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The metric Σ sum / Σ count over each row of example indices ``idx`` (resamples × examples)."""
+    return sums[idx].sum(axis=-1) / counts[idx].sum(axis=-1)
+
+
+def validation_error(
+    a: Sequence[tuple[Sequence[float], Sequence[float]]],
+    b: Sequence[tuple[Sequence[float], Sequence[float]]],
+    level: float = LEVEL,
+    resamples: int = BOOTSTRAP,
+    seed: int = BOOTSTRAP_SEED,
+) -> float:
+    """The sampling error of mean(A) − mean(B) that comes from the validation set, as the half-width of its
+    ``level`` interval: z · the bootstrap standard error over validation examples.
+
+    ``a``, ``b``: per seed of each arm, (sum, count) of the metric per validation example, examples in the same
+    order for every run. Each resample draws the n example indices with replacement, once for all runs (the
+    arms are scored on the same examples), and recomputes each run's metric Σ sum / Σ count over the drawn
+    examples, then the difference of the arms' means over seeds."""
+    runs = [(np.asarray(s, dtype=float), np.asarray(c, dtype=float)) for s, c in [*a, *b]]
+    n = len(runs[0][0])
+    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    values = np.stack([examples_metric(s, c, idx) for s, c in runs])  # runs × resamples
+    diff = values[: len(a)].mean(axis=0) - values[len(a) :].mean(axis=0)
+    return float(sp.norm.ppf((1 + level) / 2) * diff.std(ddof=1))
 
 
 # --------------------------------------------------------------------------------------- planning
@@ -241,11 +266,33 @@ class Pair:
     delta: float  # the equivalence margin δ of the metric
     comparison: Comparison
 
+    def gain(self, level: float = LEVEL) -> "Gain":
+        """The better arm by its mean, and its gain over the other in the metric's favour with the ``level`` CI."""
+        c = self.comparison
+        a_wins = c.a_better(self.direction)
+        sign = 1 if a_wins == (self.direction == "maximize") else -1  # A − B -> the gain, in the metric's units
+        lo, hi = sorted(sign * x for x in c.ci(level))
+        better, worse = (self.a, self.b) if a_wins else (self.b, self.a)
+        return Gain(better, worse, abs(c.diff), lo, hi)
+
+
+@dataclass(frozen=True)
+class Gain:
+    """The arm whose mean is better and by how much (≥ 0), with the CI of that gain (nan, nan when not judged)."""
+
+    better: str
+    worse: str
+    size: float
+    lo: float
+    hi: float
+
+
+NO_SEEDS, NO_SPREAD = "fewer than 2 seeds", "no spread"  # why an undecided pair has no plan
+
 
 @dataclass(frozen=True)
 class Verdict:
     kind: str  # BETTER, ON_PAR or UNDECIDED
-    text: str  # the verdict in words
     p: float  # two-sided p of A = B, and Holm-adjusted
     p_holm: float
     tost_p: float  # TOST p of |A − B| ≥ δ, and Holm-adjusted
@@ -253,6 +300,7 @@ class Verdict:
     n: int = 0  # seeds per arm now (pairs, or the smaller arm's)
     seeds_better: Optional[int] = None  # undecided: seeds per arm for each verdict at POWER
     seeds_on_par: Optional[int] = None
+    unplannable: str = ""  # undecided without a plan: NO_SEEDS or NO_SPREAD
 
     def more(self, total: Optional[int]) -> Optional[int]:
         return None if total is None else max(total - self.n, 1)
@@ -273,63 +321,17 @@ class Verdict:
         )
 
 
-def _interval(lo: float, hi: float) -> str:
-    return f"[{fmt(lo)}, {fmt(hi)}]"
-
-
 def _decide(pair: Pair, p_holm: float, level: float, tost_holm: float, tost_level: float) -> Verdict:
     c, delta = pair.comparison, pair.delta
     p, tost = c.p_value, c.tost_p(delta)
     if tost_holm < ALPHA:
-        lo, hi = c.ci(1 - 2 * ALPHA)
-        text = f"on par within ±{fmt(delta)} (90 % CI of A − B {_interval(lo, hi)})"
-        if p_holm < ALPHA:
-            better = pair.a if c.a_better(pair.direction) else pair.b
-            text += f"; {better} is better by {fmt(abs(c.diff))}, less than δ"
-        return Verdict(ON_PAR, text, p, p_holm, tost, tost_holm, c.n)
+        return Verdict(ON_PAR, p, p_holm, tost, tost_holm, c.n)
     if p_holm < ALPHA:
-        a_wins = c.a_better(pair.direction)
-        better, worse = (pair.a, pair.b) if a_wins else (pair.b, pair.a)
-        sign = 1 if a_wins == (pair.direction == "maximize") else -1  # the gain, in the metric's units
-        lo, hi = sorted(sign * x for x in c.ci())
-        return Verdict(
-            BETTER,
-            f"{better} better than {worse} by {fmt(abs(c.diff))} (95 % CI {_interval(lo, hi)})",
-            p,
-            p_holm,
-            tost,
-            tost_holm,
-            c.n,
-        )
+        return Verdict(BETTER, p, p_holm, tost, tost_holm, c.n)
     if not _plannable(c):
-        why = (
-            "fewer than 2 seeds in an arm: no spread to plan from; add seeds, then read the plan here"
-            if not c.judged
-            else "no spread in an arm to plan from"
-        )
-        return Verdict(UNDECIDED, f"undecided: {why}", p, p_holm, tost, tost_holm, c.n)
+        return Verdict(UNDECIDED, p, p_holm, tost, tost_holm, c.n, unplannable=NO_SPREAD if c.judged else NO_SEEDS)
     n_better, n_par = seeds_for_better(c, level), seeds_for_on_par(c, delta, tost_level)
-    v = Verdict(UNDECIDED, "", p, p_holm, tost, tost_holm, c.n, n_better, n_par)
-    return Verdict(UNDECIDED, f"undecided: {plan(v, c, delta)}", p, p_holm, tost, tost_holm, c.n, n_better, n_par)
-
-
-def plan(v: Verdict, c: Comparison, delta: float) -> str:
-    """What seeds per arm each verdict would need, in words."""
-
-    def count(n: Optional[int], missing: str) -> str:
-        return missing if n is None else f"needs {n} seeds per arm ({v.more(n)} more)"
-
-    better = count(
-        v.seeds_better,
-        "cannot be planned: no difference observed" if c.diff == 0 else f"needs over {MAX_SEEDS} seeds per arm",
-    )
-    par = count(
-        v.seeds_on_par,
-        f"is out of reach: |A − B| = {fmt(abs(c.diff))} ≥ δ"
-        if abs(c.diff) >= delta
-        else f"needs over {MAX_SEEDS} seeds per arm",
-    )
-    return f"'better' {better}; 'on par' {par}; at {PCT} power"
+    return Verdict(UNDECIDED, p, p_holm, tost, tost_holm, c.n, n_better, n_par)
 
 
 def judge(pairs: Sequence[Pair], other_better_p: Sequence[float] = ()) -> tuple[list[Verdict], list[float]]:
@@ -424,9 +426,27 @@ def trend(x: Sequence[float], y: Sequence[float]) -> Trend:
 # --------------------------------------------------------------------------------------- power check
 @dataclass(frozen=True)
 class PowerCheck:
-    leaves_trivial: bool  # the reference arm is better than the trivial baseline beyond the seed spread
-    separates: bool  # the reference arm is better than the degraded arm beyond the seed spread
-    lines: tuple[str, ...]  # the findings, in words
+    trivial: Optional[Comparison]  # reference − trivial baseline, paired by seed; None: no trivial baseline
+    contrast: Comparison  # reference − degraded
+    direction: str
+    reference_mean: float
+    trivial_mean: float  # nan without a trivial baseline
+
+    @property
+    def leaves_trivial(self) -> bool:
+        """The reference is better than the trivial baseline beyond the seed spread (True when not judged)."""
+        c = self.trivial
+        return c is None or (c.distinguishable and c.a_better(self.direction))
+
+    @property
+    def separates(self) -> bool:
+        """The reference is better than the degraded arm beyond the seed spread."""
+        return self.contrast.distinguishable and self.contrast.a_better(self.direction)
+
+    @property
+    def reversed(self) -> bool:
+        """The degraded arm is better than the reference beyond the seed spread."""
+        return self.contrast.distinguishable and not self.contrast.a_better(self.direction)
 
     @property
     def has_power(self) -> bool:
@@ -438,7 +458,6 @@ def power_check(
     degraded: Mapping[Hashable, float],
     trivial: Mapping[Hashable, float],
     direction: str,
-    advice: str = "run the GPU preset",
 ) -> PowerCheck:
     """Whether a study can see an effect at its budget, from its control contrast (values keyed by seed):
 
@@ -448,37 +467,11 @@ def power_check(
     Each holds only when its 95 % CI excludes 0 on the better side (a design check, outside the report's
     Holm families). ``trivial`` empty: 1. is not judged.
     """
-    lines = []
-    if trivial:
-        c = compare(reference, trivial)
-        leaves = c.distinguishable and c.a_better(direction)
-        means = f"{fmt(summarize(list(reference.values())).mean)} vs {fmt(summarize(list(trivial.values())).mean)}"
-        found = f"({means}; difference {fmt(c.diff)} ± {fmt(c.half_width)}, {c.test})"
-        lines.append(
-            f"The reference arm leaves the trivial baseline {found}."
-            if leaves
-            else f"The reference arm does NOT leave the trivial baseline {found}: nothing was learned at this "
-            f"budget; {advice}."
-        )
-    else:
-        leaves = True
-        lines.append("No trivial baseline for this metric: only the contrast is judged.")
-    c = compare(reference, degraded)
-    separates = c.distinguishable and c.a_better(direction)
-    gap = f"{fmt(abs(c.diff))} ± {fmt(c.half_width)}, {c.test}"
-    if separates:
-        lines.append(
-            f"The control separates: the reference is better than the degraded arm by {gap}. The study "
-            "can see an effect of this size at this budget; a smaller one may still go unseen."
-        )
-    elif c.distinguishable:
-        lines.append(
-            f"The control is REVERSED: the degraded arm is better than the reference by {gap}. The "
-            "control is not the contrast it was meant to be here; check its arms before reading on."
-        )
-    else:
-        lines.append(
-            f"The control does NOT separate (difference {fmt(c.diff)} ± {fmt(c.half_width)}, {c.test}): "
-            f"this study has no power at this budget, so no verdict below can be trusted; {advice}."
-        )
-    return PowerCheck(leaves, separates, tuple(lines))
+    mean = summarize(list(trivial.values())).mean if trivial else math.nan
+    return PowerCheck(
+        compare(reference, trivial) if trivial else None,
+        compare(reference, degraded),
+        direction,
+        summarize(list(reference.values())).mean,
+        mean,
+    )

@@ -268,7 +268,7 @@ def test_mlm_masking_statistics(tmp_path, txt_corpus):
     ids[:, 0], ids[:, 1], ids[:, 2], ids[:, 3] = CLS_ID, PAD_ID, UNK_ID, MASK_ID
     special = ids < NUM_SPECIAL
     torch.manual_seed(0)
-    inputs, labels = dm.make_inputs_labels(ids, None)
+    inputs, labels, _ = dm.make_inputs_labels(ids, None)
     selected = labels != -100
     assert not (selected & special).any() and torch.equal(inputs[special], ids[special])
     assert torch.equal(labels[selected], ids[selected]) and torch.equal(inputs[~selected], ids[~selected])

@@ -109,7 +109,7 @@ def test_two_process_ddp_keeps_ranks_identical_and_validates_on_the_whole_set(ti
                 F.cross_entropy(module(ids[None])[labels[None] != -100], labels[labels != -100], reduction="sum"),
                 (labels != -100).sum(),
             )
-            for ids, labels in zip(*val)
+            for ids, labels in zip(val[0], val[1])
         ]
     whole = float(sum(s for s, _ in losses) / sum(n for _, n in losses))
     half = float(sum(s for s, _ in losses[::2]) / sum(n for _, n in losses[::2]))
@@ -119,6 +119,11 @@ def test_two_process_ddp_keeps_ranks_identical_and_validates_on_the_whole_set(ti
     assert [e.step for e in logged] == [1, 3]
     assert logged[-1].value == pytest.approx(whole, abs=1e-5) and metrics["val/loss"] == pytest.approx(whole, abs=1e-5)
     assert abs(half - whole) > 1e-4  # the check can tell the whole set from one rank's share
+    # The per-example sums of metrics.json (gathered from both ranks, brought back from the spawned ones): every
+    # validation block once, in the set's order.
+    examples = metrics["validation_examples"]["loss"]
+    assert examples["count"] == [float(n) for _, n in losses]
+    assert examples["sum"] == pytest.approx([float(s) for s, _ in losses], rel=1e-4)
 
 
 # ---------------------------------------------------------------------------------------- every variant

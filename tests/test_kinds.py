@@ -1,4 +1,4 @@
-"""The attention kinds beyond Linformer (sparse, local, lsh, performer, nystrom) as specifications: the mask and
+"""The attention kinds beyond Linformer (sparse, local, lsh, performer, nystrom, no_context) as specifications: the mask and
 causal contracts every kind keeps, each kind's exact limit, decoding, checkpoints, FLOP counts, config errors,
 and cross-checks against the field's reference libraries (skipped when ``.[refs]`` is not installed)."""
 
@@ -30,9 +30,10 @@ CASES = {
     "lsh": ("lsh", {"bucket_size": 4, "n_hashes": 2}),
     "performer": ("performer", {"n_features": 8}),
     "nystrom": ("nystrom", {"n_landmarks": 4}),
+    "no_context": ("no_context", {}),
 }
 CAUSAL = [name for name, (kind, _) in CASES.items() if ATTENTION_KINDS[kind].has_causal_form]
-STREAMING = ["local", "local_no_global", "sparse_fixed", "sparse_strided", "performer"]
+STREAMING = ["local", "local_no_global", "sparse_fixed", "sparse_strided", "performer", "no_context"]
 
 
 def attention(name, causal=False, **extra):
@@ -216,6 +217,22 @@ def test_every_kind_trains_two_steps_through_train(name, task, tiny_overrides):
 
 
 # ----------------------------------------------------------------------------- exact limits
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_context_output_at_a_position_is_blind_to_every_other_token_exactly(causal):
+    enc = encoder("no_context", causal)  # two layers, non-zero biases
+    ids = torch.randint(5, V, (3, N))
+    mask = _padding_mask()  # the last row: 10 real tokens, then padding
+    with torch.no_grad():
+        base = enc(ids, mask)
+        torch.testing.assert_close(enc(ids), base, atol=0, rtol=0)  # padding changes no output either
+        for i in range(N):
+            others = (ids + torch.randint(1, V - 5, ids.shape)) % (V - 5) + 5  # every token changed …
+            others[:, i] = ids[:, i]  # … but the one at position i
+            out = enc(others, mask)
+            assert torch.equal(out[:, i], base[:, i]), f"position {i} saw another token"
+            assert not torch.allclose(out[:, i - 1], base[:, i - 1]), "a token did not reach its own output"
+
+
 def _full_and(cfg, n=N, h=H):
     torch.manual_seed(0)
     full = layer({"kind": "full", "causal": cfg.get("causal", False)}, n=n, h=h)
@@ -349,13 +366,26 @@ def test_nystrom_with_n_landmarks_is_full_attention_and_converges_with_iteration
     x, mask = torch.randn(3, N, D), _padding_mask()
     errors = []
     with torch.no_grad():
-        for iterations in (6, 10, 20):
+        for iterations in (6, 10, 15):
             nystrom = layer({"kind": "nystrom", "options": {"n_landmarks": N, "pinv_iterations": iterations}})
             same_weights(full, nystrom)
             errors.append((nystrom(x) - full(x)).abs().max().item())
         torch.testing.assert_close(nystrom(x), full(x), atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(nystrom(x, mask)[-1, :10], full(x, mask)[-1, :10], atol=1e-4, rtol=1e-4)
     assert errors[0] > errors[1] > errors[2]
+
+
+def test_nystrom_iterates_in_float64_for_float64_inputs_down_to_its_rounding():
+    torch.manual_seed(0)
+    full = layer({"kind": "full"}).double()
+    x = torch.randn(3, N, D, dtype=torch.float64)
+    errors = []
+    with torch.no_grad():
+        for iterations in (6, 10, 20, 40):
+            nystrom = layer({"kind": "nystrom", "options": {"n_landmarks": N, "pinv_iterations": iterations}}).double()
+            same_weights(full, nystrom)
+            errors.append((nystrom(x) - full(x)).abs().max().item())
+    assert errors == sorted(errors, reverse=True) and errors[-1] < 1e-10  # float32 stalls near 1e-4
 
 
 # ----------------------------------------------------------------------------- performer's random features
@@ -482,7 +512,7 @@ def test_every_kind_counts_less_attention_work_than_full_at_a_budget_of_k():
         ),
         (
             ["model.attention.kind=local", "model.attention.options.engine=fast"],
-            "model.attention.options.engine: Invalid value 'fast', expected one of ['auto', 'dense', 'flex', 'compiled']",
+            "model.attention.options.engine: Invalid value 'fast', expected one of ['auto', 'blocked', 'dense', 'flex', 'compiled']",
         ),
         (
             ["model.attention.kind=sparse", "model.attention.options.block=0"],
@@ -575,13 +605,13 @@ def test_flex_attention_engine_equals_the_dense_engine(name, causal):
         torch.testing.assert_close(flex(x), dense(x), atol=1e-6, rtol=1e-5)
 
 
-def test_auto_engine_is_dense_on_cpu_and_for_a_cpu_backward():
+def test_auto_engine_is_blocked_on_cpu_and_where_flex_cannot_run():
     local = layer(attention("local"))
     q = torch.randn(1, H, N, D // H, requires_grad=True)
-    assert local.engine_for(q, 0.0) == "dense"
+    assert local.engine_for(q, 0.0) == "blocked"
     flex = layer(attention("local", engine="flex"))
-    assert flex.engine_for(q, 0.0) == "dense"  # torch has no CPU FlexAttention backward
-    assert flex.engine_for(q.detach(), 0.5) == "dense"  # Flex applies no attention dropout
+    assert flex.engine_for(q, 0.0) == "blocked"  # torch has no CPU FlexAttention backward
+    assert flex.engine_for(q.detach(), 0.5) == "blocked"  # Flex applies no attention dropout
     assert flex.engine_for(q.detach(), 0.0) == "flex"
 
 

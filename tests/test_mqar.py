@@ -73,7 +73,7 @@ def test_every_query_is_labelled_with_the_value_paired_with_its_key(n_pairs, n_q
     )
     dm = _data(cfg)
     for dataset in (dm.train_set, dm.val_set):
-        inputs, labels = dataset.tensors
+        inputs, labels = dataset.tensors[:2]
         assert inputs.shape == labels.shape == (len(inputs), 48)
         for row, row_labels in zip(inputs.tolist(), labels.tolist()):
             pairs, queries, expected = decode(row, vocab_size)
@@ -175,4 +175,9 @@ def test_recall_run_writes_recall_accuracy_and_its_trivial_baseline(tiny_overrid
     assert cli.main(args) == 0
     metrics = json.loads((tmp_path / "runs" / "tiny" / "version_0" / "metrics.json").read_text())
     assert metrics["trivial_loss"] == pytest.approx(math.log(8)) and metrics["trivial_accuracy"] == 0.125
+    assert metrics["baselines"] == pytest.approx({"unigram/loss": math.log(8), "unigram/accuracy": 0.125})
     assert 0.0 <= metrics["val/accuracy"] <= 1.0 and math.isfinite(metrics["val/loss"])
+    # Per validation example (limit_val_batches=2 batches of 8: the first 16 of 32), each of its 8 queries.
+    accuracy = metrics["validation_examples"]["accuracy"]
+    assert accuracy["count"] == [8.0] * 16 and all(s in range(9) for s in accuracy["sum"])
+    assert sum(accuracy["sum"]) / 128 == pytest.approx(metrics["val/accuracy"], abs=1e-6)

@@ -5,16 +5,28 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from scipy import stats as sp
 
-from sweeps import stats
+from sweeps import stats, words
+
+
+class Said:
+    """A verdict with its words (sweeps/words.py)."""
+
+    def __init__(self, verdict: stats.Verdict, text: str) -> None:
+        self.verdict, self.text = verdict, text
+
+    def __getattr__(self, name):
+        return getattr(self.verdict, name)
 
 
 def one(a, b, direction="minimize", delta=0.01):
     """The verdict of a report holding this one comparison."""
-    verdicts, _ = stats.judge([stats.Pair("A", "B", "m", direction, delta, stats.compare(a, b))])
-    return verdicts[0]
+    pair = stats.Pair("A", "B", "m", direction, delta, stats.compare(a, b))
+    verdicts, _ = stats.judge([pair])
+    return Said(verdicts[0], words.verdict(pair, verdicts[0]))
 
 
 def paired(diff: float, sd: float, n: int = 3) -> stats.Comparison:
@@ -197,7 +209,9 @@ def test_a_control_that_separates_and_leaves_the_trivial_baseline_gives_the_stud
         {0: 2.80, 1: 2.82, 2: 2.81}, {0: 3.08, 1: 3.09, 2: 3.10}, {0: 3.09, 1: 3.09, 2: 3.09}, "minimize"
     )
     assert check.leaves_trivial and check.separates and check.has_power
-    assert check.lines[1].startswith("The control separates: the reference is better than the degraded arm by 0.28 ± ")
+    assert words.power(check)[1].startswith(
+        "The control separates: the reference is better than the degraded arm by 0.28 ± "
+    )
 
 
 def test_a_control_within_the_seed_noise_says_the_study_has_no_power():
@@ -205,8 +219,8 @@ def test_a_control_within_the_seed_noise_says_the_study_has_no_power():
         {0: 2.9, 1: 3.1, 2: 3.0}, {0: 3.0, 1: 3.0, 2: 3.05}, {0: 3.09, 1: 3.09, 2: 3.09}, "minimize"
     )
     assert not check.separates and not check.has_power
-    assert "does NOT separate" in check.lines[1]
-    assert "no verdict below can be trusted; run the GPU preset" in check.lines[1]
+    assert "does NOT separate" in words.power(check)[1]
+    assert "no verdict below can be trusted; run the GPU preset" in words.power(check)[1]
 
 
 def test_a_reference_on_the_trivial_plateau_is_caught_even_when_the_control_separates():
@@ -215,13 +229,38 @@ def test_a_reference_on_the_trivial_plateau_is_caught_even_when_the_control_sepa
         {0: 3.09, 1: 3.10, 2: 3.08}, {0: 3.5, 1: 3.6, 2: 3.55}, {0: 3.09, 1: 3.09, 2: 3.09}, "minimize"
     )
     assert check.separates and not check.leaves_trivial and not check.has_power
-    assert "does NOT leave the trivial baseline" in check.lines[0]
+    assert "does NOT leave the trivial baseline" in words.power(check)[0]
 
 
 def test_a_reversed_control_is_named_as_such_and_accuracy_is_maximised():
     check = stats.power_check(
         {0: 0.30, 1: 0.31, 2: 0.29}, {0: 0.90, 1: 0.95, 2: 0.92}, {0: 0.0625, 1: 0.0625, 2: 0.0625}, "maximize"
     )
-    assert check.leaves_trivial and not check.separates and "REVERSED" in check.lines[1]
+    assert check.leaves_trivial and not check.separates and "REVERSED" in words.power(check)[1]
     check = stats.power_check({0: 1.0, 1: 0.99, 2: 1.0}, {0: 0.30, 1: 0.35, 2: 0.28}, {}, "maximize")
-    assert check.has_power and check.lines[0].startswith("No trivial baseline")
+    assert check.has_power and words.power(check)[0].startswith("No trivial baseline")
+
+
+# --------------------------------------------------------------------------------------- validation noise
+def test_the_validation_error_is_the_bootstrap_over_examples_computed_by_hand():
+    # two arms, two seeds each, five validation examples with uneven target counts
+    counts = [3, 1, 4, 2, 5]
+    a = [([2.0, 1.5, 3.0, 0.4, 5.0], counts), ([2.2, 1.1, 2.8, 0.6, 4.5], counts)]
+    b = [([2.5, 1.2, 3.6, 0.9, 5.5], counts), ([2.4, 1.4, 3.9, 0.8, 5.1], counts)]
+    idx = np.random.default_rng(7).integers(0, 5, size=(200, 5))  # the draws validation_error makes
+    diffs = []
+    for row in idx:
+        metric = [sum(s[i] for i in row) / sum(c[i] for i in row) for s, c in a + b]
+        diffs.append((metric[0] + metric[1]) / 2 - (metric[2] + metric[3]) / 2)
+    expected = sp.norm.ppf(0.975) * np.std(diffs, ddof=1)
+    assert stats.validation_error(a, b, resamples=200, seed=7) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_validation_error_of_per_example_values_is_their_paired_standard_error():
+    # one target per example: the bootstrap standard error of mean(a − b) tends to sd(a − b) / √n
+    rng = np.random.default_rng(0)
+    a = rng.normal(3.0, 1.0, 2000)
+    b = a + rng.normal(0.1, 0.3, 2000)
+    ones = np.ones(2000)
+    half_width = stats.validation_error([(a, ones)], [(b, ones)], resamples=2000)
+    assert half_width == pytest.approx(1.96 * np.std(a - b) / np.sqrt(2000), rel=0.08)

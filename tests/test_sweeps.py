@@ -19,7 +19,7 @@ import yaml
 from optuna.trial import TrialState
 
 from experiments import cli
-from sweeps import stats, storage
+from sweeps import stats, storage, words
 from sweeps.study import load_study, shipped_studies
 
 REPO = Path(__file__).resolve().parents[1]
@@ -336,13 +336,18 @@ def test_every_shipped_study_validates_at_every_preset(path):
             assert len(study.points) == study.n_trials
             seeds = {p["seed"] for p in study.points}
             assert len(seeds) >= 3 and study.arms and "seed" not in study.arms
-        # every study carries its power check: full attention against a Linformer known to be worse
+        # every study certifies that full attention uses its context: against a model that cannot (no_context),
+        # or, where a model without context provably sits at chance (recall), against that level
         control = study.control
-        assert control is not None and len({p["seed"] for p in control.points}) >= 3
-        configs = {p["control"]: control.config(p) for p in control.points}
+        points = control.points + [p for p, _ in control.reused]  # the reused ones are the study's own trials
+        assert control is not None and len({p["seed"] for p in points}) >= 3
+        configs = {p["control"]: control.config(p) for p in points}
         assert configs["reference"].model.attention.kind == "full"
-        assert configs["degraded"].model.attention.kind == "linformer"
-        assert configs["degraded"].model.attention.options.k < study.shared.model.max_len // 4
+        if study.no_context_source == "degraded":
+            assert configs["degraded"].model.attention.kind == "no_context"
+        else:
+            assert configs["degraded"].model.attention.kind == "linformer"
+            assert configs["degraded"].model.attention.options.k < study.shared.model.max_len // 4
 
 
 @pytest.mark.parametrize(
@@ -369,13 +374,7 @@ def test_every_shipped_study_validates_at_every_preset(path):
             "control.degraded: give the overrides of the degraded arm",
         ),
         (
-            {
-                "control": {
-                    "reference": {"model.attention.options.k": 2},
-                    "degraded": {"model.attention.options.k": 2},
-                    "seeds": [0, 1],
-                }
-            },
+            {"control": {"reference": {"model.attention.options.k": 2}, "degraded": {"model.attention.options.k": 2}, "seeds": [0, 1]}},
             "control: reference and degraded are the same overrides",
         ),
         (
@@ -403,7 +402,10 @@ def test_every_shipped_study_validates_at_every_preset(path):
             },
             "space.control: the name is taken by the study's control arms",
         ),
-        ({"verdict": {"deltas": {"val/loss": 0.01}}}, "verdict.deltas: unknown key (allowed here: delta, success)"),
+        (
+            {"verdict": {"deltas": {"val/loss": 0.01}}},
+            "verdict.deltas: unknown key (allowed here: delta, success, context_gain)",
+        ),
         (
             {"verdict": {"delta": {"val/loss": -0.01}}},
             "verdict.delta.val/loss: the margin δ must be > 0 (in the metric's units), got -0.01",
@@ -522,10 +524,7 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
         tmp_path,
         tiny,
         "powered",
-        {
-            "seed": {"type": "categorical", "choices": [0, 1]},
-            "model.attention.options.share": {"choices": ["headwise", "kv"]},
-        },
+        {"seed": {"type": "categorical", "choices": [0, 1]}, "model.attention.options.share": {"choices": ["headwise", "kv"]}},
         overrides={"model.attention.kind": "linformer", "trainer.max_steps": 3},
         control=control,
     )
@@ -561,12 +560,12 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
     }
     check = stats.power_check(by_role["reference"], by_role["degraded"], trivial, "minimize")
     assert summary.index("## Power check") < summary.index("## Arms")
-    assert all(f"- {line}" in summary for line in check.lines)
+    assert all(f"- {line}" in summary for line in words.power(check))
     assert ("The power check failed" in summary) == (not check.has_power)
-    # the control's arms sit in the table and in the comparisons beside the study's own arms
+    # the control's arms sit in the table beside the study's own arms, and in none of the comparisons
     assert "| control reference (kind=full) | 2 |" in summary
     assert "| control degraded (kind=linformer k=1) | 2 |" in summary
-    assert "| share=headwise | control reference (kind=full) |" in summary
+    assert "| share=headwise | control reference (kind=full) |" not in summary
     with (root / "report" / "trials.csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == 8
 
@@ -641,7 +640,7 @@ def test_a_diverging_trial_is_recorded_with_its_reason_and_the_report_holds_ever
     full = [t.value for t in trials.values() if t.params["arm"] == "full"]
     mean = sum(full) / 2
     std = math.sqrt(sum((v - mean) ** 2 for v in full))
-    assert f"| full | 2 | {stats.fmt(mean)} ± {stats.fmt(std)} |" in summary
+    assert f"| full | 2 | {words.fmt(mean)} ± {words.fmt(std)} |" in summary
     assert "trivial loss" in summary
     assert summary.count("| full | linformer |") == 1 and "paired t (n=2)" in summary
     assert "| diverges | 0 |" in summary and "## Failed trials" in summary
@@ -766,10 +765,7 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
     grown = with_added_seeds(study, None, 1, add=2)
     assert grown.seeds == [0, 2, 3, 4] and grown.control.seeds == [0, 2, 3, 4]
     assert (grown.n_trials, grown.control.n_trials) == (8, 8) and grown.added_seeds == (3, 4)
-    assert grown.points[-2:] == [
-        {"seed": 4, "model.attention.options.k": 4},
-        {"seed": 4, "model.attention.options.k": 8},
-    ]
+    assert grown.points[-2:] == [{"seed": 4, "model.attention.options.k": 4}, {"seed": 4, "model.attention.options.k": 8}]
     assert "added seeds 3, 4 (to its control too); seeds now 0, 2, 3, 4" in capsys.readouterr().out
     # stored on the study: a later command sees them, and adds after them
     assert open_study(study, None).user_attrs[ADDED_SEEDS] == [3, 4]

@@ -172,6 +172,13 @@ def check(cfg: DictConfig) -> None:
         cfg.task != "mlm" or not att.causal,
         "task: 'mlm' needs model.attention.causal=false (a masked token is predicted from both sides)",
     )
+    validated = cfg.trainer.limit_val_batches * cfg.data.batch_size
+    require(
+        cfg.data.max_val_blocks is None or validated >= cfg.data.max_val_blocks,
+        f"trainer.limit_val_batches: {cfg.trainer.limit_val_batches} batches of data.batch_size="
+        f"{cfg.data.batch_size} validate {validated} of the data.max_val_blocks={cfg.data.max_val_blocks} blocks "
+        "(validation and its baselines must score the same set)",
+    )
     require(
         cfg.init_from is None or cfg.task == "classify",
         f"init_from: only task 'classify' loads a pretrained encoder, got task '{cfg.task}'",

@@ -6,7 +6,8 @@
 * ``sparse``, ``local`` (:mod:`.sparse`, :mod:`.local`, on :mod:`.patterned`): softmax over a fixed pattern of pairs;
 * ``lsh`` (:mod:`.lsh`): Reformer's shared-QK attention within hash buckets;
 * ``performer`` (:mod:`.performer`): FAVOR+, φ(Q) (φ(K)ᵀ V) with positive random features;
-* ``nystrom`` (:mod:`.nystrom`): Nyströmformer, softmax(Q K̃ᵀ) Ã⁺ softmax(Q̃ Kᵀ) V with segment-mean landmarks.
+* ``nystrom`` (:mod:`.nystrom`): Nyströmformer, softmax(Q K̃ᵀ) Ã⁺ softmax(Q̃ Kᵀ) V with segment-mean landmarks;
+* ``no_context`` (:mod:`.no_context`): W_o (W_v x_i + b_v), each position sees only itself (the control).
 
 A new kind is one module: subclass :class:`SelfAttention`, decorate it with :func:`register_attention`, write
 its ``attend`` as its equation, and import the module here (``docs/extending.md``).
@@ -17,7 +18,7 @@ from typing import Any, Optional
 from torch import nn
 
 # The built-in kinds register themselves on import.
-from lightning_modules.attention import full, linformer, local, lsh, nystrom, performer, sparse  # noqa: F401
+from lightning_modules.attention import full, linformer, local, lsh, no_context, nystrom, performer, sparse  # noqa: F401
 from lightning_modules.attention.base import ATTENTION_KINDS, SelfAttention, register_attention
 
 

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from foundation.errors import require
 from lightning_modules.attention.base import register_attention
+from lightning_modules.attention.blocked import Layout
 from lightning_modules.attention.patterned import PatternAttention
 from lightning_modules.config import kind_options
 
@@ -38,8 +39,8 @@ class LocalOptions:
     window: int = 64
     # The first n_global positions are global tokens (Longformer's; 0: none).
     n_global: int = 0
-    # auto | dense | flex | compiled (lightning_modules/attention/patterned.py).
-    engine: Literal["auto", "dense", "flex", "compiled"] = "auto"
+    # auto | blocked | dense | flex | compiled (lightning_modules/attention/patterned.py).
+    engine: Literal["auto", "blocked", "dense", "flex", "compiled"] = "auto"
 
 
 @register_attention("local")
@@ -70,6 +71,20 @@ class LocalAttention(PatternAttention):
             return (j <= i) & ((i - j < w) | (j < g))  # the last w positions, and the globals
         start = torch.clamp(i - w // 2, min=0, max=max(self.max_len - w, 0))
         return ((start <= j) & (j < start + w)) | (j < g) | (i < g)  # the window, globals both ways
+
+    def layout(self, t: int, device: Any) -> Layout:
+        """Blocks of b queries see a band of w + b − 1 keys (the union of their windows), the globals as columns,
+        and (non-causal) the global queries every key as dense rows: O(T·(w + b + g) + g·T) pairs."""
+        w, g, b = self.window, self.n_global, min(self.QUERY_BLOCK, t)
+        first = torch.arange(0, t, b, device=device)  # (T/b,) each block's first query
+        if self.causal:  # query i sees (i − w, i]
+            starts = first - w + 1
+        else:  # s_i is non-decreasing and grows by at most 1 per position
+            starts = torch.clamp(first - w // 2, min=0, max=max(self.max_len - w, 0))
+        layout = self.band(t, b, starts, w + b - 1)
+        layout.columns = torch.arange(min(g, t), device=device) if g else None
+        layout.rows = 0 if self.causal else min(g, t)
+        return layout
 
     # ------------------------------------------------------------------------------ incremental decoding
     def init_state(self, batch_size: int, capacity: int, device: Any = None, dtype: Any = None) -> dict:

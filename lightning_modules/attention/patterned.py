@@ -9,14 +9,17 @@ a dense boolean mask::
 
 Engines (``options.engine``), all computing the same M:
 
-* ``dense``: ``scaled_dot_product_attention`` with M materialised: O(T²) time and memory, backward and dropout
-  everywhere;
+* ``blocked``: :mod:`~lightning_modules.attention.blocked`: query blocks against the keys their pattern reaches
+  (the kind's :meth:`PatternAttention.layout`), batched matrix products, O(T·keys per query) time and memory,
+  backward and dropout everywhere; no T × T matrix;
+* ``dense``: ``scaled_dot_product_attention`` with M materialised: O(T²) time and memory (the reference the
+  tests hold the other engines to);
 * ``flex``: FlexAttention (``torch.nn.attention.flex_attention``) eager, with a BlockMask built once per
   forward (not per head): skips empty 128×128 tiles only when compiled, so eager it is a check, not a speed-up;
 * ``compiled``: ``torch.compile(flex_attention)``: O(pairs·d_h) work, the engine for long sequences on a GPU;
-* ``auto`` (default): ``compiled`` on CUDA, ``dense`` elsewhere.
+* ``auto`` (default): ``compiled`` on CUDA, ``blocked`` elsewhere.
 
-A call falls back to ``dense`` whatever the option when FlexAttention cannot run it: attention dropout in
+A call runs ``blocked`` whatever the FlexAttention option when FlexAttention cannot run it: attention dropout in
 training (Flex applies no dropout to probabilities), a backward pass on CPU (torch has no CPU FlexAttention
 backward), or under :func:`~lightning_modules.flops.count_flops` (eager Flex cannot run under a
 ``FlopCounterMode``). Every engine's work is counted as the pattern's (:func:`~lightning_modules.flops.counted`):
@@ -38,6 +41,7 @@ from torch import Tensor
 
 from lightning_modules import flops
 from lightning_modules.attention.base import SelfAttention
+from lightning_modules.attention.blocked import Layout, blocked_attention
 from lightning_modules.config import kind_options
 
 _COMPILED_FLEX = None
@@ -56,6 +60,7 @@ def compiled_flex_attention():
 class PatternAttention(SelfAttention):
     """Softmax attention over the pairs ``visible(i, j)`` (module docstring); a kind defines :meth:`visible`."""
 
+    QUERY_BLOCK = 64  # queries per block of the blocked engine
     ROWS_PER_COUNT = 1024  # query rows per chunk when counting visible pairs (bounds the count's memory)
 
     def __init__(self, model: DictConfig, layer: int = 0, shared: Any = None) -> None:
@@ -66,6 +71,19 @@ class PatternAttention(SelfAttention):
         """May query i see key j (bool, broadcast of i and j; causality included, padding not)."""
         raise NotImplementedError
 
+    def layout(self, t: int, device: Any) -> Layout:
+        """Where the keys visible to each of T queries lie (:class:`~lightning_modules.attention.blocked.Layout`):
+        every pair ``visible(i, j)`` with i, j < T lies in one of its parts."""
+        raise NotImplementedError
+
+    @staticmethod
+    def band(t: int, block: int, first: Tensor, span: int) -> Layout:
+        """A band layout of T queries in blocks of ``block``: block β sees the keys [first[β], first[β] + span);
+        a band that would reach past T keys becomes one block of every key."""
+        if span >= t:
+            return Layout(block=t, starts=first.new_zeros(1), span=t)
+        return Layout(block=block, starts=first, span=span)
+
     # ------------------------------------------------------------------------------ the attention
     def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         return self.patterned(q, k, v, mask, dropout_p)  # (B, h, T, d_h)
@@ -73,7 +91,12 @@ class PatternAttention(SelfAttention):
     def patterned(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         """softmax(Q Kᵀ/√d_h + log M) V with M = visible ∧ real keys: q, k, v (B, h, T, d_h) → (B, h, T, d_h)."""
         engine = self.engine_for(q, dropout_p)
-        if engine == "dense":
+        if engine == "blocked":
+            layout = self.layout(q.shape[2], q.device)  # once per forward, for every head
+
+            def core(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+                return blocked_attention(q, k, v, layout, self.visible, mask, dropout_p)
+        elif engine == "dense":
 
             def core(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
                 return F.scaled_dot_product_attention(
@@ -95,12 +118,14 @@ class PatternAttention(SelfAttention):
 
     def engine_for(self, q: Tensor, dropout_p: float) -> str:
         """The engine this call runs on (module docstring: the option, unless FlexAttention cannot run it)."""
+        if self.engine in ("blocked", "dense"):
+            return self.engine
+        if self.engine == "auto" and q.device.type != "cuda":
+            return "blocked"
         cpu_backward = q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad
-        if self.engine == "dense" or dropout_p > 0 or cpu_backward or flops.counting():
-            return "dense"
-        if self.engine == "auto":
-            return "compiled" if q.device.type == "cuda" else "dense"
-        return self.engine
+        if dropout_p > 0 or cpu_backward or flops.counting():
+            return "blocked"
+        return "compiled" if self.engine == "auto" else self.engine
 
     # ------------------------------------------------------------------------------ the mask, two forms
     def mask_mod(self, mask: Optional[Tensor]):

@@ -21,11 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
+import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
 from foundation.errors import require
 from lightning_modules.attention.base import register_attention
+from lightning_modules.attention.blocked import Layout
 from lightning_modules.attention.patterned import PatternAttention
 from lightning_modules.config import kind_options
 
@@ -40,8 +42,8 @@ class SparseOptions:
     stride: Optional[int] = None
     # c: the summary positions at the end of every block (default 1); fixed only.
     summary: Optional[int] = None
-    # auto | dense | flex | compiled (lightning_modules/attention/patterned.py).
-    engine: Literal["auto", "dense", "flex", "compiled"] = "auto"
+    # auto | blocked | dense | flex | compiled (lightning_modules/attention/patterned.py).
+    engine: Literal["auto", "blocked", "dense", "flex", "compiled"] = "auto"
 
 
 @register_attention("sparse")
@@ -91,3 +93,20 @@ class SparseAttention(PatternAttention):
         else:
             seen = (i // l == j // l) | (j % l >= l - c)  # own block ∪ the blocks' summaries
         return seen & (j <= i) if self.causal else seen
+
+    def layout(self, t: int, device: Any) -> Layout:
+        """fixed: blocks of whole l-blocks see their own keys (band) and the summaries (columns),
+        O(T·(l + cT/l)) pairs; strided: blocks of b queries see the band of their |i − j| < l (band) and
+        the keys of their residue mod s (stride), O(T·(b + 2l + T/s)) pairs."""
+        l, s, c = self.block, self.stride, self.summary
+        if self.pattern == "fixed":
+            b = l * max(1, self.QUERY_BLOCK // (2 * l))  # whole l-blocks, small ones grouped
+            layout = self.band(t, b, torch.arange(0, t, b, device=device), b)
+            j = torch.arange(t, device=device)
+            layout.columns = j[j % l >= l - c]
+            return layout
+        b = min(self.QUERY_BLOCK, t)
+        first = torch.arange(0, t, b, device=device)
+        layout = self.band(t, b, first - l + 1, b + l - 1 if self.causal else b + 2 * l - 2)
+        layout.stride = s if s < t else None  # (i − j) mod s = 0 with |i − j| < s ≤ T is j = i, in the band
+        return layout

@@ -1,0 +1,78 @@
+"""The grid of a study: every value of a space param, the product of a space, and the seeds ``--add-seeds``
+adds to it."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from foundation.errors import ConfigError
+from sweeps.schema import SEED_PARAM, ParamSpec
+
+
+def grid_values(name: str, p: ParamSpec) -> list:
+    """The values of one param on a grid: its choices, or its range in steps."""
+    if p.type == "categorical":
+        return list(p.choices)
+    if p.step is None:
+        raise ConfigError(f"space.{name}: a grid needs finite values: give 'step' (or use type: categorical)")
+    n = int(round((p.high - p.low) / p.step))
+    return [p.low + i * p.step if p.type == "int" else round(p.low + i * p.step, 12) for i in range(n + 1)]
+
+
+def range_end_values(name: str, p: ParamSpec) -> list:
+    """Like :func:`grid_values` with a range reduced to its two ends (what validation of an open space builds)."""
+    return grid_values(name, p) if p.type == "categorical" else [p.low, p.high]
+
+
+def product(
+    space: DictConfig, values_of: Callable[[str, Any], list], active: Callable[[str, dict], bool]
+) -> list[dict]:
+    """Every distinct point of ``space``: the product of each param's ``values_of``, a param left out where it
+    is not ``active`` at the point so far, duplicates removed, in order (later params vary fastest)."""
+    points: list[dict] = [{}]
+    for name, p in space.items():
+        values = values_of(name, p)
+        points = [
+            new for pt in points for new in ([dict(pt, **{name: v}) for v in values] if active(name, pt) else [pt])
+        ]
+    unique = {tuple(sorted(pt.items())): pt for pt in points}
+    return list(unique.values())
+
+
+def integer_seeds(p: Any) -> bool:
+    """Whether a space param lists integer seeds (what ``--add-seeds`` extends)."""
+    return (
+        p is not None
+        and p.type == "categorical"
+        and OmegaConf.is_list(p.choices)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in p.choices)
+    )
+
+
+def seed_is_categorical(trials: Sequence[Any]) -> bool:
+    """Whether stored trials hold the seed as a categorical param: Optuna checks every trial's param against
+    the first one's, so such a study keeps it (and cannot grow its seeds)."""
+    from optuna.distributions import CategoricalDistribution
+
+    first = next((t for t in trials if SEED_PARAM in t.distributions), None)
+    return first is not None and isinstance(first.distributions[SEED_PARAM], CategoricalDistribution)
+
+
+def add_seeds(spec: DictConfig, added_seeds: Sequence[int]) -> None:
+    """Extend the ``seed`` choices of a grid study by ``added_seeds`` (see :mod:`sweeps.schema`)."""
+    if spec.sampler.kind != "grid":
+        raise ConfigError(
+            f"--add-seeds: an open study (sampler.kind={spec.sampler.kind}) has no grid to add "
+            "seeds to; add-seeds is for grid studies"
+        )
+    p = spec.space.get(SEED_PARAM)
+    if p is None:
+        raise ConfigError(f"--add-seeds: space has no {SEED_PARAM!r} param (the replicates to add to)")
+    if not integer_seeds(p):
+        raise ConfigError(
+            f"--add-seeds: space.{SEED_PARAM}.choices must be a list of integer seeds, got "
+            f"{OmegaConf.to_container(p.choices) if OmegaConf.is_config(p.choices) else p.choices!r}"
+        )
+    p.choices = list(p.choices) + [s for s in added_seeds if s not in p.choices]
