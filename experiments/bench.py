@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -611,6 +613,10 @@ def _run(args: argparse.Namespace) -> int:
     ]
     table = report.markdown(bench.rows, header)
     report.write_csv(out / "results.csv", bench.rows)
+    if "layer" in args.levels and "fwdbwd" in args.mode:
+        command = "linformer-lab " + " ".join(sys.argv[1:]) if sys.argv[1:] else "linformer-lab bench"
+        costs = report.kind_costs(bench.rows, command, header[0].removeprefix("- machine: "), time.strftime("%Y-%m-%d"))
+        (out / "kind_costs.json").write_text(json.dumps(costs, indent=1) + "\n")
     (out / "table.md").write_text(table)
     report.figure(bench.rows).savefig(out / "scaling.png", dpi=130)
     report.tensorboard(out, bench.rows, out / "scaling.png", table)
