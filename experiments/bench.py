@@ -41,6 +41,7 @@ from experiments.benchmarks.measure import (
     peak_memory_bytes,
     seconds_per_call,
 )
+from foundation.atomic import atomic_write_text, write_figure
 from foundation.errors import ConfigError, check_number
 from foundation.paths import check_folder
 from lightning_modules.flops import count_flops
@@ -500,7 +501,7 @@ def _libraries(args: argparse.Namespace, shape: cases.Shape, out: Path) -> None:
     ]
     if missing:
         header.append(f"- not installed, skipped: {', '.join(missing)} (`pip install -e '.[refs]'`)")
-    (out / "libraries.md").write_text(libraries.markdown(rows, header))
+    atomic_write_text(out / "libraries.md", libraries.markdown(rows, header))
     report.write_csv(out / "libraries.csv", rows, list(rows[0]) if rows else ["variant"])
     print(f"library race: {out}/libraries.md")
 
@@ -616,9 +617,9 @@ def _run(args: argparse.Namespace) -> int:
     if "layer" in args.levels and "fwdbwd" in args.mode:
         command = "linformer-lab " + " ".join(sys.argv[1:]) if sys.argv[1:] else "linformer-lab bench"
         costs = report.kind_costs(bench.rows, command, header[0].removeprefix("- machine: "), time.strftime("%Y-%m-%d"))
-        (out / "kind_costs.json").write_text(json.dumps(costs, indent=1) + "\n")
-    (out / "table.md").write_text(table)
-    report.figure(bench.rows).savefig(out / "scaling.png", dpi=130)
+        atomic_write_text(out / "kind_costs.json", json.dumps(costs, indent=1) + "\n")
+    atomic_write_text(out / "table.md", table)
+    write_figure(out / "scaling.png", report.figure(bench.rows), dpi=130)
     report.tensorboard(out, bench.rows, out / "scaling.png", table)
     print(f"bench results: {out}/table.md")
     return 0

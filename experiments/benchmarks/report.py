@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from experiments.benchmarks.cases import BASELINE_LABELS, BASELINES
+from foundation.atomic import atomic_text
 
 COLUMNS = (
     "level",
@@ -53,7 +54,7 @@ MODE_NAMES = {"fwd": "forward (inference mode)", "fwdbwd": "forward + backward"}
 def write_csv(path: Path, rows: list[dict], columns: Optional[list[str]] = None) -> None:
     """One row per dict; columns: ``COLUMNS`` (the bench's cases) unless given."""
     columns = columns or COLUMNS
-    with path.open("w", newline="") as fh:
+    with atomic_text(path) as fh:
         writer = csv.DictWriter(fh, fieldnames=columns)
         writer.writeheader()
         for row in rows:
