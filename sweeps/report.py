@@ -376,9 +376,11 @@ def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_row
         f"({', '.join(f'{v} {s.name.lower()}' for s, v in counts.items())})",
     ]
     if study.control is not None:
+        reused = sum(r.reused for r in control_rows)
         out.append(
-            f"- control: {len(control_rows)} finished of {study.control.n_trials} "
+            f"- control: {len(control_rows) - reused} finished of {study.control.n_trials} "
             f"(study `{study.control.name}`, storage `{storage.storage_display(study.control, url)}`)"
+            + (f"; {reused} more are the study's own trials, reused" if reused else "")
         )
     out.append("- objective: " + ", ".join(f"{m} ({d})" for m, d in zip(study.metrics, study.directions)))
     if retried:
