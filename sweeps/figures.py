@@ -189,6 +189,16 @@ def _colors() -> list[str]:
     return matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
 
 
+def _label_x(ax: "Axes", text: str, x: float, at_top: bool) -> None:
+    """A small grey label at ``x``, along the top or the bottom of the axes."""
+    where = (x, 1) if at_top else (x, 0)
+    offset = (0, -10) if at_top else (0, 4)
+    ax.annotate(
+        text, where, xycoords=("data", "axes fraction"), textcoords="offset points", xytext=offset, ha="center",
+        fontsize=7, color="0.4",
+    )  # fmt: skip
+
+
 def _gap_points(ax: "Axes", ladder: scale.Ladder, line: str, sized: list, color: str, shift: float) -> None:
     """Each rung's paired mean gap of ``line`` with its 95 % CI, the verdict as the marker."""
     for rung, size in sized:
@@ -227,10 +237,7 @@ def _gap_legend(ax: "Axes", ladder: scale.Ladder, sized: list) -> None:
     from matplotlib.lines import Line2D
 
     for rung, size in sized:
-        ax.annotate(
-            rung, (size, 1), xycoords=("data", "axes fraction"), textcoords="offset points", xytext=(0, -10),
-            ha="center", fontsize=7, color="0.4",
-        )  # fmt: skip
+        _label_x(ax, rung, size, at_top=True)
     handles, _ = ax.get_legend_handles_labels()
     better, par, undecided = (MARKERS[k][0] for k in (stats.BETTER, stats.ON_PAR, stats.UNDECIDED))
     handles += [
@@ -308,16 +315,7 @@ def figure_rank(ladder: scale.Ladder, spectra: list[scale.RungSpectrum]) -> Opti
         if shown:
             ax.plot(*zip(*shown), ":", color=colors[(i + 4) % len(colors)], label=f"k of {line}")
     for s in spectra:
-        ax.annotate(
-            f"{s.rung} ({len(s.effective_rank)} layers)",
-            (s.parameters, 0),
-            xycoords=("data", "axes fraction"),
-            textcoords="offset points",
-            xytext=(0, 4),
-            ha="center",
-            fontsize=7,
-            color="0.4",
-        )
+        _label_x(ax, f"{s.rung} ({len(s.effective_rank)} layers)", s.parameters, at_top=False)
     n = max(s.length for s in spectra)
     ax.set(
         xlabel="parameters (log)",
@@ -375,7 +373,11 @@ def write_ladder(
         RANK_FIGURE: (lambda: figure_rank(ladder, spectra), "no reference run with a checkpoint here"),
         TIME_FIGURE: (
             lambda: figure_time(ladder, ttt) if ttt is not None else None,
-            "no run's ppl_vs_wallclock curve here",
+            "no run's ppl_vs_wallclock curve here"
+            if ttt is None
+            else "no rung's target is above what a model without context reaches"
+            if ttt.refused and set(ttt.refused) == set(ttt.targets)
+            else "no arm reached its rung's target",
         ),
     }
     written, skipped = [], []

@@ -419,6 +419,18 @@ def test_time_to_target_errors_are_one_line(tmp_path, capsys):
     assert "--target: expected numbers" in capsys.readouterr().err
 
 
+def test_time_to_target_refuses_a_target_a_model_without_context_reaches(tmp_path, capsys):
+    _fake_run(tmp_path / "a" / "version_0", 32, 0, [[10, 100, 80], [20, 200, 40]])
+    metrics = json.loads((tmp_path / "a" / "version_0" / "metrics.json").read_text())
+    metrics["baselines"] = {"unigram/loss": math.log(50.0)}  # a model without context reaches val ppl 50
+    (tmp_path / "a" / "version_0" / "metrics.json").write_text(json.dumps(metrics))
+    assert cli.main(["time-to-target", str(tmp_path), "--target", "45,60"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--target: 60 is reached by a model without context (val ppl 50, the unigram baseline of these runs)" in err
+    assert cli.main(["time-to-target", str(tmp_path), "--target", "45"]) == 0
+
+
 # ------------------------------------------------------------------------------ the race against the libraries
 def test_library_race_times_both_sides_and_matches_outputs_where_the_functions_agree():
     from experiments.benchmarks import libraries
