@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -630,6 +632,10 @@ def _run(args: argparse.Namespace) -> int:
     ]
     table = report.markdown(bench.rows, header)
     report.write_csv(out / "results.csv", bench.rows)
+    if "layer" in args.levels and "fwdbwd" in args.mode:
+        command = "linformer-lab " + " ".join(sys.argv[1:]) if sys.argv[1:] else "linformer-lab bench"
+        costs = report.kind_costs(bench.rows, command, header[0].removeprefix("- machine: "), time.strftime("%Y-%m-%d"))
+        atomic_write_text(out / "kind_costs.json", json.dumps(costs, indent=1) + "\n")
     atomic_write_text(out / "table.md", table)
     write_figure(out / "scaling.png", report.figure(bench.rows), dpi=130)
     report.tensorboard(out, bench.rows, out / "scaling.png", table)
