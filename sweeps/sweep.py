@@ -1,12 +1,19 @@
-"""``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W] [--add-seeds N]``.
+"""``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W] [--add-seeds N]
+[--new-study] [--check]``.
 
-Launches, or resumes, an Optuna study. The command validates the study file (exit 2 before any
-trial), opens the study, fails and re-enqueues trials left running by dead workers, enqueues the grid
-points not yet run, then starts W worker processes on this machine (each with cores/W torch threads,
+Launches, or resumes, an Optuna study. The command validates the study file, the sampler's and pruner's
+arguments and the storage URL (exit 2 before any trial; ``--check`` stops there, writing nothing), takes
+ownership of a journal study (a second ``sweep`` of it gets one line naming the owner), refuses a stored
+study whose search space or objective the file has changed (:mod:`sweeps.identity`; ``--new-study`` sets the
+earlier one aside), opens the study, fails and re-enqueues trials left running by dead workers, enqueues the
+grid points not yet run, then starts W worker processes on this machine (each with cores/W torch threads,
 its output in ``<study dir>/logs/``) and prints one line per finished trial. Every worker repeats:
 fail stale trials; stop when ``n_trials`` trials are finished (or the timeout has passed); wait while
 the remaining budget is taken by running trials (one of them may yet die); else run one trial.
 The same command on another machine, against the same ``--storage`` RDB URL, joins the study.
+A trial that fails on an input error is put back uncounted and stops its worker: the command then ends with one
+``error:`` line and exit 2. SIGTERM is passed on to the workers, whose running trials save a checkpoint and are
+put back; the command exits 143.
 
 GPUs: the N GPUs this process may use (``CUDA_VISIBLE_DEVICES`` if set, else all; counted through NVML
 without initialising CUDA here) are dealt out as whole blocks of g = N // W per worker: worker i gets GPUs
