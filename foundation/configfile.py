@@ -57,10 +57,41 @@ def expanded_size(data: Any, limit: int = MAX_VALUES) -> int:
     return size(data, 0)
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader that refuses a mapping holding one key twice (plain YAML keeps the last silently: a
+    file with two ``model:`` sections would lose the first)."""
+
+
+def _unique_mapping(loader: _UniqueKeys, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *alias" merges may repeat
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            twice = key in seen
+        except TypeError:  # an unhashable key: the constructor below refuses it
+            break
+        if twice:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} given twice (only one may stand)", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def safe_yaml(text: str, where: str) -> Any:
-    """``yaml.safe_load`` of ``text``, refused in one line when malformed or when it expands past the bound."""
+    """``yaml.safe_load`` of ``text`` (a key given twice in one mapping refused), refused in one line when
+    malformed or when it expands past the bound."""
     try:
-        data = yaml.safe_load(text)
+        loader = _UniqueKeys(text)  # what yaml.safe_load does, with the loader above
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from foundation.configfile import merge, read_yaml
 from foundation.errors import ConfigError, check_number
+from foundation.paths import check_name
 from sweeps import grids, validation
 from sweeps.controls import control_spec
 from sweeps.grids import seed_is_categorical
@@ -280,6 +281,7 @@ def _validate(
 ) -> Study:
     if not re.fullmatch(r"[A-Za-z0-9_-]+", spec.study or ""):
         raise ConfigError(f"study: a name of letters, digits, '_' or '-' is required, got {spec.study!r}")
+    check_name("study", spec.study)  # (its length: one folder name)
     if not spec.base:
         raise ConfigError("base: the experiment YAML every trial starts from is required")
     base_path = validation.resolve_base(path, spec.base)

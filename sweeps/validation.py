@@ -10,7 +10,6 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from foundation.errors import ConfigError
-from training import config as run_config
 from sweeps.schema import (
     CONTROL_PARAM,
     NO_CONTEXT_SOURCES,
@@ -21,6 +20,7 @@ from sweeps.schema import (
     ParamSpec,
     metric_kind,
 )
+from training import config as run_config
 
 
 def nested(flat: dict) -> DictConfig:

@@ -57,6 +57,7 @@ def test_tiny_bench_writes_every_output_with_the_expected_columns(tmp_path):
         "results.csv",
         "table.md",
         "scaling.png",
+        "kind_costs.json",  # each kind's layer forward + backward cost, for the study reports
     }
     assert any(p.name.startswith("events.out.tfevents") for p in out.iterdir())
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -445,7 +446,7 @@ def test_library_race_times_both_sides_and_matches_outputs_where_the_functions_a
     for row in rows:
         assert row["project_ms"] > 0 and row["library_ms"] > 0 and row["ratio"] > 0
         assert row["project_mb"] > 0 and row["library_mb"] > 0
-        if row["variant"] in ("nystrom", "performer"):  # same weights, same function
+        if row["variant"] in ("nystrom", "performer", "headwise"):  # same weights, same function
             assert row["max_difference"] < 1e-4
     table = libraries.markdown(rows, ["- header"])
     assert table.count("\n| ") == len(rows) + 1  # the header row and one per race
@@ -461,3 +462,65 @@ def test_library_race_is_its_own_level_written_beside_the_bench_tables(tmp_path)
     table = (out / "libraries.md").read_text()
     assert "library time ÷ project time" in table
     assert list(csv.DictReader((out / "libraries.csv").open()))[0]["variant"] in ("local", "nystrom")
+
+
+def test_kind_costs_give_each_kinds_first_variant_against_full_attention():
+    rows = [
+        {
+            "level": "layer",
+            "mode": "fwdbwd",
+            "variant": "sdpa",
+            "k": None,
+            "n": 64,
+            "time_ms_median": 4.0,
+            "peak_mem_mb": 2.0,
+        },
+        {
+            "level": "layer",
+            "mode": "fwdbwd",
+            "variant": "naive",
+            "k": None,
+            "n": 64,
+            "time_ms_median": 9.0,
+            "peak_mem_mb": 9.0,
+        },
+        {
+            "level": "layer",
+            "mode": "fwdbwd",
+            "variant": "learned",
+            "k": 8,
+            "n": 64,
+            "time_ms_median": 2.0,
+            "peak_mem_mb": 1.0,
+            "speedup_vs_sdpa": 2.0,
+            "memory_saving_vs_sdpa": 2.0,
+        },
+        {
+            "level": "layer",
+            "mode": "fwdbwd",
+            "variant": "kv",
+            "k": 8,
+            "n": 64,
+            "time_ms_median": 1.0,
+            "peak_mem_mb": 1.0,
+            "speedup_vs_sdpa": 4.0,
+            "memory_saving_vs_sdpa": 2.0,
+        },
+        {
+            "level": "layer",
+            "mode": "fwd",
+            "variant": "local",
+            "k": 8,
+            "n": 64,
+            "time_ms_median": 1.0,
+            "peak_mem_mb": 1.0,
+            "speedup_vs_sdpa": 3.0,
+            "memory_saving_vs_sdpa": 1.0,
+        },
+    ]
+    costs = report.kind_costs(rows, "linformer-lab bench", "CPU", "2026-12-01")
+    by_kind = {c["kind"]: c for c in costs["kinds"]}
+    assert set(by_kind) == {"full", "linformer"}  # naive is not a kind; local ran forward only
+    assert by_kind["full"]["by_n"]["64"]["time_vs_full"] == 1.0
+    assert by_kind["linformer"]["variant"] == "learned"  # the first Linformer variant, not kv
+    assert by_kind["linformer"]["by_n"]["64"]["time_vs_full"] == 2.0

@@ -374,7 +374,13 @@ def test_every_shipped_study_validates_at_every_preset(path):
             "control.degraded: give the overrides of the degraded arm",
         ),
         (
-            {"control": {"reference": {"model.attention.options.k": 2}, "degraded": {"model.attention.options.k": 2}, "seeds": [0, 1]}},
+            {
+                "control": {
+                    "reference": {"model.attention.options.k": 2},
+                    "degraded": {"model.attention.options.k": 2},
+                    "seeds": [0, 1],
+                }
+            },
             "control: reference and degraded are the same overrides",
         ),
         (
@@ -524,7 +530,10 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
         tmp_path,
         tiny,
         "powered",
-        {"seed": {"type": "categorical", "choices": [0, 1]}, "model.attention.options.share": {"choices": ["headwise", "kv"]}},
+        {
+            "seed": {"type": "categorical", "choices": [0, 1]},
+            "model.attention.options.share": {"choices": ["headwise", "kv"]},
+        },
         overrides={"model.attention.kind": "linformer", "trainer.max_steps": 3},
         control=control,
     )
@@ -765,7 +774,10 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
     grown = with_added_seeds(study, None, 1, add=2)
     assert grown.seeds == [0, 2, 3, 4] and grown.control.seeds == [0, 2, 3, 4]
     assert (grown.n_trials, grown.control.n_trials) == (8, 8) and grown.added_seeds == (3, 4)
-    assert grown.points[-2:] == [{"seed": 4, "model.attention.options.k": 4}, {"seed": 4, "model.attention.options.k": 8}]
+    assert grown.points[-2:] == [
+        {"seed": 4, "model.attention.options.k": 4},
+        {"seed": 4, "model.attention.options.k": 8},
+    ]
     assert "added seeds 3, 4 (to its control too); seeds now 0, 2, 3, 4" in capsys.readouterr().out
     # stored on the study: a later command sees them, and adds after them
     assert open_study(study, None).user_attrs[ADDED_SEEDS] == [3, 4]

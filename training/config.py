@@ -164,6 +164,7 @@ def check(cfg: DictConfig) -> None:
     for key in ("init_from",):
         if cfg[key] is not None:
             check_path(key, cfg[key])
+    check_hf_cache()
     require(
         cfg.task != "clm" or att.causal,
         "task: 'clm' needs model.attention.causal=true (next-token prediction must not see the future)",
@@ -184,6 +185,20 @@ def check(cfg: DictConfig) -> None:
         f"init_from: only task 'classify' loads a pretrained encoder, got task '{cfg.task}'",
     )
     check_fits_memory(cfg)
+
+
+def check_hf_cache() -> None:
+    """The Hugging Face cache (datasets writes its processed corpora there) is a folder this process can write:
+    ``$HF_DATASETS_CACHE``, else ``$HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else ``~/.cache/huggingface``."""
+    for key in ("HF_DATASETS_CACHE", "HF_HOME"):
+        if os.environ.get(key):
+            check_folder(key, os.environ[key])
+            return
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    try:
+        check_folder("HF_HOME", os.path.join(xdg, "huggingface"))
+    except ConfigError as err:
+        raise ConfigError(f"{err} (set HF_HOME to a folder you can write)") from None
 
 
 def check_optim(optim: DictConfig) -> None:
