@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import types
 from pathlib import Path
 
 import optuna
@@ -339,3 +340,21 @@ def test_the_largest_rung_trains_one_step_at_a_sixteenth_of_its_width(gpu_preset
     optimizer.step()
     assert torch.isfinite(loss) and len(module.encoder.blocks) == 24 and module.encoder.blocks[0].attn.n_heads == 16
     assert not torch.equal(before, module.encoder.blocks[-1].attn.q_proj.weight)
+
+
+def test_the_time_figure_draws_each_timed_rung_and_leaves_out_the_refused_ones():
+    from sweeps import figures, scale
+
+    sizes = {"s1": 1e4, "s2": 3e4, "s3": 9e4}
+    ladder = types.SimpleNamespace(
+        lines=["linformer"], rungs=list(sizes), reference="full", size=lambda rung, axis="parameters": sizes[rung]
+    )
+    seconds = {("s1", "full"): {(0,): 10.0, (1,): 12.0}, ("s1", "linformer"): {(0,): 5.0, (1,): 6.0}}
+    seconds |= {("s2", "full"): {(0,): 20.0, (1,): 22.0}, ("s2", "linformer"): {(0,): 30.0, (1,): 33.0}}
+    ttt = scale.TimeToTarget({"s1": 40.0, "s2": 30.0, "s3": 90.0}, seconds, {}, refused={"s3": 60.0})
+    assert ttt.ratio("s1", "linformer", "full").value == pytest.approx(0.5)  # exp(mean(ln 5/10, ln 6/12))
+    assert ttt.ratio("s3", "linformer", "full") is None
+    fig = figures.figure_time(ladder, ttt)
+    (line,) = [c for c in fig.axes[0].containers]  # one errorbar series: the linformer arm
+    assert list(line.lines[0].get_xdata()) == [1e4, 3e4]
+    assert figures.figure_time(types.SimpleNamespace(**{**vars(ladder), "lines": []}), ttt) is None
