@@ -509,7 +509,7 @@ def test_a_second_sweep_of_a_study_gets_one_line_naming_its_owner(tmp_path, tiny
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason="needs a machine without a CUDA GPU")
-def test_a_sweep_whose_trials_fail_on_an_input_error_stops_uncounted_and_a_rerun_after_the_fix_runs_them(
+def test_a_sweep_whose_trials_fail_on_an_input_error_stops_uncounted_and_puts_them_back_for_the_rerun(
     tmp_path, tiny, capsys
 ):
     path = study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "gpu"})
@@ -519,14 +519,23 @@ def test_a_sweep_whose_trials_fail_on_an_input_error_stops_uncounted_and_a_rerun
     assert "no usable CUDA GPU" in last
     study = load_study(path)
     trials = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).trials
-    assert storage.budget_state(trials).finished == 0  # the failed trial is put back, not counted
+    # The failed trial is put back, not counted: the same command after the fix runs its copy, waiting here.
+    assert storage.budget_state(trials, study).finished == 0
+    waiting = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+    assert [t.system_attrs["fixed_params"] for t in waiting] == [{"seed": 0}]
 
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() > 0, reason="needs a machine without a CUDA GPU")
+def test_the_same_sweep_after_the_fix_runs_the_trials_an_input_error_put_back(tmp_path, tiny, capsys):
+    path = study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "gpu"})
+    assert cli.main(["sweep", str(path)]) == 2
     study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "cpu"})  # the fix
     assert cli.main(["sweep", str(path)]) == 0
+    study = load_study(path)
     trials = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).trials
-    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert [t.params["seed"] for t in done] == [0]
-    assert storage.budget_state(trials).finished == 1
+    assert [t.params["seed"] for t in trials if t.state == optuna.trial.TrialState.COMPLETE] == [0]
+    assert storage.budget_state(trials, study).finished == 1
 
 
 def test_a_grid_budget_counts_its_points_not_its_trials(tmp_path, tiny_overrides):
