@@ -39,11 +39,13 @@ from experiments.benchmarks.measure import (
     peak_memory_bytes,
     seconds_per_call,
 )
+from foundation.atomic import atomic_write_text, write_figure
 from foundation.errors import ConfigError, check_number
 from foundation.paths import check_folder
 from lightning_modules.flops import count_flops
 
-LEVELS = ("layer", "model", "decode", "loop")
+LEVELS = ("layer", "model", "decode", "loop", "libraries")
+DEFAULT_LEVELS = ("layer", "model", "decode", "loop")
 MODES = ("fwd", "fwdbwd")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -81,7 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="exact evaluation orders of E K: auto,compress_first,project_first (default auto = the cheaper)",
     )
     parser.add_argument("--mode", type=_names, default=list(MODES), help="fwd,fwdbwd (default both)")
-    parser.add_argument("--levels", type=_names, default=list(LEVELS), help="layer,model,decode,loop (default all)")
+    parser.add_argument(
+        "--levels",
+        type=_names,
+        default=list(DEFAULT_LEVELS),
+        help="layer,model,decode,loop,libraries (default all but libraries: the race against each kind's "
+        "library, extra refs)",
+    )
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument(
         "--dtype",
@@ -469,6 +477,33 @@ class Bench:
             )
 
 
+def _libraries(args: argparse.Namespace, shape: cases.Shape, out: Path) -> None:
+    """The race against each kind's library (``experiments.benchmarks.libraries``): libraries.md, libraries.csv."""
+    from experiments.benchmarks import libraries
+
+    load_before, started = os.getloadavg(), time.time()
+    wanted = [v for v in args.variants if v in libraries.LIBRARIES]
+    ready = [v for v in wanted if libraries.available(v)]
+    missing = [f"{v} ({libraries.LIBRARIES[v][0]})" for v in wanted if v not in ready]
+    rows = []
+    for n in args.n:
+        for mode in args.mode:
+            rows += libraries.race(ready, n, args.k[0], mode, shape, args.repeats, args.min_time)
+            print(f"  libraries {mode} n={n} done ({time.time() - started:.0f} s)", flush=True)
+    header = [
+        f"- machine: {_machine(shape.device)}; torch {torch.__version__}; {torch.get_num_threads()} threads; dtype "
+        f"{str(shape.dtype).removeprefix('torch.')}; batch {args.batch}; d_model {args.d_model}, {args.heads} heads; "
+        f"k = {args.k[0]}",
+        f"- load average (1 min) before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f}; "
+        f"{args.repeats} interleaved rounds, each sample ≥ {args.min_time} s; wall time {time.time() - started:.0f} s",
+    ]
+    if missing:
+        header.append(f"- not installed, skipped: {', '.join(missing)} (`pip install -e '.[refs]'`)")
+    atomic_write_text(out / "libraries.md", libraries.markdown(rows, header))
+    report.write_csv(out / "libraries.csv", rows, list(rows[0]) if rows else ["variant"])
+    print(f"library race: {out}/libraries.md")
+
+
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -560,6 +595,8 @@ def _run(args: argparse.Namespace) -> int:
         bench.decode()
     if "loop" in args.levels:
         bench.loop()
+    if "libraries" in args.levels:
+        _libraries(args, shape, out)
     header = [
         f"- machine: {_machine(device)}; torch {torch.__version__}; {bench.threads} threads; dtype "
         f"{str(dtype).removeprefix('torch.')}; batch {args.batch}",
@@ -575,8 +612,8 @@ def _run(args: argparse.Namespace) -> int:
     ]
     table = report.markdown(bench.rows, header)
     report.write_csv(out / "results.csv", bench.rows)
-    (out / "table.md").write_text(table)
-    report.figure(bench.rows).savefig(out / "scaling.png", dpi=130)
+    atomic_write_text(out / "table.md", table)
+    write_figure(out / "scaling.png", report.figure(bench.rows), dpi=130)
     report.tensorboard(out, bench.rows, out / "scaling.png", table)
     print(f"bench results: {out}/table.md")
     return 0

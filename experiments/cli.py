@@ -1,7 +1,8 @@
 """``linformer-lab COMMAND ...``: the single console entry point.
 
 Exit codes: 0 success; 2 a configuration or input problem (one line on stderr, nothing written);
-1 an unexpected error (with its traceback); 130 interrupted.
+1 an unexpected error (with its traceback) or a run that did not finish; 130 interrupted (Ctrl-C);
+143 terminated (SIGTERM), after saving what resumes it.
 Each command lives in its own module exposing ``add_arguments(parser)`` and ``main(args) -> int``.
 """
 
@@ -11,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from foundation.errors import ConfigError
+from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated
 from foundation.redact import redact
 
 COMMANDS = {
@@ -51,9 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:  # one line whatever the message holds, with any password in a URL masked
         print(f"error: {redact(' '.join(str(err).splitlines()))}", file=sys.stderr)
         return 2
+    except Terminated as err:
+        print(f"terminated: {redact(' '.join(str(err).splitlines()))}", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ numbers are medians over its runs, with how many runs reached the target.
 
 Each DIR is a run directory or any folder above runs (an experiment, a sweep study): every
 ``metrics.json`` below it with a ``config.yaml`` beside it is one run.
+
+A target that a model without context already reaches is refused: the lowest no-context perplexity of the runs
+(exp of metrics.json's unigram loss on the same targets, ``baselines`` ``unigram/loss``, else ``trivial_loss``)
+must lie above it, or a time to it measures no use of context.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ from typing import Optional, Sequence
 
 import yaml
 
+from foundation.atomic import atomic_write_text
 from foundation.configfile import flatten
 from foundation.errors import ConfigError, check_number
 from foundation.paths import check_path
+from sweeps.efficiency import no_context_ppl
 from training.curves import reach
 
 # Keys that differ between runs of the same variant.
@@ -119,8 +125,22 @@ def markdown(table_rows: list[dict], target: float, keys: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_targets(paths: Sequence[Path], targets: Sequence[float]) -> None:
+    """Refuse a target that a model without context reaches on these runs' data (one line, exit 2)."""
+    floors = [p for run in find_runs(paths) if (p := no_context_ppl(_load(run)[2])) is not None]
+    if not floors:
+        return
+    for target in targets:
+        if target >= min(floors):
+            raise ConfigError(
+                f"--target: {target:g} is reached by a model without context (val ppl {min(floors):.4g}, the "
+                "unigram baseline of these runs): a time to it measures no use of context; give a target below it"
+            )
+
+
 def report(paths: Sequence[Path], targets: Sequence[float], by: Optional[Sequence[str]] = None) -> str:
     """The markdown tables, one per target (what the CLI prints and a study report can embed)."""
+    check_targets(paths, targets)
     tables = []
     for target in targets:
         table_rows, keys = rows(paths, target, by)
@@ -157,5 +177,5 @@ def main(args: argparse.Namespace) -> int:
     print(text, end="")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        atomic_write_text(args.out, text)
     return 0

@@ -1,16 +1,21 @@
 """Files that are either whole or absent: write to a temporary sibling, fsync, ``os.replace``.
 
-A reader, or a resume after a kill mid-write, sees the old file or the new one, never half of one.
+A reader, or a resume after a kill mid-write, sees the old file or the new one, never half of one; a write that
+fails (a full disk) leaves the old file as it was. Every file the project writes goes through here: text
+(:func:`atomic_write_text`, :func:`atomic_text` for ``csv.writer``), JSON (:func:`write_json`), figures
+(:func:`write_figure`) and binary caches (:func:`atomic_write`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterator
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
@@ -36,6 +41,22 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+@contextlib.contextmanager
+def atomic_text(path: Path) -> Iterator[io.StringIO]:
+    """A text stream (``newline=""``, as ``csv.writer`` wants) whose content replaces ``path`` atomically when the
+    body ends without an exception; nothing is written otherwise."""
+    buffer = io.StringIO(newline="")
+    yield buffer
+    atomic_write_text(path, buffer.getvalue())
+
+
+def write_figure(path: Path, figure: Any, **savefig: Any) -> None:
+    """A Matplotlib figure (anything with ``savefig``) saved to ``path`` atomically, in the format its suffix
+    names; ``savefig`` are Matplotlib's arguments (``dpi``, ...)."""
+    fmt = Path(path).suffix.lstrip(".") or "png"
+    atomic_write(path, lambda f: figure.savefig(f, format=fmt, **savefig))
 
 
 def _jsonable(value: Any) -> Any:

@@ -45,3 +45,12 @@ def check_number(
 
 def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+class Terminated(Exception):
+    """The process was asked to stop (SIGTERM: a scheduler's preemption) and saved what resumes it: the CLI prints
+    the message as one line and exits with code 143 (128 + SIGTERM), so no scheduler takes the run as finished."""
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT (Ctrl-C)
+EXIT_TERMINATED = 143  # 128 + SIGTERM

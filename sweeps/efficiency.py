@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -30,6 +30,7 @@ class ArmSpeed:
     quality: list[float]  # the objective of each seed
     tokens_per_sec: list[float]
     curves: list[list[list[float]]]  # ppl_vs_wallclock of each seed that has one
+    no_context_ppl: list[float] = field(default_factory=list)  # each seed's no-context val ppl (no_context_ppl)
 
     @property
     def mean_quality(self) -> float:
@@ -40,14 +41,33 @@ class ArmSpeed:
         return statistics.fmean(self.tokens_per_sec)
 
 
-def _curve(run_dir: Optional[str]) -> Optional[list]:
+def _metrics_json(run_dir: Optional[str]) -> dict:
     if not run_dir:
-        return None
+        return {}
     try:
-        curve = json.loads((Path(run_dir) / "metrics.json").read_text()).get("ppl_vs_wallclock")
-    except (OSError, ValueError, AttributeError):
-        return None
+        loaded = json.loads((Path(run_dir) / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _curve(metrics: dict) -> Optional[list]:
+    curve = metrics.get("ppl_vs_wallclock")
     return curve if isinstance(curve, list) and curve else None
+
+
+def no_context_ppl(metrics: dict) -> Optional[float]:
+    """The validation perplexity a model without context reaches on a run's data: exp of metrics.json's unigram
+    loss on the same targets (``baselines`` ``unigram/loss``), else of its ``trivial_loss``; None without either."""
+    baselines = metrics.get("baselines") if isinstance(metrics.get("baselines"), dict) else {}
+    loss = baselines.get("unigram/loss", metrics.get("trivial_loss"))
+    return math.exp(loss) if isinstance(loss, (int, float)) and math.isfinite(loss) else None
+
+
+def no_context_floor(arms: Sequence[ArmSpeed]) -> Optional[float]:
+    """The lowest no-context perplexity of these arms' runs (None when no run recorded one)."""
+    floors = [p for a in arms for p in a.no_context_ppl]
+    return min(floors) if floors else None
 
 
 def arm_speeds(rows: Sequence, metric: str) -> list[ArmSpeed]:
@@ -60,9 +80,11 @@ def arm_speeds(rows: Sequence, metric: str) -> list[ArmSpeed]:
         entry = arms.setdefault(r.arm, ArmSpeed(r.arm, [], [], []))
         entry.quality.append(float(m[metric]))
         entry.tokens_per_sec.append(float(m["tokens_per_sec"]))
-        curve = _curve(r.trial.user_attrs.get("run_dir"))
-        if curve is not None:
+        run = _metrics_json(r.trial.user_attrs.get("run_dir"))
+        if (curve := _curve(run)) is not None:
             entry.curves.append(curve)
+        if (floor := no_context_ppl({**m, **run})) is not None:
+            entry.no_context_ppl.append(floor)
     return list(arms.values())
 
 
@@ -93,29 +115,35 @@ def time_to(arm: ArmSpeed, target: float) -> tuple[Optional[float], int]:
     return (statistics.median(reached) if reached else None), len(reached)
 
 
+def trivial_target(arms: Sequence[ArmSpeed], target: Optional[float]) -> Optional[float]:
+    """The no-context perplexity when ``target`` is one a model without context already reaches (then a time to
+    it measures no use of context, and the report gives none); None otherwise."""
+    floor = no_context_floor(arms)
+    return floor if target is not None and floor is not None and target >= floor else None
+
+
+def _row(a: ArmSpeed, front: bool, target: Optional[float]) -> list[str]:
+    sd = statistics.stdev(a.quality) if len(a.quality) > 1 else float("nan")
+    cells = [a.arm or "(all trials)", str(len(a.quality)), f"{a.mean_quality:.4g} ± {sd:.2g}", f"{a.mean_speed:,.0f}"]
+    cells.append("yes" if front else "")
+    if target is not None:
+        seconds, n = time_to(a, target)
+        cells.append(f"{seconds:.1f} s ({n}/{len(a.curves)})" if seconds is not None else f"— (0/{len(a.curves)})")
+    return cells
+
+
 def section(arms: Sequence[ArmSpeed], metric: str, maximize: bool) -> list[str]:
     """The report's markdown: quality at equal steps, throughput, time to target, Pareto membership."""
     if len(arms) < 2:
         return []
     front = set(pareto_front([(a.mean_speed, a.mean_quality) for a in arms], maximize))
     target = target_ppl(arms)
+    floor = trivial_target(arms, target)
+    shown = None if floor is not None else target
     head = ["arm", "seeds", f"{metric} (mean ± sd)", "training tokens/s (mean)", "Pareto front"]
-    if target is not None:
-        head.append(f"seconds to val ppl ≤ {target:.4g} (median, reached)")
-    body = []
-    for a in sorted(arms, key=lambda a: -a.mean_speed):
-        sd = statistics.stdev(a.quality) if len(a.quality) > 1 else float("nan")
-        cells = [
-            a.arm or "(all trials)",
-            str(len(a.quality)),
-            f"{a.mean_quality:.4g} ± {sd:.2g}",
-            f"{a.mean_speed:,.0f}",
-            "yes" if arms.index(a) in front else "",
-        ]
-        if target is not None:
-            seconds, n = time_to(a, target)
-            cells.append(f"{seconds:.1f} s ({n}/{len(a.curves)})" if seconds is not None else f"— (0/{len(a.curves)})")
-        body.append(cells)
+    if shown is not None:
+        head.append(f"seconds to val ppl ≤ {shown:.4g} (median, reached)")
+    body = [_row(a, arms.index(a) in front, shown) for a in sorted(arms, key=lambda a: -a.mean_speed)]
     lines = [
         "## Quality against speed",
         "",
@@ -123,10 +151,16 @@ def section(arms: Sequence[ArmSpeed], metric: str, maximize: bool) -> list[str]:
         "first; an arm is on the Pareto front when no other arm is at least as fast and at least as good "
         "(and better in one).",
     ]
-    if target is not None:
+    if shown is not None:
         lines[-1] += (
-            f" Time to target: training-step seconds until val ppl ≤ {target:.4g}, the worst arm's median "
+            f" Time to target: training-step seconds until val ppl ≤ {shown:.4g}, the worst arm's median "
             "final perplexity (the quality every arm reaches)."
+        )
+    if floor is not None:
+        lines[-1] += (
+            f" No time to target: the quality every arm reaches (val ppl {target:.4g}) is one a model without "
+            f"context reaches too (val ppl {floor:.4g}, the unigram baseline), so a time to it measures no use of "
+            "context."
         )
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in body]

@@ -15,6 +15,7 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
+from foundation.atomic import write_figure
 from sweeps import efficiency, scale, stats
 from sweeps.findings import Row
 from sweeps.study import Study
@@ -77,7 +78,7 @@ def plot_learning_curves(rows: list[Row], path: Path) -> bool:
     if len(curves) <= 12:
         ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(path, fig, dpi=110)
     plt.close(fig)
     return True
 
@@ -114,7 +115,7 @@ def write_plots(study: Study, ostudy: optuna.Study, rows: list[Row], out: Path) 
                 fn(ostudy, **kwargs)
             plt.gcf().set_size_inches(8, 5)
             plt.gcf().tight_layout()
-            plt.gcf().savefig(out / name, dpi=110)
+            write_figure(out / name, plt.gcf(), dpi=110)
             written.append(name)
         except Exception as err:  # optuna refuses some plots on too few trials; say so, keep the rest
             skipped.append(f"{name} ({str(err).splitlines()[0] if str(err) else type(err).__name__})")
@@ -170,7 +171,7 @@ def pareto(arms: Sequence[efficiency.ArmSpeed], metric: str, maximize: bool, pat
         ax.set_title("quality at equal steps against training speed, per arm")
         ax.legend(fontsize="small")
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        write_figure(path, fig, dpi=110)
     plt.close(fig)
     return True
 
@@ -186,6 +187,16 @@ def _colors() -> list[str]:
     import matplotlib
 
     return matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+
+
+def _label_x(ax: "Axes", text: str, x: float, at_top: bool) -> None:
+    """A small grey label at ``x``, along the top or the bottom of the axes."""
+    where = (x, 1) if at_top else (x, 0)
+    offset = (0, -10) if at_top else (0, 4)
+    ax.annotate(
+        text, where, xycoords=("data", "axes fraction"), textcoords="offset points", xytext=offset, ha="center",
+        fontsize=7, color="0.4",
+    )  # fmt: skip
 
 
 def _gap_points(ax: "Axes", ladder: scale.Ladder, line: str, sized: list, color: str, shift: float) -> None:
@@ -226,10 +237,7 @@ def _gap_legend(ax: "Axes", ladder: scale.Ladder, sized: list) -> None:
     from matplotlib.lines import Line2D
 
     for rung, size in sized:
-        ax.annotate(
-            rung, (size, 1), xycoords=("data", "axes fraction"), textcoords="offset points", xytext=(0, -10),
-            ha="center", fontsize=7, color="0.4",
-        )  # fmt: skip
+        _label_x(ax, rung, size, at_top=True)
     handles, _ = ax.get_legend_handles_labels()
     better, par, undecided = (MARKERS[k][0] for k in (stats.BETTER, stats.ON_PAR, stats.UNDECIDED))
     handles += [
@@ -307,16 +315,7 @@ def figure_rank(ladder: scale.Ladder, spectra: list[scale.RungSpectrum]) -> Opti
         if shown:
             ax.plot(*zip(*shown), ":", color=colors[(i + 4) % len(colors)], label=f"k of {line}")
     for s in spectra:
-        ax.annotate(
-            f"{s.rung} ({len(s.effective_rank)} layers)",
-            (s.parameters, 0),
-            xycoords=("data", "axes fraction"),
-            textcoords="offset points",
-            xytext=(0, 4),
-            ha="center",
-            fontsize=7,
-            color="0.4",
-        )
+        _label_x(ax, f"{s.rung} ({len(s.effective_rank)} layers)", s.parameters, at_top=False)
     n = max(s.length for s in spectra)
     ax.set(
         xlabel="parameters (log)",
@@ -384,6 +383,6 @@ def write_ladder(
             if fig is None:
                 skipped.append(f"{name} ({why})")
                 continue
-            fig.savefig(out / name, dpi=110)
+            write_figure(out / name, fig, dpi=110)
             written.append(name)
     return written, skipped

@@ -5,8 +5,10 @@ success rates, and the control's power check. Computed once per report (:func:`f
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from optuna.trial import FrozenTrial, TrialState
@@ -24,6 +26,7 @@ class Row:
     arm: str  # "learned" or "k=32 share=none"; "" when the study has no arms
     replicate: tuple  # the values of the non-arm params (e.g. (seed,))
     role: str = ""  # control trials: "reference" or "degraded"
+    reused: bool = False  # a control row that is one of the study's own trials (trained once, by the study)
 
     @property
     def metrics(self) -> dict:
@@ -60,6 +63,22 @@ def rows_of(study: Study, trials: list[FrozenTrial]) -> list[Row]:
     return rows
 
 
+def reused_rows(study: Study, rows: list[Row]) -> list[Row]:
+    """The control's points that are the study's own trials (:attr:`Study.reused`), as control rows."""
+    control = study.control
+    if control is None:
+        return []
+    by_params = {tuple(sorted(r.trial.params.items())): r for r in rows if not r.role}
+    out = []
+    for params, own in control.reused:
+        r = by_params.get(tuple(sorted(own.items())))
+        if r is not None:
+            role = params[CONTROL_PARAM]
+            replicate = tuple(v for p, v in params.items() if p not in control.arms)
+            out.append(Row(r.trial, control_label(control, role), replicate, role, reused=True))
+    return out
+
+
 def value(r: Row, metric: str, study: Study) -> Optional[float]:
     """The trial's value of ``metric`` (an objective, or any number of its metrics.json); None if not complete."""
     if not r.complete:
@@ -86,7 +105,19 @@ class Compared:
     verdict: stats.Verdict
     n_a: int  # replicates with a value, per arm
     n_b: int
-    own: bool  # both arms are the study's own (not the control's)
+    # the half-width of the 95 % interval of A − B that the validation set's sampling alone gives (a bootstrap over
+    # validation examples, stats.validation_error); None when a run has no per-example sums (metrics.json)
+    validation_error: Optional[float] = None
+
+    @property
+    def margin(self) -> float:
+        """What the verdict rests on: |A − B| for 'better', δ for 'on par', |A − B| otherwise."""
+        return self.pair.delta if self.verdict.kind == stats.ON_PAR else abs(self.pair.comparison.diff)
+
+    @property
+    def inside_noise(self) -> bool:
+        """The verdict's margin lies inside the validation sampling error."""
+        return self.validation_error is not None and self.margin <= self.validation_error
 
 
 @dataclass
@@ -116,28 +147,36 @@ class Findings:
     compared: list[Compared]
     rates: list[RatesCompared]
     power: Optional[stats.PowerCheck] = None  # the control's check; None: no control, or not run yet
+    context: Optional["ContextGain"] = None  # the reference's context gain; None: no control, or not run yet
+
+    @property
+    def informative(self) -> bool:
+        """False when the reference did not learn to use context: then the report gives no verdict."""
+        return self.context is None or self.context.informative
 
     def family(self) -> tuple[int, int]:
         """(size of the "better" family, size of the "on par" family)."""
         return len(self.compared) + len(self.rates), len(self.compared)
 
-    def of(self, metric: str, own: bool = False) -> list[Compared]:
-        """The comparisons on ``metric`` (only the study's own pairs with ``own``)."""
-        return [c for c in self.compared if c.pair.metric == metric and (c.own or not own)]
+    def of(self, metric: str) -> list[Compared]:
+        """The comparisons on ``metric``."""
+        return [c for c in self.compared if c.pair.metric == metric]
 
 
 def compared_pairs(study: Study, rows: list[Row], arms: list[str]) -> list[tuple[str, str]]:
-    """The pairs of arms a report compares: every pair; on a ladder, only the study's own arms at the same rung,
-    and the control's two arms (a 37k-parameter model against a 344k one answers no question of the study)."""
+    """The pairs of the study's own arms a report compares: every pair; on a ladder, only the arms at the same
+    rung (a 37k-parameter model against a 344k one answers no question of the study). The control's arms are
+    in none: they certify the study (its power check and context gain), outside both Holm families."""
     pairs = list(itertools.combinations(arms, 2))
     if study.ladder is None:
         return pairs
-    rung = {r.arm: (bool(r.role), r.trial.params.get(study.ladder.rung)) for r in rows}
+    rung = {r.arm: r.trial.params.get(study.ladder.rung) for r in rows if not r.role}
     return [(a, b) for a, b in pairs if rung[a] == rung[b]]
 
 
-def _pairs(study: Study, rows: list[Row], arms: list[str], values: dict, own: set) -> tuple[list, list]:
-    """Every pair of arms on every objective metric, with success rates where the study sets a threshold."""
+def _pairs(study: Study, rows: list[Row], arms: list[str], values: dict) -> tuple[list, list]:
+    """Every pair of the study's own arms on every objective metric, with success rates where the study sets a
+    threshold."""
     pairs, rates = [], []
     for metric, direction in zip(study.metrics, study.directions):
         delta, _ = study.delta(metric)
@@ -145,7 +184,7 @@ def _pairs(study: Study, rows: list[Row], arms: list[str], values: dict, own: se
         for a, b in compared_pairs(study, rows, arms):
             va, vb = values[(a, metric)], values[(b, metric)]
             pair = stats.Pair(a, b, metric, direction, delta, stats.compare(va, vb))
-            pairs.append((pair, len(va), len(vb), a in own and b in own))
+            pairs.append((pair, len(va), len(vb)))
             if threshold is not None:
                 ra, rb = (stats.success_rate(list(v.values()), threshold, direction) for v in (va, vb))
                 rates.append(RatesCompared(metric, threshold, a, b, ra, rb, stats.compare_rates(ra, rb)))
@@ -163,27 +202,27 @@ def findings(study: Study, rows: list[Row], control_rows: list[Row] = ()) -> Fin
         for arm in arms
         for m in study.metrics
     }
-    pairs, rates = _pairs(study, rows, arms, values, own)
+    own_arms = [a for a in arms if a in own]
+    pairs, rates = _pairs(study, rows, own_arms, values)
     verdicts, rate_p = stats.judge([p for p, *_ in pairs], [r.p for r in rates])
     for r, p in zip(rates, rate_p):
         r.p_holm = p
-    compared = [Compared(pair, v, n_a, n_b, own_pair) for (pair, n_a, n_b, own_pair), v in zip(pairs, verdicts)]
+    compared = [Compared(pair, v, n_a, n_b) for (pair, n_a, n_b), v in zip(pairs, verdicts)]
+    _validation_errors(compared, [r for r in rows if not r.role])
     power = power_of(study, list(control_rows)) if study.control is not None else None
-    return Findings(arms, [a for a in arms if a in own], values, compared, rates, power)
+    context = context_of(study, list(control_rows)) if study.control is not None else None
+    return Findings(arms, own_arms, values, compared, rates, power, context)
 
 
 def control_values(study: Study, control_rows: list[Row]) -> tuple[dict, dict]:
-    """({role: {replicate: value}}, {replicate: trivial baseline}) of the control on the first objective."""
+    """({role: {replicate: value}}, {replicate: no-context baseline of the reference's run}) of the control on
+    the first objective (the baseline: :func:`no_context_key`)."""
     metric = study.metrics[0]
     by_role: dict[str, dict] = {role: {} for role in ROLES}
-    trivial: dict = {}
-    key = trivial_key(metric)
     for r in control_rows:
         if (v := value(r, metric, study)) is not None:
             by_role[r.role][r.replicate] = v
-            if r.role == "reference" and key in r.metrics:
-                trivial[r.replicate] = r.metrics[key]
-    return by_role, trivial
+    return by_role, baseline_values([r for r in control_rows if r.role == "reference"], metric)
 
 
 def power_of(study: Study, control_rows: list[Row]) -> Optional[stats.PowerCheck]:
@@ -192,3 +231,109 @@ def power_of(study: Study, control_rows: list[Row]) -> Optional[stats.PowerCheck
     if any(len(v) < 2 for v in by_role.values()):
         return None
     return stats.power_check(by_role["reference"], by_role["degraded"], trivial, study.directions[0])
+
+
+def run_examples(r: Row, metric: str) -> Optional[tuple[list, list]]:
+    """(sum, count) per validation example of ``metric`` from the run's metrics.json ``validation_examples``."""
+    entry = (run_metrics(r).get("validation_examples") or {}).get(metric.removeprefix("val/"))
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("sum"), list)
+        or not isinstance(entry.get("count"), list)
+    ):
+        return None
+    return (entry["sum"], entry["count"]) if len(entry["sum"]) == len(entry["count"]) > 0 else None
+
+
+def _validation_errors(compared: list[Compared], rows: list[Row]) -> None:
+    """Each comparison's validation sampling error, where every complete run of both arms has the same examples."""
+    cache: dict = {}
+    for c in compared:
+        runs = {}
+        for arm in (c.pair.a, c.pair.b):
+            mine = [r for r in rows if r.arm == arm and r.complete]
+            runs[arm] = [cache.setdefault((id(r), c.pair.metric), run_examples(r, c.pair.metric)) for r in mine]
+        found = [e for v in runs.values() for e in v]
+        if not all(runs.values()) or any(e is None for e in found) or len({len(e[0]) for e in found}) != 1:
+            continue
+        c.validation_error = stats.validation_error(runs[c.pair.a], runs[c.pair.b])
+
+
+# --------------------------------------------------------------------------------------- context gain
+@dataclass(frozen=True)
+class ContextGain:
+    """The reference's gain over a model without context on ``metric``, in the reference's favour (> 0: the
+    reference is better), paired over seeds where it can be, with its 95 % CI."""
+
+    metric: str
+    threshold: float  # the study's verdict.context_gain (or its default)
+    source: str  # where the no-context values come from: "degraded" or "baseline"
+    comparison: stats.Comparison  # no-context − reference (minimised metric), reference − no-context (maximised)
+    reference_mean: float
+    no_context_mean: float
+
+    @property
+    def gain(self) -> float:
+        return self.comparison.diff
+
+    @property
+    def informative(self) -> bool:
+        """At least the threshold, with a 95 % CI that excludes 0 (on the reference's side)."""
+        lo, _ = self.comparison.ci()
+        return self.comparison.judged and self.gain >= self.threshold and lo > 0
+
+
+def no_context_key(metric: str, metrics: dict) -> Optional[str]:
+    """The metrics.json number a model without context reaches on ``metric``: the unigram baseline on the same
+    targets (``baselines/unigram/<name>``, flattened), else the trivial baseline."""
+    unigram = f"baselines/unigram/{metric.removeprefix('val/')}"
+    return unigram if unigram in metrics else trivial_key(metric)
+
+
+def baseline_values(rows: list[Row], metric: str) -> dict:
+    """{replicate: no-context baseline} of these rows' complete runs that recorded one."""
+    out = {}
+    for r in rows:
+        metrics = {**r.metrics, **run_baselines(r)}
+        if r.complete and (key := no_context_key(metric, metrics)) in metrics:
+            out[r.replicate] = float(metrics[key])
+    return out
+
+
+def run_baselines(r: Row) -> dict:
+    """``baselines`` of the run's metrics.json, flattened (``baselines/unigram/masked_loss``); {} when absent."""
+    baselines = run_metrics(r).get("baselines")
+    if not isinstance(baselines, dict):
+        return {}
+    return {f"baselines/{k}": float(v) for k, v in baselines.items() if isinstance(v, (int, float))}
+
+
+def run_metrics(r: Row) -> dict:
+    """The run's metrics.json, when its run directory is on this machine ({} otherwise)."""
+    run_dir = r.trial.user_attrs.get("run_dir")
+    path = Path(run_dir) / "metrics.json" if run_dir else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def context_of(study: Study, control_rows: list[Row]) -> Optional[ContextGain]:
+    """The reference's context gain on the first objective (see :mod:`sweeps.schema`); None while there are
+    fewer than 2 replicates to judge it by."""
+    metric, direction = study.metrics[0], study.directions[0]
+    by_role, _ = control_values(study, control_rows)
+    reference = by_role["reference"]
+    if study.no_context_source == "baseline":
+        no_context = baseline_values([r for r in control_rows if r.role == "reference"], metric)
+    else:
+        no_context = by_role["degraded"]
+    if len(reference) < 2 or len(no_context) < 2:
+        return None
+    pair = (no_context, reference) if direction == "minimize" else (reference, no_context)
+    threshold, _ = study.context_gain(metric)
+    means = [stats.summarize(list(v.values())).mean for v in (reference, no_context)]
+    return ContextGain(metric, threshold, study.no_context_source, stats.compare(*pair), *means)

@@ -38,9 +38,10 @@ from typing import Optional
 import optuna
 from optuna.trial import TrialState
 
+from foundation.atomic import atomic_text, atomic_write_text
 from foundation.errors import ConfigError
 from sweeps import efficiency, figures, scale, stats, storage, words
-from sweeps.findings import Findings, Row, control_label, findings, rows_of, value
+from sweeps.findings import Findings, Row, control_label, findings, reused_rows, rows_of, run_baselines, value
 from sweeps.study import ADDED_SEEDS, Study, load_study
 from sweeps.sweep import check_objective
 
@@ -52,7 +53,7 @@ def write_csv(study: Study, rows: list[Row], path: Path) -> None:
     params = list(dict.fromkeys(p for r in rows for p in r.trial.params))
     metric_keys = sorted({k for r in rows for k in r.metrics} - set(study.metrics))
     header = ["number", "state", *study.metrics, "arm", *(f"params_{p}" for p in params), "fail_reason", "duration_s"]
-    with path.open("w", newline="") as fh:
+    with atomic_text(path) as fh:
         w = csv.writer(fh)
         w.writerow(header + metric_keys + ["run_dir"])
         for r in rows:
@@ -107,6 +108,8 @@ def _add_seeds_command(study: Study, n: int) -> str:
 def pair_sentence(study: Study, c, found: Findings) -> str:
     """One of the study's comparisons as the answer's sentence, with its success rates and the seeds to add."""
     text = words.sentence(c)
+    if c.validation_error is not None:
+        text += f"; {words.noise(c)}"
     for r in found.rates:
         if (r.metric, r.a, r.b) == (c.pair.metric, c.pair.a, c.pair.b):
             text += words.rates_clause(r, c.pair.direction)
@@ -143,7 +146,7 @@ def answer(study: Study, ostudy: optuna.Study, found: Findings, ladder: Optional
         return [f"Nothing to compare: the study has {what} of its own; the control's arms are compared below."]
     lines = []
     for metric in study.metrics:
-        mine = found.of(metric, own=True)
+        mine = found.of(metric)
         if len(mine) == 1:
             lines.append(pair_sentence(study, mine[0], found) + ".")
             continue
@@ -168,22 +171,43 @@ def _holm_line(found: Findings) -> list[str]:
         f"means{n_rates}) keeps their family-wise error rate at {rate}; the {m_par} 'on par' tests "
         f"(TOST: the 90 % CI of A − B inside ±δ) are a second Holm family at {rate}. "
         f"Seed counts are planned at {words.PCT} power for the observed difference and spread, at "
-        "the level Holm applies to each test now. The control's power check is a design check outside "
-        "both families."
+        "the level Holm applies to each test now. The control's arms are in neither family: its power check "
+        "and the context gain are design checks of the study."
+    ]
+
+
+def _noise_line(found: Findings) -> list[str]:
+    """How the validation sampling error beside each verdict is measured, or that it is not available."""
+    if not found.compared:
+        return []
+    if all(c.validation_error is None for c in found.compared):
+        return [
+            "- Validation sampling error: not available (the runs' metrics.json hold no per-example validation "
+            "sums, `validation_examples`): these verdicts cover the seeds' spread, not the validation set's."
+        ]
+    return [
+        f"- Validation sampling error: the 95 % half-width of A − B from the validation set alone (a bootstrap of "
+        f"{stats.BOOTSTRAP} resamples of the validation examples, the same for every run), beside every verdict; "
+        "a verdict whose margin lies inside it says so."
     ]
 
 
 def header_section(study: Study, answered: list[str], found: Findings, advice: str) -> list[str]:
-    """The first lines of summary.md: the answer, the δ used, the Holm statement."""
+    """The first lines of summary.md: the reference's context gain (a study with a control), the answer, the δ
+    used, the Holm statement. A reference that did not learn to use context leaves one answer: uninformative."""
+    out = [words.context(found.context, control_label(study.control, "reference")), ""] if study.control else []
+    if not found.informative:
+        return out + [f"**Answer:** {words.uninformative(found.context)}", ""]
     label = "**Answer:**"
     if has_power(found) is False:
         label = f"**Answer (uninformative: the control's power check below failed; {advice}):**"
     elif found.power is None and study.control is not None:
         label = "**Answer (power not judged yet: the control has not run):**"
-    out = [f"{label} {line}" for line in answered] + [""]
+    out += [f"{label} {line}" for line in answered] + [""]
     deltas = [f"{m} ±{words.fmt(d)} ({source})" for m in study.metrics for d, source in [study.delta(m)]]
     out.append(f"- δ, the margin within which two arms are on par: {', '.join(deltas)}.")
     out += _holm_line(found)
+    out += _noise_line(found)
     for m, direction in zip(study.metrics, study.directions):
         if (threshold := study.success(m)) is not None:
             out.append(
@@ -192,6 +216,11 @@ def header_section(study: Study, answered: list[str], found: Findings, advice: s
                 "compared by Boschloo's exact test."
             )
     return out + [""]
+
+
+def _numbers(r: Row) -> dict:
+    """The trial's numbers with its run's no-context baselines (``baselines/unigram/<metric>``) beside them."""
+    return {**r.metrics, **run_baselines(r)}
 
 
 def _arm_row(study: Study, arm: str, rows: list[Row], found: Findings, shown: list[str], trivial: list[str]) -> list:
@@ -203,7 +232,7 @@ def _arm_row(study: Study, arm: str, rows: list[Row], found: Findings, shown: li
         str(len(ok)),
         *[words.mean_std([v for r in ok if (v := value(r, m, study)) is not None]) for m in shown],
         *[str(stats.success_rate(list(found.values[(arm, m)].values()), t, d)) for m, d, t in successes],
-        *[words.fmt(stats.summarize([r.metrics[k] for r in ok if k in r.metrics]).mean) for k in trivial],
+        *[words.fmt(stats.summarize([m[k] for m in map(_numbers, ok) if k in m]).mean) for k in trivial],
         "/".join(str(sum(r.trial.state == s for r in mine)) for s in (TrialState.PRUNED, TrialState.FAIL)),
     ]
 
@@ -213,7 +242,11 @@ def arms_table(study: Study, rows: list[Row], found: Findings) -> list[str]:
     shown = list(study.metrics) + [
         m for m in ("val/accuracy",) if m not in study.metrics and any(m in r.metrics for r in rows)
     ]
-    trivial = [k for k in TRIVIAL if any(k in r.metrics for r in rows)]
+    numbers = [_numbers(r) for r in rows]
+    unigram = [f"baselines/unigram/{m.removeprefix('val/')}" for m in study.metrics]
+    trivial = [k for k in unigram if any(k in n for n in numbers)] + [
+        k for k in TRIVIAL if any(k in n for n in numbers)
+    ]
     header = [
         "arm",
         "n",
@@ -223,7 +256,7 @@ def arms_table(study: Study, rows: list[Row], found: Findings) -> list[str]:
             for m, d in zip(study.metrics, study.directions)
             if (t := study.success(m)) is not None
         ],
-        *[TRIVIAL[k] for k in trivial],
+        *[TRIVIAL.get(k, k.removeprefix("baselines/").replace("/", " ")) for k in trivial],
         "pruned/failed",
     ]
     body = [_arm_row(study, arm, rows, found, shown, trivial) for arm in found.arms]
@@ -233,7 +266,8 @@ def arms_table(study: Study, rows: list[Row], found: Findings) -> list[str]:
         "## Arms",
         "",
         f"Replicates: {', '.join(replicates) or 'none'}. "
-        "The trivial baseline is what a model that ignores its input reaches (unigram loss, chance accuracy).",
+        "The no-context baselines are what a model that ignores its context reaches: the unigram on the same "
+        "targets (metrics.json `baselines`), the trivial loss and accuracy (unigram loss, chance accuracy).",
         "",
         *words.table(header, body),
         "",
@@ -256,10 +290,11 @@ def comparisons_table(found: Findings, metric: str, direction: str) -> list[str]
                 f"{words.fmt_p(v.p)} ({words.fmt_p(v.p_holm)})",
                 f"{words.fmt_p(v.tost_p)} ({words.fmt_p(v.tost_p_holm)})",
                 f"±{words.fmt(c.pair.delta)}",
-                words.verdict(c.pair, v),
+                "-" if c.validation_error is None else f"±{words.fmt(c.validation_error)}",
+                words.verdict(c.pair, v) + (f"; {words.noise(c)}" if c.inside_noise else ""),
             ]
         )
-    header = ["A", "B", "A − B", "95 % CI", "test", "p (Holm)", "TOST p (Holm)", "δ", "verdict"]
+    header = ["A", "B", "A − B", "95 % CI", "test", "p (Holm)", "TOST p (Holm)", "δ", "validation error", "verdict"]
     out = [f"## Comparisons of {metric} ({direction}; A − B with its 95 % CI)", "", *words.table(header, body), ""]
     return out + rates_table(found, metric, direction)
 
@@ -285,7 +320,7 @@ def seeds_advice(study: Study, found: Findings) -> list[str]:
     undecided = [
         c.verdict.more_seeds
         for c in found.compared
-        if c.own and c.verdict.kind == stats.UNDECIDED and c.verdict.more_seeds is not None
+        if c.verdict.kind == stats.UNDECIDED and c.verdict.more_seeds is not None
     ]
     if not undecided:
         return []
@@ -306,6 +341,8 @@ def arm_section(study: Study, rows: list[Row], found: Findings, advice: str) -> 
             f"**The power check failed (above): at this budget every verdict below is uninformative; {advice}.**",
             "",
         ]
+    if not found.informative:
+        return out + ["No comparisons: the reference did not learn to use context (above), so no verdict is given.", ""]
     for metric, direction in zip(study.metrics, study.directions):
         if found.of(metric):
             out += comparisons_table(found, metric, direction)
@@ -387,7 +424,7 @@ def summary_md(report: "Report", plots: list[str], skipped: list[str], scale_lin
         *(arm_section(study, arm_rows, found, advice) if arm_rows else []),
         *efficiency.section(speeds_of(study, report.rows), study.metrics[0], study.directions[0] == "maximize"),
         *(best_section(study, report.ostudy) if not study.is_grid else []),
-        *failed_section(report.rows + report.control_rows),
+        *failed_section(report.rows + [r for r in report.control_rows if not r.reused]),
     ]
     lines += ["## Plots", ""] + [f"- `{p}`" for p in plots] + [f"- skipped: {s}" for s in skipped] + [""]
     return "\n".join(lines)
@@ -406,7 +443,7 @@ def load(study: Study, url: Optional[str]) -> optuna.Study:
             f"{study.root / storage.JOURNAL}: no study journal here; run `linformer-lab sweep {study.path}` first"
         )
     try:
-        ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, url))
+        ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, url, create=False))
     except KeyError:
         raise ConfigError(
             f"study {study.name}: not in {storage.storage_display(study, url)}; run the sweep first"
@@ -431,6 +468,7 @@ class Report:
                 self.control_rows = rows_of(study.control, load(study.control, url).get_trials(deepcopy=False))
             except ConfigError:  # not run yet (e.g. a sweep interrupted before it began): the report says so
                 pass
+            self.control_rows += reused_rows(study, self.rows)
         self.found = findings(study, self.rows if study.arms else [], self.control_rows)
         own = [r for r in self.rows if not r.role]
         self.ladder = scale.build(study, own, self.found) if study.ladder is not None and self.found.own else None
@@ -441,8 +479,9 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
     study = report.study
     out = study.root / "report"
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(study, report.rows + report.control_rows, out / "trials.csv")
-    plots, skipped = figures.write_plots(study, report.ostudy, report.rows + report.control_rows, out)
+    trained = report.rows + [r for r in report.control_rows if not r.reused]  # each trial once
+    write_csv(study, trained, out / "trials.csv")
+    plots, skipped = figures.write_plots(study, report.ostudy, trained, out)
     speeds = speeds_of(study, report.rows)
     if figures.pareto(speeds, study.metrics[0], study.directions[0] == "maximize", out / "pareto.png"):
         plots.append("pareto.png")
@@ -452,7 +491,7 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
         drawn, not_drawn = figures.write_ladder(report.ladder, ttt, spectra, out)
         scale_lines = scale.section(report.ladder, ttt, spectra, drawn)
         plots, skipped = plots + drawn, skipped + not_drawn
-    (out / "summary.md").write_text(summary_md(report, plots, skipped, scale_lines))
+    atomic_write_text(out / "summary.md", summary_md(report, plots, skipped, scale_lines))
     return out
 
 

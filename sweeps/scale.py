@@ -44,7 +44,8 @@ import numpy as np
 from optuna.trial import TrialState
 
 from sweeps import stats, words
-from sweeps.findings import Compared, Findings, Row
+from sweeps.efficiency import no_context_ppl
+from sweeps.findings import Compared, Findings, Row, run_metrics
 from sweeps.study import Study
 
 ENERGY = 0.9  # τ of the effective rank across sizes
@@ -199,6 +200,8 @@ class TimeToTarget:
     targets: dict[str, float]  # rung -> validation perplexity every arm of the rung reaches on average
     seconds: dict[tuple[str, str], dict]  # (rung, line) -> {replicate: training seconds to the target}
     runs: dict[tuple[str, str], int]  # (rung, line) -> runs with a curve
+    # rung -> the no-context val ppl of a rung whose target a model without context reaches: not timed
+    refused: dict[str, float] = field(default_factory=dict)
 
     def ratio(self, rung: str, line: str, reference: str) -> Optional[Ratio]:
         """``line``'s time to the rung's target over the reference's, paired over the seeds both reached it."""
@@ -230,17 +233,28 @@ def time_to_target(ladder: Ladder) -> Optional[TimeToTarget]:
     }
     if not any(curves.values()):
         return None
-    targets, seconds = {}, {}
+    targets, seconds, refused = {}, {}, {}
     for rung in ladder.rungs:
         finals = [float(np.mean([c[-1][2] for c in cs.values()])) for (r, _), cs in curves.items() if r == rung and cs]
         if not finals:
             continue
         targets[rung] = max(finals)
+        floor = _no_context_ppl(ladder, rung)
+        if floor is not None and targets[rung] >= floor:
+            refused[rung] = floor
+            continue
         for (r, line), cs in curves.items():
             if r == rung:
                 reached = {k: reach(c, targets[rung]) for k, c in cs.items()}
                 seconds[(rung, line)] = {k: s for k, hit in reached.items() if hit is not None and (s := hit[0]) > 0}
-    return TimeToTarget(targets, seconds, {key: len(cs) for key, cs in curves.items()})
+    return TimeToTarget(targets, seconds, {key: len(cs) for key, cs in curves.items()}, refused)
+
+
+def _no_context_ppl(ladder: Ladder, rung: str) -> Optional[float]:
+    """The lowest no-context val ppl of the rung's reference runs (efficiency.no_context_ppl); None without one."""
+    cell = ladder.cell(rung, ladder.reference)
+    floors = [p for r in (cell.complete if cell else []) if (p := no_context_ppl({**r.metrics, **run_metrics(r)}))]
+    return min(floors) if floors else None
 
 
 # --------------------------------------------------------------------------------------- spectrum across sizes
@@ -374,6 +388,10 @@ def _trend_lines(ladder: Ladder) -> list[str]:
 def _time_lines(ladder: Ladder, ttt: TimeToTarget) -> list[str]:
     rows = []
     for rung in (rung for rung in ladder.rungs if rung in ttt.targets):
+        if rung in ttt.refused:
+            no = f"not timed: a model without context reaches val ppl {ttt.refused[rung]:.4g}"
+            rows.append([rung, f"{ttt.targets[rung]:.4g}", "every arm", "-", no])
+            continue
         for line in ladder.lines:
             r = ttt.ratio(rung, line, ladder.reference)
             reached = f"{len(ttt.seconds.get((rung, line), {}))}/{ttt.runs.get((rung, line), 0)}"

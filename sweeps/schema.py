@@ -16,18 +16,26 @@ trial's config so far. Every problem is a one-line :class:`ConfigError` naming t
 :func:`load_study` also builds the config of every grid point (or of every range end of an open space)
 so that a bad value fails here, before any trial starts.
 
-``control`` is a contrast known to be real (e.g. full attention against a Linformer whose k is far too
-small for the task), run at every seed beside the study's own trials: its ``reference`` is the study's
-baseline arm, its ``degraded`` arm a variant known to be worse. It is a companion grid study,
-``<study>_<preset>_control`` under ``<study dir>/control/``, so that it never feeds the main study's
-sampler, pruner or budget. The report first checks the reference leaves the trivial baseline and the
-contrast separates beyond the seed spread: a study whose control does not separate has no power at its
-budget, and its report says so above every verdict.
+``control`` certifies that the study's reference arm uses its context: its ``reference`` is the study's
+baseline arm, its ``degraded`` arm a model that cannot use context (``model.attention.kind: no_context``, each
+position sees only itself), run at every seed beside the study's own trials. It is a companion grid study,
+``<study>_<preset>_control`` under ``<study dir>/control/``, so that it never feeds the main study's sampler,
+pruner or budget. A control point whose config is one of the study's own grid points (the reference arm is
+usually one of the study's arms) is not run again: the report reuses the study's trial. ``no_context`` says
+where the report reads what a model without context reaches: ``degraded`` (the degraded arm's runs) or
+``baseline`` (the no-context baseline of the reference's runs, metrics.json ``baselines`` ``unigram/<metric>``,
+else ``trivial_loss`` / ``trivial_accuracy``: for a task where a model without context provably sits at chance,
+e.g. associative recall, whose degraded arm is then any contrast known to be worse). The report opens with the
+reference's context gain, no-context − reference on the first objective (in the direction that favours the
+reference), with its 95 % CI over seeds; below the study's threshold, or with a CI that holds 0, it gives no
+verdict: the reference did not learn to use context.
 
 ``verdict`` says what the report's verdicts (:mod:`sweeps.stats`, docs/verdicts.md) need per objective
 metric: ``delta``, the margin δ within which two arms are "on par" (default by the metric's name,
-:data:`DEFAULT_DELTA`; a metric with no default must be given one), and ``success``, a threshold past
-which a run counts as having solved the task (the report then gives success rates per arm).
+:data:`DEFAULT_DELTA`; a metric with no default must be given one), ``success``, a threshold past
+which a run counts as having solved the task (the report then gives success rates per arm), and
+``context_gain``, the smallest context gain of the reference that makes the study informative (default by the
+metric's name, :data:`DEFAULT_CONTEXT_GAIN`).
 
 ``ladder`` makes the study a model-size ladder (docs/scale.md): ``rung`` names the space param whose choices
 are the model sizes, smallest first, and ``reference`` the values of the other arm params that make the arm
@@ -58,6 +66,10 @@ ADDED_SEEDS = "added_seeds"  # user attr of a stored study: the seeds `sweep --a
 # The equivalence margin δ of a metric that a study file gives none, by the end of its name: 0.01 nats of a
 # loss, half an accuracy point of an accuracy in [0, 1]. Any other metric needs verdict.delta.<metric>.
 DEFAULT_DELTA = {"loss": 0.01, "accuracy": 0.005}
+# The context gain (no-context − reference, in the reference's favour) a study's reference must reach for its
+# verdicts to mean anything, by the end of the metric's name: half a nat of a loss, ten accuracy points.
+DEFAULT_CONTEXT_GAIN = {"loss": 0.5, "accuracy": 0.1}
+NO_CONTEXT_SOURCES = ("degraded", "baseline")  # control.no_context
 
 
 def metric_kind(metric: str) -> Optional[str]:
@@ -111,9 +123,11 @@ class BudgetSpec:
 @dataclass
 class ControlSpec:
     reference: Dict[str, Any] = field(default_factory=dict)  # the baseline arm's overrides
-    degraded: Dict[str, Any] = field(default_factory=dict)  # a variant known to be worse on this task
+    degraded: Dict[str, Any] = field(default_factory=dict)  # a model that cannot use context (or known worse)
     # Seeds of the control trials; null: the study's `seed` choices, else [0, 1, 2].
     seeds: Optional[List[int]] = None
+    # What a model without context reaches: the degraded arm's runs, or the reference runs' no-context baseline.
+    no_context: str = "degraded"
 
 
 @dataclass
@@ -125,6 +139,9 @@ class VerdictSpec:
     # task: the report gives each arm's success rate and compares the rates (for outcomes that split into
     # solved and stuck runs, e.g. recall at ~1 or on a plateau).
     success: Dict[str, float] = field(default_factory=dict)
+    # Per objective metric, the context gain of the reference below which the report gives no verdict; a metric
+    # missing here gets DEFAULT_CONTEXT_GAIN by its name (the first objective of a study with a control must have one).
+    context_gain: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -142,6 +142,38 @@ def compare(a: Mapping[Hashable, float], b: Mapping[Hashable, float]) -> Compari
     return Comparison(diff, se, df, f"Welch t ({sa.n} vs {sb.n})", n, False, sa.std, sb.std)
 
 
+# --------------------------------------------------------------------------------------- validation noise
+BOOTSTRAP = 1000  # resamples of the validation examples
+BOOTSTRAP_SEED = 0
+
+
+def examples_metric(sums: np.ndarray, counts: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The metric Σ sum / Σ count over each row of example indices ``idx`` (resamples × examples)."""
+    return sums[idx].sum(axis=-1) / counts[idx].sum(axis=-1)
+
+
+def validation_error(
+    a: Sequence[tuple[Sequence[float], Sequence[float]]],
+    b: Sequence[tuple[Sequence[float], Sequence[float]]],
+    level: float = LEVEL,
+    resamples: int = BOOTSTRAP,
+    seed: int = BOOTSTRAP_SEED,
+) -> float:
+    """The sampling error of mean(A) − mean(B) that comes from the validation set, as the half-width of its
+    ``level`` interval: z · the bootstrap standard error over validation examples.
+
+    ``a``, ``b``: per seed of each arm, (sum, count) of the metric per validation example, examples in the same
+    order for every run. Each resample draws the n example indices with replacement, once for all runs (the
+    arms are scored on the same examples), and recomputes each run's metric Σ sum / Σ count over the drawn
+    examples, then the difference of the arms' means over seeds."""
+    runs = [(np.asarray(s, dtype=float), np.asarray(c, dtype=float)) for s, c in [*a, *b]]
+    n = len(runs[0][0])
+    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    values = np.stack([examples_metric(s, c, idx) for s, c in runs])  # runs × resamples
+    diff = values[: len(a)].mean(axis=0) - values[len(a) :].mean(axis=0)
+    return float(sp.norm.ppf((1 + level) / 2) * diff.std(ddof=1))
+
+
 # --------------------------------------------------------------------------------------- planning
 def _design(c: Comparison, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(se, ν) of the same comparison with ``n`` replicates per arm, at the observed spread."""

@@ -14,16 +14,27 @@ enqueues a copy of each with the same params (``RetryHeartbeatStaleTrialCallback
 which the next free worker runs, continuing from the dead attempt's last checkpoint
 (:func:`sweeps.trials.continue_dead_attempt`). Only public Optuna API is used.
 
+Owner and journal. A journal study is owned by the ``sweep`` command that launched its workers
+(:func:`own_study`: an advisory lock on ``<study dir>/.lock``, see :mod:`foundation.lock`; a second ``sweep`` of
+the same study gets one line naming the owner); RDB studies are shared by design (launchers on several machines
+join one). Optuna appends to the journal in whole lines, fsynced, under its lock; a write killed half-way leaves a
+torn last line. :func:`check_journal` reads every line on open: a torn last line is cut off by the owner before its
+workers start (saying so) and under Optuna's lock before every append (:class:`WholeLines`), so no record is
+ever appended after half a line; a line before the last that is not a record is refused in one line.
+
 Budget. ``n_trials`` counts finished trials (complete, pruned, failed), except failed trials that were
-retried (their copy counts instead) and trials discarded because concurrent workers had already
+retried (their copy counts instead: trials that failed on an input error, interrupted ones and those of dead
+workers are retried) and trials discarded because concurrent workers had already
 started the last one (see :func:`budget_position`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -35,10 +46,11 @@ from typing import Iterator, Optional
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import FrozenTrial, TrialState
 
 from foundation.errors import ConfigError
+from foundation.lock import Owner
 from foundation.redact import redact
 from sweeps.study import Study
 
@@ -128,9 +140,10 @@ def _stale_journal_trials(ostudy: optuna.Study, study: Study, grace_s: float) ->
     return stale
 
 
-def open_storage(study: Study, url: Optional[str], workers: int = 1) -> BaseStorage:
+def open_storage(study: Study, url: Optional[str], workers: int = 1, create: bool = True) -> BaseStorage:
     """The study's storage: the journal file by default (heartbeats by :func:`beating`), else an Optuna RDB URL
-    (with Optuna's heartbeats)."""
+    (with Optuna's heartbeats). ``create=False`` (a reader such as ``report``) creates nothing: an SQLite file
+    that does not exist is refused, and no tables are made in an empty database."""
     if url is not None and url.startswith("sqlite") and workers > 1:
         raise ConfigError(
             f"--storage {redact(url)}: SQLite cannot take parallel workers; use the default journal "
@@ -140,11 +153,19 @@ def open_storage(study: Study, url: Optional[str], workers: int = 1) -> BaseStor
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
         if url is None:
-            (study.root / JOURNAL).parent.mkdir(parents=True, exist_ok=True)
-            return JournalStorage(JournalFileBackend(str(study.root / JOURNAL)))
+            journal = study.root / JOURNAL
+            check_journal(journal)
+            journal.parent.mkdir(parents=True, exist_ok=True)
+            return JournalStorage(JournalFileBackend(str(journal), lock_obj=WholeLines(journal)))
+        if not create:
+            _check_database_exists(url)
         try:
             return RDBStorage(
-                url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, heartbeat_stale_trial_callback=retry
+                url,
+                heartbeat_interval=HEARTBEAT_S,
+                grace_period=GRACE_S,
+                heartbeat_stale_trial_callback=retry,
+                skip_table_creation=not create,
             )
         except ImportError:
             raise ConfigError(
@@ -154,6 +175,96 @@ def open_storage(study: Study, url: Optional[str], workers: int = 1) -> BaseStor
             ) from None
         except Exception as err:  # sqlalchemy's many connection/URL errors
             raise ConfigError(f"--storage {redact(url)}: cannot open ({redact(str(err).splitlines()[0])})") from None
+
+
+def _check_database_exists(url: str) -> None:
+    """An SQLite URL names an existing file (connecting would create it)."""
+    if not url.startswith("sqlite"):
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        database = make_url(url).database
+    except ArgumentError:
+        raise ConfigError(f"--storage {redact(url)}: not a database URL") from None
+    if database and database != ":memory:" and not Path(database).is_file():
+        raise ConfigError(f"--storage {redact(url)}: no database file {database}; give the storage the study ran on")
+
+
+def own_study(study: Study, url: Optional[str]) -> Optional[Owner]:
+    """The ``sweep`` command's ownership of a journal study, for the command's life (None for an RDB study, which
+    launchers on several machines share by design); then the journal's torn last line, if any, is cut off."""
+    if url is not None:
+        return None
+    check_journal(study.root / JOURNAL)  # a garbage line is refused before anything is written
+    study.root.mkdir(parents=True, exist_ok=True)
+    owner = Owner(study.root, f"study {study.name} ({study.root})")
+    owner.record()
+    check_journal(study.root / JOURNAL, repair=True)
+    return owner
+
+
+def check_journal(path: Path, repair: bool = False) -> None:
+    """Every line of the journal ``path`` but the last is a whole JSON record, or one ConfigError line names the
+    first that is not. A last line without its newline is a write killed half-way (or one in flight): cut off
+    when ``repair`` (saying so on stderr), else left for Optuna, which skips it."""
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a journal file (a {'folder' if path.is_dir() else 'special file'})")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the study journal ({err.strerror or type(err).__name__})") from None
+    *lines, tail = data.split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            raise ConfigError(
+                f"{path}: line {number} of {len(lines) + bool(tail)} is not a journal record ({line[:40]!r}); "
+                "refused: restore the journal from a backup or move it aside to start the study afresh"
+            )
+    if tail and repair:
+        cut_torn_tail(path)
+
+
+def cut_torn_tail(path: Path) -> None:
+    """Cut ``path`` back to its last newline when a write killed half-way left a partial line after it."""
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        end = size
+        while end > 0:  # the last newline, read backwards in blocks
+            start = max(0, end - 65536)
+            f.seek(start)
+            found = f.read(end - start).rfind(b"\n")
+            if found >= 0:
+                end = start + found + 1
+                break
+            end = start
+        if end == size:
+            return
+        f.truncate(end)
+        f.flush()
+        os.fsync(f.fileno())
+    print(f"{path}: removed a torn last line ({size - end} bytes) left by a write killed half-way", file=sys.stderr)
+
+
+class WholeLines(JournalFileSymlinkLock):
+    """Optuna's journal lock (the symlink lock every Optuna process takes by default) that, once acquired and
+    before Optuna appends, cuts off a torn last line: no record is ever appended after half a line."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path))
+        self.path = Path(path)
+
+    def acquire(self) -> bool:
+        acquired = super().acquire()
+        cut_torn_tail(self.path)
+        return acquired
 
 
 def storage_display(study: Study, url: Optional[str]) -> str:

@@ -14,8 +14,9 @@ any trial starts.
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -30,6 +31,7 @@ from sweeps.ladders import check_ladder
 from sweeps.schema import (
     ADDED_SEEDS,
     CONTROL_PARAM,
+    DEFAULT_CONTEXT_GAIN,
     DEFAULT_DELTA,
     MAX_TRIALS,
     REPO_ROOT,
@@ -71,6 +73,9 @@ class Study:
     control: Optional["Study"] = None  # the companion control study (see the module docstring)
     parent: Optional["Study"] = None  # of a control study: the study it checks
     added_seeds: tuple[int, ...] = ()  # seeds `sweep --add-seeds` added to the file's (see the module docstring)
+    # of a control study: (its params, the study's params) of each point that is one of the study's own grid
+    # points (the same config): trained once, by the study, and reused by the report
+    reused: list[tuple[dict, dict]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -144,6 +149,19 @@ class Study:
         """The success threshold of ``metric``, if the study file gives one."""
         verdict = (self.parent or self).spec.verdict
         return float(verdict.success[metric]) if metric in verdict.success else None
+
+    @property
+    def no_context_source(self) -> str:
+        """Where the report reads what a model without context reaches: "degraded" or "baseline" (the control's)."""
+        control = (self.parent or self).spec.control
+        return control.no_context if control is not None else "degraded"
+
+    def context_gain(self, metric: str) -> tuple[float, str]:
+        """The context-gain threshold of ``metric`` and where it comes from ("study file" or "default")."""
+        verdict = (self.parent or self).spec.verdict
+        if metric in verdict.context_gain:
+            return float(verdict.context_gain[metric]), "study file"
+        return float(DEFAULT_CONTEXT_GAIN[metric_kind(metric)]), "default"
 
     def is_bundle(self, name: str) -> bool:
         """Whether param ``name`` is a free label whose choices name bundles of overrides."""
@@ -282,17 +300,23 @@ def _validate(
         study.config({})
     except ConfigError as err:
         raise ConfigError(f"overrides: {err}") from None
-    if spec.control is not None:
-        study.control = _control_study(study)
     if spec.ladder is not None:
         check_ladder(spec, study.arms, study.config)
+    configs = {}
     for params in _samples(study, added_seeds):
         try:
-            study.config(params)
+            configs[_identity(study.config(params))] = params
         except ConfigError as err:
             shown = ", ".join(f"{k}={v}" for k, v in params.items())
             raise ConfigError(f"trial with {shown}: {err}") from None
+    if spec.control is not None:
+        study.control = _control_study(study, configs if study.is_grid else {})
     return study
+
+
+def _identity(cfg: DictConfig) -> str:
+    """A trial's run config as one string: two trials with the same identity train the same model."""
+    return json.dumps(OmegaConf.to_container(cfg, resolve=True), sort_keys=True, default=str)
 
 
 def _samples(study: Study, added_seeds: tuple[int, ...]) -> list[dict]:
@@ -316,8 +340,9 @@ def _samples(study: Study, added_seeds: tuple[int, ...]) -> list[dict]:
     return study.points
 
 
-def _control_study(study: Study) -> Study:
-    """The control's grid study (:mod:`sweeps.controls`), every point's config checked."""
+def _control_study(study: Study, study_points: dict[str, dict]) -> Study:
+    """The control's grid study (:mod:`sweeps.controls`), every point's config checked; a point whose config is
+    one of ``study_points`` (config identity -> the study's params) is reused, not run (``reused``)."""
     control = Study(
         path=study.path,
         preset=study.preset,
@@ -328,13 +353,18 @@ def _control_study(study: Study) -> Study:
         parent=study,
         added_seeds=study.added_seeds,
     )
-    control.points = control.grid()
-    control.spec.budget.n_trials = len(control.points)
-    for params in control.points:
+    points = []
+    for params in control.grid():
         try:
-            control.config(params)
+            identity = _identity(control.config(params))
         except ConfigError as err:
             raise ConfigError(f"control.{params[CONTROL_PARAM]}: {err}") from None
+        if identity in study_points:
+            control.reused.append((params, study_points[identity]))
+        else:
+            points.append(params)
+    control.points = points
+    control.spec.budget.n_trials = len(points)
     return control
 
 

@@ -27,8 +27,10 @@ inflates the error rates the verdicts promise (docs/verdicts.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 from multiprocessing.connection import wait
@@ -37,7 +39,7 @@ from typing import Optional
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from foundation.errors import ConfigError, check_number
+from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
 from sweeps import storage
 from sweeps.study import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM, Study, load_study, requested_devices, seed_is_categorical
 
@@ -187,8 +189,6 @@ def work(
         print(f"worker {index}: CUDA_VISIBLE_DEVICES={gpus}", flush=True)
     import torch
 
-    from sweeps.objective import StudyMisconfigured
-
     torch.set_num_threads(threads)
     study = load_study(study_file, preset, n_trials, timeout_s, added_seeds)
     try:
@@ -196,7 +196,7 @@ def work(
             # The control never waits for its last running trials: the workers go on to the study itself
             # (a control trial whose worker died is retried by the next `sweep` command).
             _work_on(one, url, workers, index, deadline, wait_for_running=one is study)
-    except StudyMisconfigured as err:
+    except ConfigError as err:  # an input error every trial would meet: its trial is put back, uncounted
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
@@ -205,7 +205,6 @@ def work(
 def _work_on(
     study: Study, url: Optional[str], workers: int, index: int, deadline: Optional[float], wait_for_running: bool
 ) -> None:
-    from sweeps.objective import StudyMisconfigured
     from sweeps.trials import run_trial
 
     ostudy = open_study(study, url, workers)
@@ -228,7 +227,7 @@ def _work_on(
             continue
         try:
             ostudy.optimize(lambda trial: run_trial(study, trial, url), n_trials=1, gc_after_trial=True)
-        except StudyMisconfigured:
+        except (ConfigError, Terminated):
             raise
         except Exception:  # recorded on the trial (state FAIL, user attr fail_reason); the study goes on
             pass
@@ -239,9 +238,9 @@ def _work_entry(**kwargs) -> None:
     try:
         code = work(**kwargs)
     except KeyboardInterrupt:
-        code = 130
-    except SystemExit as exc:  # Lightning answers Ctrl-C inside fit with sys.exit(1)
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = EXIT_INTERRUPTED
+    except Terminated:  # its trial's checkpoint is saved and a copy of the trial enqueued
+        code = EXIT_TERMINATED
     sys.exit(code)
 
 
@@ -316,8 +315,10 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
         print("budget already met: nothing to run")
         return 0
     deadline = time.time() + study.spec.budget.timeout_s if study.spec.budget.timeout_s else None
+    before = {(s.name, t.number) for s in study.studies for t in ostudies[s.name].trials}
     procs = start_workers(study, url, workers, visible, _trials_left(study, ostudies), deadline)
     started = time.time()
+    on_sigterm = signal.signal(signal.SIGTERM, _terminated)
     try:
         follow(study, ostudies, procs)
     except KeyboardInterrupt:
@@ -326,10 +327,49 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
             if p.is_alive():
                 p.terminate()
         print("interrupted: run the same command again to resume", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except Terminated:  # a scheduler's preemption: each worker saves its trial's checkpoint and puts it back
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=120)
+        print("terminated: the running trials saved their checkpoints; run the same command again", file=sys.stderr)
+        return EXIT_TERMINATED
+    finally:
+        signal.signal(signal.SIGTERM, on_sigterm)
     met = summarise(study, ostudies, started, deadline)
     print(footer(study, url))
+    stopped = input_error(study, ostudies, before)
+    if stopped is not None:
+        print(f"error: {stopped}", file=sys.stderr)
+        return 2
     return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated("SIGTERM")
+
+
+def input_error(study: Study, ostudies: dict[str, optuna.Study], before: set[tuple[str, int]]) -> Optional[str]:
+    """The line that says why the sweep stopped, when trials of this run failed on an input error (put back,
+    uncounted), else None."""
+    from sweeps.trials import INPUT_ERROR
+
+    failed = [
+        (s, t)
+        for s in study.studies
+        for t in ostudies[s.name].get_trials(deepcopy=False)
+        if (s.name, t.number) not in before and t.user_attrs.get(INPUT_ERROR)
+    ]
+    if not failed:
+        return None
+    s, t = failed[-1]
+    return (
+        f"the sweep stopped: trial {t.number} of {s.name} failed on an input error that every trial would meet "
+        f"({t.user_attrs[INPUT_ERROR]}); its {len(failed)} failed trial(s) are put back and not counted: fix it "
+        "and run the same command again"
+    )
 
 
 def start_workers(
@@ -488,5 +528,6 @@ def main(args: argparse.Namespace) -> int:
     if args.add_seeds:  # before any storage is touched: a study that cannot grow is refused first
         load_study(args.study, args.preset, args.n_trials, args.timeout_s, [max(study.seeds, default=0) + 1])
     _optuna_quiet()
-    study = with_added_seeds(study, args.storage, args.workers, args.add_seeds or 0, args.n_trials, args.timeout_s)
-    return run(study, args.storage, args.workers)
+    with storage.own_study(study, args.storage) or contextlib.nullcontext():  # one sweep command per study
+        study = with_added_seeds(study, args.storage, args.workers, args.add_seeds or 0, args.n_trials, args.timeout_s)
+        return run(study, args.storage, args.workers)

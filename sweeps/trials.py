@@ -10,8 +10,11 @@
   copied into the new one (TensorBoard events, checkpoint with its RNG states) and the run resumes there, so it
   ends exactly as an uninterrupted run would; the attempt's intermediate values up to that step are reported
   again, so pruners see the whole curve (user attr ``resumed_from``: ``{trial, step}``);
-* :func:`record_failure`: a failed trial keeps its reason (user attr ``fail_reason``); an interrupted one is
-  re-enqueued for the resumed study.
+* :func:`record_failure`: a failed trial keeps its reason (user attr ``fail_reason``); an interrupted or
+  terminated one is re-enqueued for the resumed study; one that failed on an input error (a ``ConfigError``: the
+  same for every process, e.g. a data file that is missing or an accelerator this machine lacks) is re-enqueued
+  too and marked ``input_error``, and its worker stops: such trials never consume the budget, and a rerun after
+  the fix runs them.
 
 What a finished trial records: the objective values, the scalar ``metrics.json`` entries (user attr
 ``metrics``, so reports work from the storage alone), or ``fail_reason``.
@@ -27,12 +30,18 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from foundation.checkpoint import read_checkpoint
+from foundation.errors import ConfigError, Terminated
 from foundation.rundir import CHECKPOINT
 from sweeps import storage
 from sweeps.objective import Diverged, objective
 from sweeps.study import Study
 
-INHERITED = ("fail_reason", "resumed_from")  # user attrs a retry copies from its attempt, which are not its own
+INPUT_ERROR = "input_error"  # user attr of a trial that failed on an input error (put back, not counted)
+INHERITED = (
+    "fail_reason",
+    "resumed_from",
+    INPUT_ERROR,
+)  # user attrs a retry copies from its attempt, which are not its own
 
 
 def run_trial(study: Study, trial: optuna.Trial, url: Optional[str]) -> float | list[float]:
@@ -105,9 +114,16 @@ def reason(err: BaseException) -> str:
 
 
 def record_failure(trial: optuna.Trial, err: BaseException) -> None:
-    """Keep why the trial failed; an interrupted trial (Optuna fails it) gets an identical copy enqueued."""
-    if isinstance(err, KeyboardInterrupt):
-        trial.set_user_attr("fail_reason", "interrupted")
+    """Keep why the trial failed; an interrupted or terminated trial (Optuna fails it) gets an identical copy
+    enqueued, which continues from its last checkpoint."""
+    if isinstance(err, (KeyboardInterrupt, Terminated)):
+        trial.set_user_attr("fail_reason", "interrupted" if isinstance(err, KeyboardInterrupt) else "terminated")
+        storage.requeue(
+            trial.study, next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
+        )
+    elif isinstance(err, ConfigError):  # every trial would meet it: put back, uncounted; the worker stops
+        trial.set_user_attr("fail_reason", reason(err))
+        trial.set_user_attr(INPUT_ERROR, " ".join(str(err).split()))
         storage.requeue(
             trial.study, next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
         )

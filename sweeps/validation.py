@@ -10,7 +10,16 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from foundation.errors import ConfigError
-from sweeps.schema import CONTROL_PARAM, REPO_ROOT, SCALAR, SPAWN_STRATEGIES, ObjectiveSpec, ParamSpec, metric_kind
+from sweeps.schema import (
+    CONTROL_PARAM,
+    NO_CONTEXT_SOURCES,
+    REPO_ROOT,
+    SCALAR,
+    SPAWN_STRATEGIES,
+    ObjectiveSpec,
+    ParamSpec,
+    metric_kind,
+)
 
 
 def nested(flat: dict) -> DictConfig:
@@ -94,25 +103,37 @@ def check_param(name: str, p: ParamSpec) -> None:
         raise ConfigError(f"{where}.step: must be > 0, got {p.step}")
 
 
+# verdict.<section>: (the rule any value must meet, the rule an accuracy must meet), each as (words, test)
+VERDICT_RULES = {
+    "delta": (
+        ("the margin δ must be > 0 (in the metric's units)", lambda v: v > 0),
+        ("0 < δ < 1 (half an accuracy point is 0.005)", lambda v: 0 < v < 1),
+    ),
+    "success": (
+        ("a threshold is a number", lambda v: True),
+        ("0 < threshold <= 1 (90 % is 0.9)", lambda v: 0 < v <= 1),
+    ),
+    "context_gain": (
+        ("the threshold must be > 0 (in the metric's units; defaults: *loss 0.5, *accuracy 0.1)", lambda v: v > 0),
+        ("0 < threshold < 1 (ten accuracy points is 0.1)", lambda v: 0 < v < 1),
+    ),
+}
+
+
 def check_verdict(spec: DictConfig, file_metrics: set[str]) -> None:
-    """verdict.delta / verdict.success: keys are objective metrics of the file (some preset's at least),
-    values in range; every objective metric of this preset has a δ."""
+    """verdict.delta / success / context_gain: keys are objective metrics of the file (some preset's at least),
+    values in range; every objective metric of this preset has a δ, and a study with a control a context-gain
+    threshold for its first objective."""
     known = ", ".join(sorted(file_metrics))
-    for section in ("delta", "success"):
+    for section, ((rule, ok), (accuracy_rule, accuracy_ok)) in VERDICT_RULES.items():
         for metric, value in spec.verdict[section].items():
             where = f"verdict.{section}.{metric}"
             if metric not in file_metrics:
                 raise ConfigError(f"{where}: not an objective metric of this study file (objectives: {known})")
-            if section == "delta" and not value > 0:
-                raise ConfigError(f"{where}: the margin δ must be > 0 (in the metric's units), got {value}")
-            if metric_kind(metric) == "accuracy":
-                rule, ok = (
-                    ("0 < δ < 1 (half an accuracy point is 0.005)", value < 1)
-                    if section == "delta"
-                    else ("0 < threshold <= 1 (90 % is 0.9)", 0 < value <= 1)
-                )
-                if not ok:
-                    raise ConfigError(f"{where}: an accuracy is a fraction in [0, 1], so {rule}, got {value}")
+            if not ok(value):
+                raise ConfigError(f"{where}: {rule}, got {value}")
+            if metric_kind(metric) == "accuracy" and not accuracy_ok(value):
+                raise ConfigError(f"{where}: an accuracy is a fraction in [0, 1], so {accuracy_rule}, got {value}")
     for metric in (o.metric for o in spec.objective):
         if metric not in spec.verdict.delta and metric_kind(metric) is None:
             raise ConfigError(
@@ -120,6 +141,18 @@ def check_verdict(spec: DictConfig, file_metrics: set[str]) -> None:
                 "(defaults: *loss 0.01, *accuracy 0.005); give the smallest difference that "
                 "matters, in its units"
             )
+    first = spec.objective[0].metric
+    if spec.control is not None and first not in spec.verdict.context_gain and metric_kind(first) is None:
+        raise ConfigError(
+            f"verdict.context_gain.{first}: the first objective {first!r} has no default context-gain threshold "
+            "(defaults: *loss 0.5, *accuracy 0.1); give the smallest gain over a model without context that "
+            "shows the reference uses its context, in the metric's units"
+        )
+    if spec.control is not None and spec.control.no_context not in NO_CONTEXT_SOURCES:
+        raise ConfigError(
+            f"control.no_context: {spec.control.no_context!r} is not one of {', '.join(NO_CONTEXT_SOURCES)} "
+            "(degraded: the degraded arm's runs; baseline: the reference runs' no-context baseline)"
+        )
 
 
 def check_objective(spec: DictConfig) -> None:

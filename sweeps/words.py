@@ -7,7 +7,7 @@ import math
 from typing import Optional, Sequence
 
 from sweeps import stats
-from sweeps.findings import Compared, RatesCompared
+from sweeps.findings import Compared, ContextGain, RatesCompared
 
 PCT = f"{stats.POWER * 100:.0f} %"
 
@@ -95,6 +95,20 @@ def verdict(pair: stats.Pair, v: stats.Verdict) -> str:
     if v.unplannable == stats.NO_SPREAD:
         return "undecided: no spread in an arm to plan from"
     return f"undecided: {plan(v, c, pair.delta)}"
+
+
+def noise(c: Compared) -> str:
+    """The validation sampling error of a comparison, and whether its verdict's margin lies inside it."""
+    if c.validation_error is None:
+        return "validation sampling error: not available (a run has no per-example validation sums)"
+    text = f"validation sampling error ±{fmt(c.validation_error)}"
+    if not c.inside_noise:
+        return text
+    if c.verdict.kind == stats.ON_PAR:
+        return text + f": δ = {fmt(c.pair.delta)} lies inside it, so this validation set cannot resolve parity"
+    if c.verdict.kind == stats.BETTER:
+        return text + ": the difference lies inside it, so this validation set cannot tell the arms apart"
+    return text + ": the observed difference lies inside it"
 
 
 def rates(r: RatesCompared) -> str:
@@ -226,3 +240,32 @@ def power(check: stats.PowerCheck, advice: str = "run the GPU preset") -> list[s
             f"this study has no power at this budget, so no verdict below can be trusted; {advice}."
         )
     return lines
+
+
+def context(gain: Optional[ContextGain], reference: str) -> str:
+    """The report's first line: the reference's context gain, its CI and the threshold it is held to."""
+    if gain is None:
+        return (
+            "**Context gain:** not judged yet: the control needs at least 2 complete runs of the reference and "
+            "of the model without context; until then nothing below says whether the reference uses its context."
+        )
+    c = gain.comparison
+    lo, hi = c.ci()
+    source = "the degraded arm" if gain.source == "degraded" else "the no-context baseline of its runs"
+    verdict = "the reference uses its context" if gain.informative else "uninformative"
+    return (
+        f"**Context gain:** {reference} gains {fmt(gain.gain)} on {gain.metric} over a model without context "
+        f"({source}: {fmt(gain.no_context_mean)} vs {fmt(gain.reference_mean)}; 95 % CI {interval(lo, hi)}, "
+        f"{c.test}); the study needs ≥ {fmt(gain.threshold)}: {verdict}."
+    )
+
+
+def uninformative(gain: ContextGain) -> str:
+    """The report's only answer when the reference did not learn to use context."""
+    lo, _ = gain.comparison.ci()
+    holds_zero = "" if gain.comparison.judged and lo > 0 else "; its 95 % CI holds 0"
+    return (
+        f"uninformative: the reference did not learn to use context (gain {fmt(gain.gain)}, needs ≥ "
+        f"{fmt(gain.threshold)}{holds_zero}). No verdict is given: arms that ignore their context answer no question "
+        "about attention."
+    )

@@ -417,3 +417,45 @@ def test_time_to_target_errors_are_one_line(tmp_path, capsys):
     assert "no run directory" in capsys.readouterr().err
     assert cli.main(["time-to-target", str(tmp_path), "--target", "abc"]) == 2
     assert "--target: expected numbers" in capsys.readouterr().err
+
+
+def test_time_to_target_refuses_a_target_a_model_without_context_reaches(tmp_path, capsys):
+    _fake_run(tmp_path / "a" / "version_0", 32, 0, [[10, 100, 80], [20, 200, 40]])
+    metrics = json.loads((tmp_path / "a" / "version_0" / "metrics.json").read_text())
+    metrics["baselines"] = {"unigram/loss": math.log(50.0)}  # a model without context reaches val ppl 50
+    (tmp_path / "a" / "version_0" / "metrics.json").write_text(json.dumps(metrics))
+    assert cli.main(["time-to-target", str(tmp_path), "--target", "45,60"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--target: 60 is reached by a model without context (val ppl 50, the unigram baseline of these runs)" in err
+    assert cli.main(["time-to-target", str(tmp_path), "--target", "45"]) == 0
+
+
+# ------------------------------------------------------------------------------ the race against the libraries
+def test_library_race_times_both_sides_and_matches_outputs_where_the_functions_agree():
+    from experiments.benchmarks import libraries
+
+    ready = [v for v in libraries.LIBRARIES if libraries.available(v)]
+    if not ready:
+        pytest.skip("no reference library installed (extra refs)")
+    rows = libraries.race(ready, 64, 8, "fwdbwd", cases.Shape(32, 2, 1, 64, 50, 1, torch.float32, CPU), 2, 0.001)
+    assert [r["variant"] for r in rows] == ready
+    for row in rows:
+        assert row["project_ms"] > 0 and row["library_ms"] > 0 and row["ratio"] > 0
+        assert row["project_mb"] > 0 and row["library_mb"] > 0
+        if row["variant"] in ("nystrom", "performer"):  # same weights, same function
+            assert row["max_difference"] < 1e-4
+    table = libraries.markdown(rows, ["- header"])
+    assert table.count("\n| ") == len(rows) + 1  # the header row and one per race
+
+
+def test_library_race_is_its_own_level_written_beside_the_bench_tables(tmp_path):
+    pytest.importorskip("local_attention")
+    pytest.importorskip("nystrom_attention")
+    assert (
+        cli.main(["bench", *TINY, "--levels", "libraries", "--variants", "local,nystrom", "--out", str(tmp_path)]) == 0
+    )
+    (out,) = tmp_path.iterdir()
+    table = (out / "libraries.md").read_text()
+    assert "library time ÷ project time" in table
+    assert list(csv.DictReader((out / "libraries.csv").open()))[0]["variant"] in ("local", "nystrom")

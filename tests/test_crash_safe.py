@@ -7,6 +7,7 @@ thread per process, where the same computation gives the same floats.
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,8 +16,10 @@ from collections import Counter
 from pathlib import Path
 
 import lightning as L
+import optuna
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
@@ -26,7 +29,10 @@ from torch.utils.data import TensorDataset
 from datamodules.sampling import EpochShuffle, ResumableLoader
 from experiments import cli
 from foundation.checkpoint import AtomicCheckpointIO, read_checkpoint
+from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT
+from sweeps import storage
+from sweeps.study import load_study
 from training import config as run_config
 from training.train import train
 
@@ -334,3 +340,189 @@ def test_training_a_finished_run_further_keeps_its_earlier_metrics(tiny_override
     )
     assert json.loads((run_dir / "metrics.step_6.json").read_text()) == recorded
     assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == 9
+
+
+# --------------------------------------------------------------------------------------- owners and endings
+def started(args: list[str], run_dir: Path) -> subprocess.Popen:
+    """A `train` subprocess, returned once its first checkpoint exists."""
+    proc = launch(args)
+    deadline = time.monotonic() + 300
+    while not (run_dir / CHECKPOINT).is_file():
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before its first checkpoint: {proc.stderr.read().decode()[-2000:]}")
+        assert time.monotonic() < deadline, "no checkpoint after 300 s"
+        time.sleep(0.01)
+    return proc
+
+
+def long_run(tiny_overrides, run_dir: Path) -> list[str]:
+    return [
+        str(tiny_overrides.config),
+        *tiny_overrides.args,
+        "trainer.max_steps=100000",
+        "trainer.val_check_interval=2",
+        "trainer.cpu_threads=1",
+        f"run_dir={run_dir}",
+    ]
+
+
+def test_sigterm_saves_a_resumable_checkpoint_and_exits_143(tiny_overrides, tmp_path):
+    run_dir = tmp_path / "preempted"
+    args = long_run(tiny_overrides, run_dir)
+    proc = started(args, run_dir)
+    first = read_checkpoint(run_dir / CHECKPOINT)["global_step"]
+    time.sleep(1.0)  # a few more steps past that checkpoint
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert [line for line in err.splitlines() if line.startswith("terminated: ")], err[-2000:]
+    assert "Traceback" not in err
+    assert not (run_dir / "metrics.json").exists()  # an unfinished run does not look finished
+    saved = read_checkpoint(run_dir / CHECKPOINT)["global_step"]
+    assert saved > first  # the step it reached, not only the last validation's
+    # It resumes from there and finishes.
+    resumed = [*args[:-4], *args[-3:-1], f"trainer.max_steps={saved + 2}", f"run_dir={run_dir}", "resume=true"]
+    resumed = [a for a in resumed if a != "trainer.max_steps=100000"]
+    assert cli.main(["train", *resumed]) == 0
+    assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == saved + 2
+
+
+class CtrlC(L.Callback):
+    """What Python's SIGINT handler does: KeyboardInterrupt in the middle of a training step."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == 2:
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_inside_training_is_an_interrupt_exit_130_not_lightnings_exit_1(tiny_overrides, tmp_path, monkeypatch):
+    cfg = run_config.load(tiny_overrides.config, [*tiny_overrides.args, f"run_dir={tmp_path / 'r'}"])
+    with pytest.raises(KeyboardInterrupt):  # Lightning turns it into sys.exit(1); train() turns it back
+        train(cfg, callbacks=[CtrlC()])
+    assert not (tmp_path / "r" / "metrics.json").exists()
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("training.train.train", interrupted)
+    assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args]) == 130
+
+
+HOLD = "import sys, time; from foundation.lock import Owner; o = Owner(sys.argv[1]); o.record(); print(1, flush=True); time.sleep(300)"
+
+
+def test_a_second_process_on_an_owned_run_gets_one_line_naming_the_owner(tiny_overrides, tmp_path, capsys):
+    run_dir = tmp_path / "owned"
+    _finished_run(tiny_overrides, run_dir)
+    before = {str(p): p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"1"
+        capsys.readouterr()
+        args = [str(tiny_overrides.config), *tiny_overrides.args, f"run_dir={run_dir}", "resume=true"]
+        assert cli.main(["train", *args, "trainer.max_steps=9"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and len(err.splitlines()) == 1
+        assert f"in use by pid {holder.pid} on " in err
+    finally:
+        holder.kill()  # the operating system releases a dead owner's lock
+        holder.wait()
+        holder.stdout.close()
+    assert {str(p): p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.name != ".lock"} == {
+        k: v for k, v in before.items() if not k.endswith(".lock")
+    }
+    assert cli.main(["train", *args, "trainer.max_steps=9"]) == 0
+
+
+# --------------------------------------------------------------------------------------- studies
+def study_file(tmp_path: Path, tiny_overrides, name: str, seeds: tuple = (0, 1), **overrides) -> Path:
+    base = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in tiny_overrides.args)}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "study": name,
+                "base": str(tiny_overrides.config),
+                "overrides": {**base, **overrides},
+                "space": {"seed": {"type": "categorical", "choices": list(seeds)}},
+                "sampler": {"kind": "grid"},
+            }
+        )
+    )
+    return path
+
+
+def test_a_torn_journal_line_is_cut_before_the_next_append_and_a_garbage_line_is_refused(
+    tmp_path, tiny_overrides, capsys
+):
+    study = load_study(study_file(tmp_path, tiny_overrides, "torn"))
+    ostudy = optuna.create_study(study_name=study.name, storage=storage.open_storage(study, None))
+    ostudy.enqueue_trial({"seed": 0})
+    journal = study.root / storage.JOURNAL
+    whole = journal.read_bytes()
+    with open(journal, "ab") as fh:  # what an append killed half-way leaves
+        fh.write(b'{"op_code": 5, "worker_id": "dead", "trial_id": 0, "par')
+
+    # A reader (report) tolerates the torn line and changes nothing; the owner (sweep) cuts it, saying so.
+    reread = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None, create=False))
+    assert len(reread.trials) == 1 and journal.read_bytes().startswith(whole) and len(journal.read_bytes()) > len(whole)
+    capsys.readouterr()
+    with storage.own_study(study, None):
+        assert journal.read_bytes() == whole
+    assert "removed a torn last line (55 bytes)" in capsys.readouterr().err
+
+    # A writer killed while others go on: the next append first cuts the torn line, under Optuna's lock.
+    with open(journal, "ab") as fh:
+        fh.write(b'{"op_code": 5, "wor')
+    ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None))
+    ostudy.enqueue_trial({"seed": 1})
+    lines = journal.read_bytes().split(b"\n")
+    assert lines[-1] == b"" and all(json.loads(line) for line in lines[:-1])
+    assert len(optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).trials) == 2
+
+    # A line that is not a record, before the last one: refused in one line, by readers and owners alike.
+    journal.write_bytes(whole + b"garbage\n" + whole)
+    for open_it in (lambda: storage.open_storage(study, None), lambda: storage.own_study(study, None)):
+        with pytest.raises(ConfigError, match=r"journal.log: line \d+ of \d+ is not a journal record"):
+            open_it()
+
+
+def test_a_second_sweep_of_a_study_gets_one_line_naming_its_owner(tmp_path, tiny_overrides, capsys):
+    path = study_file(tmp_path, tiny_overrides, "owned_study")
+    study = load_study(path)
+    study.root.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(study.root)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"1"
+        capsys.readouterr()
+        assert cli.main(["sweep", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: study owned_study") and f"in use by pid {holder.pid} on " in err
+        assert len(err.splitlines()) == 1
+        assert sorted(p.name for p in study.root.iterdir()) == [".lock"]  # no journal: nothing was written
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 0, reason="needs a machine without a CUDA GPU")
+def test_a_sweep_whose_trials_fail_on_an_input_error_stops_uncounted_and_a_rerun_after_the_fix_runs_them(
+    tmp_path, tiny, capsys
+):
+    path = study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "gpu"})
+    assert cli.main(["sweep", str(path)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.match(r"error: the sweep stopped: trial \d+ of gpuless failed on an input error", last), last
+    assert "no usable CUDA GPU" in last
+    study = load_study(path)
+    trials = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).trials
+    assert storage.budget_state(trials).finished == 0  # the failed trial is put back, not counted
+
+    study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "cpu"})  # the fix
+    assert cli.main(["sweep", str(path)]) == 0
+    trials = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).trials
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert [t.params["seed"] for t in done] == [0]
+    assert storage.budget_state(trials).finished == 1

@@ -52,3 +52,24 @@ def test_a_study_without_curves_has_no_time_to_target_column():
     arms = efficiency.arm_speeds([row("a", 0.9, 10.0), row("b", 0.8, 20.0)], "val/loss")
     assert efficiency.target_ppl(arms) is None
     assert "seconds to" not in "\n".join(efficiency.section(arms, "val/loss", maximize=False))
+
+
+def test_a_target_a_model_without_context_reaches_gets_no_time(tmp_path):
+    def run(name, curve, unigram_loss):
+        (tmp_path / name).mkdir()
+        metrics = {"ppl_vs_wallclock": curve, "baselines": {"unigram/loss": unigram_loss}}
+        (tmp_path / name / "metrics.json").write_text(json.dumps(metrics))
+        return str(tmp_path / name)
+
+    # the arms end at val ppl 22.4 and 22.1, above the unigram's exp(3.085) = 21.87: the plateau itself
+    rows = [
+        row("full", 3.11, 1000.0, run("a", [[10, 1e4, 30.0], [20, 2e4, 22.4]], 3.085)),
+        row("linformer", 3.10, 1200.0, run("b", [[10, 1e4, 25.0], [20, 2e4, 22.1]], 3.085)),
+    ]
+    arms = efficiency.arm_speeds(rows, "val/loss")
+    assert efficiency.trivial_target(arms, efficiency.target_ppl(arms)) == pytest.approx(21.867, abs=1e-3)
+    text = "\n".join(efficiency.section(arms, "val/loss", maximize=False))
+    assert "seconds to val ppl" not in text
+    assert "No time to target: the quality every arm reaches (val ppl 22.4) is one a model without context " in text
+    # a target below the plateau is kept
+    assert efficiency.trivial_target(arms, 12.0) is None

@@ -131,6 +131,18 @@ PIPELINE_BAD_OVERRIDE = (
 )
 
 
+def spoil_config(ckpt: Path) -> None:
+    (ckpt.parents[1] / "config.yaml").write_text("model: {d_model: 32\n")
+
+
+def garbled(w) -> Path:
+    """A study whose journal holds a line that is not a record between two that are."""
+    journal = w.root / "runs" / "garbled" / "journal.log"
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    journal.write_text('{"op_code": 0, "worker_id": "a"}\nnot a record\n{"op_code": 1, "worker_id": "a"}\n')
+    return w.study("s_garbled.yaml", study="garbled")
+
+
 def zero_inside(path: Path) -> None:
     """4 KiB of zeros inside the archive (past its first entry's header, before the directory at the end)."""
     data = bytearray(path.read_bytes())
@@ -168,8 +180,18 @@ CASES: dict[str, tuple[Callable, str]] = {
     ),
     "train/resume another architecture": (
         lambda w: train(w, f"run_dir={resumable(w, 'r_arch')}", "resume=true", "model.d_model=64"),
-        "another architecture (model.d_model=32 there, 64 here",
+        "differs at model.d_model (32 there, 64 here)",
     ),
+    "train/resume with another config": (
+        lambda w: train(w, f"run_dir={resumable(w, 'r_arch')}", "resume=true", "optim.lr=0.5", "model.dropout=0.3"),
+        "differs at model.dropout (0.1 there, 0.3 here), optim.lr (",
+    ),
+    "train/resume with a malformed config.yaml": (
+        lambda w: train(w, f"run_dir={resumable(w, 'r_cfg', spoil_config)}", "resume=true"),
+        "config.yaml: malformed YAML",
+    ),
+    "train/gpu on a machine without one": (lambda w: train(w, "trainer.accelerator=gpu"), "no usable CUDA GPU"),
+    "train/tpu without its package": (lambda w: train(w, "trainer.accelerator=tpu"), "needs the torch_xla package"),
     "train/resume checkpoint that runs code": (
         lambda w: train(
             w, f"run_dir={resumable(w, 'r_code', lambda c: shutil.copy(w.files / 'runs_code.ckpt', c))}", "resume=true"
@@ -285,6 +307,15 @@ CASES: dict[str, tuple[Callable, str]] = {
     # ----------------------------------------------------------------------------------------- report
     "report/missing study": (lambda w: ["report", str(w.files / "none.yaml")], "not found"),
     "report/never run": (lambda w: ["report", str(w.study("s_ok.yaml"))], "no study journal here"),
+    "sweep/journal with a garbage line": (lambda w: ["sweep", str(garbled(w))], "line 2 of 3 is not a journal record"),
+    "report/journal with a garbage line": (
+        lambda w: ["report", str(garbled(w))],
+        "line 2 of 3 is not a journal record",
+    ),
+    "report/sqlite file that does not exist": (
+        lambda w: ["report", str(w.study("s_ok.yaml")), "--storage", f"sqlite:///{w.files / 'typo.db'}"],
+        "no database file",
+    ),
     "report/unreachable storage": (
         lambda w: [
             "report",

@@ -366,13 +366,26 @@ def test_nystrom_with_n_landmarks_is_full_attention_and_converges_with_iteration
     x, mask = torch.randn(3, N, D), _padding_mask()
     errors = []
     with torch.no_grad():
-        for iterations in (6, 10, 20):
+        for iterations in (6, 10, 15):
             nystrom = layer({"kind": "nystrom", "options": {"n_landmarks": N, "pinv_iterations": iterations}})
             same_weights(full, nystrom)
             errors.append((nystrom(x) - full(x)).abs().max().item())
         torch.testing.assert_close(nystrom(x), full(x), atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(nystrom(x, mask)[-1, :10], full(x, mask)[-1, :10], atol=1e-4, rtol=1e-4)
     assert errors[0] > errors[1] > errors[2]
+
+
+def test_nystrom_iterates_in_float64_for_float64_inputs_down_to_its_rounding():
+    torch.manual_seed(0)
+    full = layer({"kind": "full"}).double()
+    x = torch.randn(3, N, D, dtype=torch.float64)
+    errors = []
+    with torch.no_grad():
+        for iterations in (6, 10, 20, 40):
+            nystrom = layer({"kind": "nystrom", "options": {"n_landmarks": N, "pinv_iterations": iterations}}).double()
+            same_weights(full, nystrom)
+            errors.append((nystrom(x) - full(x)).abs().max().item())
+    assert errors == sorted(errors, reverse=True) and errors[-1] < 1e-10  # float32 stalls near 1e-4
 
 
 # ----------------------------------------------------------------------------- performer's random features

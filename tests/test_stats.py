@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from scipy import stats as sp
 
@@ -238,3 +239,28 @@ def test_a_reversed_control_is_named_as_such_and_accuracy_is_maximised():
     assert check.leaves_trivial and not check.separates and "REVERSED" in words.power(check)[1]
     check = stats.power_check({0: 1.0, 1: 0.99, 2: 1.0}, {0: 0.30, 1: 0.35, 2: 0.28}, {}, "maximize")
     assert check.has_power and words.power(check)[0].startswith("No trivial baseline")
+
+
+# --------------------------------------------------------------------------------------- validation noise
+def test_the_validation_error_is_the_bootstrap_over_examples_computed_by_hand():
+    # two arms, two seeds each, five validation examples with uneven target counts
+    counts = [3, 1, 4, 2, 5]
+    a = [([2.0, 1.5, 3.0, 0.4, 5.0], counts), ([2.2, 1.1, 2.8, 0.6, 4.5], counts)]
+    b = [([2.5, 1.2, 3.6, 0.9, 5.5], counts), ([2.4, 1.4, 3.9, 0.8, 5.1], counts)]
+    idx = np.random.default_rng(7).integers(0, 5, size=(200, 5))  # the draws validation_error makes
+    diffs = []
+    for row in idx:
+        metric = [sum(s[i] for i in row) / sum(c[i] for i in row) for s, c in a + b]
+        diffs.append((metric[0] + metric[1]) / 2 - (metric[2] + metric[3]) / 2)
+    expected = sp.norm.ppf(0.975) * np.std(diffs, ddof=1)
+    assert stats.validation_error(a, b, resamples=200, seed=7) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_validation_error_of_per_example_values_is_their_paired_standard_error():
+    # one target per example: the bootstrap standard error of mean(a − b) tends to sd(a − b) / √n
+    rng = np.random.default_rng(0)
+    a = rng.normal(3.0, 1.0, 2000)
+    b = a + rng.normal(0.1, 0.3, 2000)
+    ones = np.ones(2000)
+    half_width = stats.validation_error([(a, ones)], [(b, ones)], resamples=2000)
+    assert half_width == pytest.approx(1.96 * np.std(a - b) / np.sqrt(2000), rel=0.08)

@@ -336,13 +336,18 @@ def test_every_shipped_study_validates_at_every_preset(path):
             assert len(study.points) == study.n_trials
             seeds = {p["seed"] for p in study.points}
             assert len(seeds) >= 3 and study.arms and "seed" not in study.arms
-        # every study carries its power check: full attention against a Linformer known to be worse
+        # every study certifies that full attention uses its context: against a model that cannot (no_context),
+        # or, where a model without context provably sits at chance (recall), against that level
         control = study.control
-        assert control is not None and len({p["seed"] for p in control.points}) >= 3
-        configs = {p["control"]: control.config(p) for p in control.points}
+        points = control.points + [p for p, _ in control.reused]  # the reused ones are the study's own trials
+        assert control is not None and len({p["seed"] for p in points}) >= 3
+        configs = {p["control"]: control.config(p) for p in points}
         assert configs["reference"].model.attention.kind == "full"
-        assert configs["degraded"].model.attention.kind == "linformer"
-        assert configs["degraded"].model.attention.k < study.shared.model.max_len // 4
+        if study.no_context_source == "degraded":
+            assert configs["degraded"].model.attention.kind == "no_context"
+        else:
+            assert configs["degraded"].model.attention.kind == "linformer"
+            assert configs["degraded"].model.attention.k < study.shared.model.max_len // 4
 
 
 @pytest.mark.parametrize(
@@ -397,7 +402,10 @@ def test_every_shipped_study_validates_at_every_preset(path):
             },
             "space.control: the name is taken by the study's control arms",
         ),
-        ({"verdict": {"deltas": {"val/loss": 0.01}}}, "verdict.deltas: unknown key (allowed here: delta, success)"),
+        (
+            {"verdict": {"deltas": {"val/loss": 0.01}}},
+            "verdict.deltas: unknown key (allowed here: delta, success, context_gain)",
+        ),
         (
             {"verdict": {"delta": {"val/loss": -0.01}}},
             "verdict.delta.val/loss: the margin δ must be > 0 (in the metric's units), got -0.01",
@@ -554,10 +562,10 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
     assert summary.index("## Power check") < summary.index("## Arms")
     assert all(f"- {line}" in summary for line in words.power(check))
     assert ("The power check failed" in summary) == (not check.has_power)
-    # the control's arms sit in the table and in the comparisons beside the study's own arms
+    # the control's arms sit in the table beside the study's own arms, and in none of the comparisons
     assert "| control reference (kind=full) | 2 |" in summary
     assert "| control degraded (kind=linformer k=1) | 2 |" in summary
-    assert "| share=headwise | control reference (kind=full) |" in summary
+    assert "| share=headwise | control reference (kind=full) |" not in summary
     with (root / "report" / "trials.csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == 8
 

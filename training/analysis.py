@@ -27,7 +27,7 @@ from typing import Any, Optional
 import lightning as L
 from omegaconf import DictConfig
 
-from foundation.atomic import atomic_write_text, write_json
+from foundation.atomic import atomic_write, atomic_write_text, write_json
 from foundation.checkpoint import check_architecture, read_checkpoint
 from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT
@@ -219,7 +219,7 @@ def analyze(
     try:
         for name, fig in figures.items():
             image = analysis.figure_to_array(fig)  # rendered once for both outputs
-            imsave(out / f"{name}.png", image)
+            atomic_write(out / f"{name}.png", lambda f, image=image: imsave(f, image, format="png"))
             writer.add_image(f"analysis/{name}", image, run.global_step, dataformats="HWC")
     finally:
         writer.close()

@@ -11,7 +11,11 @@ checkpoint files of :mod:`foundation.checkpoint`:
   ``datamodules/sampling.py``) and the size of each TensorBoard event
   file, flushed first; :func:`rollback_events` cuts the event files back to those sizes before the resumed
   run logs, so the steps the killed process logged after its checkpoint are dropped and logged once more by
-  the resumed run.
+  the resumed run;
+- :func:`check_same_config`: a resumed run continues the run that was started, so its config must equal the
+  stored ``config.yaml`` except the keys of :data:`MAY_CHANGE_ON_RESUME` (where files go, how long it trains, how
+  often it logs, threads and loader processes); any other difference is one line listing the keys, before any
+  file of the run is touched.
 """
 
 from __future__ import annotations
@@ -27,10 +31,30 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import DictConfig
 
 from foundation.checkpoint import read_checkpoint
+from foundation.configfile import flatten, read_yaml, to_container
+from foundation.errors import ConfigError
+from training import config as run_config
 
 _STATE_KEY = "resume_state"
+CONFIG = "config.yaml"
+# What a resumed run may change: where its files go, how long it trains, how often it logs, threads and loader
+# processes. Nothing here changes what a step computes or which batches it sees.
+MAY_CHANGE_ON_RESUME = (
+    "resume",
+    "run_dir",
+    "output_dir",
+    "data.cache_dir",
+    "data.num_workers",
+    "trainer.max_steps",
+    "trainer.log_every_n_steps",
+    "trainer.spectrum_every_n_val",
+    "trainer.cpu_threads",
+)
 _EVENTS_GLOB = "events.out.tfevents.*"
 
 
@@ -102,6 +126,18 @@ class LastCheckpoint(Checkpoint):
         if trainer.global_step != self._saved_step:
             self._save(trainer)
 
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # SIGTERM (a scheduler's preemption): Lightning stops after a whole training step; save it so that a
+        # resumed run continues from there. (Stopped during a validation, the run resumes from the checkpoint
+        # before it and validates again.)
+        if (
+            isinstance(exception, SIGTERMException)
+            and trainer.state.fn == "fit"
+            and trainer.state.stage == RunningStage.TRAINING
+            and trainer.global_step != self._saved_step
+        ):
+            self._save(trainer)
+
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         events: dict[str, int] = {}
         if trainer.is_global_zero:
@@ -148,3 +184,39 @@ def rollback_events(run_dir: Path, state: dict[str, Any]) -> None:
             path.unlink()
         elif path.stat().st_size > size:
             os.truncate(path, size)
+
+
+# --------------------------------------------------------------------------------------- same config
+def stored_config(run_dir: Path) -> DictConfig:
+    """The run's ``config.yaml``, read and merged onto the schema (keys the schema gained take their defaults);
+    a missing, malformed or foreign file is one ConfigError line naming it."""
+    path = Path(run_dir) / CONFIG
+    try:
+        return run_config.merge_run([read_yaml(path)])
+    except ConfigError as err:
+        message = str(err)
+        raise ConfigError(message if str(path) in message else f"{path}: {message}") from None
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def check_same_config(cfg: DictConfig, run_dir: Path) -> None:
+    """Refuse to resume ``run_dir`` with a config other than the one it was started with (keys of
+    :data:`MAY_CHANGE_ON_RESUME` aside): one line listing each differing key with both values."""
+    if not (Path(run_dir) / CONFIG).exists():
+        return  # a directory a run has not written to yet
+    there = flatten(to_container(stored_config(run_dir)))
+    here = flatten(to_container(cfg))
+    differ = [
+        k for k in sorted(set(there) | set(here)) if k not in MAY_CHANGE_ON_RESUME and there.get(k) != here.get(k)
+    ]
+    if not differ:
+        return
+    shown = ", ".join(f"{k} ({_shown(there.get(k))} there, {_shown(here.get(k))} here)" for k in differ[:6])
+    more = f" and {len(differ) - 6} more" if len(differ) > 6 else ""
+    raise ConfigError(
+        f"resume: {Path(run_dir) / CONFIG} differs at {shown}{more}; a resumed run may change only "
+        f"{', '.join(MAY_CHANGE_ON_RESUME[1:])} (start a new run for another config)"
+    )

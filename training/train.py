@@ -8,16 +8,19 @@ surfaces missing files and empty corpora) before the run directory is created.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import importlib.util
 import json
 import logging
 import math
 import multiprocessing as mp
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import lightning as L
 import torch
@@ -25,18 +28,20 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf
 
 from foundation.atomic import atomic_write_text, write_json
 from foundation.checkpoint import AtomicCheckpointIO, check_architecture, read_checkpoint
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, Terminated
+from foundation.lock import Owner
 from foundation.rundir import CHECKPOINT, TOKENIZER, choose_run_dir, shared_with_ranks
 from lightning_modules.callbacks import RunMetrics, SpectrumMonitor, TrainingFlops
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.language_model import EXAMPLES
 from training import config as run_config
-from training.resume import LastCheckpoint, adopt_final_state, rollback_events
+from training.resume import LastCheckpoint, adopt_final_state, check_same_config, rollback_events
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
 FORKING_STRATEGIES = ("ddp_fork", "ddp_notebook")
@@ -126,37 +131,69 @@ def _keep_earlier_metrics(run_dir: Path) -> None:
         os.replace(path, run_dir / f"metrics.step_{step}.json")
 
 
+def _own_run_dir(cfg: DictConfig, run_dir: Path) -> tuple[Path, Optional[Owner]]:
+    """Rank 0's claim on its run directory: a new run creates it (a numbered version another process created first
+    moves this run on to the next free number), then locks it; a second process on the same directory gets one
+    line naming the owner."""
+    if cfg.resume or cfg.run_dir is not None:
+        if not cfg.resume:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir, (Owner(run_dir) if run_dir.is_dir() else None)
+    while True:
+        try:
+            run_dir.mkdir(parents=True)
+            return run_dir, Owner(run_dir)
+        except FileExistsError:
+            run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, None, False)
+
+
 def _open_run_dir(
     cfg: DictConfig, datamodule: L.LightningDataModule, module: L.LightningModule
-) -> tuple[Path, Optional[str], Optional[dict]]:
-    """The run directory, with config.yaml (and the tokenizer) written; the checkpoint to resume from; and, when
-    the run to resume has already finished and recorded its metrics, those metrics (then nothing is written).
+) -> tuple[Path, Optional[str], Optional[dict], Optional[Owner]]:
+    """The run directory, owned by this process (rank 0) and with config.yaml (and the tokenizer) written; the
+    checkpoint to resume from; when the run to resume has already finished and recorded its metrics, those
+    metrics (then nothing is written); and the ownership, for the caller to release.
 
-    A DDP launch runs this in every rank (RANK / LOCAL_RANK / SLURM_PROCID); only rank 0 writes. A
-    truncated or foreign checkpoint is refused before anything is written; resuming drops the TensorBoard
-    events the interrupted process logged after its checkpoint.
+    A DDP launch runs this in every rank (RANK / LOCAL_RANK / SLURM_PROCID); only rank 0 owns and writes. A
+    resumed run whose config differs from its stored one, and a truncated or foreign checkpoint, are refused
+    before anything is written; resuming drops the TensorBoard events the interrupted process logged after its
+    checkpoint.
     """
     rank = rank_zero_only.rank
     run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, cfg.resume, rank)
-    ckpt = run_dir / CHECKPOINT
-    resume_from = str(ckpt) if cfg.resume and ckpt.is_file() else None
-    resume_state = None
-    if resume_from is not None:
-        resume_state = read_checkpoint(ckpt)
-        check_architecture(resume_state, module, ckpt)
-        done = finished_metrics(run_dir, int(resume_state.get("global_step", -1)), cfg.trainer.max_steps)
-        if done is not None:
-            return run_dir, resume_from, done
+    owner = None
     if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if resume_state is not None:
-            rollback_events(run_dir, resume_state)
-        atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-        if getattr(datamodule, "tokenizer", None) is not None:  # fine-tuning from this run encodes text with it
-            atomic_write_text(run_dir / TOKENIZER, datamodule.tokenizer.to_str())
-        if resume_state is not None:
-            _keep_earlier_metrics(run_dir)
-    return run_dir, resume_from, None
+        run_dir, owner = _own_run_dir(cfg, run_dir)
+    try:
+        ckpt = run_dir / CHECKPOINT
+        resume_from = str(ckpt) if cfg.resume and ckpt.is_file() else None
+        resume_state = None
+        if resume_from is not None:
+            check_same_config(cfg, run_dir)
+            resume_state = read_checkpoint(ckpt)
+            check_architecture(resume_state, module, ckpt)
+            done = finished_metrics(run_dir, int(resume_state.get("global_step", -1)), cfg.trainer.max_steps)
+            if done is not None:
+                if owner is not None:
+                    owner.release()
+                return run_dir, resume_from, done, None
+        if rank == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            if owner is None:
+                owner = Owner(run_dir)
+            owner.record()
+            if resume_state is not None:
+                rollback_events(run_dir, resume_state)
+            atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+            if getattr(datamodule, "tokenizer", None) is not None:  # fine-tuning from this run encodes text with it
+                atomic_write_text(run_dir / TOKENIZER, datamodule.tokenizer.to_str())
+            if resume_state is not None:
+                _keep_earlier_metrics(run_dir)
+    except BaseException:
+        if owner is not None:
+            owner.release()
+        raise
+    return run_dir, resume_from, None, owner
 
 
 def _logger(
@@ -207,6 +244,22 @@ def _trainer(cfg: DictConfig, run_dir: Path, logger: TensorBoardLogger, callback
     )
 
 
+def check_machine(cfg: DictConfig) -> None:
+    """The accelerator the run asks for is on this machine: a GPU without CUDA or an MPS device where there is none
+    fail inside Lightning after files exist. (``train --check`` skips this: it validates a GPU preset on a
+    laptop.)"""
+    accelerator = cfg.trainer.accelerator
+    # device_count(): through NVML, leaving CUDA uninitialised (is_available() would initialise it before a fork)
+    if accelerator in ("gpu", "cuda") and torch.cuda.device_count() == 0:
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ConfigError(
+            f"trainer.accelerator: {accelerator!r} but this machine has no usable CUDA GPU (torch "
+            f"{torch.__version__}, {build}); use cpu or auto"
+        )
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("trainer.accelerator: 'mps' but this machine has no MPS device; use cpu or auto")
+
+
 def preflight(cfg: DictConfig, vocab_size: Optional[int] = None) -> int:
     """Everything about a checked config that only Lightning or torch would otherwise reject, and only after the
     run directory exists: the Trainer's arguments together (accelerator, devices, strategy, precision) and the
@@ -214,6 +267,8 @@ def preflight(cfg: DictConfig, vocab_size: Optional[int] = None) -> int:
     A problem is one ConfigError line."""
     # device_count(): through NVML, leaving CUDA uninitialised (is_available() would initialise it before a fork)
     gpu_wanted = cfg.trainer.accelerator in ("gpu", "cuda") and torch.cuda.device_count() == 0
+    if cfg.trainer.accelerator == "tpu" and importlib.util.find_spec("torch_xla") is None:
+        raise ConfigError("trainer.accelerator: 'tpu' needs the torch_xla package, which is not installed")
     quiet = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [logger.level for logger in quiet]
     try:
@@ -344,6 +399,7 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         hparams: extra entries for the HPARAMS tab (e.g. a sweep trial's parameters).
     """
     started = time.time()
+    check_machine(cfg)
     preflight(cfg)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.cpu_threads > 0:
@@ -352,13 +408,28 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
     datamodule.prepare_data()
     datamodule.setup("fit")
     module = build_module_or_refuse(cfg, datamodule)
-    run_dir, resume_from, done = _open_run_dir(cfg, datamodule, module)  # the first write
+    run_dir, resume_from, done, owner = _open_run_dir(cfg, datamodule, module)  # the first write
     if done is not None:
         print(
             f"{run_dir}: already finished at step {done['global_step']} (trainer.max_steps={cfg.trainer.max_steps}); "
             f"nothing to do, its {METRICS} is unchanged"
         )
         return done
+    with owner or contextlib.nullcontext():
+        return _fit(cfg, datamodule, module, run_dir, resume_from, list(callbacks), hparams, started)
+
+
+def _fit(
+    cfg: DictConfig,
+    datamodule: L.LightningDataModule,
+    module: L.LightningModule,
+    run_dir: Path,
+    resume_from: Optional[str],
+    callbacks: list[L.Callback],
+    hparams: Optional[dict],
+    started: float,
+) -> dict[str, Any]:
+    """Train in the opened run directory and write its ``metrics.json``."""
     logger = _logger(cfg, module, run_dir, resume_from is not None, hparams)
     run, flops = RunMetrics(), TrainingFlops()
     # Modules with a checkpoint_monitor (classifiers) also keep their best validation step, which is tested.
@@ -389,7 +460,7 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
             LastCheckpoint(run_dir / CHECKPOINT),
         ],
     )  # after `best`: last.ckpt holds its state after each validation
-    with shared_with_ranks(run_dir):
+    with shared_with_ranks(run_dir), honest_ending(trainer, run_dir):
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
     global_step = trainer.global_step
     if not run.fit_here:  # fit ran in spawned/forked ranks (ddp_spawn, ddp_fork)
@@ -398,6 +469,24 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
     if trainer.is_global_zero:
         write_json(run_dir / METRICS, metrics)
     return metrics
+
+
+@contextlib.contextmanager
+def honest_ending(trainer: L.Trainer, run_dir: Path) -> Iterator[None]:
+    """An interrupted ``fit`` ends as what it is. Lightning answers Ctrl-C inside ``fit`` with ``sys.exit(1)`` and
+    SIGTERM with a ``SystemExit`` whose code is 0: here Ctrl-C becomes ``KeyboardInterrupt`` (exit 130) and
+    SIGTERM, once :class:`LastCheckpoint` has saved the step reached, :class:`Terminated` (exit 143)."""
+    try:
+        yield
+    except SIGTERMException:
+        raise Terminated(
+            f"{run_dir}: stopped by SIGTERM at step {trainer.global_step} of {trainer.max_steps}, its checkpoint "
+            "saved; rerun with resume=true to continue"
+        ) from None
+    except SystemExit as exit_:
+        if isinstance(exit_.__context__, KeyboardInterrupt):  # Lightning's sys.exit(1) in its Ctrl-C handler
+            raise KeyboardInterrupt from None
+        raise
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -420,6 +509,13 @@ def main(args: argparse.Namespace) -> int:
         )
         return 0
     metrics = train(cfg)
+    if metrics["global_step"] < cfg.trainer.max_steps:  # a run that did not finish never exits 0
+        print(
+            f"error: {metrics['run_dir']}: training stopped at step {metrics['global_step']} of "
+            f"{cfg.trainer.max_steps}; rerun with resume=true to finish it",
+            file=sys.stderr,
+        )
+        return 1
     print(f"run directory: {metrics['run_dir']}")
     shown = [f"{k} {metrics[k]:.4g}" for k in ("val/ppl", "val/loss", "val/accuracy") if k in metrics]
     print("  ".join(shown + [f"{metrics['tokens_per_sec']:.0f} tokens/s"]))

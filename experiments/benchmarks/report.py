@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from experiments.benchmarks.cases import BASELINE_LABELS, BASELINES
+from foundation.atomic import atomic_text
 
 COLUMNS = (
     "level",
@@ -50,12 +51,14 @@ COLUMNS = (
 MODE_NAMES = {"fwd": "forward (inference mode)", "fwdbwd": "forward + backward"}
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+def write_csv(path: Path, rows: list[dict], columns: Optional[list[str]] = None) -> None:
+    """One row per dict; columns: ``COLUMNS`` (the bench's cases) unless given."""
+    columns = columns or COLUMNS
+    with atomic_text(path) as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
         writer.writeheader()
         for row in rows:
-            writer.writerow({c: _cell(row.get(c)) for c in COLUMNS})
+            writer.writerow({c: _cell(row.get(c)) for c in columns})
 
 
 def _cell(value: Any) -> Any:

@@ -1,0 +1,245 @@
+"""The race against each kind's public implementation (``bench --levels libraries``; optional extra ``refs``).
+
+One layer x (B, n, d) → (B, n, d) per contender, at matched settings, in one process:
+
+* ``local``, window w = 2⌊k/2⌋ + 1, against local-attention's ``LocalAttention(window_size=⌊k/2⌋,
+  look_backward=1, look_forward=1, exact_windowsize=True)``: both see |i − j| ≤ ⌊k/2⌋ (away from the edges,
+  where the project's window shifts inside the grid and the library's is cut);
+* ``nystrom``, k landmarks, against nystrom-attention's ``NystromAttention(num_landmarks=k, pinv_iterations=6,
+  residual=False)`` with the same Q/K/V/O weights (the project's Q/K/V biases zeroed: it has none);
+* ``lsh``, buckets of k, one round, against reformer-pytorch's ``LSHAttention(bucket_size=k, n_hashes=1,
+  attend_across_buckets=False, allow_duplicate_attention=False)`` (the paper's rule; it draws new rotations
+  every call, so its outputs are not compared);
+* ``performer``, k features, against performer-pytorch's ``FastAttention(nb_features=k)`` with the project's
+  features and its ε set to 0 while it runs (its default ε = 1e-4 blends in uniform attention);
+
+The library's attention runs inside the project's Q/K/V/O projections (so both layers pay the same
+projections), except nystrom-attention, whose layer is its own. Per (n, mode) each pair is
+timed in interleaved rounds (``measure.interleaved_seconds``); the ratio is library ÷ project per round, its
+median reported (> 1: the project is faster), beside each side's peak memory of one call and the largest
+output difference on the same input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from experiments.benchmarks import cases
+from experiments.benchmarks.measure import (
+    calls_for,
+    interleaved_seconds,
+    median,
+    peak_memory_bytes,
+    seconds_per_call,
+)
+from lightning_modules.attention import build_attention
+from lightning_modules.attention.base import SelfAttention
+
+# bench variant → the library it races (pip name, import name)
+LIBRARIES = {
+    "local": ("local-attention", "local_attention"),
+    "nystrom": ("nystrom-attention", "nystrom_attention"),
+    "lsh": ("reformer-pytorch", "reformer_pytorch"),
+    "performer": ("performer-pytorch", "performer_pytorch"),
+}
+
+
+@dataclass
+class Pair:
+    """One race: the project's layer and the library's, both x (B, n, d) → (B, n, d)."""
+
+    variant: str
+    library: str
+    ours: nn.Module
+    theirs: Callable[[Tensor], Tensor]
+    compare: bool  # whether the two compute the same function (then their outputs are compared)
+    modules: tuple[nn.Module, ...]  # everything holding the pair's parameters
+
+
+def available(variant: str) -> bool:
+    try:
+        importlib.import_module(LIBRARIES[variant][1])
+    except ImportError:
+        return False
+    return True
+
+
+def _layer(attention: dict, n: int, shape: cases.Shape) -> SelfAttention:
+    cfg = {"max_len": n, "d_model": shape.d_model, "n_heads": shape.n_heads, "attention": attention}
+    return build_attention(cfg)
+
+
+def _merge(layer: SelfAttention, out: Tensor) -> Tensor:
+    """(B, h, n, d_h) → (B, n, d) through the layer's W_o."""
+    b, _, t, _ = out.shape
+    return layer.out_proj(out.transpose(1, 2).reshape(b, t, layer.d_model))
+
+
+def _around(ours: SelfAttention, core: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """The library's attention core between the project layer's projections: x → W_o core(Q, K, V)."""
+    return lambda x: _merge(ours, core(*ours.queries_keys_values(x)))
+
+
+def _local(n: int, k: int, shape: cases.Shape) -> Pair:
+    library = importlib.import_module("local_attention")
+    half = max(1, k // 2)
+    ours = _layer({"kind": "local", "options": {"window": min(n, 2 * half + 1)}}, n, shape)
+    core = library.LocalAttention(
+        window_size=half, causal=False, look_backward=1, look_forward=1, exact_windowsize=True, autopad=True
+    )
+    return Pair("local", "local-attention", ours, _around(ours, core), False, (ours,))
+
+
+def _nystrom(n: int, k: int, shape: cases.Shape) -> Pair:
+    library = importlib.import_module("nystrom_attention")
+    ours = _layer({"kind": "nystrom", "options": {"n_landmarks": min(k, n)}}, n, shape)
+    theirs = library.NystromAttention(
+        dim=shape.d_model,
+        dim_head=shape.d_model // shape.n_heads,
+        heads=shape.n_heads,
+        num_landmarks=min(k, n),
+        pinv_iterations=ours.pinv_iterations,
+        residual=False,
+    )
+    with torch.no_grad():
+        for proj in (ours.q_proj, ours.k_proj, ours.v_proj):
+            proj.bias.zero_()
+        theirs.to_qkv.weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        theirs.to_out[0].load_state_dict(ours.out_proj.state_dict())
+    return Pair("nystrom", "nystrom-attention", ours, theirs, True, (ours, theirs))
+
+
+def _lsh(n: int, k: int, shape: cases.Shape) -> Pair:
+    library = importlib.import_module("reformer_pytorch")
+    ours = _layer({"kind": "lsh", "options": {"bucket_size": min(k, n), "n_hashes": 1}}, n, shape)
+    core = library.LSHAttention(
+        bucket_size=min(k, n), n_hashes=1, causal=False, attend_across_buckets=False, allow_duplicate_attention=False
+    )
+
+    def theirs(x: Tensor) -> Tensor:
+        q, v = ours.projected(x, ours.q_proj, ours.v_proj)  # (B, h, n, d_h): shared QK, as in the project's layer
+        out = core(q.flatten(0, 1), v.flatten(0, 1))[0]  # (B·h, n, d_h)
+        return _merge(ours, out.view_as(v))
+
+    return Pair("lsh", "reformer-pytorch", ours, theirs, False, (ours,))
+
+
+def _performer(n: int, k: int, shape: cases.Shape) -> Pair:
+    library = importlib.import_module("performer_pytorch")
+    ours = _layer({"kind": "performer", "options": {"n_features": k}}, n, shape)
+    core = library.FastAttention(dim_heads=shape.d_model // shape.n_heads, nb_features=k, causal=False)
+    core.projection_matrix.copy_(ours.features)
+    return Pair("performer", "performer-pytorch", ours, _around(ours, core), True, (ours, core))
+
+
+BUILDERS: dict[str, Callable[[int, int, cases.Shape], Pair]] = {
+    "local": _local,
+    "nystrom": _nystrom,
+    "lsh": _lsh,
+    "performer": _performer,
+}
+
+
+@contextlib.contextmanager
+def performer_without_eps() -> Iterator[None]:
+    """performer-pytorch's kernel with ε = 0 (its default 1e-4 changes outputs by ~0.2 relative)."""
+    try:
+        module = importlib.import_module("performer_pytorch.performer_pytorch")
+    except ImportError:
+        yield
+        return
+    kernel = module.softmax_kernel
+    module.softmax_kernel = functools.partial(kernel, eps=0.0)
+    try:
+        yield
+    finally:
+        module.softmax_kernel = kernel
+
+
+def _runner(fn: Callable[[Tensor], Tensor], x: Tensor, params: list[Tensor], train: bool) -> Callable[[], Any]:
+    def run() -> Any:
+        if not train:
+            with torch.inference_mode():
+                return fn(x)
+        for p in (*params, x):
+            p.grad = None
+        fn(x).sum().backward()
+
+    return run
+
+
+def race(
+    variants: list[str], n: int, k: int, mode: str, shape: cases.Shape, repeats: int, min_time: float
+) -> list[dict]:
+    """One row per variant at (n, mode): each side's median time and peak memory, and the paired ratio."""
+    rows = []
+    train = mode == "fwdbwd"
+    with performer_without_eps():
+        for variant in variants:
+            torch.manual_seed(0)
+            pair = BUILDERS[variant](n, k, shape)
+            for module in pair.modules:
+                module.to(device=shape.device, dtype=shape.dtype).train(False)
+            x = torch.randn(shape.batch, n, shape.d_model, device=shape.device, dtype=shape.dtype)
+            difference = float("nan")
+            if pair.compare:
+                with torch.inference_mode():
+                    difference = float((pair.ours(x) - pair.theirs(x)).abs().max())
+            x.requires_grad_(train)
+            params = [p for module in pair.modules for p in module.parameters()]
+            fns = {
+                side: _runner(fn, x, params, train) for side, fn in (("project", pair.ours), ("library", pair.theirs))
+            }
+            calls = {side: calls_for(seconds_per_call(fn, shape.device), min_time) for side, fn in fns.items()}
+            memory = {side: peak_memory_bytes(fn, shape.device) for side, fn in fns.items()}
+            seconds = interleaved_seconds(fns, calls, repeats, shape.device)
+            ratios = [lib / mine for lib, mine in zip(seconds["library"], seconds["project"])]
+            rows.append(
+                {
+                    "variant": variant,
+                    "library": pair.library,
+                    "n": n,
+                    "k": k,
+                    "mode": mode,
+                    "project_ms": 1e3 * median(seconds["project"]),
+                    "library_ms": 1e3 * median(seconds["library"]),
+                    "ratio": median(ratios),
+                    "ratio_min": min(ratios),
+                    "ratio_max": max(ratios),
+                    "project_mb": memory["project"] / 2**20,
+                    "library_mb": memory["library"] / 2**20,
+                    "max_difference": difference,
+                }
+            )
+            del pair, fns
+    return rows
+
+
+def markdown(rows: list[dict], header: list[str]) -> str:
+    lines = [
+        "# The project against the reference libraries",
+        "",
+        *header,
+        "",
+        "Ratio: library time ÷ project time, median of paired rounds (> 1: the project is faster), min–max in "
+        "brackets; memory: peak MB of one call; difference: largest |project − library| output on the same input "
+        "(– where the library draws its own randomness or its window differs at the edges).",
+        "",
+        "| kind | library | n | mode | project ms | library ms | ratio | project MB | library MB | difference |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        diff = "–" if r["max_difference"] != r["max_difference"] else f"{r['max_difference']:.1e}"
+        lines.append(
+            f"| {r['variant']} | {r['library']} | {r['n']:,} | {r['mode']} | {r['project_ms']:.1f} | "
+            f"{r['library_ms']:.1f} | {r['ratio']:.2f}× ({r['ratio_min']:.2f}–{r['ratio_max']:.2f}) | "
+            f"{r['project_mb']:.0f} | {r['library_mb']:.0f} | {diff} |"
+        )
+    return "\n".join(lines) + "\n"

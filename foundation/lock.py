@@ -1,0 +1,76 @@
+"""One owner per folder: an advisory lock held for the life of the process that writes there.
+
+A run directory is owned by the process that trains it (rank 0 of a DDP run), a study by the ``sweep`` command
+that launched its workers (each trial's run directory by the worker that trains it). The lock is
+``fcntl.flock`` on ``<folder>/.lock``: held until :meth:`Owner.release` or the process's death, whatever kills
+it (the operating system releases it; no stale lock outlives its owner). The file records its holder (host,
+pid, since when) for the one line a second process gets:
+
+``error: runs/x/version_0: in use by pid 4242 on host-a since 2026-12-01 14:03:11 UTC (one process at a time
+owns a run or a study; wait for it to end or stop it)``
+
+A lock is only as good as the file system's ``flock``: local disks and NFS (as POSIX record locks) honour it
+between machines.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Optional
+
+from foundation.errors import ConfigError
+
+LOCK = ".lock"
+
+
+class Busy(ConfigError):
+    """Another process owns the folder: one line naming the holder, exit 2."""
+
+
+class Owner:
+    """Ownership of ``folder`` (which must exist), taken at construction; a context manager that releases it."""
+
+    def __init__(self, folder: Path, what: Optional[str] = None) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK
+        self._fd: Optional[int] = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise Busy(
+                f"{what or self.folder}: in use by {holder(self.folder)} (one process at a time owns a run or a "
+                "study; wait for it to end or stop it)"
+            ) from None
+
+    def record(self) -> None:
+        """Write this process as the holder (only once it is about to write anyway: an owner that ends without
+        writing leaves the folder untouched)."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()} {socket.gethostname()} {stamp}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the last descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> "Owner":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def holder(folder: Path) -> str:
+    """'pid P on HOST since T' as the lock file records it, or 'another process' when it records nothing."""
+    try:
+        pid, host, since = (Path(folder) / LOCK).read_text().strip().split(" ", 2)
+    except (OSError, ValueError):
+        return "another process"
+    return f"pid {pid} on {host} since {since}"
