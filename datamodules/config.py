@@ -13,7 +13,7 @@ from typing import Any, List, Literal, Optional
 from omegaconf import DictConfig
 
 from foundation.errors import check_number, require
-from foundation.paths import check_path
+from foundation.paths import check_folder, check_path
 
 
 @dataclass
@@ -102,7 +102,7 @@ def check_data(data: DictConfig, task: str, max_len: int) -> None:
     for key in ("max_texts", "max_val_blocks"):
         if data[key] is not None:
             check_number(f"data.{key}", data[key], 1, None, integer=True)
-    check_path("data.cache_dir", data.cache_dir)
+    check_folder("data.cache_dir", data.cache_dir)
     check_path("data.source", data.source)
     check_number("data.tokenizer.vocab_size", data.tokenizer.vocab_size, 1, 1 << 22, integer=True)
     check_number("data.tokenizer.min_frequency", data.tokenizer.min_frequency, 1, None, integer=True)

@@ -35,6 +35,7 @@ from datamodules.corpus import iter_texts, load_text_corpus
 from datamodules.sampling import loader_options, make_loader
 from datamodules.tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID, build_tokenizer
 from foundation.atomic import atomic_write
+from foundation.checked import read_cache
 from foundation.errors import ConfigError
 
 IGNORE_INDEX = -100
@@ -160,8 +161,9 @@ class PackedTextDataModule(L.LightningDataModule):
     def _blocks(self, tokenizer: Tokenizer, texts: list[str], split: str) -> np.ndarray:
         key = cache_key(tokenizer.to_str(), fingerprint(texts), self.max_len, split)
         path = Path(self.data_cfg.cache_dir) / "blocks" / f"{key}.npy"
-        if path.is_file():
-            return np.load(path)
+        cached = read_cache(path, np.load)
+        if cached is not None:
+            return cached
         blocks = pack(encode_documents(tokenizer, texts), self.max_len)
         if len(blocks) == 0:
             raise ConfigError(

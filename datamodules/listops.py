@@ -37,6 +37,7 @@ import numpy as np
 from datamodules.cache import CODE_VERSION, cache_key
 from datamodules.classification import EncodedSplit, LabelledSequenceDataModule
 from foundation.atomic import atomic_write
+from foundation.checked import read_cache
 
 VOCAB = ("[PAD]", "]", "[MAX", "[MIN", "[MED", "[SM", *map(str, range(10)))
 PAD_ID, CLOSE_ID, OPERATOR_IDS, DIGIT_0 = 0, 1, range(2, 6), 6
@@ -137,10 +138,15 @@ class ListOpsDataModule(LabelledSequenceDataModule):
         c = self.cfg
         key = cache_key(stream, n, c.min_length, c.max_length, c.max_depth, c.max_args, CODE_VERSION)
         path = Path(self.data_cfg.cache_dir) / "listops" / f"{key}.npz"
-        if path.is_file():
-            with np.load(path) as f:
-                return np.split(f["ids"], f["ends"][:-1]), f["labels"]
+        cached = read_cache(path, _read_encoded)
+        if cached is not None:
+            return cached
         sequences, labels = generate(n, c, random.Random(stream))
         ends = np.cumsum([len(s) for s in sequences])
         atomic_write(path, lambda f: np.savez(f, ids=np.concatenate(sequences), ends=ends, labels=labels))
         return sequences, labels
+
+
+def _read_encoded(path: Path) -> tuple[list[np.ndarray], np.ndarray]:
+    with np.load(path) as f:
+        return np.split(f["ids"], f["ends"][:-1]), f["labels"]

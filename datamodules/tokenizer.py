@@ -23,6 +23,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from datamodules.cache import cache_key, fingerprint
 from foundation.atomic import atomic_write
+from foundation.checked import read_cache
 from foundation.errors import ConfigError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -40,9 +41,8 @@ def build_tokenizer(tok_cfg, texts: Sequence[str], cache_dir: str | Path) -> Tok
         tok = _pipeline(models.BPE(vocab=_byte_vocab(), merges=[], unk_token="[UNK]"), use_regex=False)
     else:
         path = bpe_cache_path(tok_cfg, texts, cache_dir)
-        if path.is_file():
-            tok = Tokenizer.from_file(str(path))
-        else:
+        tok = read_cache(path, lambda p: Tokenizer.from_file(str(p)))
+        if tok is None:
             tok = _train_bpe(tok_cfg, texts)
             atomic_write(path, lambda f: f.write(tok.to_str().encode("utf-8")))
     tok.encode_special_tokens = True

@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -166,7 +168,25 @@ def _check(args: argparse.Namespace) -> None:
     check_number("--threads", args.threads, 0, 4 * (os.cpu_count() or 1), integer=True)
     check_number("--min-time", args.min_time, 0, 60, low_open=True)
     check_number("--memory-limit-mb", args.memory_limit_mb, 0, 2**40)
+    _check_fits(args)
     check_folder("--out", args.out)
+
+
+def _check_fits(args: argparse.Namespace) -> None:
+    """The smallest case's input and its Q, K, V (four B × n × d_model tensors, at 4 bytes a value) and the model's
+    embedding fit the memory budget: a size past it is one line before anything is allocated or written."""
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    limit = memory_limit_bytes(torch.device("cuda" if cuda else "cpu"), args.memory_limit_mb)
+    for key, need in (
+        ("--batch", 4 * 4 * args.batch * min(args.n) * args.d_model),
+        ("--loop-batch", 4 * 4 * args.loop_batch * min(args.n) * args.d_model),
+        ("--vocab", 4 * args.vocab * args.d_model),
+    ):
+        if need > limit:
+            raise ConfigError(
+                f"{key}: {getattr(args, key[2:].replace('-', '_'))} needs about {need / 2**30:.3g} GiB even at "
+                f"the smallest case, more than the {limit / 2**30:.3g} GiB budget here (--memory-limit-mb)"
+            )
 
 
 def memory_limit_bytes(device: torch.device, limit_mb: float) -> float:
@@ -612,6 +632,10 @@ def _run(args: argparse.Namespace) -> int:
     ]
     table = report.markdown(bench.rows, header)
     report.write_csv(out / "results.csv", bench.rows)
+    if "layer" in args.levels and "fwdbwd" in args.mode:
+        command = "linformer-lab " + " ".join(sys.argv[1:]) if sys.argv[1:] else "linformer-lab bench"
+        costs = report.kind_costs(bench.rows, command, header[0].removeprefix("- machine: "), time.strftime("%Y-%m-%d"))
+        atomic_write_text(out / "kind_costs.json", json.dumps(costs, indent=1) + "\n")
     atomic_write_text(out / "table.md", table)
     write_figure(out / "scaling.png", report.figure(bench.rows), dpi=130)
     report.tensorboard(out, bench.rows, out / "scaling.png", table)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List
@@ -33,6 +32,7 @@ from typing import Dict, List
 from omegaconf import DictConfig, OmegaConf
 
 from foundation.atomic import atomic_write_text
+from foundation.checked import read_json
 from foundation.configfile import merge, parse_overrides, resolve_includes
 from foundation.errors import ConfigError
 from foundation.paths import check_folder, check_name
@@ -70,7 +70,7 @@ class Stage:
 
 
 def load(path: str | Path, overrides: list[str] = ()) -> DictConfig:
-    cfg = merge(PipelineConfig, [resolve_includes(Path(path)), parse_overrides(list(overrides))])
+    cfg = merge(PipelineConfig, [resolve_includes(Path(path)), *parse_overrides(list(overrides))])
     check_name("experiment", cfg.experiment)
     check_folder("output_dir", cfg.output_dir)
     if not cfg.pretrain.config:
@@ -90,6 +90,8 @@ def load(path: str | Path, overrides: list[str] = ()) -> DictConfig:
 def stages(cfg: DictConfig, base_dir: Path, root: Path) -> list[Stage]:
     """Every stage's checked RunConfig, pretraining before the fine-tunings that read it."""
     out = []
+    for name in [*cfg.variants, *cfg.tasks]:  # each becomes a folder of the pipeline's run directory
+        check_name(f"{'variants' if name in cfg.variants else 'tasks'}.{name}", name)
     for variant, variant_overrides in cfg.variants.items():
         pre_dir = root / "pretrain" / variant
         pre = _stage_config(
@@ -135,7 +137,7 @@ def run(cfg: DictConfig, base_dir: Path) -> Path:
     for stage in plan:
         run_dir = Path(stage.cfg.run_dir)
         if (run_dir / METRICS).is_file():
-            results[stage.variant, stage.task] = json.loads((run_dir / METRICS).read_text())
+            results[stage.variant, stage.task] = read_json(run_dir / METRICS)
             continue
         stage.cfg.resume = run_dir.is_dir()
         results[stage.variant, stage.task] = train(

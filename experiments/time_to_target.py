@@ -26,9 +26,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-import yaml
-
 from foundation.atomic import atomic_write_text
+from foundation.checked import read_json, read_run_config
 from foundation.configfile import flatten
 from foundation.errors import ConfigError, check_number
 from foundation.paths import check_path
@@ -53,8 +52,8 @@ def find_runs(paths: Sequence[Path]) -> list[Path]:
 
 
 def _load(run: Path) -> tuple[dict, list[tuple[float, float, float]], dict]:
-    metrics = json.loads((run / "metrics.json").read_text())
-    config = flatten(yaml.safe_load((run / "config.yaml").read_text()) or {})
+    metrics = read_json(run / "metrics.json")
+    config = flatten(read_run_config(run))
     curve = [tuple(float(v) for v in point) for point in metrics.get("ppl_vs_wallclock", [])]
     return config, curve, metrics
 

@@ -1,17 +1,23 @@
 """Names and paths a user passes on, checked before anything is written.
 
-A *name* (an experiment, a study) becomes one folder under ``output_dir``: it must be a relative path that
-stays inside it (no ``..``, not absolute) and holds no control character. A *path* (``output_dir``, ``run_dir``,
-a cache folder, an ``--out`` folder) may be anywhere, but holds no NUL byte or other control character, and a
-folder the command will write into must not be an existing file.
+A *name* (an experiment, a study, a pipeline variant) becomes one folder under ``output_dir``: it must be a
+relative path that stays inside it (no ``..``, not absolute), holds no control character, and no part of it is
+longer than the ``NAME_MAX`` bytes a file system allows in one name. A *path* (``output_dir``, ``run_dir``, a cache
+folder, an ``--out`` folder) may be anywhere, but holds no NUL byte or other control character and is at most
+``PATH_MAX`` bytes; a folder the command will write into must not be an existing file, and the nearest part of
+it that exists must be a folder this process can write into.
 """
 
 from __future__ import annotations
 
+import os
 import unicodedata
 from pathlib import Path, PurePosixPath
 
 from foundation.errors import ConfigError
+
+NAME_MAX = 255  # bytes in one file or folder name (ext4, XFS, Btrfs, APFS, NTFS in UTF-16 units)
+PATH_MAX = 4096  # bytes in a whole path (Linux)
 
 
 def _control(text: str) -> bool:
@@ -24,6 +30,8 @@ def check_path(key: str, value: str) -> Path:
         raise ConfigError(f"{key}: must be a non-empty path, got {value!r}")
     if _control(value):
         raise ConfigError(f"{key}: {value!r} holds a control character (NUL, newline, ...); not a usable path")
+    if len(os.fsencode(value)) > PATH_MAX:
+        raise ConfigError(f"{key}: a path of {len(os.fsencode(value))} bytes, more than the {PATH_MAX} a path may have")
     return Path(value)
 
 
@@ -35,6 +43,12 @@ def check_name(key: str, value: str) -> str:
         raise ConfigError(f"{key}: {value!r} must be a relative name inside its output folder (no '..', not absolute)")
     if value.strip() != value or value in (".", ""):
         raise ConfigError(f"{key}: {value!r} is not a usable name (no leading or trailing spaces, not '.')")
+    longest = max(parts, key=lambda part: len(os.fsencode(part)))
+    if len(os.fsencode(longest)) > NAME_MAX:
+        raise ConfigError(
+            f"{key}: {value[:40]!r}... is {len(os.fsencode(longest))} bytes long, more than the {NAME_MAX} a file "
+            "system allows in one folder name"
+        )
     return value
 
 
@@ -43,4 +57,11 @@ def check_folder(key: str, value: str) -> Path:
     path = check_path(key, value)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{key}: {value} is a file, not a folder")
+    existing = path.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{key}: {value} lies inside {existing}, which is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: {value}: cannot write into {existing} (permission denied)")
     return path

@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_modules.attention import SelfAttention
-from lightning_modules.config import layer_ks, model_config
+from lightning_modules.attention import SelfAttention, attention_class
+from lightning_modules.config import model_config
 from lightning_modules.projections import ProjectionBank
 
 if TYPE_CHECKING:
@@ -249,11 +249,12 @@ def measure_spectrum(encoder: nn.Module, batches: Iterable[dict], grams: bool = 
 
 
 def heatmap_indices(model_cfg: Any, spectrum: Spectrum) -> list[int]:
-    """Default index at which the heatmap reads each layer's curve: the layer's configured k (the
-    paper's Fig. 1 right: how much a rank-k approximation keeps; for full attention, the k its
-    Linformer counterpart would use), or ⌈m_l/2⌉ when the matrix has only m_l ≤ k singular values
-    (a Linformer's P̄, whose curve reaches 1 at m_l)."""
-    ks = layer_ks(model_config(model_cfg))
+    """Default index at which the heatmap reads each layer's curve: the layer's compressed length k (the
+    paper's Fig. 1 right: how much a rank-k approximation keeps; n/4 for a kind that does not compress to a
+    fixed length, the k = n/4 of the shipped Linformer configs), or ⌈m_l/2⌉ when the matrix has only m_l ≤ k
+    singular values (a Linformer's P̄, whose curve reaches 1 at m_l)."""
+    cfg = model_config(model_cfg)
+    ks = attention_class(cfg).compressed_lengths(cfg) or [max(1, cfg.max_len // 4)] * cfg.n_layers
     return [k if s.shape[-1] > k else math.ceil(s.shape[-1] / 2) for k, s in zip(ks, spectrum.singular_values)]
 
 

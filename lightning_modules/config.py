@@ -12,10 +12,10 @@ kind's own options (``attention.options``) against the kind's ``Options`` datacl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Literal, Optional
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from foundation.configfile import merge
 from foundation.errors import ConfigError, check_number, require
@@ -23,26 +23,6 @@ from foundation.errors import ConfigError, check_number, require
 # Upper bounds of the model's sizes: far above any model this suite trains, low enough that a typo (an extra
 # zero or three) is one config line instead of a failed allocation after the run directory exists.
 MAX_SIZE = {"max_len": 1 << 20, "d_model": 1 << 16, "n_heads": 1024, "n_layers": 1024, "d_ff": 1 << 18}
-
-# Keys renamed in this release (old → new, old value → new value); the old ones work, with a warning, until
-# the next. ``project`` collided with ``projection`` and its ``kv`` with ``share: kv``; ``path`` with file paths.
-RENAMED = {
-    "model.attention.project": ("model.attention.compress", {"kv": "both", "k": "keys", "v": "values"}),
-    "model.attention.path": (
-        "model.attention.order",
-        {"auto": "auto", "input": "compress_first", "projected": "project_first"},
-    ),
-}
-
-
-@dataclass
-class KScheduleConfig:
-    """Per-layer k from a named schedule: ``linear`` interpolates from ``first`` to ``last``,
-    ``geometric`` does so in log space; values are rounded to integers."""
-
-    kind: Literal["linear", "geometric"] = "linear"
-    first: int = 64
-    last: int = 16
 
 
 @dataclass
@@ -52,24 +32,6 @@ class AttentionConfig:
     # No output depends on a later position (every kind that has a causal form).
     causal: bool = False
     dropout: float = 0.0
-    # ---- Linformer (kind: linformer) ---------------------------------------------------------------
-    # int, or a list with one entry per layer; ignored when k_schedule is set.
-    k: Any = 64
-    k_schedule: Optional[KScheduleConfig] = None
-    share: Literal["none", "headwise", "kv", "layerwise"] = "none"
-    # A registered projection kind (lightning_modules/projections.py): learned, random, conv, pool, ...
-    projection: str = "learned"
-    # Initial distribution of E/F (sets the attention temperature, so it is explicit):
-    #   jl: N(0, 1/k) (the paper's JL scale)   uniform: U(-1/sqrt(n), 1/sqrt(n))
-    #   theorem2: E = delta R, F = exp(-delta) R with R ~ N(0, 1/k) (Theorem 2's proof)
-    init: Literal["jl", "uniform", "theorem2"] = "jl"
-    delta: float = 1.0
-    # Which side passes through the k-slot bottleneck: both (Eq. 7), keys only, values only.
-    compress: Literal["both", "keys", "values"] = "both"
-    # Evaluation order of E K (exact either way): compress_first applies E to the layer input before W_k,
-    # project_first computes K = X W_k first (Eq. 7 as written); auto picks the cheaper by FLOP count.
-    order: Literal["auto", "compress_first", "project_first"] = "auto"
-    # ---- every other kind ----------------------------------------------------------------------------
     # The kind's own options, checked against its Options dataclass (e.g. kind: local, options: {window: 64}).
     options: Dict[str, Any] = field(default_factory=dict)
 
@@ -109,30 +71,22 @@ class OptimConfig:
 
 def model_config(cfg: Any) -> DictConfig:
     """A validated, attribute-accessible ModelConfig from a dict, DictConfig or dataclass."""
-    return merge(ModelConfig, [cfg], RENAMED_MODEL)
+    return merge(ModelConfig, [cfg], misplaced=misplaced_option)
 
 
-# The same renames, relative to the model node.
-RENAMED_MODEL = {
-    old.removeprefix("model."): (new.removeprefix("model."), values) for old, (new, values) in RENAMED.items()
-}
+def misplaced_option(key: str) -> Optional[str]:
+    """What to write instead of ``key`` when it is a kind's option given beside ``attention.kind`` (None: not one)."""
+    from lightning_modules.attention import ATTENTION_KINDS
 
-
-def layer_ks(model: DictConfig | ModelConfig) -> list[int]:
-    """k of every layer, from ``attention.k`` (int or list) or ``attention.k_schedule``."""
-    att, n_layers = model.attention, model.n_layers
-    if att.k_schedule is not None:
-        s = att.k_schedule
-        if n_layers == 1:
-            return [int(s.first)]
-        ts = [i / (n_layers - 1) for i in range(n_layers)]
-        if s.kind == "linear":
-            return [round(s.first + (s.last - s.first) * t) for t in ts]
-        return [round(s.first * (s.last / s.first) ** t) for t in ts]
-    k = att.k
-    if isinstance(k, (list, ListConfig)):
-        return [int(v) for v in k]
-    return [int(k)] * n_layers
+    parent, _, name = key.rpartition(".")
+    if parent.rpartition(".")[2] != "attention" or name in {f.name for f in fields(AttentionConfig)}:
+        return None
+    owners = [
+        kind for kind, cls in ATTENTION_KINDS.items() if cls.Options and name in {f.name for f in fields(cls.Options)}
+    ]
+    if not owners:
+        return None
+    return f"an option of kind {' and '.join(map(repr, owners))}: write {parent}.options.{name}"
 
 
 def _finite(value: Any) -> bool:

@@ -108,7 +108,7 @@ PROJECTION_KINDS: dict[str, ProjectionKind] = {}
 
 def register_projection(name: str):
     """Class decorator: make a :class:`ProjectionKind` subclass the projection kind ``name``
-    (``model.attention.projection: name``)."""
+    (``model.attention.options.projection: name``)."""
 
     def register(cls: type[ProjectionKind]) -> type[ProjectionKind]:
         cls.name = name

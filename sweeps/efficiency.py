@@ -10,6 +10,11 @@ arm at the end", and a fast arm that stops early is not rewarded. Times are trai
 
 An arm is on the Pareto front when no other arm is both at least as fast and at least as good, and better in
 one of the two.
+
+Long sequences: the study trains at one n; where each kind pays off shows at others. ``kind_costs.json`` (written
+by ``linformer-lab bench --levels layer --mode fwdbwd``, shipped beside this module) holds each attention kind's
+layer cost, forward + backward, at n = 1,024 … 16,384 as multiples of full attention; the report shows it for
+the arms named after a kind (:func:`long_sequence_section`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from training.curves import reach
+
+KIND_COSTS = Path(__file__).with_name("kind_costs.json")
 
 
 @dataclass
@@ -164,4 +171,50 @@ def section(arms: Sequence[ArmSpeed], metric: str, maximize: bool) -> list[str]:
         )
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
-    return lines + ["", "![quality against speed](pareto.png)", ""]
+    return lines + ["", "![quality against speed](pareto.png)", "", *long_sequence_section([a.arm for a in arms])]
+
+
+def kind_costs(path: Path = KIND_COSTS) -> Optional[dict]:
+    """The bench's long-sequence costs per kind (module docstring), or None without a readable file."""
+    try:
+        costs = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return costs if isinstance(costs, dict) and isinstance(costs.get("kinds"), list) else None
+
+
+def long_sequence_section(arms: Sequence[str], path: Path = KIND_COSTS) -> list[str]:
+    """Markdown: for each arm named after a kind in the bench's costs, its layer's forward + backward time and
+    peak memory as multiples of full attention at every measured n (nothing when fewer than two arms match)."""
+    costs = kind_costs(path)
+    if costs is None:
+        return []
+    rows = [c for c in costs["kinds"] if c["kind"] in arms]
+    if len(rows) < 2:
+        return []
+    ns = sorted({int(n) for c in rows for n in c["by_n"]})
+
+    def cell(entry: Optional[dict], key: str) -> str:
+        value = None if entry is None else entry.get(key)
+        return "—" if value is None else f"{value:.2g}×"
+
+    head = ["kind", *(f"time n={n:,}" for n in ns), *(f"memory n={n:,}" for n in ns)]
+    lines = [
+        "### Long sequences",
+        "",
+        "Where each kind pays off: one attention layer's forward + backward against full attention (SDPA) at "
+        "longer sequences than the study's, time and peak memory as full ÷ kind (> 1: cheaper than full; — where "
+        f"it did not fit). Measured {costs.get('date', '?')} on {costs.get('machine', '?')}:",
+        "",
+        f"    {costs.get('command', '')}",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for c in rows:
+        by_n = {int(n): v for n, v in c["by_n"].items()}
+        times = [cell(by_n.get(n), "time_vs_full") for n in ns]
+        memory = [cell(by_n.get(n), "memory_vs_full") for n in ns]
+        label = c["kind"] if c["k"] is None else f"{c['kind']} ({c['variant']}, k={c['k']})"
+        lines.append("| " + " | ".join([label, *times, *memory]) + " |")
+    return lines + [""]

@@ -373,7 +373,11 @@ def write_ladder(
         RANK_FIGURE: (lambda: figure_rank(ladder, spectra), "no reference run with a checkpoint here"),
         TIME_FIGURE: (
             lambda: figure_time(ladder, ttt) if ttt is not None else None,
-            "no run's ppl_vs_wallclock curve here",
+            "no run's ppl_vs_wallclock curve here"
+            if ttt is None
+            else "no rung's target is above what a model without context reaches"
+            if ttt.refused and set(ttt.refused) == set(ttt.targets)
+            else "no arm reached its rung's target",
         ),
     }
     written, skipped = [], []

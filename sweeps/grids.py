@@ -1,5 +1,8 @@
 """The grid of a study: every value of a space param, the product of a space, and the seeds ``--add-seeds``
-adds to it."""
+adds to it.
+
+A grid holds at most ``MAX_GRID_POINTS`` points: its size is the product of each param's value count, computed
+before any list is built, so a space of 10⁹ points is one line at once instead of an hour of building a list."""
 
 from __future__ import annotations
 
@@ -9,6 +12,35 @@ from omegaconf import DictConfig, OmegaConf
 
 from foundation.errors import ConfigError
 from sweeps.schema import SEED_PARAM, ParamSpec
+
+MAX_GRID_POINTS = 10_000  # the largest shipped grid has 75; each point is a trained run
+
+
+def value_count(name: str, p: ParamSpec) -> int:
+    """How many values :func:`grid_values` gives ``p``, without building them."""
+    if p.type == "categorical":
+        return len(p.choices)
+    if p.step is None:
+        raise ConfigError(f"space.{name}: a grid needs finite values: give 'step' (or use type: categorical)")
+    return int(round((p.high - p.low) / p.step)) + 1
+
+
+def end_count(name: str, p: ParamSpec) -> int:
+    """How many values :func:`range_end_values` gives ``p``."""
+    return len(p.choices) if p.type == "categorical" else 2
+
+
+def check_grid_size(space: DictConfig, count: Callable[[str, Any], int] = value_count) -> None:
+    """At most ``MAX_GRID_POINTS`` points (the product of the value counts bounds the grid from above)."""
+    size, counts = 1, []
+    for name, p in space.items():
+        counts.append(f"{name} {count(name, p)}")
+        size *= max(1, count(name, p))
+    if size > MAX_GRID_POINTS:
+        raise ConfigError(
+            f"space: up to {size:,} combinations of values ({' × '.join(counts)}), more than the "
+            f"{MAX_GRID_POINTS:,} a study may hold; use fewer values (or a tpe or random sampler over ranges)"
+        )
 
 
 def grid_values(name: str, p: ParamSpec) -> list:
@@ -31,6 +63,7 @@ def product(
 ) -> list[dict]:
     """Every distinct point of ``space``: the product of each param's ``values_of``, a param left out where it
     is not ``active`` at the point so far, duplicates removed, in order (later params vary fastest)."""
+    check_grid_size(space, value_count if values_of is grid_values else end_count)
     points: list[dict] = [{}]
     for name, p in space.items():
         values = values_of(name, p)

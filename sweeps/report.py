@@ -2,18 +2,19 @@
 
 Writes ``<output_dir>/<study>_<preset>/report/``:
 
-* ``trials.csv``: one row per trial, the control's included (number, state, objective values, params,
+* ``trials.csv``: one row per trained trial, the control's included (number, state, objective values, params,
   arm, fail reason, duration, every scalar of its metrics.json);
-* ``summary.md``: the power check of the study's control (:func:`sweeps.stats.power_check`: does the
-  reference arm leave the trivial baseline, does the known contrast separate beyond the seed spread?
-  If not, it says above every verdict that the study has no power at this budget); per arm (the
-  control's two arms included), each objective's mean ± std over replicates (seeds), n, and the trivial
-  baseline (``trivial_loss`` / ``trivial_accuracy`` of metrics.json) beside it, and its success rate
-  where the study file sets a threshold; every pairwise comparison of arms on every objective with a
-  95 % CI and one of three verdicts (:mod:`sweeps.stats`, docs/verdicts.md): better, on par within ±δ,
-  or undecided with the seeds that would decide it; failed trials and their reasons; the best
-  parameters of open (non-grid) studies. Its first lines answer the study's question in one sentence
-  (from the study's own arms), then give the δ used and the multiplicity (Holm) statement;
+* ``summary.md``: first the reference's context gain over a model without context (a study with a control,
+  :class:`sweeps.findings.ContextGain`): below the study's ``verdict.context_gain``, or with a CI holding 0, the
+  only answer is "uninformative" and no verdict follows. Then the answer to the study's question in one sentence
+  per objective (from the study's own arms), the δ used, the multiplicity (Holm) statement and how the
+  validation sampling error is measured; the control's power check (:func:`sweeps.stats.power_check`); per arm
+  (the control's two arms included), each objective's mean ± std over replicates (seeds), n, the no-context
+  baselines beside it (the unigram on the same targets, ``trivial_loss`` / ``trivial_accuracy``) and its success
+  rate where the study file sets a threshold; every pair of the study's own arms on every objective with a 95 %
+  CI, one of three verdicts (:mod:`sweeps.stats`, docs/verdicts.md: better, on par within ±δ, or undecided with
+  the seeds that would decide it) and its validation sampling error; quality against speed; failed trials and
+  their reasons; the best parameters of open (non-grid) studies;
 * PNG plots (:mod:`sweeps.figures`, with Optuna's): optimisation history, parameter importances (when
   at least 2 params vary), parallel coordinates, the Pareto front (2 objectives), and the validation
   loss against step of every trial, coloured by arm, read from the trials' TensorBoard events.
@@ -376,9 +377,11 @@ def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_row
         f"({', '.join(f'{v} {s.name.lower()}' for s, v in counts.items())})",
     ]
     if study.control is not None:
+        reused = sum(r.reused for r in control_rows)
         out.append(
-            f"- control: {len(control_rows)} finished of {study.control.n_trials} "
+            f"- control: {len(control_rows) - reused} finished of {study.control.n_trials} "
             f"(study `{study.control.name}`, storage `{storage.storage_display(study.control, url)}`)"
+            + (f"; {reused} more are the study's own trials, reused" if reused else "")
         )
     out.append("- objective: " + ", ".join(f"{m} ({d})" for m, d in zip(study.metrics, study.directions)))
     if retried:

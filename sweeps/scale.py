@@ -34,7 +34,6 @@ verdict as its marker), ``rank_vs_size.png`` and ``time_to_target_vs_size.png``.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Any, Optional
 import numpy as np
 from optuna.trial import TrialState
 
+from foundation.checked import read_json, read_run_config
 from sweeps import stats, words
 from sweeps.efficiency import no_context_ppl
 from sweeps.findings import Compared, Findings, Row, run_metrics
@@ -219,7 +219,7 @@ def _curve(row: Row) -> Optional[list[tuple[float, float, float]]]:
     path = Path(run_dir) / "metrics.json" if run_dir else None
     if path is None or not path.is_file():
         return None
-    curve = json.loads(path.read_text()).get("ppl_vs_wallclock") or []
+    curve = read_json(path).get("ppl_vs_wallclock") or []
     return [tuple(float(v) for v in point) for point in curve] or None
 
 
@@ -274,7 +274,7 @@ def _analysis(run_dir: Path) -> dict[str, Any]:
 
     cached = run_dir / "analysis" / "summary.json"
     if cached.is_file() and cached.stat().st_mtime >= (run_dir / CHECKPOINT).stat().st_mtime:
-        summary = json.loads(cached.read_text())
+        summary = read_json(cached)
         if summary.get("energy") == ENERGY and summary.get("samples") == SAMPLES:
             return summary
     return analyze(run_dir, samples=SAMPLES, energy=ENERGY)
@@ -309,15 +309,13 @@ def spectrum_across_sizes(ladder: Ladder) -> list[RungSpectrum]:
 
 
 def _max_len(run_dir: Path) -> int:
-    import yaml
-
-    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    config = read_run_config(run_dir)
     return int(config.get("model", {}).get("max_len", 0))
 
 
 def arm_ks(ladder: Ladder, line: str) -> dict[str, float]:
     """rung -> the k (mean over layers) of ``line``'s model there, for a Linformer arm; {} otherwise."""
-    from lightning_modules.config import layer_ks
+    from lightning_modules.attention.linformer import layer_ks
 
     out = {}
     for rung in ladder.rungs:

@@ -140,15 +140,32 @@ def _stale_journal_trials(ostudy: optuna.Study, study: Study, grace_s: float) ->
     return stale
 
 
-def open_storage(study: Study, url: Optional[str], workers: int = 1, create: bool = True) -> BaseStorage:
-    """The study's storage: the journal file by default (heartbeats by :func:`beating`), else an Optuna RDB URL
-    (with Optuna's heartbeats). ``create=False`` (a reader such as ``report``) creates nothing: an SQLite file
-    that does not exist is refused, and no tables are made in an empty database."""
-    if url is not None and url.startswith("sqlite") and workers > 1:
+def check_url(url: Optional[str], workers: int = 1) -> None:
+    """What can be told of a storage URL without connecting or creating anything: its form, SQLite with parallel
+    workers."""
+    if url is None:
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        make_url(url)
+    except ArgumentError:
+        raise ConfigError(
+            f"--storage {redact(url)}: not a database URL (e.g. postgresql+psycopg2://user@host/db)"
+        ) from None
+    if url.startswith("sqlite") and workers > 1:
         raise ConfigError(
             f"--storage {redact(url)}: SQLite cannot take parallel workers; use the default journal "
             "file (no --storage) or a PostgreSQL/MySQL URL"
         )
+
+
+def open_storage(study: Study, url: Optional[str], workers: int = 1, create: bool = True) -> BaseStorage:
+    """The study's storage: the journal file by default (heartbeats by :func:`beating`), else an Optuna RDB URL
+    (with Optuna's heartbeats). ``create=False`` (a reader such as ``report``) creates nothing: an SQLite file
+    that does not exist is refused, and no tables are made in an empty database."""
+    check_url(url, workers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
@@ -182,12 +199,8 @@ def _check_database_exists(url: str) -> None:
     if not url.startswith("sqlite"):
         return
     from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
 
-    try:
-        database = make_url(url).database
-    except ArgumentError:
-        raise ConfigError(f"--storage {redact(url)}: not a database URL") from None
+    database = make_url(url).database
     if database and database != ":memory:" and not Path(database).is_file():
         raise ConfigError(f"--storage {redact(url)}: no database file {database}; give the storage the study ran on")
 
@@ -203,6 +216,16 @@ def own_study(study: Study, url: Optional[str]) -> Optional[Owner]:
     owner.record()
     check_journal(study.root / JOURNAL, repair=True)
     return owner
+
+
+def set_aside(study: Study) -> Optional[Path]:
+    """Move the study's folder (journal, trial runs, report) to ``<folder>.<UTC time>``, its owner's lock with it;
+    None when there is nothing to move."""
+    if not (study.root / JOURNAL).exists():
+        return None
+    aside = study.root.with_name(f"{study.root.name}.{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    study.root.rename(aside)
+    return aside
 
 
 def check_journal(path: Path, repair: bool = False) -> None:
@@ -311,13 +334,20 @@ class BudgetState:
     running: int  # counted running (some may belong to dead workers not yet detected)
 
 
-def budget_state(trials: list[FrozenTrial]) -> BudgetState:
+def budget_state(trials: list[FrozenTrial], study: Optional[Study] = None) -> BudgetState:
+    """Counted finished and running trials; of a grid ``study``, finished counts its points that have a finished
+    counted trial (trials of points the file no longer holds count for nothing)."""
     excluded = excluded_numbers(trials)
     counted = [t for t in trials if t.number not in excluded]
-    return BudgetState(
-        finished=sum(t.state.is_finished() for t in counted),
-        running=sum(t.state == TrialState.RUNNING for t in counted),
-    )
+    finished = sum(t.state.is_finished() for t in counted)
+    if study is not None and study.is_grid and study.points is not None:
+        done = {_point_key(t.params) for t in counted if t.state.is_finished()}
+        finished = sum(_point_key(p) in done for p in study.points[: study.n_trials])
+    return BudgetState(finished=finished, running=sum(t.state == TrialState.RUNNING for t in counted))
+
+
+def _point_key(params: dict) -> str:
+    return json.dumps(params, sort_keys=True)
 
 
 def budget_position(trials: list[FrozenTrial], number: int) -> int:

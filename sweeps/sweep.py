@@ -1,12 +1,19 @@
-"""``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W] [--add-seeds N]``.
+"""``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W] [--add-seeds N]
+[--new-study] [--check]``.
 
-Launches, or resumes, an Optuna study. The command validates the study file (exit 2 before any
-trial), opens the study, fails and re-enqueues trials left running by dead workers, enqueues the grid
-points not yet run, then starts W worker processes on this machine (each with cores/W torch threads,
+Launches, or resumes, an Optuna study. The command validates the study file, the sampler's and pruner's
+arguments and the storage URL (exit 2 before any trial; ``--check`` stops there, writing nothing), takes
+ownership of a journal study (a second ``sweep`` of it gets one line naming the owner), refuses a stored
+study whose search space or objective the file has changed (:mod:`sweeps.identity`; ``--new-study`` sets the
+earlier one aside), opens the study, fails and re-enqueues trials left running by dead workers, enqueues the
+grid points not yet run, then starts W worker processes on this machine (each with cores/W torch threads,
 its output in ``<study dir>/logs/``) and prints one line per finished trial. Every worker repeats:
 fail stale trials; stop when ``n_trials`` trials are finished (or the timeout has passed); wait while
 the remaining budget is taken by running trials (one of them may yet die); else run one trial.
 The same command on another machine, against the same ``--storage`` RDB URL, joins the study.
+A trial that fails on an input error is put back uncounted and stops its worker: the command then ends with one
+``error:`` line and exit 2. SIGTERM is passed on to the workers, whose running trials save a checkpoint and are
+put back; the command exits 143.
 
 GPUs: the N GPUs this process may use (``CUDA_VISIBLE_DEVICES`` if set, else all; counted through NVML
 without initialising CUDA here) are dealt out as whole blocks of g = N // W per worker: worker i gets GPUs
@@ -40,8 +47,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
-from sweeps import storage
+from sweeps import identity, storage
 from sweeps.study import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM, Study, load_study, requested_devices, seed_is_categorical
+from training.config import MAX_STEPS
 
 POLL_S = 1.0
 MAX_WORKERS = 1024  # a bound for the flag; the command starts no more than the trials left and the cores
@@ -50,6 +58,7 @@ HOST = "127.0.0.1"
 
 def make_sampler(study: Study, seed: int) -> optuna.samplers.BaseSampler:
     spec = study.spec.sampler
+    seed %= 2**32  # a worker's seed is the file's plus an offset (see _work_on)
     if spec.kind == "tpe":
         # constant_liar: concurrent workers see each other's running trials and spread out
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True)
@@ -66,6 +75,24 @@ def make_pruner(study: Study) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
+def check_optuna_arguments(study: Study) -> None:
+    """The sampler's and the pruner's arguments, checked and the objects built here, before anything is written
+    (Optuna refuses some only when they are built, others only inside a trial): one line naming the key."""
+    for one in study.studies:
+        s, p = one.spec.sampler, one.spec.pruner
+        check_number("sampler.seed", s.seed, 0, 2**32 - 1, integer=True)
+        check_number("sampler.n_startup_trials", s.n_startup_trials, 0, MAX_TRIALS, integer=True)
+        check_number("pruner.n_startup_trials", p.n_startup_trials, 0, MAX_TRIALS, integer=True)
+        check_number("pruner.n_warmup_steps", p.n_warmup_steps, 0, MAX_STEPS, integer=True)
+        check_number("pruner.min_resource", p.min_resource, 1, MAX_STEPS, integer=True)
+        check_number("pruner.reduction_factor", p.reduction_factor, 2, 1000, integer=True)
+        try:
+            make_sampler(one, s.seed)
+            make_pruner(one)
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"sampler/pruner: {str(err).splitlines()[0]}") from None
+
+
 def open_study(study: Study, url: Optional[str], workers: int = 1) -> optuna.Study:
     """Create the study, or load it: then its stored objective must be the file's (Optuna would silently
     keep the stored directions, and a changed metric would mix two objectives in one study)."""
@@ -80,6 +107,8 @@ def open_study(study: Study, url: Optional[str], workers: int = 1) -> optuna.Stu
     )
     if "objective" not in ostudy.user_attrs:
         ostudy.set_user_attr("objective", objective_of(study))
+    if identity.IDENTITY not in ostudy.user_attrs:
+        ostudy.set_user_attr(identity.IDENTITY, identity.identity_of(study))
     check_objective(study, ostudy, url)
     return ostudy
 
@@ -89,13 +118,36 @@ def objective_of(study: Study) -> list[str]:
 
 
 def check_objective(study: Study, ostudy: optuna.Study, url: Optional[str]) -> None:
+    """The stored study's objective and search space are the file's (see :mod:`sweeps.identity`)."""
     stored = ostudy.user_attrs.get("objective")
+    where = f"{study.path}: study {study.name} in {storage.storage_display(study, url)}"
+    again = "run `sweep --new-study` to start it afresh (the earlier study is kept aside) or rename the study"
     if stored is not None and stored != objective_of(study):
         raise ConfigError(
-            f"{study.path}: study {study.name} in {storage.storage_display(study, url)} has objective "
-            f"{', '.join(stored)}, the file now says {', '.join(objective_of(study))}: rename the "
-            "study or delete its storage"
+            f"{where} has objective {', '.join(stored)}, the file now says {', '.join(objective_of(study))}: {again}"
         )
+    recorded = ostudy.user_attrs.get(identity.IDENTITY)
+    differ = identity.changed(recorded, study) if recorded is not None else []
+    if differ:
+        more = f"; and {len(differ) - 4} more" if len(differ) > 4 else ""
+        raise ConfigError(
+            f"{where} was started with another search space: {'; '.join(differ[:4])}{more}; its trials answer "
+            f"another question: {again}"
+        )
+
+
+def check_stored(study: Study, url: Optional[str]) -> None:
+    """A journal study already started must have the file's objective and space: checked before the command
+    writes anything (an RDB study is checked when it is opened)."""
+    if url is not None:
+        return
+    for one in study.studies:
+        if (one.root / storage.JOURNAL).is_file():
+            try:
+                stored = optuna.load_study(study_name=one.name, storage=storage.open_storage(one, None, create=False))
+            except KeyError:  # the journal does not hold it yet
+                continue
+            check_objective(one, stored, None)
 
 
 # --------------------------------------------------------------------------------------- GPUs
@@ -213,7 +265,7 @@ def _work_on(
     while True:
         storage.fail_stale_trials(ostudy, study, url)
         trials = ostudy.get_trials(deepcopy=False)
-        state = storage.budget_state(trials)
+        state = storage.budget_state(trials, study)
         n = study.n_trials
         if (n is not None and state.finished >= n) or (deadline is not None and time.time() > deadline):
             return
@@ -283,11 +335,11 @@ def footer(study: Study, url: Optional[str]) -> str:
 
 def _progress(study: Study, trials: list[FrozenTrial]) -> str:
     n = study.n_trials
-    return f"{storage.budget_state(trials).finished}/{n if n is not None else '∞'}"
+    return f"{storage.budget_state(trials, study).finished}/{n if n is not None else '∞'}"
 
 
 def _met(study: Study, trials: list[FrozenTrial]) -> bool:
-    return study.n_trials is None or storage.budget_state(trials).finished >= study.n_trials
+    return study.n_trials is None or storage.budget_state(trials, study).finished >= study.n_trials
 
 
 def usable_workers(asked: int, trials_left: Optional[int], cores: int) -> int:
@@ -298,7 +350,7 @@ def usable_workers(asked: int, trials_left: Optional[int], cores: int) -> int:
 def _trials_left(study: Study, ostudies: dict[str, optuna.Study]) -> Optional[int]:
     if any(s.n_trials is None for s in study.studies):
         return None
-    return sum(max(0, s.n_trials - storage.budget_state(ostudies[s.name].trials).finished) for s in study.studies)
+    return sum(max(0, s.n_trials - storage.budget_state(ostudies[s.name].trials, s).finished) for s in study.studies)
 
 
 def run(study: Study, url: Optional[str], workers: int) -> int:
@@ -449,8 +501,9 @@ def summarise(study: Study, ostudies: dict[str, optuna.Study], started: float, d
         )
         if not (_met(s, trials) or (deadline is not None and time.time() > deadline)):
             met = False
+            missing = s.n_trials - storage.budget_state(trials, s).finished
             print(
-                f"budget not met: {s.n_trials - storage.budget_state(trials).finished} trial(s) of {s.name} missing; "
+                f"budget not met: {missing} trial(s) of {s.name} missing; "
                 f"see {study.root / 'logs'}/, then run the same command again"
             )
     return met
@@ -513,6 +566,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="add N replicate seeds (the next unused numbers) to a grid study and its control, "
         "then resume it; plan N from the report's power calculation before running",
     )
+    parser.add_argument(
+        "--new-study",
+        action="store_true",
+        help="start the study afresh: its folder (journal, trials, report) is moved aside to <folder>.<time>, "
+        "nothing is deleted; for a study file whose search space or objective changed",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the study file (schema, every trial config, sampler, pruner, grid size, storage URL) and "
+        "exit without writing anything",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -524,10 +589,26 @@ def main(args: argparse.Namespace) -> int:
     if args.add_seeds is not None:
         check_number("--add-seeds", args.add_seeds, 1, 10_000, integer=True)
     study = load_study(args.study, args.preset, args.n_trials, args.timeout_s)
+    check_optuna_arguments(study)
+    storage.check_url(args.storage, args.workers)
     study_gpus(study, args.workers)  # before any storage is touched: trials the GPUs cannot hold are refused
     if args.add_seeds:  # before any storage is touched: a study that cannot grow is refused first
         load_study(args.study, args.preset, args.n_trials, args.timeout_s, [max(study.seeds, default=0) + 1])
+    if args.new_study and args.storage is not None:
+        raise ConfigError("--new-study: only for the default journal storage; with --storage, rename the study")
+    if args.check:
+        trials = f"{study.n_trials} trial(s)" if study.n_trials is not None else "trials until the timeout"
+        control = f" and a control of {study.control.n_trials}" if study.control is not None else ""
+        print(f"study OK: {study.name}, {trials}{control}; nothing written")
+        return 0
     _optuna_quiet()
+    if not args.new_study:
+        check_stored(study, args.storage)
+    if args.new_study:
+        with storage.own_study(study, None):  # no other sweep runs it
+            aside = storage.set_aside(study)
+        if aside is not None:
+            print(f"study {study.name}: the earlier study moved to {aside}; starting afresh", flush=True)
     with storage.own_study(study, args.storage) or contextlib.nullcontext():  # one sweep command per study
         study = with_added_seeds(study, args.storage, args.workers, args.add_seeds or 0, args.n_trials, args.timeout_s)
         return run(study, args.storage, args.workers)

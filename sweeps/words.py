@@ -262,8 +262,8 @@ def context(gain: Optional[ContextGain], reference: str) -> str:
 
 def uninformative(gain: ContextGain) -> str:
     """The report's only answer when the reference did not learn to use context."""
-    lo, _ = gain.comparison.ci()
-    holds_zero = "" if gain.comparison.judged and lo > 0 else "; its 95 % CI holds 0"
+    lo, hi = gain.comparison.ci()
+    holds_zero = "; its 95 % CI holds 0" if not gain.comparison.judged or lo <= 0 <= hi else ""
     return (
         f"uninformative: the reference did not learn to use context (gain {fmt(gain.gain)}, needs ≥ "
         f"{fmt(gain.threshold)}{holds_zero}). No verdict is given: arms that ignore their context answer no question "

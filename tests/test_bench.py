@@ -57,6 +57,7 @@ def test_tiny_bench_writes_every_output_with_the_expected_columns(tmp_path):
         "results.csv",
         "table.md",
         "scaling.png",
+        "kind_costs.json",  # each kind's layer forward + backward cost, for the study reports
     }
     assert any(p.name.startswith("events.out.tfevents") for p in out.iterdir())
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -388,7 +389,9 @@ def test_reach_interpolates_between_the_bracketing_validations():
 
 def _fake_run(path, k, seed, curve, tokens_per_sec=1000.0):
     path.mkdir(parents=True)
-    (path / "config.yaml").write_text(f"experiment: e{seed}\nseed: {seed}\nmodel:\n  attention:\n    k: {k}\n")
+    (path / "config.yaml").write_text(
+        f"experiment: e{seed}\nseed: {seed}\nmodel:\n  attention:\n    options:\n      k: {k}\n"
+    )
     (path / "metrics.json").write_text(json.dumps({"ppl_vs_wallclock": curve, "tokens_per_sec": tokens_per_sec}))
 
 
@@ -397,9 +400,9 @@ def test_time_to_target_table_has_one_row_per_variant(tmp_path, capsys):
     _fake_run(tmp_path / "a" / "version_1", 32, 1, [[10, 100, 80], [30, 300, 40]])
     _fake_run(tmp_path / "b" / "version_0", 64, 0, [[10, 100, 90], [20, 200, 70]])
     table_rows, keys = time_to_target.rows([tmp_path], target=60.0)
-    assert keys == ["model.attention.k"]  # seeds and experiment names do not split variants
+    assert keys == ["model.attention.options.k"]  # seeds and experiment names do not split variants
     by_variant = {r["variant"]: r for r in table_rows}
-    k32, k64 = by_variant["attention.k=32"], by_variant["attention.k=64"]
+    k32, k64 = by_variant["attention.options.k=32"], by_variant["attention.options.k=64"]
     assert (k32["runs"], k32["reached"]) == (2, 2)
     assert k32["seconds"] == pytest.approx((15 + 20) / 2) and k32["tokens"] == pytest.approx((150 + 200) / 2)
     assert (k64["runs"], k64["reached"], k64["seconds"]) == (1, 0, None)
@@ -408,7 +411,7 @@ def test_time_to_target_table_has_one_row_per_variant(tmp_path, capsys):
     assert cli.main(["time-to-target", str(tmp_path), "--target", "60", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed == out.read_text()
-    assert "| attention.k=64 | 1 | 0 | – |" in printed and "Time to validation perplexity ≤ 60" in printed
+    assert "| attention.options.k=64 | 1 | 0 | – |" in printed and "Time to validation perplexity ≤ 60" in printed
     assert not math.isnan(k32["final_ppl"])
 
 
@@ -443,7 +446,7 @@ def test_library_race_times_both_sides_and_matches_outputs_where_the_functions_a
     for row in rows:
         assert row["project_ms"] > 0 and row["library_ms"] > 0 and row["ratio"] > 0
         assert row["project_mb"] > 0 and row["library_mb"] > 0
-        if row["variant"] in ("nystrom", "performer"):  # same weights, same function
+        if row["variant"] in ("nystrom", "performer", "headwise"):  # same weights, same function
             assert row["max_difference"] < 1e-4
     table = libraries.markdown(rows, ["- header"])
     assert table.count("\n| ") == len(rows) + 1  # the header row and one per race
@@ -459,3 +462,65 @@ def test_library_race_is_its_own_level_written_beside_the_bench_tables(tmp_path)
     table = (out / "libraries.md").read_text()
     assert "library time ÷ project time" in table
     assert list(csv.DictReader((out / "libraries.csv").open()))[0]["variant"] in ("local", "nystrom")
+
+
+def test_kind_costs_give_each_kinds_first_variant_against_full_attention():
+    rows = [
+        {
+            "level": "layer",
+            "mode": "fwdbwd",
+            "variant": "sdpa",
+            "k": None,
+            "n": 64,
+            "time_ms_median": 4.0,
+            "peak_mem_mb": 2.0,
+        },
+        {
+            "level": "layer",
+            "mode": "fwdbwd",
+            "variant": "naive",
+            "k": None,
+            "n": 64,
+            "time_ms_median": 9.0,
+            "peak_mem_mb": 9.0,
+        },
+        {
+            "level": "layer",
+            "mode": "fwdbwd",
+            "variant": "learned",
+            "k": 8,
+            "n": 64,
+            "time_ms_median": 2.0,
+            "peak_mem_mb": 1.0,
+            "speedup_vs_sdpa": 2.0,
+            "memory_saving_vs_sdpa": 2.0,
+        },
+        {
+            "level": "layer",
+            "mode": "fwdbwd",
+            "variant": "kv",
+            "k": 8,
+            "n": 64,
+            "time_ms_median": 1.0,
+            "peak_mem_mb": 1.0,
+            "speedup_vs_sdpa": 4.0,
+            "memory_saving_vs_sdpa": 2.0,
+        },
+        {
+            "level": "layer",
+            "mode": "fwd",
+            "variant": "local",
+            "k": 8,
+            "n": 64,
+            "time_ms_median": 1.0,
+            "peak_mem_mb": 1.0,
+            "speedup_vs_sdpa": 3.0,
+            "memory_saving_vs_sdpa": 1.0,
+        },
+    ]
+    costs = report.kind_costs(rows, "linformer-lab bench", "CPU", "2026-12-01")
+    by_kind = {c["kind"]: c for c in costs["kinds"]}
+    assert set(by_kind) == {"full", "linformer"}  # naive is not a kind; local ran forward only
+    assert by_kind["full"]["by_n"]["64"]["time_vs_full"] == 1.0
+    assert by_kind["linformer"]["variant"] == "learned"  # the first Linformer variant, not kv
+    assert by_kind["linformer"]["by_n"]["64"]["time_vs_full"] == 2.0

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -508,7 +509,7 @@ def test_a_second_sweep_of_a_study_gets_one_line_naming_its_owner(tmp_path, tiny
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason="needs a machine without a CUDA GPU")
-def test_a_sweep_whose_trials_fail_on_an_input_error_stops_uncounted_and_a_rerun_after_the_fix_runs_them(
+def test_a_sweep_whose_trials_fail_on_an_input_error_stops_uncounted_and_puts_them_back_for_the_rerun(
     tmp_path, tiny, capsys
 ):
     path = study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "gpu"})
@@ -518,11 +519,72 @@ def test_a_sweep_whose_trials_fail_on_an_input_error_stops_uncounted_and_a_rerun
     assert "no usable CUDA GPU" in last
     study = load_study(path)
     trials = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).trials
-    assert storage.budget_state(trials).finished == 0  # the failed trial is put back, not counted
+    # The failed trial is put back, not counted: the same command after the fix runs its copy, waiting here.
+    assert storage.budget_state(trials, study).finished == 0
+    waiting = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+    assert [t.system_attrs["fixed_params"] for t in waiting] == [{"seed": 0}]
 
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() > 0, reason="needs a machine without a CUDA GPU")
+def test_the_same_sweep_after_the_fix_runs_the_trials_an_input_error_put_back(tmp_path, tiny, capsys):
+    path = study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "gpu"})
+    assert cli.main(["sweep", str(path)]) == 2
     study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "cpu"})  # the fix
     assert cli.main(["sweep", str(path)]) == 0
+    study = load_study(path)
     trials = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).trials
-    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert [t.params["seed"] for t in done] == [0]
-    assert storage.budget_state(trials).finished == 1
+    assert [t.params["seed"] for t in trials if t.state == optuna.trial.TrialState.COMPLETE] == [0]
+    assert storage.budget_state(trials, study).finished == 1
+
+
+def test_a_grid_budget_counts_its_points_not_its_trials(tmp_path, tiny_overrides):
+    study = load_study(study_file(tmp_path, tiny_overrides, "points", (0, 1, 2)))
+    dist = {"seed": optuna.distributions.CategoricalDistribution([0, 1, 2, 5])}
+    trials = [optuna.trial.create_trial(params={"seed": seed}, distributions=dist, value=1.0) for seed in (0, 1, 1, 5)]
+    for number, t in enumerate(trials):
+        t.number = number
+    # Four finished trials, but only points 0 and 1 of the grid ran: seed 5 is no point of it (the file changed).
+    assert storage.budget_state(trials).finished == 4
+    assert storage.budget_state(trials, study).finished == 2
+
+
+def test_a_study_whose_space_changed_is_refused_and_new_study_sets_the_earlier_aside(tmp_path, tiny_overrides, capsys):
+    from sweeps.sweep import check_stored, open_study
+
+    path = study_file(tmp_path, tiny_overrides, "moving", (0, 1))
+    started = load_study(path)
+    open_study(started, None)
+    check_stored(started, None)  # the same file: accepted
+    study_file(tmp_path, tiny_overrides, "moving", (0, 1, 2))  # more seeds: replicates, not another question
+    check_stored(load_study(path), None)
+
+    text = yaml.safe_load(path.read_text())
+    text["space"]["optim.lr"] = {"type": "categorical", "choices": [0.001, 0.002]}
+    path.write_text(yaml.safe_dump(text))
+    changed = load_study(path)
+    with pytest.raises(ConfigError, match=r"was started with another search space: space\.optim\.lr: added here"):
+        check_stored(changed, None)
+    journal = (started.root / storage.JOURNAL).read_bytes()
+    aside = storage.set_aside(changed)
+    assert not started.root.exists() and (aside / storage.JOURNAL).read_bytes() == journal  # nothing lost
+    check_stored(changed, None)  # a new study
+    capsys.readouterr()
+    assert cli.main(["sweep", str(path), "--check"]) == 0
+    assert "study OK: moving, 6 trial(s)" in capsys.readouterr().out
+    assert not started.root.exists()  # --check writes nothing
+
+
+def test_a_damaged_tokenizer_cache_is_rebuilt_saying_so(tmp_path, capsys):
+    from datamodules.config import TokenizerConfig
+    from datamodules.tokenizer import bpe_cache_path, build_tokenizer
+
+    texts = [f"review {i}: the film was {'good' if i % 2 else 'bad'} and long" for i in range(200)]
+    cfg = types.SimpleNamespace(**vars(TokenizerConfig(vocab_size=300)))
+    first = build_tokenizer(cfg, texts, tmp_path)
+    cached = bpe_cache_path(cfg, texts, tmp_path)
+    cached.write_text(cached.read_text()[:100])  # truncated by a full disk, say
+    capsys.readouterr()
+    again = build_tokenizer(cfg, texts, tmp_path)
+    assert f"{cached}: damaged cache (" in capsys.readouterr().err
+    assert again.to_str() == first.to_str() and cached.read_text() == first.to_str()

@@ -54,6 +54,48 @@ def test_a_study_without_curves_has_no_time_to_target_column():
     assert "seconds to" not in "\n".join(efficiency.section(arms, "val/loss", maximize=False))
 
 
+def test_long_sequence_costs_of_the_arms_named_after_a_kind(tmp_path):
+    costs = {
+        "command": "linformer-lab bench --levels layer --mode fwdbwd",
+        "machine": "test CPU",
+        "date": "2026-12-01",
+        "kinds": [
+            {
+                "kind": "full",
+                "variant": "sdpa",
+                "k": None,
+                "by_n": {"1024": {"time_vs_full": 1.0, "memory_vs_full": 1.0}},
+            },
+            {
+                "kind": "local",
+                "variant": "local",
+                "k": 128,
+                "by_n": {
+                    "1024": {"time_vs_full": 1.5, "memory_vs_full": 2.0},
+                    "16384": {"time_vs_full": 12.0, "memory_vs_full": 9.0},
+                },
+            },
+            {"kind": "lsh", "variant": "lsh", "k": 128, "by_n": {"1024": {"time_vs_full": 0.5, "memory_vs_full": 0.4}}},
+        ],
+    }
+    path = tmp_path / "kind_costs.json"
+    path.write_text(json.dumps(costs))
+    lines = efficiency.long_sequence_section(["full", "local", "linformer"], path)
+    table = [line for line in lines if line.startswith("| ")]
+    assert table[0] == "| kind | time n=1,024 | time n=16,384 | memory n=1,024 | memory n=16,384 |"
+    assert table[1:] == ["| full | 1× | — | 1× | — |", "| local (local, k=128) | 1.5× | 12× | 2× | 9× |"]
+    assert "    linformer-lab bench --levels layer --mode fwdbwd" in lines  # the command that measured it
+    assert efficiency.long_sequence_section(["full", "performer"], path) == []  # one kind alone compares nothing
+    assert efficiency.long_sequence_section(["full", "local"], tmp_path / "missing.json") == []
+
+
+def test_the_shipped_long_sequence_costs_cover_full_attention_and_every_kind_of_the_head_to_head():
+    costs = efficiency.kind_costs()
+    assert costs is not None and costs["command"].startswith("linformer-lab bench")
+    kinds = {c["kind"] for c in costs["kinds"]}
+    assert {"full", "linformer", "local", "sparse", "lsh", "performer", "nystrom"} <= kinds
+
+
 def test_a_target_a_model_without_context_reaches_gets_no_time(tmp_path):
     def run(name, curve, unigram_loss):
         (tmp_path / name).mkdir()

@@ -126,13 +126,51 @@ ALIAS_BOMB_FLOW = (
     "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], "
     "e: [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]}"
 )
+PIPELINE_ABSOLUTE_VARIANT = (
+    f"pretrain: {{{{config: {CONFIG}}}}}\nvariants: {{{{'{{w.root}}/elsewhere': []}}}}\n"
+    f"tasks: {{{{t: {{{{config: {CONFIG}}}}}}}}}\n"
+)
 PIPELINE_BAD_OVERRIDE = (
-    f"pretrain: {{config: {CONFIG}}}\nvariants: {{a: ['model.attention.k=[1,2']}}\ntasks: {{t: {{config: {CONFIG}}}}}\n"
+    f"pretrain: {{config: {CONFIG}}}\nvariants: {{a: ['model.attention.options.k=[1,2']}}\ntasks: {{t: {{config: {CONFIG}}}}}\n"
 )
 
 
 def spoil_config(ckpt: Path) -> None:
     (ckpt.parents[1] / "config.yaml").write_text("model: {d_model: 32\n")
+
+
+def spoiled_run(w, name: str, spoil: Callable[[Path], None]) -> Path:
+    """A copy of the trained run that ``spoil`` damages."""
+    run = w.root / name
+    if not run.exists():
+        shutil.copytree(w.trained, run)
+        spoil(run)
+    return run
+
+
+def truncate_text(path: Path) -> None:
+    path.write_text(path.read_text()[:10])
+
+
+def metrics_folder(run: Path) -> None:
+    (run / "metrics.json").unlink()
+    (run / "metrics.json").mkdir()
+    (run / "metrics.json" / "x").write_text("{}")
+
+
+def changed_study(w) -> Path:
+    """A study started with one search space, and its file now holding another."""
+    from sweeps.study import load_study
+    from sweeps.sweep import open_study
+
+    first = w.study("s_started.yaml", study="changed")
+    if not (w.root / "runs" / "changed" / "journal.log").exists():
+        open_study(load_study(first), None)
+    space = {
+        "seed": {"type": "categorical", "choices": [0, 1]},
+        "optim.lr": {"type": "categorical", "choices": [0.001]},
+    }
+    return w.study("s_changed.yaml", study="changed", space=space)
 
 
 def garbled(w) -> Path:
@@ -163,7 +201,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "train/unknown key": (lambda w: train(w, "model.attention.kindd=full"), "model.attention.kindd: unknown key"),
     "train/wrong type": (lambda w: train(w, "model.d_model=wide"), "model.d_model"),
     "train/out of range": (lambda w: train(w, "model.dropout=1.5"), "model.dropout: must be in [0, 1)"),
-    "train/k above n": (lambda w: train(w, "model.attention.k=64"), "model.attention.k"),
+    "train/k above n": (lambda w: train(w, "model.attention.options.k=64"), "model.attention.options.k"),
     "train/contradictory": (lambda w: train(w, "task=clm"), "task: 'clm' needs model.attention.causal=true"),
     "train/bad override": (lambda w: train(w, "model.d_model"), "expected key=value"),
     "train/missing data file": (lambda w: train(w, f"data.source={w.files / 'none.txt'}"), "not found"),
@@ -190,7 +228,25 @@ CASES: dict[str, tuple[Callable, str]] = {
         lambda w: train(w, f"run_dir={resumable(w, 'r_cfg', spoil_config)}", "resume=true"),
         "config.yaml: malformed YAML",
     ),
-    "train/gpu on a machine without one": (lambda w: train(w, "trainer.accelerator=gpu"), "no usable CUDA GPU"),
+    "train/gpu on a machine without one": (
+        lambda w: (
+            train(w, "trainer.accelerator=gpu")
+            if torch.cuda.device_count() == 0
+            else train(w, "trainer.accelerator=mps")
+        ),
+        "no usable CUDA GPU" if torch.cuda.device_count() == 0 else "no MPS device",
+    ),
+    "train/cache_dir is a file": (lambda w: train(w, f"data.cache_dir={w.write('c_file.txt', 'x')}"), "is a file"),
+    "train/cache_dir inside a file": (
+        lambda w: train(w, f"data.cache_dir={w.write('c_file.txt', 'x')}/sub"),
+        "which is a file, not a folder",
+    ),
+    "train/experiment name past 255 bytes": (lambda w: train(w, "experiment=" + "é" * 130), "more than the 255"),
+    "train/path past 4096 bytes": (lambda w: train(w, "output_dir=" + "/a" * 2100), "more than the 4096"),
+    "train/a config file with two model keys": (
+        lambda w: ["train", str(w.write("twice.yaml", "model:\n  d_model: 32\nmodel:\n  d_ff: 64\n"))],
+        "key 'model' given twice",
+    ),
     "train/tpu without its package": (lambda w: train(w, "trainer.accelerator=tpu"), "needs the torch_xla package"),
     "train/resume checkpoint that runs code": (
         lambda w: train(
@@ -200,7 +256,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     ),
     "train/run_dir holds a run": (lambda w: train(w, f"run_dir={w.trained}"), "already holds a run"),
     # not valid YAML, or a shape the loader cannot take
-    "train/override not valid yaml": (lambda w: train(w, "model.attention.k=[1,2"), "model.attention.k: value '[1,2'"),
+    "train/override not valid yaml": (lambda w: train(w, "model.attention.options.k=[1,2"), "model.attention.options.k: value '[1,2'"),
     "train/override a bad key": (lambda w: train(w, "model..k=3"), "the key must be dotted names"),
     "train/defaults not a list of names": (
         lambda w: ["train", str(w.write("d5.yaml", "defaults: 5\n"))],
@@ -307,6 +363,58 @@ CASES: dict[str, tuple[Callable, str]] = {
     # ----------------------------------------------------------------------------------------- report
     "report/missing study": (lambda w: ["report", str(w.files / "none.yaml")], "not found"),
     "report/never run": (lambda w: ["report", str(w.study("s_ok.yaml"))], "no study journal here"),
+    "sweep/study name past 255 bytes": (lambda w: ["sweep", str(w.study("s_long.yaml", study="s" * 300))], "255"),
+    "sweep/sampler seed -1": (
+        lambda w: ["sweep", str(w.study("s_seed.yaml", sampler={"kind": "tpe", "seed": -1}, budget={"n_trials": 2}))],
+        "sampler.seed",
+    ),
+    "sweep/median pruner negative warm-up": (
+        lambda w: [
+            "sweep",
+            str(
+                w.study(
+                    "s_warm.yaml",
+                    sampler={"kind": "tpe"},
+                    pruner={"kind": "median", "n_warmup_steps": -3},
+                    budget={"n_trials": 2},
+                )
+            ),
+        ],
+        "pruner.n_warmup_steps",
+    ),
+    "sweep/hyperband reduction factor 0": (
+        lambda w: [
+            "sweep",
+            str(
+                w.study(
+                    "s_hyper.yaml",
+                    sampler={"kind": "tpe"},
+                    pruner={"kind": "hyperband", "reduction_factor": 0},
+                    budget={"n_trials": 2},
+                )
+            ),
+        ],
+        "pruner.reduction_factor",
+    ),
+    "sweep/a grid of 10^9 points": (
+        lambda w: [
+            "sweep",
+            str(w.study("s_huge.yaml", space={"seed": {"type": "int", "low": 0, "high": 10**9 - 1, "step": 1}})),
+        ],
+        "up to 1,000,000,000 combinations of values (seed 1000000000)",
+    ),
+    "sweep/storage not a URL": (
+        lambda w: ["sweep", str(w.study("s_ok.yaml")), "--storage", "not a url"],
+        "not a database URL",
+    ),
+    "sweep/a study whose space changed since it started": (
+        lambda w: ["sweep", str(changed_study(w))],
+        "was started with another search space: space.optim.lr: added here",
+    ),
+    "report/a study whose space changed since it started": (
+        lambda w: ["report", str(changed_study(w))],
+        "was started with another search space: space.optim.lr: added here",
+    ),
     "sweep/journal with a garbage line": (lambda w: ["sweep", str(garbled(w))], "line 2 of 3 is not a journal record"),
     "report/journal with a garbage line": (
         lambda w: ["report", str(garbled(w))],
@@ -348,7 +456,15 @@ CASES: dict[str, tuple[Callable, str]] = {
     "bench/negative threads": (lambda w: ["bench", "--threads", "-4"], "--threads"),
     "bench/nan min time": (lambda w: ["bench", "--min-time", "nan"], "--min-time"),
     "bench/out is a file": (lambda w: ["bench", "--out", str(w.write("bench_file.txt", "x"))], "is a file"),
+    "bench/batch past the memory": (
+        lambda w: ["bench", "--batch", "100000000", "--out", str(w.root / "bench_out")],
+        "--batch: 100000000 needs about",
+    ),
     # ----------------------------------------------------------------------------------------- pipeline
+    "pipeline/variant named by an absolute path": (
+        lambda w: ["pipeline", str(w.write("p_abs.yaml", PIPELINE_ABSOLUTE_VARIANT.format(w=w)))],
+        "variants./",
+    ),
     "pipeline/malformed yaml": (
         lambda w: ["pipeline", str(w.write("p_bad.yaml", "pretrain: {config: x\n"))],
         "malformed YAML",
@@ -361,6 +477,28 @@ CASES: dict[str, tuple[Callable, str]] = {
     # ----------------------------------------------------------------------------------------- time-to-target
     "time-to-target/wrong type": (lambda w: ["time-to-target", str(w.trained), "--target", "low"], "--target"),
     "time-to-target/missing runs": (lambda w: ["time-to-target", str(w.files / "none"), "--target", "100"], "none"),
+    "time-to-target/truncated metrics.json": (
+        lambda w: [
+            "time-to-target",
+            str(spoiled_run(w, "t_trunc", lambda r: truncate_text(r / "metrics.json"))),
+            "--target",
+            "100",
+        ],
+        "metrics.json: not valid JSON",
+    ),
+    "time-to-target/metrics.json a folder": (
+        lambda w: ["time-to-target", str(spoiled_run(w, "t_dir", metrics_folder)), "--target", "100"],
+        "metrics.json: not a file",
+    ),
+    "time-to-target/malformed config.yaml": (
+        lambda w: [
+            "time-to-target",
+            str(spoiled_run(w, "t_cfg", lambda r: spoil_config(r / CHECKPOINT))),
+            "--target",
+            "100",
+        ],
+        "config.yaml: malformed YAML",
+    ),
     "time-to-target/nan target": (lambda w: ["time-to-target", str(w.trained), "--target", "nan"], "--target"),
     "time-to-target/inf target": (lambda w: ["time-to-target", str(w.trained), "--target", "inf"], "--target"),
     # ----------------------------------------------------------------------------------------- pipeline variants
@@ -432,7 +570,7 @@ def test_a_real_process_prints_one_line_and_no_traceback(world):
         ("cannot open 'postgresql:/lab:pw@host/db'", "cannot open 'postgresql:/lab:***@host/db'"),  # one slash
         ("postgresql://lab@host/db", "postgresql://lab@host/db"),  # no password: unchanged
         ("runs/study_cpu/journal.log", "runs/study_cpu/journal.log"),
-        ("model.attention.k: must be in [1, 32], got x:y@z", "model.attention.k: must be in [1, 32], got x:y@z"),
+        ("model.attention.options.k: must be in [1, 32], got x:y@z", "model.attention.options.k: must be in [1, 32], got x:y@z"),
     ],
 )
 def test_redact_masks_the_password_of_every_url_and_nothing_else(text, masked):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import types
 from pathlib import Path
 
 import optuna
@@ -111,9 +112,9 @@ def test_the_gap_trend_and_its_slope_interval_match_scipy_linregress():
 
 # --------------------------------------------------------------------------------------- the ladder field
 RUNGS = {
-    "s1": {"model.n_layers": 1, "model.d_model": 16, "model.d_ff": 32, "model.attention.k": 4},
-    "s2": {"model.n_layers": 2, "model.d_model": 24, "model.d_ff": 48, "model.attention.k": 6},
-    "s3": {"model.n_layers": 2, "model.d_model": 32, "model.d_ff": 64, "model.attention.k": 8},
+    "s1": {"model.n_layers": 1, "model.d_model": 16, "model.d_ff": 32, "model.attention.options.k": 4},
+    "s2": {"model.n_layers": 2, "model.d_model": 24, "model.d_ff": 48, "model.attention.options.k": 6},
+    "s3": {"model.n_layers": 2, "model.d_model": 32, "model.d_ff": 64, "model.attention.options.k": 8},
 }
 LADDER_ARMS = {"full": {"model.attention.kind": "full"}, "linformer": {"model.attention.kind": "linformer"}}
 
@@ -244,7 +245,8 @@ def test_the_scale_report_gives_each_rungs_gap_its_verdict_and_the_trend_over_si
 
 
 def test_a_tiny_ladder_swept_and_reported_end_to_end_writes_the_gap_rank_and_time_figures(tmp_path, tiny):
-    """Three tiny rungs × {full, linformer} × 2 seeds, 6 steps each, two workers; then the report."""
+    """Three tiny rungs × {full, linformer} × 2 seeds, 6 steps each, two workers; then the report (its time to
+    target refused: 6 steps never leave the plateau a model without context reaches)."""
     path = ladder_study(tmp_path, tiny, name="tiny_ladder")
     assert cli.main(["sweep", str(path), "--workers", "2"]) == 0
     study = load_study(path)
@@ -262,8 +264,18 @@ def test_a_tiny_ladder_swept_and_reported_end_to_end_writes_the_gap_rank_and_tim
     table = summary.split("### Spectrum across sizes")[1].split("\n\n")[2].splitlines()[2:]
     cells = [row.strip("| ").split(" | ") for row in table]
     assert [(c[0], c[2], len(c[3].split(", "))) for c in cells] == [("s1", "32", 1), ("s2", "32", 2), ("s3", "32", 2)]
+    # 6 steps leave every rung above the unigram's perplexity: no time to a target a model without context reaches
     assert "### Time to target" in summary
-    for png in ("gap_vs_size.png", "rank_vs_size.png", "time_to_target_vs_size.png"):
+    for rung in RUNGS:
+        assert (
+            f"| {rung} | " in summary
+            and "| every arm | - | not timed: a model without context reaches val ppl" in summary
+        )
+    assert (
+        "- skipped: time_to_target_vs_size.png (no rung's target is above what a model without context reaches)"
+        in summary
+    )
+    for png in ("gap_vs_size.png", "rank_vs_size.png"):
         assert (out / png).stat().st_size > 10_000, png
 
 
@@ -298,8 +310,14 @@ def test_every_rung_of_the_gpu_presets_passes_the_train_check(gpu_presets, prese
     ratios = [b / a for a, b in zip(list(sizes.values()), list(sizes.values())[1:])]
     assert all(2.5 < r < 4.0 for r in ratios), ratios
     base = configs[("12x768", "k_scaled")].model
-    assert (base.n_layers, base.d_model, base.n_heads, base.max_len, base.attention.k) == (12, 768, 12, 512, 256)
-    assert configs[("12x768", "k_fixed")].model.attention.k == 128
+    assert (base.n_layers, base.d_model, base.n_heads, base.max_len, base.attention.options.k) == (
+        12,
+        768,
+        12,
+        512,
+        256,
+    )
+    assert configs[("12x768", "k_fixed")].model.attention.options.k == 128
     assert configs[("12x768", "full")].model.attention.kind == "full"
     assert ("24x1024", "full") in configs if preset == "gpu_large" else study.rungs[-1] == "12x768"
     if preset == "gpu_large":
@@ -328,3 +346,21 @@ def test_the_largest_rung_trains_one_step_at_a_sixteenth_of_its_width(gpu_preset
     optimizer.step()
     assert torch.isfinite(loss) and len(module.encoder.blocks) == 24 and module.encoder.blocks[0].attn.n_heads == 16
     assert not torch.equal(before, module.encoder.blocks[-1].attn.q_proj.weight)
+
+
+def test_the_time_figure_draws_each_timed_rung_and_leaves_out_the_refused_ones():
+    from sweeps import figures, scale
+
+    sizes = {"s1": 1e4, "s2": 3e4, "s3": 9e4}
+    ladder = types.SimpleNamespace(
+        lines=["linformer"], rungs=list(sizes), reference="full", size=lambda rung, axis="parameters": sizes[rung]
+    )
+    seconds = {("s1", "full"): {(0,): 10.0, (1,): 12.0}, ("s1", "linformer"): {(0,): 5.0, (1,): 6.0}}
+    seconds |= {("s2", "full"): {(0,): 20.0, (1,): 22.0}, ("s2", "linformer"): {(0,): 30.0, (1,): 33.0}}
+    ttt = scale.TimeToTarget({"s1": 40.0, "s2": 30.0, "s3": 90.0}, seconds, {}, refused={"s3": 60.0})
+    assert ttt.ratio("s1", "linformer", "full").value == pytest.approx(0.5)  # exp(mean(ln 5/10, ln 6/12))
+    assert ttt.ratio("s3", "linformer", "full") is None
+    fig = figures.figure_time(ladder, ttt)
+    (line,) = [c for c in fig.axes[0].containers]  # one errorbar series: the linformer arm
+    assert list(line.lines[0].get_xdata()) == [1e4, 3e4]
+    assert figures.figure_time(types.SimpleNamespace(**{**vars(ladder), "lines": []}), ttt) is None

@@ -12,9 +12,12 @@ One layer x (B, n, d) → (B, n, d) per contender, at matched settings, in one p
   every call, so its outputs are not compared);
 * ``performer``, k features, against performer-pytorch's ``FastAttention(nb_features=k)`` with the project's
   features and its ε set to 0 while it runs (its default ε = 1e-4 blends in uniform attention);
+* ``headwise`` (Linformer, one E and one F per layer shared by the heads, ``order: project_first``) against
+  lucidrains' ``linformer.LinformerSelfAttention(k=k)``, which also projects keys and values before compressing
+  them, with the same weights (the project's Q/K/V biases zeroed: it has none).
 
 The library's attention runs inside the project's Q/K/V/O projections (so both layers pay the same
-projections), except nystrom-attention, whose layer is its own. Per (n, mode) each pair is
+projections), except nystrom-attention and linformer, whose layers are their own. Per (n, mode) each pair is
 timed in interleaved rounds (``measure.interleaved_seconds``); the ratio is library ÷ project per round, its
 median reported (> 1: the project is faster), beside each side's peak memory of one call and the largest
 output difference on the same input.
@@ -48,6 +51,7 @@ LIBRARIES = {
     "nystrom": ("nystrom-attention", "nystrom_attention"),
     "lsh": ("reformer-pytorch", "reformer_pytorch"),
     "performer": ("performer-pytorch", "performer_pytorch"),
+    "headwise": ("linformer", "linformer"),
 }
 
 
@@ -139,11 +143,27 @@ def _performer(n: int, k: int, shape: cases.Shape) -> Pair:
     return Pair("performer", "performer-pytorch", ours, _around(ours, core), True, (ours, core))
 
 
+def _headwise(n: int, k: int, shape: cases.Shape) -> Pair:
+    library = importlib.import_module("linformer")
+    ours = _layer(cases.attention_config("headwise", min(k, n), "project_first", n), n, shape)
+    theirs = library.LinformerSelfAttention(dim=shape.d_model, seq_len=n, k=min(k, n), heads=shape.n_heads)
+    e, f = ours.bank.matrices(0, n)  # (1, k, n) each: one E and one F for every head
+    with torch.no_grad():
+        for mine, its in ((ours.q_proj, theirs.to_q), (ours.k_proj, theirs.to_k), (ours.v_proj, theirs.to_v)):
+            mine.bias.zero_()
+            its.weight.copy_(mine.weight)
+        theirs.to_out.load_state_dict(ours.out_proj.state_dict())
+        theirs.proj_k.copy_(e[0].T)
+        theirs.proj_v.copy_(f[0].T)
+    return Pair("headwise", "linformer", ours, theirs, True, (ours, ours.bank, theirs))
+
+
 BUILDERS: dict[str, Callable[[int, int, cases.Shape], Pair]] = {
     "local": _local,
     "nystrom": _nystrom,
     "lsh": _lsh,
     "performer": _performer,
+    "headwise": _headwise,
 }
 
 

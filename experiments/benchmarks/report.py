@@ -326,3 +326,28 @@ def tensorboard(log_dir: Path, rows: list[dict], png: Path, table: str) -> None:
     writer.add_image("scaling", plt.imread(png)[..., :3], dataformats="HWC")
     writer.add_text("table", table)
     writer.close()
+
+
+def kind_costs(rows: list[dict], command: str, machine: str, date: str) -> dict:
+    """The long-sequence cost of each attention kind for the study reports (``sweeps.efficiency``): its layer's
+    forward + backward time and peak memory at every n, and both as multiples of full attention (SDPA) in the
+    same rounds; one variant per kind, the first the run lists (baselines: ``sdpa`` as the kind ``full``)."""
+    from experiments.benchmarks.cases import attention_config
+
+    kinds: dict[str, dict] = {}
+    for r in rows:
+        if r.get("level") != "layer" or r.get("mode") != "fwdbwd" or r.get("time_ms_median") is None:
+            continue
+        if r["variant"] == "naive" or r.get("causal"):
+            continue
+        kind = attention_config(r["variant"], r["k"], "auto", r["n"])["kind"]
+        entry = kinds.setdefault(kind, {"kind": kind, "variant": r["variant"], "k": r["k"], "by_n": {}})
+        if entry["variant"] != r["variant"]:
+            continue
+        entry["by_n"][str(r["n"])] = {
+            "time_ms": r["time_ms_median"],
+            "peak_mb": r["peak_mem_mb"],
+            "time_vs_full": 1.0 if r["variant"] == "sdpa" else r.get("speedup_vs_sdpa"),
+            "memory_vs_full": 1.0 if r["variant"] == "sdpa" else r.get("memory_saving_vs_sdpa"),
+        }
+    return {"command": command, "machine": machine, "date": date, "kinds": list(kinds.values())}

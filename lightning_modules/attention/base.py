@@ -81,6 +81,12 @@ class SelfAttention(nn.Module):
         """A module shared by every layer of the model (None: nothing shared)."""
         return None
 
+    @classmethod
+    def compressed_lengths(cls, model: DictConfig) -> Optional[list[int]]:
+        """Per layer, the number of slots a query attends to when the kind compresses the sequence to a fixed
+        length (Linformer's k); None for a kind that does not."""
+        return None
+
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         """The heads' outputs: x (B, T, d), q (B, h, T, d_h), mask (B, T) or None → (B, h, T, d_h), for a kind that
         does not read K and V of every position (it makes its own from x); the others implement :meth:`attend_qkv`.

@@ -13,8 +13,9 @@ parts; the pairs a part holds are then filtered by the pattern's own ``visible(i
             or an earlier part holds (i, j)
     out_i = softmax(S_i) · [ V_band(i) ; V_C ; V_stride(i) ]                                  (B, h, T, d_h)
 
-Without a stride, the blocks are the batch of one ``scaled_dot_product_attention`` call (its fused CPU kernel,
-forward and backward); with one, both parts' scores share one softmax. Each pair is counted once, so the result
+Without a stride and without autograd or dropout, the blocks are the batch of one ``scaled_dot_product_attention``
+call (its fused kernel); otherwise batched matrix products and one softmax over the parts' scores (on CPU their
+backward is faster than the fused kernel's on blocks this small). Each pair is counted once, so the result
 is the dense engine's softmax(Q Kᵀ/√d_h + log M) V up to float summation order. Cost: O(T·(L + m + T/s)·d_h)
 time and memory, forward and backward.
 """
@@ -51,14 +52,23 @@ def blocked_attention(
     bsz, h, t, dh = q.shape
     qb, kb, vb, allowed = _blocks(q, k, v, layout, visible, mask)  # (B, h, nb, b | L + m, d_h), (B|1, 1, nb, b, L+m)
     nb, b, keys = qb.shape[2], qb.shape[3], kb.shape[3]
-    if layout.stride is None:  # one fused kernel: blocks as the batch of scaled_dot_product_attention
-        seen = allowed.expand(allowed.shape[0], h, nb, b, keys).reshape(-1, h * nb, b, keys)
+    # An additive mask of the lowest float, not −∞: a row without visible keys (a padded query) stays finite.
+    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, torch.finfo(q.dtype).min)
+    training = dropout_p > 0 or (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)))
+    if layout.stride is None and not training:  # one fused kernel, the blocks as its batch
         out = F.scaled_dot_product_attention(
-            qb.reshape(bsz, h * nb, b, dh), kb.flatten(1, 2), vb.flatten(1, 2), attn_mask=seen, dropout_p=dropout_p
+            qb.reshape(bsz, h * nb, b, dh),
+            kb.flatten(1, 2),
+            vb.flatten(1, 2),
+            attn_mask=bias.expand(bias.shape[0], h, nb, b, keys).reshape(-1, h * nb, b, keys),
         )  # (B, h·nb, b, d_h)
         out = out.view(bsz, h, nb * b, dh)[:, :, :t]
+    elif layout.stride is None:  # batched products: their backward beats the fused CPU kernel's on small blocks
+        p = torch.softmax((qb @ kb.transpose(-1, -2)) * dh**-0.5 + bias, -1)  # (B, h, nb, b, L + m)
+        p = F.dropout(p, dropout_p) if dropout_p else p
+        out = (p @ vb).view(bsz, h, nb * b, dh)[:, :, :t]  # (B, h, T, d_h)
     else:  # two parts, one softmax over their concatenated scores
-        scores = _masked(qb @ kb.transpose(-1, -2) / math.sqrt(dh), allowed).view(bsz, h, nb * b, keys)[:, :, :t]
+        scores = ((qb @ kb.transpose(-1, -2)) * dh**-0.5 + bias).view(bsz, h, nb * b, keys)[:, :, :t]
         strided, mix = _strided(q, k, v, layout, visible, mask)  # (B, h, T, T/s)
         p = torch.softmax(torch.cat([scores, strided], -1), -1)  # (B, h, T, L + m + T/s)
         p = F.dropout(p, dropout_p) if dropout_p else p

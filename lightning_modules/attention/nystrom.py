@@ -87,7 +87,8 @@ class NystromAttention(SelfAttention):
         """Segment means of the real rows of x (B, h, T, d_h) on the n-grid → (B, h, L, d_h); real (B, 1, T, 1) as
         x's dtype, or None when every row is real."""
         t, length = x.shape[2], self.n_landmarks * self.segment  # length ≥ T: the n-grid, whatever T is
-        sums = F.pad(x if real is None else x * real, (0, 0, 0, length - t))
+        sums = x if real is None else x * real
+        sums = sums if length == t else F.pad(sums, (0, 0, 0, length - t))
         sums = sums.unflatten(2, (self.n_landmarks, self.segment)).sum(3)  # (B, h, L, d_h)
         return sums / self.counts(real, t, x).clamp(min=1)[..., None]
 
@@ -102,8 +103,9 @@ class NystromAttention(SelfAttention):
     def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         t = q.shape[2]
         real = None if mask is None else mask[:, None, :, None].to(q.dtype)  # (B, 1, T, 1)
-        q = q * self.d_head**-0.5  # Q/√d_h: every score below is then scaled
         q_l, k_l = self.landmarks(q, real), self.landmarks(k, real)  # Q̃, K̃: (B, h, L, d_h)
+        scale = self.d_head**-0.5  # on the landmark side of every product: L·d_h multiplications, not T·d_h
+        q_s, k_s = q_l * scale, k_l * scale  # Q̃/√d_h, K̃/√d_h
         present = self.counts(real, t, q) > 0  # (B, 1, L) or (L,)
         every = bool(present.all())
         lowest = torch.finfo(q.dtype).min
@@ -112,12 +114,12 @@ class NystromAttention(SelfAttention):
             return (scores if keep is None else scores.masked_fill(~keep, lowest)).softmax(-1)
 
         keep = None if every else present[..., None, :]  # over the landmarks
-        f = softmax(q @ k_l.transpose(-1, -2), keep)  # F̃: (B, h, T, L)
-        a = softmax(q_l @ k_l.transpose(-1, -2), keep)  # Ã: (B, h, L, L)
+        f = softmax(q @ k_s.transpose(-1, -2), keep)  # F̃: (B, h, T, L)
+        a = softmax(q_l @ k_s.transpose(-1, -2), keep)  # Ã: (B, h, L, L)
         if not every:  # an absent landmark's row and column: the identity's
             both = present[..., :, None] & present[..., None, :]  # (B, 1, L, L) or (L, L)
             a = torch.where(both, a, torch.eye(self.n_landmarks, device=q.device, dtype=q.dtype))
-        bt = softmax(q_l @ k.transpose(-1, -2), None if mask is None else mask[:, None, None, :])  # B̃: (B, h, L, T)
+        bt = softmax(q_s @ k.transpose(-1, -2), None if mask is None else mask[:, None, None, :])  # B̃: (B, h, L, T)
         work = torch.float64 if q.dtype == torch.float64 else torch.float32  # the iteration needs ≥ float32
         with torch.autocast(q.device.type, enabled=False):
             pinv = iterative_pinv(a.to(work), self.pinv_iterations).to(q.dtype)  # Ã⁺: (B, h, L, L)
