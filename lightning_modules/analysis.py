@@ -4,7 +4,7 @@ structure of the sequence projections E, F.
 Notation: N sequences of length T (= n = max_len for packed blocks), h heads, L layers; a layer's
 context-mapping matrix is P = softmax(QKᵀ/√d_h) ∈ R^{T×T} (full attention) or
 P̄ = softmax(Q(EK)ᵀ/√d_h) ∈ R^{T×k} (Linformer), per sequence and head. Causal Linformer (blocks of
-w tokens, nb = ⌈T/w⌉, see ``attention/linformer_causal.py``) gives P̃ ∈ R^{T×(nb−1+T)} over [the nb − 1 slots ; the T
+w tokens, nb = ⌈T/w⌉, see ``attention/linformer/causal.py``) gives P̃ ∈ R^{T×(nb−1+T)} over [the nb − 1 slots ; the T
 token positions]: row i holds the weights of query i on the slots j < ⌊i/w⌋ and, at their absolute
 positions, on the keys of its own block up to i (:func:`blockwise_context_matrix`); out = P̃ [F-slots ; V].
 
@@ -125,7 +125,7 @@ def blockwise_context_matrix(chunks: list[Tensor], length: int, window: int) -> 
 
     Chunk c: (B·m_c, h, u, u + s_c), its row r (of sequence b: index b·m_c + r) holding the u queries of one
     row of positions against [the same u positions ; slots 0 … s_c − 1] (w = ``window``, nb = ⌈T/w⌉,
-    T = ``length``, :meth:`~lightning_modules.attention.linformer_causal.CausalLinformer.blockwise`) →
+    T = ``length``, :meth:`~lightning_modules.attention.linformer.causal.CausalLinformer.blockwise`) →
     P̃ (B, h, T, nb − 1 + T): query i keeps its slot weights in columns 0 … nb − 2 and puts its weight on key t
     at column nb − 1 + t (zero outside its row, where the layer's mask already leaves only its own block), so
     that out_i = Σ_j P̃_ij [F-slots ; V]_j. Memory O(B·h·T²): for analysis, not training.

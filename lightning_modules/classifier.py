@@ -42,8 +42,9 @@ from foundation.checkpoint import read_checkpoint
 from foundation.configfile import flatten
 from foundation.errors import ConfigError
 from foundation.rundir import init_from_checkpoint
+from lightning_modules.attention import kind_options
 from lightning_modules.attention.linformer import layer_ks
-from lightning_modules.config import kind_options, model_config
+from lightning_modules.config import model_config
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.optim import build_optimizer
 

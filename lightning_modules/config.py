@@ -1,24 +1,21 @@
-"""The model's configuration and its rules, stated once.
+"""The model's configuration schema and the rules of its sizes.
 
-:class:`ModelConfig` (with :class:`AttentionConfig`) is the ``model`` node of a run's config. :func:`check_model`
-states every rule a model must satisfy; the encoder calls it before it builds anything, and the run's config
-check calls the same function, so a wrong value is one line, exit 2, before anything is written.
-
-Attention kinds and projection kinds are plug-ins (``lightning_modules/attention/``,
-``lightning_modules/projections.py``): ``kind`` and ``projection`` are checked against their registries, and a
-kind's own options (``attention.options``) against the kind's ``Options`` dataclass.
+:class:`ModelConfig` (with :class:`AttentionConfig`) is the ``model`` node of a run's config: the sizes, and the
+attention's ``kind``, ``causal``, ``dropout`` and the kind's own ``options``. The schema knows no kind: the
+attention kinds (``lightning_modules/attention/``) register themselves and state their rules, and
+:func:`lightning_modules.attention.check_model` checks a whole model (the sizes here, then the kind's).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from foundation.configfile import merge
-from foundation.errors import ConfigError, check_number, require
+from foundation.configfile import Misplaced, merge
+from foundation.errors import check_number, require
 
 # Upper bounds of the model's sizes: far above any model this suite trains, low enough that a typo (an extra
 # zero or three) is one config line instead of a failed allocation after the run directory exists.
@@ -69,34 +66,19 @@ class OptimConfig:
     gradient_clip_val: float = 1.0
 
 
-def model_config(cfg: Any) -> DictConfig:
-    """A validated, attribute-accessible ModelConfig from a dict, DictConfig or dataclass."""
-    return merge(ModelConfig, [cfg], misplaced=misplaced_option)
+def model_config(cfg: Any, misplaced: Optional[Misplaced] = None) -> DictConfig:
+    """A validated, attribute-accessible ModelConfig from a dict, DictConfig or dataclass (``misplaced``: what an
+    unknown key should have been, :func:`lightning_modules.attention.misplaced_option`)."""
+    return merge(ModelConfig, [cfg], misplaced)
 
 
-def misplaced_option(key: str) -> Optional[str]:
-    """What to write instead of ``key`` when it is a kind's option given beside ``attention.kind`` (None: not one)."""
-    from lightning_modules.attention import ATTENTION_KINDS
-
-    parent, _, name = key.rpartition(".")
-    if parent.rpartition(".")[2] != "attention" or name in {f.name for f in fields(AttentionConfig)}:
-        return None
-    owners = [
-        kind for kind, cls in ATTENTION_KINDS.items() if cls.Options and name in {f.name for f in fields(cls.Options)}
-    ]
-    if not owners:
-        return None
-    return f"an option of kind {' and '.join(map(repr, owners))}: write {parent}.options.{name}"
-
-
-def _finite(value: Any) -> bool:
+def finite(value: Any) -> bool:
+    """A real number that is neither infinite nor NaN (bool is not a number here)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_model(model: DictConfig) -> None:
-    """Every rule of a model config (ConfigError naming the key, the value and what is allowed)."""
-    from lightning_modules.attention import ATTENTION_KINDS  # the kinds register themselves on import
-
+def check_sizes(model: DictConfig) -> None:
+    """The rules of the model's sizes and dropouts (ConfigError naming the key, the value and what is allowed)."""
     for key in ("max_len", "d_model", "n_heads", "n_layers", "d_ff"):
         check_number(f"model.{key}", model[key], 1, MAX_SIZE[key], integer=True)
     require(
@@ -104,48 +86,15 @@ def check_model(model: DictConfig) -> None:
         f"model.d_model: {model.d_model} is not divisible by model.n_heads={model.n_heads}",
     )
     require(
-        _finite(model.dropout) and 0.0 <= model.dropout < 1.0, f"model.dropout: must be in [0, 1), got {model.dropout}"
+        finite(model.dropout) and 0.0 <= model.dropout < 1.0, f"model.dropout: must be in [0, 1), got {model.dropout}"
     )
     require(
-        _finite(model.init_std) and 0.0 < model.init_std <= 10.0,
+        finite(model.init_std) and 0.0 < model.init_std <= 10.0,
         f"model.init_std: must be in (0, 10], got {model.init_std}",
     )
     require(
-        _finite(model.position_scale) and 0.0 < model.position_scale <= 100.0,
+        finite(model.position_scale) and 0.0 < model.position_scale <= 100.0,
         f"model.position_scale: must be in (0, 100], got {model.position_scale}",
     )
-    att = model.attention
-    require(
-        _finite(att.dropout) and 0.0 <= att.dropout < 1.0,
-        f"model.attention.dropout: must be in [0, 1), got {att.dropout}",
-    )
-    kind = ATTENTION_KINDS.get(att.kind)
-    require(
-        kind is not None, f"model.attention.kind: unknown kind {att.kind!r} (allowed: {', '.join(ATTENTION_KINDS)})"
-    )
-    require(
-        not att.causal or kind.has_causal_form,
-        f"model.attention.causal: kind {att.kind!r} has no causal form (set causal=false or choose another kind)",
-    )
-    kind_options(att)
-    kind.check(model)
-
-
-def kind_options(att: DictConfig) -> DictConfig:
-    """``attention.options`` checked against the kind's ``Options`` dataclass, with its defaults filled in."""
-    from lightning_modules.attention import ATTENTION_KINDS
-
-    kind = ATTENTION_KINDS[att.kind]
-    given = OmegaConf.to_container(att.options) if isinstance(att.options, DictConfig) else dict(att.options or {})
-    if kind.Options is None:
-        require(not given, f"model.attention.options: kind {att.kind!r} takes no options, got {given}")
-        return OmegaConf.create({})
-    try:
-        return merge(kind.Options, [given])
-    except ConfigError as err:
-        key, _, what = str(err).partition(": ")
-        if what.startswith("unknown key"):
-            what = f"not an option of kind {att.kind!r}" + what.removeprefix("unknown key").replace(
-                "allowed here", "its options"
-            )
-        raise ConfigError(f"model.attention.options.{key}: {what}") from None
+    dropout = model.attention.dropout
+    require(finite(dropout) and 0.0 <= dropout < 1.0, f"model.attention.dropout: must be in [0, 1), got {dropout}")

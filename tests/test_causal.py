@@ -165,7 +165,7 @@ def explicit_causal_linformer(layer, x, mask):
 @pytest.mark.parametrize("padded", [False, True])
 def test_chunked_rows_equal_the_written_out_causal_linformer(rows_per_call, padded, monkeypatch):
     """T = 45, w = 4, d_h = 4: rows of u = 8 queries, 6 rows (the last one padded), 11 blocks."""
-    from lightning_modules.attention.linformer_causal import CausalLinformer
+    from lightning_modules.attention.linformer import CausalLinformer
 
     monkeypatch.setattr(CausalLinformer, "rows_per_call", staticmethod(lambda t, u, nb: rows_per_call))
     torch.manual_seed(0)

@@ -423,7 +423,7 @@ def test_nonuniform_k_gives_each_layer_its_k(share):
         ),
         (
             ["model.attention.kind=nope"],
-            "model.attention.kind: unknown kind 'nope' (allowed: full, linformer, local, lsh, nystrom, performer, sparse)",
+            "model.attention.kind: unknown kind 'nope' (allowed: full, linformer, local, lsh, no_context, nystrom, performer, sparse)",
         ),
         (
             ["model.attention.options.projection=nope"],

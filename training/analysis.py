@@ -32,7 +32,7 @@ from foundation.checkpoint import check_architecture, read_checkpoint
 from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT
 from lightning_modules import analysis
-from lightning_modules.config import kind_options
+from lightning_modules.attention import kind_options
 from training import config as run_config
 from training.train import build_datamodule, build_module
 

@@ -23,8 +23,9 @@ from datamodules.config import DataConfig, check_data
 from foundation.configfile import flatten, merge, parse_overrides, resolve_includes, to_container
 from foundation.errors import ConfigError, check_number, require
 from foundation.paths import check_folder, check_name, check_path
+from lightning_modules.attention import check_model, misplaced_option
 from lightning_modules.attention.linformer import layer_ks
-from lightning_modules.config import ModelConfig, OptimConfig, check_model, misplaced_option
+from lightning_modules.config import ModelConfig, OptimConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 

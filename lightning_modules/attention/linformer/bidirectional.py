@@ -7,9 +7,8 @@ distinct E (or F) per layer, k' the slots (k_l dense, ⌈T/w⌉ windowed, w = �
     head_i = softmax(Q_i (E_i K_i)ᵀ / √d_h) (F_i V_i)            (B, h, T, d_h)      O(Tk'd)
 
 A windowed slot with no real token in its window is masked out of the softmax. Two other forms of the kind,
-chosen by :meth:`Linformer.select`: ``compress: keys | values``
-(:mod:`~lightning_modules.attention.linformer_one_sided`) and ``causal: true``
-(:mod:`~lightning_modules.attention.linformer_causal`).
+chosen by the package (:mod:`lightning_modules.attention.linformer`): ``compress: keys | values``
+(:mod:`.one_sided`) and ``causal: true`` (:mod:`.causal`).
 
 Padding: padded rows of K and V are zeroed *before* E/F (a padded position contributes nothing to any
 slot), so appending padding leaves real tokens' outputs unchanged. Short sequences use the first T columns
@@ -29,66 +28,16 @@ commute with W_k, so conv uses ``project_first``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import ClassVar, Optional
 
 import torch.nn.functional as F
 from omegaconf import DictConfig, ListConfig
 from torch import Tensor, nn
 
 from foundation.errors import check_number, require
-from lightning_modules.attention.base import SelfAttention, register_attention
-from lightning_modules.config import kind_options
+from lightning_modules.attention.base import SelfAttention, kind_options
+from lightning_modules.attention.linformer.options import LinformerOptions, layer_ks
 from lightning_modules.projections import PROJECTION_KINDS, ProjectionBank
-
-
-@dataclass
-class KScheduleConfig:
-    """Per-layer k from a named schedule: ``linear`` interpolates from ``first`` to ``last``,
-    ``geometric`` does so in log space; values are rounded to integers."""
-
-    kind: Literal["linear", "geometric"] = "linear"
-    first: int = 64
-    last: int = 16
-
-
-@dataclass
-class LinformerOptions:
-    """Linformer's settings (``model.attention.options``)."""
-
-    # int, or a list with one entry per layer; ignored when k_schedule is set.
-    k: Any = 64
-    k_schedule: Optional[KScheduleConfig] = None
-    share: Literal["none", "headwise", "kv", "layerwise"] = "none"
-    # A registered projection kind (lightning_modules/projections.py): learned, random, conv, pool, ...
-    projection: str = "learned"
-    # Initial distribution of E/F (sets the attention temperature, so it is explicit):
-    #   jl: N(0, 1/k) (the paper's JL scale)   uniform: U(-1/sqrt(n), 1/sqrt(n))
-    #   theorem2: E = delta R, F = exp(-delta) R with R ~ N(0, 1/k) (Theorem 2's proof)
-    init: Literal["jl", "uniform", "theorem2"] = "jl"
-    delta: float = 1.0
-    # Which side passes through the k-slot bottleneck: both (Eq. 7), keys only, values only.
-    compress: Literal["both", "keys", "values"] = "both"
-    # Evaluation order of E K (exact either way): compress_first applies E to the layer input before W_k,
-    # project_first computes K = X W_k first (Eq. 7 as written); auto picks the cheaper by FLOP count.
-    order: Literal["auto", "compress_first", "project_first"] = "auto"
-
-
-def layer_ks(model: Any) -> list[int]:
-    """k of every layer, from ``options.k`` (int or list) or ``options.k_schedule``."""
-    opts, n_layers = kind_options(model.attention), model.n_layers
-    if opts.k_schedule is not None:
-        s = opts.k_schedule
-        if n_layers == 1:
-            return [int(s.first)]
-        ts = [i / (n_layers - 1) for i in range(n_layers)]
-        if s.kind == "linear":
-            return [round(s.first + (s.last - s.first) * t) for t in ts]
-        return [round(s.first * (s.last / s.first) ** t) for t in ts]
-    k = opts.k
-    if isinstance(k, (list, ListConfig)):
-        return [int(v) for v in k]
-    return [int(k)] * n_layers
 
 
 def compress_first_is_cheaper(groups: int, k: int, n: int, d_model: int) -> bool:
@@ -98,10 +47,11 @@ def compress_first_is_cheaper(groups: int, k: int, n: int, d_model: int) -> bool
     return compress_first < project_first
 
 
-@register_attention("linformer")
 class Linformer(SelfAttention):
-    """Eq. 7 with both sides compressed (``compress: both``, non-causal)."""
+    """Eq. 7 with both sides compressed (``compress: both``, non-causal), and what every form of the kind
+    shares: its options, rules, projection bank and hooks."""
 
+    kind: ClassVar[str] = "linformer"
     Options = LinformerOptions
 
     def __init__(self, model: DictConfig, layer: int = 0, shared: Optional[ProjectionBank] = None) -> None:
@@ -111,14 +61,6 @@ class Linformer(SelfAttention):
         self.order = self._choose_order(kind_options(model.attention).order)
 
     # ------------------------------------------------------------------------------ plug-in interface
-    @classmethod
-    def select(cls, model: DictConfig) -> type[SelfAttention]:
-        from lightning_modules.attention.linformer_causal import CausalLinformer
-        from lightning_modules.attention.linformer_one_sided import OneSidedLinformer
-
-        causal, compress = model.attention.causal, kind_options(model.attention).compress
-        return CausalLinformer if causal else OneSidedLinformer if compress != "both" else cls
-
     @classmethod
     def compressed_lengths(cls, model: DictConfig) -> list[int]:
         return layer_ks(model)
