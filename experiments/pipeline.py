@@ -70,7 +70,7 @@ class Stage:
 
 
 def load(path: str | Path, overrides: list[str] = ()) -> DictConfig:
-    cfg = merge(PipelineConfig, [resolve_includes(Path(path)), parse_overrides(list(overrides))])
+    cfg = merge(PipelineConfig, [resolve_includes(Path(path)), *parse_overrides(list(overrides))])
     check_name("experiment", cfg.experiment)
     check_folder("output_dir", cfg.output_dir)
     if not cfg.pretrain.config:

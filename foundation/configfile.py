@@ -4,8 +4,9 @@ Order: the schema's defaults < a YAML file (after its ``defaults: [base.yaml, �
 it) < ``key=value`` overrides. OmegaConf validates keys, types and ``Literal`` choices; every failure becomes
 one :class:`~foundation.errors.ConfigError` line naming the full key and what is allowed.
 
-Renamed keys (``renamed``: old dotted key → (new dotted key, {old value: new value})) keep working for one
-release: each layer is rewritten before the merge and one deprecation line per old key goes to stderr.
+A mapping's ``options`` belong to the ``kind`` beside it: a layer that sets a different ``kind`` starts from
+no options (the options it gives itself are kept), so ``model.attention.kind=full`` on a Linformer file does
+not carry Linformer's options over. Overrides apply left to right, each one a layer.
 
 Bounds: a YAML file or override is refused in one line, before anything is built from it, when it is larger
 than ``MAX_FILE_BYTES`` or would expand to more than ``MAX_VALUES`` values. YAML aliases share one object, so
@@ -16,10 +17,9 @@ that a merge would copy one by one; :func:`expanded_size` counts them without ex
 from __future__ import annotations
 
 import dataclasses
-import sys
 import typing
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Optional
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -27,7 +27,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from foundation.errors import ConfigError
 
-Renamed = Mapping[str, tuple[str, Mapping[Any, Any]]]
+Misplaced = Callable[[str], Optional[str]]
 MAX_FILE_BYTES = 1 << 20  # a config or study file
 MAX_VALUES = 100_000  # values a file or an override may expand to (every config here has a few hundred)
 
@@ -104,11 +104,15 @@ def safe_yaml(text: str, where: str) -> Any:
     return data
 
 
-def one_line(err: OmegaConfBaseException, schema: Any) -> str:
-    """An OmegaConf error as ``<full key>: <what is wrong>``; an unknown key lists the keys allowed there."""
+def one_line(err: OmegaConfBaseException, schema: Any, misplaced: Optional[Misplaced] = None) -> str:
+    """An OmegaConf error as ``<full key>: <what is wrong>``; an unknown key says where it belongs
+    (``misplaced(key)``) or lists the keys allowed there."""
     key = getattr(err, "full_key", None) or "config"
     msg = str(getattr(err, "msg", err)).splitlines()[0]
     if isinstance(err, ConfigKeyError):
+        hint = misplaced(key) if misplaced is not None else None
+        if hint:
+            return f"{key}: {hint}"
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         cls: Any = schema
         for part in filter(None, parent.split(".")):
@@ -155,23 +159,24 @@ def resolve_includes(path: Path, seen: tuple = ()) -> dict:
     merged: Any = OmegaConf.create()
     try:
         for base in bases:
-            merged = OmegaConf.merge(merged, resolve_includes(path.parent / base, seen + (path.resolve(),)))
-        return OmegaConf.to_container(OmegaConf.merge(merged, OmegaConf.create(data)))
+            base_data = resolve_includes(path.parent / base, seen + (path.resolve(),))
+            merged = OmegaConf.merge(without_replaced_options(merged, base_data), base_data)
+        return OmegaConf.to_container(OmegaConf.merge(without_replaced_options(merged, data), OmegaConf.create(data)))
     except OmegaConfBaseException as err:
         raise ConfigError(f"config file {path}: {str(err).splitlines()[0]}") from None
 
 
-def parse_overrides(overrides: list[str]) -> DictConfig:
-    """``key=value`` strings as one nested config (values parsed as YAML)."""
+def parse_overrides(overrides: list[str]) -> list[DictConfig]:
+    """``key=value`` strings as nested configs, one layer per override in their order (values parsed as YAML)."""
     for override in overrides:
         key, eq, value = override.partition("=")
         if not eq:
             raise ConfigError(f"override {override!r}: expected key=value")
         if not key or any(not part.isidentifier() for part in key.split(".")):
-            raise ConfigError(f"override {override!r}: the key must be dotted names (like model.attention.k)")
+            raise ConfigError(f"override {override!r}: the key must be dotted names (like model.attention.kind)")
         safe_yaml(value, f"{key}: value {value!r}")  # malformed, or expanding past the bound
     try:
-        return OmegaConf.from_dotlist(list(overrides))
+        return [OmegaConf.from_dotlist([override]) for override in overrides]
     except (OmegaConfBaseException, yaml.YAMLError) as err:
         raise ConfigError(f"overrides: {str(err).splitlines()[0]}") from None
 
@@ -180,64 +185,32 @@ def _plain(layer: Any) -> Any:
     return OmegaConf.to_container(layer) if isinstance(layer, DictConfig) else layer
 
 
-def rename_keys(layer: Any, renamed: Renamed, warn: bool = True) -> Any:
-    """``layer`` (nested or with dotted keys) with every old key of ``renamed`` moved to its new key."""
+def without_replaced_options(cfg: Any, layer: Any) -> Any:
+    """``cfg`` without the ``options`` of every mapping whose ``kind`` ``layer`` changes (module docstring)."""
     layer = _plain(layer)
-    if not isinstance(layer, dict) or not renamed:
-        return layer
-    layer = dict(layer)
-    for old, (new, values) in renamed.items():
-        for flat in (True, False):
-            found, value = _pop(layer, old, flat)
-            if not found:
-                continue
-            value = values.get(value, value) if isinstance(value, (str, int, bool)) else value
-            if flat:
-                layer[new] = value
-            else:
-                _put(layer, new, value)
-            if warn:
-                print(
-                    f"warning: {old} is deprecated, use {new}"
-                    + (f" ({', '.join(f'{a} → {b}' for a, b in values.items())})" if values else ""),
-                    file=sys.stderr,
-                )
-    return layer
+    if not isinstance(layer, dict) or not isinstance(cfg, (dict, DictConfig)):
+        return cfg
+    if "kind" in layer and "options" in cfg and cfg.get("kind") != layer["kind"]:
+        cfg["options"] = {}
+    for key, value in layer.items():
+        if isinstance(value, dict) and key in cfg:
+            without_replaced_options(cfg[key], value)
+    return cfg
 
 
-def _pop(layer: dict, dotted: str, flat: bool) -> tuple[bool, Any]:
-    if flat:
-        return (True, layer.pop(dotted)) if dotted in layer else (False, None)
-    *parents, last = dotted.split(".")
-    node = layer
-    for part in parents:
-        node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict):
-            return False, None
-    return (True, node.pop(last)) if last in node else (False, None)
-
-
-def _put(layer: dict, dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    node = layer
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
-
-
-def merge(schema: Any, layers: list[Any], renamed: Optional[Renamed] = None) -> DictConfig:
-    """Merge plain layers onto a structured schema, turning OmegaConf errors into ConfigError."""
+def merge(schema: Any, layers: list[Any], misplaced: Optional[Misplaced] = None) -> DictConfig:
+    """Merge plain layers onto a structured schema, turning OmegaConf errors into ConfigError (an unknown key
+    named by ``misplaced`` says where it belongs)."""
     cfg = OmegaConf.structured(schema)
     try:
         for layer in layers:
-            layer = rename_keys(layer, renamed or {})
             try:
-                cfg = OmegaConf.merge(cfg, layer)
+                cfg = OmegaConf.merge(without_replaced_options(cfg, layer), layer)
             except (TypeError, ValueError) as err:  # e.g. a list given where a mapping is: OmegaConf names no key
                 raise ConfigError(f"{_blame(cfg, layer)}: {str(err).splitlines()[0]}") from None
         OmegaConf.resolve(cfg)  # interpolations (${...}) now, while an error is still one line
     except OmegaConfBaseException as err:
-        raise ConfigError(one_line(err, schema)) from None
+        raise ConfigError(one_line(err, schema, misplaced)) from None
     return cfg
 
 

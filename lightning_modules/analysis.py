@@ -4,7 +4,7 @@ structure of the sequence projections E, F.
 Notation: N sequences of length T (= n = max_len for packed blocks), h heads, L layers; a layer's
 context-mapping matrix is P = softmax(QKᵀ/√d_h) ∈ R^{T×T} (full attention) or
 P̄ = softmax(Q(EK)ᵀ/√d_h) ∈ R^{T×k} (Linformer), per sequence and head. Causal Linformer (blocks of
-w tokens, nb = ⌈T/w⌉, see ``attention/linformer_causal.py``) gives P̃ ∈ R^{T×(nb−1+T)} over [the nb − 1 slots ; the T
+w tokens, nb = ⌈T/w⌉, see ``attention/linformer/causal.py``) gives P̃ ∈ R^{T×(nb−1+T)} over [the nb − 1 slots ; the T
 token positions]: row i holds the weights of query i on the slots j < ⌊i/w⌋ and, at their absolute
 positions, on the keys of its own block up to i (:func:`blockwise_context_matrix`); out = P̃ [F-slots ; V].
 
@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_modules.attention import SelfAttention
-from lightning_modules.config import layer_ks, model_config
+from lightning_modules.attention import SelfAttention, attention_class
+from lightning_modules.config import model_config
 from lightning_modules.projections import ProjectionBank
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def blockwise_context_matrix(chunks: list[Tensor], length: int, window: int) -> 
 
     Chunk c: (B·m_c, h, u, u + s_c), its row r (of sequence b: index b·m_c + r) holding the u queries of one
     row of positions against [the same u positions ; slots 0 … s_c − 1] (w = ``window``, nb = ⌈T/w⌉,
-    T = ``length``, :meth:`~lightning_modules.attention.linformer_causal.CausalLinformer.blockwise`) →
+    T = ``length``, :meth:`~lightning_modules.attention.linformer.causal.CausalLinformer.blockwise`) →
     P̃ (B, h, T, nb − 1 + T): query i keeps its slot weights in columns 0 … nb − 2 and puts its weight on key t
     at column nb − 1 + t (zero outside its row, where the layer's mask already leaves only its own block), so
     that out_i = Σ_j P̃_ij [F-slots ; V]_j. Memory O(B·h·T²): for analysis, not training.
@@ -249,11 +249,12 @@ def measure_spectrum(encoder: nn.Module, batches: Iterable[dict], grams: bool = 
 
 
 def heatmap_indices(model_cfg: Any, spectrum: Spectrum) -> list[int]:
-    """Default index at which the heatmap reads each layer's curve: the layer's configured k (the
-    paper's Fig. 1 right: how much a rank-k approximation keeps; for full attention, the k its
-    Linformer counterpart would use), or ⌈m_l/2⌉ when the matrix has only m_l ≤ k singular values
-    (a Linformer's P̄, whose curve reaches 1 at m_l)."""
-    ks = layer_ks(model_config(model_cfg))
+    """Default index at which the heatmap reads each layer's curve: the layer's compressed length k (the
+    paper's Fig. 1 right: how much a rank-k approximation keeps; n/4 for a kind that does not compress to a
+    fixed length, the k = n/4 of the shipped Linformer configs), or ⌈m_l/2⌉ when the matrix has only m_l ≤ k
+    singular values (a Linformer's P̄, whose curve reaches 1 at m_l)."""
+    cfg = model_config(model_cfg)
+    ks = attention_class(cfg).compressed_lengths(cfg) or [max(1, cfg.max_len // 4)] * cfg.n_layers
     return [k if s.shape[-1] > k else math.ceil(s.shape[-1] / 2) for k, s in zip(ks, spectrum.singular_values)]
 
 

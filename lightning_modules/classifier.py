@@ -12,7 +12,7 @@ mean is also unchanged by padding, like every real token's state (``attention/ba
 
 ``init_from`` (a run directory, whose ``checkpoints/last.ckpt`` is read, or a ``.ckpt`` file) loads the
 encoder's weights, E/F included, with ``torch.load(weights_only=True)``. The checkpoint's architecture must
-equal ``model.*`` up to settings that change no weight (dropouts, ``attention.order``, ``attention.init``/
+equal ``model.*`` up to settings that change no weight (dropouts, ``attention.options.order``, ``init``,
 ``delta``: the loaded E/F replace the initial ones), and its vocabulary size the tokenizer's; otherwise
 one ConfigError line names the first differing key. A run directory stands for the end of its training:
 if its ``last.ckpt`` holds an earlier step than its ``metrics.json`` (checkpoints are written at
@@ -42,12 +42,20 @@ from foundation.checkpoint import read_checkpoint
 from foundation.configfile import flatten
 from foundation.errors import ConfigError
 from foundation.rundir import init_from_checkpoint
-from lightning_modules.config import layer_ks, model_config
+from lightning_modules.attention import kind_options
+from lightning_modules.attention.linformer import layer_ks
+from lightning_modules.config import model_config
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.optim import build_optimizer
 
 # Model settings that no weight depends on: they may differ between pretraining and fine-tuning.
-WEIGHT_FREE_KEYS = {"dropout", "attention.dropout", "attention.order", "attention.init", "attention.delta"}
+WEIGHT_FREE_KEYS = {
+    "dropout",
+    "attention.dropout",
+    "attention.options.order",
+    "attention.options.init",
+    "attention.options.delta",
+}
 
 
 class ClassificationHead(nn.Module):
@@ -143,12 +151,13 @@ class SequenceClassifierModule(L.LightningModule):
 
 # ------------------------------------------------------------------------------------- init_from
 def architecture(model_cfg: Any) -> dict[str, Any]:
-    """The model settings that weights depend on, flat (``attention.k`` as the k of every layer)."""
+    """The model settings that weights depend on, flat (``attention.options.k`` as the k of every layer)."""
     model = model_config(model_cfg)
     cfg = OmegaConf.to_container(model, resolve=True)
     att = cfg.pop("attention")
     if att["kind"] == "linformer":
-        cfg["attention"] = {**att, "k": layer_ks(model), "k_schedule": None}
+        options = OmegaConf.to_container(kind_options(model.attention))
+        cfg["attention"] = {**att, "options": {**options, "k": layer_ks(model), "k_schedule": None}}
     else:  # full attention has no E/F: its Linformer settings are unused
         cfg["attention"] = {"kind": att["kind"], "causal": att["causal"]}
     return {k: v for k, v in flatten(cfg).items() if k not in WEIGHT_FREE_KEYS}

@@ -1,12 +1,9 @@
-"""The model's configuration and its rules, stated once.
+"""The model's configuration schema and the rules of its sizes.
 
-:class:`ModelConfig` (with :class:`AttentionConfig`) is the ``model`` node of a run's config. :func:`check_model`
-states every rule a model must satisfy; the encoder calls it before it builds anything, and the run's config
-check calls the same function, so a wrong value is one line, exit 2, before anything is written.
-
-Attention kinds and projection kinds are plug-ins (``lightning_modules/attention/``,
-``lightning_modules/projections.py``): ``kind`` and ``projection`` are checked against their registries, and a
-kind's own options (``attention.options``) against the kind's ``Options`` dataclass.
+:class:`ModelConfig` (with :class:`AttentionConfig`) is the ``model`` node of a run's config: the sizes, and the
+attention's ``kind``, ``causal``, ``dropout`` and the kind's own ``options``. The schema knows no kind: the
+attention kinds (``lightning_modules/attention/``) register themselves and state their rules, and
+:func:`lightning_modules.attention.check_model` checks a whole model (the sizes here, then the kind's).
 """
 
 from __future__ import annotations
@@ -15,34 +12,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig
 
-from foundation.configfile import merge
-from foundation.errors import ConfigError, check_number, require
+from foundation.configfile import Misplaced, merge
+from foundation.errors import check_number, require
 
 # Upper bounds of the model's sizes: far above any model this suite trains, low enough that a typo (an extra
 # zero or three) is one config line instead of a failed allocation after the run directory exists.
 MAX_SIZE = {"max_len": 1 << 20, "d_model": 1 << 16, "n_heads": 1024, "n_layers": 1024, "d_ff": 1 << 18}
-
-# Keys renamed in this release (old → new, old value → new value); the old ones work, with a warning, until
-# the next. ``project`` collided with ``projection`` and its ``kv`` with ``share: kv``; ``path`` with file paths.
-RENAMED = {
-    "model.attention.project": ("model.attention.compress", {"kv": "both", "k": "keys", "v": "values"}),
-    "model.attention.path": (
-        "model.attention.order",
-        {"auto": "auto", "input": "compress_first", "projected": "project_first"},
-    ),
-}
-
-
-@dataclass
-class KScheduleConfig:
-    """Per-layer k from a named schedule: ``linear`` interpolates from ``first`` to ``last``,
-    ``geometric`` does so in log space; values are rounded to integers."""
-
-    kind: Literal["linear", "geometric"] = "linear"
-    first: int = 64
-    last: int = 16
 
 
 @dataclass
@@ -52,24 +29,6 @@ class AttentionConfig:
     # No output depends on a later position (every kind that has a causal form).
     causal: bool = False
     dropout: float = 0.0
-    # ---- Linformer (kind: linformer) ---------------------------------------------------------------
-    # int, or a list with one entry per layer; ignored when k_schedule is set.
-    k: Any = 64
-    k_schedule: Optional[KScheduleConfig] = None
-    share: Literal["none", "headwise", "kv", "layerwise"] = "none"
-    # A registered projection kind (lightning_modules/projections.py): learned, random, conv, pool, ...
-    projection: str = "learned"
-    # Initial distribution of E/F (sets the attention temperature, so it is explicit):
-    #   jl: N(0, 1/k) (the paper's JL scale)   uniform: U(-1/sqrt(n), 1/sqrt(n))
-    #   theorem2: E = delta R, F = exp(-delta) R with R ~ N(0, 1/k) (Theorem 2's proof)
-    init: Literal["jl", "uniform", "theorem2"] = "jl"
-    delta: float = 1.0
-    # Which side passes through the k-slot bottleneck: both (Eq. 7), keys only, values only.
-    compress: Literal["both", "keys", "values"] = "both"
-    # Evaluation order of E K (exact either way): compress_first applies E to the layer input before W_k,
-    # project_first computes K = X W_k first (Eq. 7 as written); auto picks the cheaper by FLOP count.
-    order: Literal["auto", "compress_first", "project_first"] = "auto"
-    # ---- every other kind ----------------------------------------------------------------------------
     # The kind's own options, checked against its Options dataclass (e.g. kind: local, options: {window: 64}).
     options: Dict[str, Any] = field(default_factory=dict)
 
@@ -99,42 +58,19 @@ class OptimConfig:
     gradient_clip_val: float = 1.0
 
 
-def model_config(cfg: Any) -> DictConfig:
-    """A validated, attribute-accessible ModelConfig from a dict, DictConfig or dataclass."""
-    return merge(ModelConfig, [cfg], RENAMED_MODEL)
+def model_config(cfg: Any, misplaced: Optional[Misplaced] = None) -> DictConfig:
+    """A validated, attribute-accessible ModelConfig from a dict, DictConfig or dataclass (``misplaced``: what an
+    unknown key should have been, :func:`lightning_modules.attention.misplaced_option`)."""
+    return merge(ModelConfig, [cfg], misplaced)
 
 
-# The same renames, relative to the model node.
-RENAMED_MODEL = {
-    old.removeprefix("model."): (new.removeprefix("model."), values) for old, (new, values) in RENAMED.items()
-}
-
-
-def layer_ks(model: DictConfig | ModelConfig) -> list[int]:
-    """k of every layer, from ``attention.k`` (int or list) or ``attention.k_schedule``."""
-    att, n_layers = model.attention, model.n_layers
-    if att.k_schedule is not None:
-        s = att.k_schedule
-        if n_layers == 1:
-            return [int(s.first)]
-        ts = [i / (n_layers - 1) for i in range(n_layers)]
-        if s.kind == "linear":
-            return [round(s.first + (s.last - s.first) * t) for t in ts]
-        return [round(s.first * (s.last / s.first) ** t) for t in ts]
-    k = att.k
-    if isinstance(k, (list, ListConfig)):
-        return [int(v) for v in k]
-    return [int(k)] * n_layers
-
-
-def _finite(value: Any) -> bool:
+def finite(value: Any) -> bool:
+    """A real number that is neither infinite nor NaN (bool is not a number here)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_model(model: DictConfig) -> None:
-    """Every rule of a model config (ConfigError naming the key, the value and what is allowed)."""
-    from lightning_modules.attention import ATTENTION_KINDS  # the kinds register themselves on import
-
+def check_sizes(model: DictConfig) -> None:
+    """The rules of the model's sizes and dropouts (ConfigError naming the key, the value and what is allowed)."""
     for key in ("max_len", "d_model", "n_heads", "n_layers", "d_ff"):
         check_number(f"model.{key}", model[key], 1, MAX_SIZE[key], integer=True)
     require(
@@ -142,40 +78,7 @@ def check_model(model: DictConfig) -> None:
         f"model.d_model: {model.d_model} is not divisible by model.n_heads={model.n_heads}",
     )
     require(
-        _finite(model.dropout) and 0.0 <= model.dropout < 1.0, f"model.dropout: must be in [0, 1), got {model.dropout}"
+        finite(model.dropout) and 0.0 <= model.dropout < 1.0, f"model.dropout: must be in [0, 1), got {model.dropout}"
     )
-    att = model.attention
-    require(
-        _finite(att.dropout) and 0.0 <= att.dropout < 1.0,
-        f"model.attention.dropout: must be in [0, 1), got {att.dropout}",
-    )
-    kind = ATTENTION_KINDS.get(att.kind)
-    require(
-        kind is not None, f"model.attention.kind: unknown kind {att.kind!r} (allowed: {', '.join(ATTENTION_KINDS)})"
-    )
-    require(
-        not att.causal or kind.has_causal_form,
-        f"model.attention.causal: kind {att.kind!r} has no causal form (set causal=false or choose another kind)",
-    )
-    kind_options(att)
-    kind.check(model)
-
-
-def kind_options(att: DictConfig) -> DictConfig:
-    """``attention.options`` checked against the kind's ``Options`` dataclass, with its defaults filled in."""
-    from lightning_modules.attention import ATTENTION_KINDS
-
-    kind = ATTENTION_KINDS[att.kind]
-    given = OmegaConf.to_container(att.options) if isinstance(att.options, DictConfig) else dict(att.options or {})
-    if kind.Options is None:
-        require(not given, f"model.attention.options: kind {att.kind!r} takes no options, got {given}")
-        return OmegaConf.create({})
-    try:
-        return merge(kind.Options, [given])
-    except ConfigError as err:
-        key, _, what = str(err).partition(": ")
-        if what.startswith("unknown key"):
-            what = f"not an option of kind {att.kind!r}" + what.removeprefix("unknown key").replace(
-                "allowed here", "its options"
-            )
-        raise ConfigError(f"model.attention.options.{key}: {what}") from None
+    dropout = model.attention.dropout
+    require(finite(dropout) and 0.0 <= dropout < 1.0, f"model.attention.dropout: must be in [0, 1), got {dropout}")

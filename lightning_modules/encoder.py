@@ -17,7 +17,7 @@ Incremental decoding (causal attention only), for generation and for timing the 
 
 ``hidden_t`` equals ``encoder(input_ids)[:, t]`` (eval mode). Each layer keeps its own state
 (:meth:`SelfAttention.init_state`): a fixed-size one for causal Linformer, a KV cache for full attention.
-The model's config is checked (:func:`~lightning_modules.config.check_model`) before anything is built.
+The model's config is checked (:func:`~lightning_modules.attention.check_model`) before anything is built.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from lightning_modules.attention import SelfAttention, attention_class
-from lightning_modules.config import check_model, model_config
+from lightning_modules.attention import SelfAttention, attention_class, check_model, misplaced_option
+from lightning_modules.config import model_config
 
 
 class Block(nn.Module):
@@ -60,7 +60,7 @@ class TransformerEncoder(nn.Module):
 
     def __init__(self, cfg: Any, vocab_size: int) -> None:
         super().__init__()
-        cfg = model_config(cfg)
+        cfg = model_config(cfg, misplaced_option)
         check_model(cfg)
         self.max_len, self.vocab_size = cfg.max_len, vocab_size
         self.tok = nn.Embedding(vocab_size, cfg.d_model)

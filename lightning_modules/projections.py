@@ -23,7 +23,7 @@ Padding: rows of x at padded positions are zeroed before any compression, so a p
 nothing to any slot. Windowed kinds can produce a slot whose window holds no real token;
 :meth:`ProjectionBank.nonempty_slots` reports them so attention can mask them out of the softmax.
 
-Causal variant (``causal=True``, blockwise, see ``attention/linformer_causal.py``): every kind compresses only within
+Causal variant (``causal=True``, blockwise, see ``attention/linformer/causal.py``): every kind compresses only within
 blocks of w = ⌈n/k⌉ tokens; a dense E becomes block-diagonal, stored as per-slot weights
 e_j ∈ R^w: s_j = Σ_r e_{j,r} x_{jw+r}. The last block is never compressed (no query comes after it),
 so a dense causal matrix holds (⌈n/w⌉ − 1)·w ≈ n parameters instead of k·n.
@@ -108,7 +108,7 @@ PROJECTION_KINDS: dict[str, ProjectionKind] = {}
 
 def register_projection(name: str):
     """Class decorator: make a :class:`ProjectionKind` subclass the projection kind ``name``
-    (``model.attention.projection: name``)."""
+    (``model.attention.options.projection: name``)."""
 
     def register(cls: type[ProjectionKind]) -> type[ProjectionKind]:
         cls.name = name
@@ -176,7 +176,7 @@ class ProjectionBank(nn.Module):
         projection: a registered projection kind (learned, random, conv, pool, ...).
         init: jl | uniform | theorem2; delta is δ of theorem2.
         compress: both (Eq. 7) | keys | values (one side only: a single stored side).
-        causal: blockwise, block-diagonal storage (see ``attention/linformer_causal.py``).
+        causal: blockwise, block-diagonal storage (see ``attention/linformer/causal.py``).
         d_head: d_h, the channels of a conv kernel bank (needed for conv only).
     """
 

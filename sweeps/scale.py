@@ -315,7 +315,7 @@ def _max_len(run_dir: Path) -> int:
 
 def arm_ks(ladder: Ladder, line: str) -> dict[str, float]:
     """rung -> the k (mean over layers) of ``line``'s model there, for a Linformer arm; {} otherwise."""
-    from lightning_modules.config import layer_ks
+    from lightning_modules.attention.linformer import layer_ks
 
     out = {}
     for rung in ladder.rungs:

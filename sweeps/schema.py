@@ -9,7 +9,7 @@ so a trial is exactly a ``linformer-lab train`` run with a few more overrides. `
 ``gpu``) are partial studies merged over the file; each preset is its own Optuna study, named
 ``<study>_<preset>``, under ``<output_dir>/<study>_<preset>/``.
 
-A space param is either a dotted RunConfig key (``model.attention.k``) whose ``choices`` are values, or
+A space param is either a dotted RunConfig key (``model.attention.options.k``) whose ``choices`` are values, or
 a free label whose ``choices`` map choice names to bundles of overrides (``arm: {full: {...}, ...}``),
 for arms that differ in several keys at once. ``when: {key: value}`` makes a param conditional on the
 trial's config so far. Every problem is a one-line :class:`ConfigError` naming the file and the key;

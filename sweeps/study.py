@@ -181,25 +181,30 @@ class Study:
     def param_overrides(self, params: dict) -> dict:
         """Dotted config key -> value that a trial's params set (bundles expanded), in space order."""
         out: dict = {}
-        for name, value in params.items():
-            if self.is_bundle(name):
-                out.update(OmegaConf.to_container(self.spec.space[name].choices[value]))
-            else:
-                out[name] = value
+        for layer in self.param_layers(params):
+            out.update(layer)
         return out
+
+    def param_layers(self, params: dict) -> list[dict]:
+        """What each of a trial's params sets (dotted key -> value, a bundle expanded), one layer per param in
+        space order: a later param's ``kind`` starts from that kind's options (foundation.configfile)."""
+        return [
+            OmegaConf.to_container(self.spec.space[name].choices[value]) if self.is_bundle(name) else {name: value}
+            for name, value in params.items()
+        ]
 
     def _active(self, name: str, params: dict) -> bool:
         when = self.spec.space[name].when
         if not when:
             return True
         flat = run_config.flatten(
-            OmegaConf.to_container(OmegaConf.merge(self.shared, nested(self.param_overrides(params))))
+            run_config.to_container(run_config.merge_run([self.shared, *map(nested, self.param_layers(params))]))
         )
         return all(flat.get(key) == value for key, value in when.items())
 
     def config(self, params: dict, run: Optional[dict] = None) -> DictConfig:
         """The checked RunConfig of a trial: base < overrides < params < ``run`` (run_dir, experiment)."""
-        cfg = run_config.merge_run([self.shared, nested(self.param_overrides(params)), nested(run or {})])
+        cfg = run_config.merge_run([self.shared, *map(nested, self.param_layers(params)), nested(run or {})])
         run_config.check(cfg)
         check_trial_devices(cfg)
         return cfg

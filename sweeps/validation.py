@@ -20,6 +20,7 @@ from sweeps.schema import (
     ParamSpec,
     metric_kind,
 )
+from training import config as run_config
 
 
 def nested(flat: dict) -> DictConfig:
@@ -173,10 +174,10 @@ def check_space(spec: DictConfig, flat_keys: set[str]) -> None:
         raise ConfigError(f"space.{CONTROL_PARAM}: the name is taken by the study's control arms; rename the param")
     for name, p in spec.space.items():
         check_param(name, p)
-        if not isinstance(p.choices, DictConfig) and name not in flat_keys:
+        if not isinstance(p.choices, DictConfig) and not run_config.is_key(name, flat_keys):
             raise ConfigError(f"space.{name}: not a config key; a free label needs choices that map names to overrides")
         for key in p.when:
-            if key not in flat_keys:
+            if not run_config.is_key(key, flat_keys):
                 raise ConfigError(f"space.{name}.when: {key} is not a config key")
     for name in spec.arms or []:
         if name not in spec.space:

@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+import tiny
 import torch
 import torch.nn.functional as F
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -12,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from experiments import cli
 from lightning_modules import analysis
 from lightning_modules.attention import build_attention
-from lightning_modules.config import layer_ks
+from lightning_modules.attention.linformer import layer_ks
 from lightning_modules.encoder import TransformerEncoder
 from lightning_modules.projections import ProjectionBank
 from training import config as run_config
@@ -71,11 +72,13 @@ def test_suggested_k_keeps_the_energy_of_every_head():
 
 
 def test_heatmap_reads_each_layer_at_its_k_or_half_a_compressed_spectrum():
-    cfg = run_config.load(None, ["model.n_layers=2", "model.attention.k=[8,4]", "model.max_len=32"]).model
+    cfg = run_config.load(None, ["model.n_layers=2", "model.attention.options.k=[8,4]", "model.max_len=32"]).model
     full = analysis.Spectrum([torch.ones(1, 1, 32).double()] * 2)
     compressed = analysis.Spectrum([torch.ones(1, 1, 8).double(), torch.ones(1, 1, 4).double()])
     assert analysis.heatmap_indices(cfg, full) == [8, 4]
     assert analysis.heatmap_indices(cfg, compressed) == [4, 2]
+    full_cfg = run_config.load(None, ["model.n_layers=2", "model.attention.kind=full", "model.max_len=32"]).model
+    assert analysis.heatmap_indices(full_cfg, full) == [8, 8]  # no compressed length: n/4
 
 
 # ------------------------------------------------------------------------------ projections
@@ -196,16 +199,24 @@ def test_projection_report_sets_each_matrix_beside_a_gaussian_of_its_shape():
 VARIANTS = {
     "full": {"kind": "full"},
     "full-causal": {"kind": "full", "causal": True},
-    "linformer": {"kind": "linformer"},
-    "linformer-conv": {"kind": "linformer", "projection": "conv"},
-    "linformer-key-only": {"kind": "linformer", "compress": "keys"},
+    "linformer": {"kind": "linformer", "k": 4},
+    "linformer-conv": {"kind": "linformer", "k": 4, "projection": "conv"},
+    "linformer-key-only": {"kind": "linformer", "k": 4, "compress": "keys"},
 }
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_recorded_probabilities_are_the_ones_the_layer_attends_with(variant):
-    att = {"k": 4, **VARIANTS[variant]}
-    cfg = {"max_len": 16, "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "dropout": 0.0, "attention": att}
+    att = VARIANTS[variant]
+    cfg = {
+        "max_len": 16,
+        "d_model": 16,
+        "n_heads": 2,
+        "n_layers": 2,
+        "d_ff": 32,
+        "dropout": 0.0,
+        "attention": tiny.attention(**att),
+    }
     torch.manual_seed(0)
     encoder = TransformerEncoder(cfg, 40).eval()
     ids = torch.randint(5, 40, (3, 16))
@@ -240,7 +251,7 @@ def test_causal_linformer_context_matrix_is_causal_row_stochastic_and_is_the_lay
             "max_len": t,
             "d_model": d,
             "n_heads": h,
-            "attention": {"kind": "linformer", "k": 4, "causal": True, "projection": projection},
+            "attention": tiny.attention("linformer", causal=True, k=4, projection=projection),
         },
         shared=ProjectionBank([4], t, h, projection=projection, causal=True),
     ).eval()
@@ -276,7 +287,7 @@ def test_causal_linformer_spectrum_has_one_singular_value_per_position():
         "n_layers": 2,
         "d_ff": 32,
         "dropout": 0.0,
-        "attention": {"kind": "linformer", "k": 4, "causal": True},
+        "attention": tiny.attention("linformer", causal=True, k=4),
     }
     torch.manual_seed(0)
     mask = torch.ones(3, 16, dtype=torch.bool)
@@ -313,7 +324,7 @@ def test_callback_logs_spectrum_heatmaps_and_analyze_writes_figures(tiny_overrid
 
     # Full attention: Fig. 1 and a suggested k schedule that loads as a config layer.
     assert cli.main(["analyze", str(full), "--samples", "6"]) == 0
-    assert "suggested model.attention.k" in capsys.readouterr().out
+    assert "suggested model.attention.options.k" in capsys.readouterr().out
     summary = json.loads((full / "analysis" / "summary.json").read_text())
     assert summary["samples"] == 6 and summary["global_step"] == 6
     assert summary["suggested_k"] == [max(r) for r in summary["spectrum"]["effective_rank_per_head"]]

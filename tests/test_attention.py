@@ -1,6 +1,7 @@
 """The attention maths: Linformer's limits, padding, lengths, sharing counts and exact paths."""
 
 import pytest
+import tiny
 import torch
 
 from lightning_modules.attention import build_attention
@@ -12,7 +13,9 @@ D, H, N = 32, 4, 16
 
 def layer(d=D, h=H, n=N, shared=None, **attention):
     """One attention layer of width d, h heads, n positions; ``attention`` the model.attention keys."""
-    return build_attention({"max_len": n, "d_model": d, "n_heads": h, "attention": attention}, shared=shared)
+    return build_attention(
+        {"max_len": n, "d_model": d, "n_heads": h, "attention": tiny.attention(**attention)}, shared=shared
+    )
 
 
 def _pair(k=N, share="none", order="project_first", groups_identity=True):
@@ -64,7 +67,7 @@ def test_padding_never_changes_real_token_outputs(kind, order):
             "n_layers": 2,
             "d_ff": 64,
             "dropout": 0.0,
-            "attention": {"kind": kind, "k": 4, "order": order},
+            "attention": tiny.attention(kind, **({"k": 4, "order": order} if kind == "linformer" else {})),
         },
         vocab_size=50,
     ).eval()
@@ -91,7 +94,8 @@ def test_short_sequence_uses_first_columns_of_e():
 
 def test_longer_than_max_len_is_an_error():
     enc = TransformerEncoder(
-        {"max_len": 8, "d_model": D, "n_heads": H, "n_layers": 1, "d_ff": 64, "attention": {"k": 4}}, vocab_size=20
+        {"max_len": 8, "d_model": D, "n_heads": H, "n_layers": 1, "d_ff": 64, "attention": tiny.attention(k=4)},
+        vocab_size=20,
     )
     with pytest.raises(ValueError, match="exceeds model.max_len=8"):
         enc(torch.zeros(1, 9, dtype=torch.long))
@@ -115,7 +119,7 @@ def test_projection_parameter_counts_match_the_paper(share, expected):
             "n_heads": H,
             "n_layers": L_,
             "d_ff": 64,
-            "attention": {"kind": "linformer", "k": k, "share": share},
+            "attention": tiny.attention(k=k, share=share),
         },
         vocab_size=20,
     )
@@ -137,7 +141,7 @@ def test_every_parameter_gets_a_gradient(share):
             "n_heads": H,
             "n_layers": 2,
             "d_ff": 64,
-            "attention": {"kind": "linformer", "k": 4, "share": share},
+            "attention": tiny.attention(k=4, share=share),
         },
         vocab_size=20,
     )

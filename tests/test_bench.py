@@ -389,7 +389,9 @@ def test_reach_interpolates_between_the_bracketing_validations():
 
 def _fake_run(path, k, seed, curve, tokens_per_sec=1000.0):
     path.mkdir(parents=True)
-    (path / "config.yaml").write_text(f"experiment: e{seed}\nseed: {seed}\nmodel:\n  attention:\n    k: {k}\n")
+    (path / "config.yaml").write_text(
+        f"experiment: e{seed}\nseed: {seed}\nmodel:\n  attention:\n    options:\n      k: {k}\n"
+    )
     (path / "metrics.json").write_text(json.dumps({"ppl_vs_wallclock": curve, "tokens_per_sec": tokens_per_sec}))
 
 
@@ -398,9 +400,9 @@ def test_time_to_target_table_has_one_row_per_variant(tmp_path, capsys):
     _fake_run(tmp_path / "a" / "version_1", 32, 1, [[10, 100, 80], [30, 300, 40]])
     _fake_run(tmp_path / "b" / "version_0", 64, 0, [[10, 100, 90], [20, 200, 70]])
     table_rows, keys = time_to_target.rows([tmp_path], target=60.0)
-    assert keys == ["model.attention.k"]  # seeds and experiment names do not split variants
+    assert keys == ["model.attention.options.k"]  # seeds and experiment names do not split variants
     by_variant = {r["variant"]: r for r in table_rows}
-    k32, k64 = by_variant["attention.k=32"], by_variant["attention.k=64"]
+    k32, k64 = by_variant["attention.options.k=32"], by_variant["attention.options.k=64"]
     assert (k32["runs"], k32["reached"]) == (2, 2)
     assert k32["seconds"] == pytest.approx((15 + 20) / 2) and k32["tokens"] == pytest.approx((150 + 200) / 2)
     assert (k64["runs"], k64["reached"], k64["seconds"]) == (1, 0, None)
@@ -409,7 +411,7 @@ def test_time_to_target_table_has_one_row_per_variant(tmp_path, capsys):
     assert cli.main(["time-to-target", str(tmp_path), "--target", "60", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed == out.read_text()
-    assert "| attention.k=64 | 1 | 0 | – |" in printed and "Time to validation perplexity ≤ 60" in printed
+    assert "| attention.options.k=64 | 1 | 0 | – |" in printed and "Time to validation perplexity ≤ 60" in printed
     assert not math.isnan(k32["final_ppl"])
 
 

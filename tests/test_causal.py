@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+import tiny
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -36,7 +37,7 @@ def causal_encoder(attention, n_layers=3, norm="pre"):
             "d_ff": 32,
             "dropout": 0.0,
             "norm": norm,
-            "attention": {"kind": "linformer", **attention, "causal": True},
+            "attention": tiny.attention(**{**attention, "causal": True}),
         },
         vocab_size=V,
     )
@@ -72,7 +73,7 @@ def test_the_check_catches_a_dense_e_that_mixes_the_future():
             "n_layers": 1,
             "d_ff": 32,
             "dropout": 0.0,
-            "attention": {"kind": "linformer", "k": 4},
+            "attention": tiny.attention(k=4),
         },
         vocab_size=V,
     ).eval()
@@ -164,7 +165,7 @@ def explicit_causal_linformer(layer, x, mask):
 @pytest.mark.parametrize("padded", [False, True])
 def test_chunked_rows_equal_the_written_out_causal_linformer(rows_per_call, padded, monkeypatch):
     """T = 45, w = 4, d_h = 4: rows of u = 8 queries, 6 rows (the last one padded), 11 blocks."""
-    from lightning_modules.attention.linformer_causal import CausalLinformer
+    from lightning_modules.attention.linformer import CausalLinformer
 
     monkeypatch.setattr(CausalLinformer, "rows_per_call", staticmethod(lambda t, u, nb: rows_per_call))
     torch.manual_seed(0)
@@ -178,7 +179,7 @@ def test_chunked_rows_equal_the_written_out_causal_linformer(rows_per_call, padd
                 "n_layers": 1,
                 "d_ff": 32,
                 "dropout": 0.0,
-                "attention": {"kind": "linformer", "k": 12, "causal": True},
+                "attention": tiny.attention(causal=True, k=12),
             },
             vocab_size=V,
         )
@@ -221,7 +222,7 @@ def test_decoding_past_max_len_or_without_causal_attention_is_an_error():
             "n_heads": H,
             "n_layers": 1,
             "d_ff": 32,
-            "attention": {"kind": "linformer", "k": 4},
+            "attention": tiny.attention(k=4),
         },
         vocab_size=V,
     )

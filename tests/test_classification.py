@@ -377,10 +377,10 @@ def test_init_from_refuses_another_architecture_or_a_run_without_tokenizer(tiny_
         "data.source=rotten_tomatoes",
         f"init_from={pre}",
     ]
-    assert cli.main([*finetune, "model.attention.k=4"]) == 2
+    assert cli.main([*finetune, "model.attention.options.k=4"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"error: init_from: '{pre / 'checkpoints' / 'last.ckpt'}' was trained with model.attention.k=[8, 8], "
-        f"this run has model.attention.k=[4, 4] (the encoder architecture must match)"
+        f"error: init_from: '{pre / 'checkpoints' / 'last.ckpt'}' was trained with model.attention.options.k=[8, 8], "
+        f"this run has model.attention.options.k=[4, 4] (the encoder architecture must match)"
     )
     (pre / "tokenizer.json").unlink()
     assert cli.main(finetune) == 2
@@ -482,10 +482,10 @@ def test_the_shipped_table2_pipeline_checks_every_stage_and_names_a_bad_variant(
         assert s.cfg.model == stages[0].cfg.model
     bad = OmegaConf.to_container(OmegaConf.load(shipped))
     bad["output_dir"] = str(tmp_path / "runs")
-    bad["variants"]["k64"] = ["model.attention.k=640"]
+    bad["variants"]["k64"] = ["model.attention.options.k=640"]
     (tmp_path / "bad.yaml").write_text(OmegaConf.to_yaml(bad).replace("../configs/", f"{run_config.CONFIG_DIR}/"))
     assert cli.main(["pipeline", str(tmp_path / "bad.yaml")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "error: variants.k64: model.attention.k: k=640 (layer 0) must be in [1, model.max_len=128]"
+        "error: variants.k64: model.attention.options.k: k=640 (layer 0) must be in [1, model.max_len=128]"
     )
     assert not (tmp_path / "runs").exists()

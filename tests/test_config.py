@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from experiments import cli
-from lightning_modules.config import ModelConfig, layer_ks
+from lightning_modules.attention.linformer import layer_ks
+from lightning_modules.config import ModelConfig
 from training import config as run_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
@@ -25,10 +26,16 @@ def test_merge_order_defaults_then_yaml_then_overrides(tmp_path):
     "override,message",
     [
         ("model.attention.kind=banana", "model.attention.kind: unknown kind 'banana' (allowed: full, linformer"),
-        ("model.attention.shared=kv", "model.attention.shared: unknown key (allowed here: kind, causal, dropout, k,"),
+        (
+            "model.attention.shared=kv",
+            "model.attention.shared: unknown key (allowed here: kind, causal, dropout, options)",
+        ),
         ("model.d_model=wide", "model.d_model: Value 'wide' of type 'str' could not be converted to Integer"),
-        ("model.attention.k=200", "model.attention.k: k=200 (layer 0) must be in [1, model.max_len=128]"),
-        ("model.attention.k=[8,16,32]", "model.attention.k: has 3 entries but model.n_layers=2"),
+        (
+            "model.attention.options.k=200",
+            "model.attention.options.k: k=200 (layer 0) must be in [1, model.max_len=128]",
+        ),
+        ("model.attention.options.k=[8,16,32]", "model.attention.options.k: has 3 entries but model.n_layers=2"),
         ("model.n_heads=3", "model.d_model: 128 is not divisible by model.n_heads=3"),
         ("task=clm", "task: 'clm' needs model.attention.causal=true"),
     ],
@@ -41,9 +48,11 @@ def test_bad_values_name_the_key_and_what_is_allowed(override, message):
 
 
 def test_per_layer_k_from_list_and_schedule():
-    cfg = run_config.load(None, ["model.n_layers=4", "model.attention.k=[64,32,16,8]"])
+    cfg = run_config.load(None, ["model.n_layers=4", "model.attention.options.k=[64,32,16,8]"])
     assert layer_ks(cfg.model) == [64, 32, 16, 8]
-    cfg = run_config.load(None, ["model.n_layers=4", "model.attention.k_schedule={kind: linear, first: 64, last: 16}"])
+    cfg = run_config.load(
+        None, ["model.n_layers=4", "model.attention.options.k_schedule={kind: linear, first: 64, last: 16}"]
+    )
     assert layer_ks(cfg.model) == [64, 48, 32, 16]
 
 

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from foundation.checkpoint import read_checkpoint
 from foundation.rundir import CHECKPOINT, RUN_DIR_ENV, choose_run_dir, shared_with_ranks
-from lightning_modules.config import AttentionConfig
+from lightning_modules.attention.linformer import LinformerOptions
 from lightning_modules.language_model import TokenPredictionModule
 from lightning_modules.projections import PROJECTION_KINDS
 from training import config as run_config
@@ -139,11 +139,11 @@ STRUCTURAL = ("share", "projection", "compress", "order", "causal")
 def attention_variants() -> list[dict]:
     """Every combination of the attention schema's structural choices (read from the schema, so variants are
     covered as they are added); ``order: auto`` is one of ``compress_first`` / ``project_first``."""
-    choices = {f: _choices(AttentionConfig, f) for f in STRUCTURAL[:-1]}
+    choices = {f: _choices(LinformerOptions, f) for f in STRUCTURAL[:-1]}
     choices["order"] = tuple(p for p in choices["order"] if p != "auto")
     out = [{"kind": "full", "causal": causal} for causal in (False, True)]
-    for combo in itertools.product(*choices.values(), (False, True)):
-        out.append({"kind": "linformer", "k": 5, **dict(zip(STRUCTURAL, combo))})
+    for *combo, causal in itertools.product(*choices.values(), (False, True)):
+        out.append({"kind": "linformer", "causal": causal, "options": {"k": 5, **dict(zip(STRUCTURAL, combo))}})
     return out
 
 
@@ -172,7 +172,7 @@ def accepted_configs(variants: list[dict]) -> list[dict]:
 
 def _label(config: dict) -> str:
     att = config["model"]["attention"]
-    return " ".join(f"{f}={att[f]}" for f in ("kind", *STRUCTURAL))
+    return " ".join(f"{f}={att.get(f, att['options'].get(f))}" for f in ("kind", *STRUCTURAL))
 
 
 def _train_every_variant(rank: int, rendezvous: str, configs: list[dict], results) -> None:
@@ -216,8 +216,9 @@ def _train_every_variant(rank: int, rendezvous: str, configs: list[dict], result
 def test_every_attention_variant_and_sharing_mode_trains_under_ddp_without_unused_parameters(tmp_path):
     configs = accepted_configs(attention_variants())
     for field in STRUCTURAL:  # every value of every choice trains in at least one accepted combination
-        seen = {c["model"]["attention"][field] for c in configs if c["model"]["attention"]["kind"] == "linformer"}
-        assert seen == set(_choices(AttentionConfig, field) if field != "causal" else (False, True)) - {"auto"}
+        atts = [c["model"]["attention"] for c in configs if c["model"]["attention"]["kind"] == "linformer"]
+        seen = {att["causal"] if field == "causal" else att["options"][field] for att in atts}
+        assert seen == set(_choices(LinformerOptions, field) if field != "causal" else (False, True)) - {"auto"}
     ctx = multiprocessing.get_context("spawn")  # fork would copy this process's threads (a deadlock risk)
     results, rendezvous = ctx.Queue(), f"file://{tmp_path / 'rendezvous'}"
     procs = [

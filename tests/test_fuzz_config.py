@@ -30,7 +30,7 @@ from sweeps.schema import StudySpec
 from training.config import CONFIG_DIR, RunConfig
 
 KEYS = sorted(flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig))))
-KEYS += ["model.attention.k_schedule", "model.attention.options", "data.mqar", "nonsense.key"]
+KEYS += ["model.attention.options.k_schedule", "model.attention.options", "data.mqar", "nonsense.key"]
 
 EDGE_NUMBERS = [
     0,
@@ -196,9 +196,9 @@ def test_any_overrides_deep(tmp_path, overrides):
         ["model.attention.options={window: 4}"],  # options of a kind that takes none
         ["optim.betas=[0.9, .nan]"],
         ['experiment="a\\u0000b"'],
-        ["model.attention.k_schedule={first: 0, last: 0}"],
-        ["model.attention.k_schedule={kind: geometric, first: 0, last: 5}"],  # a division by zero, once
-        ["model.attention.k_schedule={kind: geometric, first: -4, last: 5}"],  # a complex power, once
+        ["model.attention.options.k_schedule={first: 0, last: 0}"],
+        ["model.attention.options.k_schedule={kind: geometric, first: 0, last: 5}"],  # a division by zero, once
+        ["model.attention.options.k_schedule={kind: geometric, first: -4, last: 5}"],  # a complex power, once
     ],
 )
 def test_known_hard_cases(tmp_path, overrides):

@@ -130,9 +130,7 @@ PIPELINE_ABSOLUTE_VARIANT = (
     f"pretrain: {{{{config: {CONFIG}}}}}\nvariants: {{{{'{{w.root}}/elsewhere': []}}}}\n"
     f"tasks: {{{{t: {{{{config: {CONFIG}}}}}}}}}\n"
 )
-PIPELINE_BAD_OVERRIDE = (
-    f"pretrain: {{config: {CONFIG}}}\nvariants: {{a: ['model.attention.k=[1,2']}}\ntasks: {{t: {{config: {CONFIG}}}}}\n"
-)
+PIPELINE_BAD_OVERRIDE = f"pretrain: {{config: {CONFIG}}}\nvariants: {{a: ['model.attention.options.k=[1,2']}}\ntasks: {{t: {{config: {CONFIG}}}}}\n"
 
 
 def spoil_config(ckpt: Path) -> None:
@@ -201,7 +199,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "train/unknown key": (lambda w: train(w, "model.attention.kindd=full"), "model.attention.kindd: unknown key"),
     "train/wrong type": (lambda w: train(w, "model.d_model=wide"), "model.d_model"),
     "train/out of range": (lambda w: train(w, "model.dropout=1.5"), "model.dropout: must be in [0, 1)"),
-    "train/k above n": (lambda w: train(w, "model.attention.k=64"), "model.attention.k"),
+    "train/k above n": (lambda w: train(w, "model.attention.options.k=64"), "model.attention.options.k"),
     "train/contradictory": (lambda w: train(w, "task=clm"), "task: 'clm' needs model.attention.causal=true"),
     "train/bad override": (lambda w: train(w, "model.d_model"), "expected key=value"),
     "train/missing data file": (lambda w: train(w, f"data.source={w.files / 'none.txt'}"), "not found"),
@@ -256,7 +254,10 @@ CASES: dict[str, tuple[Callable, str]] = {
     ),
     "train/run_dir holds a run": (lambda w: train(w, f"run_dir={w.trained}"), "already holds a run"),
     # not valid YAML, or a shape the loader cannot take
-    "train/override not valid yaml": (lambda w: train(w, "model.attention.k=[1,2"), "model.attention.k: value '[1,2'"),
+    "train/override not valid yaml": (
+        lambda w: train(w, "model.attention.options.k=[1,2"),
+        "model.attention.options.k: value '[1,2'",
+    ),
     "train/override a bad key": (lambda w: train(w, "model..k=3"), "the key must be dotted names"),
     "train/defaults not a list of names": (
         lambda w: ["train", str(w.write("d5.yaml", "defaults: 5\n"))],
@@ -570,7 +571,10 @@ def test_a_real_process_prints_one_line_and_no_traceback(world):
         ("cannot open 'postgresql:/lab:pw@host/db'", "cannot open 'postgresql:/lab:***@host/db'"),  # one slash
         ("postgresql://lab@host/db", "postgresql://lab@host/db"),  # no password: unchanged
         ("runs/study_cpu/journal.log", "runs/study_cpu/journal.log"),
-        ("model.attention.k: must be in [1, 32], got x:y@z", "model.attention.k: must be in [1, 32], got x:y@z"),
+        (
+            "model.attention.options.k: must be in [1, 32], got x:y@z",
+            "model.attention.options.k: must be in [1, 32], got x:y@z",
+        ),
     ],
 )
 def test_redact_masks_the_password_of_every_url_and_nothing_else(text, masked):

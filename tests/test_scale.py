@@ -112,9 +112,9 @@ def test_the_gap_trend_and_its_slope_interval_match_scipy_linregress():
 
 # --------------------------------------------------------------------------------------- the ladder field
 RUNGS = {
-    "s1": {"model.n_layers": 1, "model.d_model": 16, "model.d_ff": 32, "model.attention.k": 4},
-    "s2": {"model.n_layers": 2, "model.d_model": 24, "model.d_ff": 48, "model.attention.k": 6},
-    "s3": {"model.n_layers": 2, "model.d_model": 32, "model.d_ff": 64, "model.attention.k": 8},
+    "s1": {"model.n_layers": 1, "model.d_model": 16, "model.d_ff": 32, "model.attention.options.k": 4},
+    "s2": {"model.n_layers": 2, "model.d_model": 24, "model.d_ff": 48, "model.attention.options.k": 6},
+    "s3": {"model.n_layers": 2, "model.d_model": 32, "model.d_ff": 64, "model.attention.options.k": 8},
 }
 LADDER_ARMS = {"full": {"model.attention.kind": "full"}, "linformer": {"model.attention.kind": "linformer"}}
 
@@ -310,8 +310,14 @@ def test_every_rung_of_the_gpu_presets_passes_the_train_check(gpu_presets, prese
     ratios = [b / a for a, b in zip(list(sizes.values()), list(sizes.values())[1:])]
     assert all(2.5 < r < 4.0 for r in ratios), ratios
     base = configs[("12x768", "k_scaled")].model
-    assert (base.n_layers, base.d_model, base.n_heads, base.max_len, base.attention.k) == (12, 768, 12, 512, 256)
-    assert configs[("12x768", "k_fixed")].model.attention.k == 128
+    assert (base.n_layers, base.d_model, base.n_heads, base.max_len, base.attention.options.k) == (
+        12,
+        768,
+        12,
+        512,
+        256,
+    )
+    assert configs[("12x768", "k_fixed")].model.attention.options.k == 128
     assert configs[("12x768", "full")].model.attention.kind == "full"
     assert ("24x1024", "full") in configs if preset == "gpu_large" else study.rungs[-1] == "12x768"
     if preset == "gpu_large":

@@ -71,7 +71,12 @@ def dct_projection():
 def test_a_projection_kind_registered_in_a_test_trains_one_step_through_train(dct_projection, tiny_overrides):
     cfg = run_config.load(
         tiny_overrides.config,
-        [*tiny_overrides.args, "model.attention.projection=dct", "trainer.max_steps=1", "trainer.val_check_interval=1"],
+        [
+            *tiny_overrides.args,
+            "model.attention.options.projection=dct",
+            "trainer.max_steps=1",
+            "trainer.val_check_interval=1",
+        ],
     )
     metrics = train(cfg)
     assert metrics["global_step"] == 1 and math.isfinite(metrics["val/loss"])
@@ -82,8 +87,10 @@ def test_a_projection_kind_registered_in_a_test_trains_one_step_through_train(dc
 
 
 def test_an_unregistered_projection_kind_is_one_config_line():
-    with pytest.raises(ConfigError, match=r"^model.attention.projection: unknown projection kind 'dct' \(allowed: "):
-        run_config.load(run_config.CONFIG_DIR / "base.yaml", ["model.attention.projection=dct"])
+    with pytest.raises(
+        ConfigError, match=r"^model.attention.options.projection: unknown projection kind 'dct' \(allowed: "
+    ):
+        run_config.load(run_config.CONFIG_DIR / "base.yaml", ["model.attention.options.projection=dct"])
 
 
 @pytest.fixture(params=["attend_qkv", "attend"])
@@ -154,14 +161,29 @@ def test_one_product_for_q_k_v_equals_the_three_projections_and_their_gradients(
         torch.testing.assert_close(a, b)
 
 
-def test_renamed_keys_still_work_for_one_release_with_a_warning(capsys):
+def test_a_kinds_option_beside_the_kind_is_one_line_naming_where_it_belongs():
+    for key, kind in (("k", "linformer"), ("share", "linformer"), ("window", "local"), ("n_features", "performer")):
+        with pytest.raises(ConfigError) as err:
+            run_config.load(run_config.CONFIG_DIR / "base.yaml", [f"model.attention.{key}=1"])
+        assert str(err.value) == (
+            f"model.attention.{key}: an option of kind '{kind}': write model.attention.options.{key}"
+        )
+
+
+def test_changing_the_kind_starts_from_the_new_kinds_options():
+    """Options belong to the kind beside them: another kind drops them, the options it is given are kept."""
+    cfg = run_config.load(run_config.CONFIG_DIR / "base.yaml", ["model.attention.kind=full"])
+    assert cfg.model.attention.options == {}
     cfg = run_config.load(
-        run_config.CONFIG_DIR / "base.yaml", ["model.attention.project=k", "model.attention.path=projected"]
+        run_config.CONFIG_DIR / "base.yaml", ["model.attention.kind=local", "model.attention.options.window=4"]
     )
-    assert (cfg.model.attention.compress, cfg.model.attention.order) == ("keys", "project_first")
-    err = capsys.readouterr().err
-    assert "model.attention.project is deprecated, use model.attention.compress" in err
-    assert "model.attention.path is deprecated, use model.attention.order" in err
+    assert cfg.model.attention.options == {"window": 4}
+    cfg = run_config.load(run_config.CONFIG_DIR / "base.yaml", ["model.attention.options.k=8"])
+    assert cfg.model.attention.options.k == 8 and cfg.model.attention.options.share == "none"
+    with pytest.raises(ConfigError, match=r"^model.attention.options: kind 'full' takes no options, got \{'k': 8\}"):
+        run_config.load(
+            run_config.CONFIG_DIR / "base.yaml", ["model.attention.kind=full", "model.attention.options.k=8"]
+        )
 
 
 def test_full_attention_without_a_mask_equals_it_with_an_all_true_mask():

@@ -347,7 +347,7 @@ def test_every_shipped_study_validates_at_every_preset(path):
             assert configs["degraded"].model.attention.kind == "no_context"
         else:
             assert configs["degraded"].model.attention.kind == "linformer"
-            assert configs["degraded"].model.attention.k < study.shared.model.max_len // 4
+            assert configs["degraded"].model.attention.options.k < study.shared.model.max_len // 4
 
 
 @pytest.mark.parametrize(
@@ -355,7 +355,7 @@ def test_every_shipped_study_validates_at_every_preset(path):
     [
         ({"space": {"model.attention.kk": {"choices": [1]}}}, "space.model.attention.kk: not a config key"),
         ({"overrides": {"model.attention.kind": "bigbird"}}, "model.attention.kind"),
-        ({"space": {"model.attention.k": {"choices": [8, 999]}}}, "model.attention.k=999"),
+        ({"space": {"model.attention.options.k": {"choices": [8, 999]}}}, "model.attention.options.k=999"),
         (
             {
                 "pruner": {"kind": "median"},
@@ -374,28 +374,34 @@ def test_every_shipped_study_validates_at_every_preset(path):
             "control.degraded: give the overrides of the degraded arm",
         ),
         (
-            {"control": {"reference": {"model.attention.k": 2}, "degraded": {"model.attention.k": 2}, "seeds": [0, 1]}},
+            {
+                "control": {
+                    "reference": {"model.attention.options.k": 2},
+                    "degraded": {"model.attention.options.k": 2},
+                    "seeds": [0, 1],
+                }
+            },
             "control: reference and degraded are the same overrides",
         ),
         (
             {
                 "control": {
                     "reference": {"model.attention.kind": "full"},
-                    "degraded": {"model.attention.k": 999},
+                    "degraded": {"model.attention.options.k": 999},
                     "seeds": [0, 1],
                 }
             },
-            "control.degraded: model.attention.k: k=999",
+            "control.degraded: model.attention.options.k: k=999",
         ),
         (
-            {"control": {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1}}},
+            {"control": {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}},
             "control.seeds: at least 2 distinct seeds",
         ),
         (
             {
                 "control": {
                     "reference": {"model.attention.kind": "full"},
-                    "degraded": {"model.attention.k": 1},
+                    "degraded": {"model.attention.options.k": 1},
                     "seeds": [0, 1],
                 },
                 "space": {"control": {"choices": ["a", "b"]}},
@@ -470,7 +476,7 @@ def test_conditional_params_enter_the_grid_only_where_active(tmp_path, tiny_over
         {
             "seed": {"type": "categorical", "choices": [0, 1]},
             "model.attention.kind": {"type": "categorical", "choices": ["full", "linformer"]},
-            "model.attention.k": {
+            "model.attention.options.k": {
                 "type": "int",
                 "low": 4,
                 "high": 8,
@@ -481,10 +487,10 @@ def test_conditional_params_enter_the_grid_only_where_active(tmp_path, tiny_over
     )
     study = load_study(path)
     per_seed = [{"model.attention.kind": "full"}] + [
-        {"model.attention.kind": "linformer", "model.attention.k": k} for k in (4, 8)
+        {"model.attention.kind": "linformer", "model.attention.options.k": k} for k in (4, 8)
     ]
     assert study.points == [{"seed": s, **arm} for s in (0, 1) for arm in per_seed]
-    assert study.n_trials == 6 and study.arms == ["model.attention.kind", "model.attention.k"]
+    assert study.n_trials == 6 and study.arms == ["model.attention.kind", "model.attention.options.k"]
 
 
 # --------------------------------------------------------------------------------------- budget
@@ -518,13 +524,16 @@ def test_the_budget_counts_finished_trials_but_not_retried_or_discarded_ones():
 def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(tmp_path, tiny):
     control = {
         "reference": {"model.attention.kind": "full"},
-        "degraded": {"model.attention.kind": "linformer", "model.attention.k": 1},
+        "degraded": {"model.attention.kind": "linformer", "model.attention.options.k": 1},
     }
     path = write_study(
         tmp_path,
         tiny,
         "powered",
-        {"seed": {"type": "categorical", "choices": [0, 1]}, "model.attention.share": {"choices": ["headwise", "kv"]}},
+        {
+            "seed": {"type": "categorical", "choices": [0, 1]},
+            "model.attention.options.share": {"choices": ["headwise", "kv"]},
+        },
         overrides={"model.attention.kind": "linformer", "trainer.max_steps": 3},
         control=control,
     )
@@ -576,7 +585,7 @@ def test_a_report_whose_control_has_not_run_says_the_power_was_not_judged(tmp_pa
     from sweeps.report import write_report
     from sweeps.sweep import open_study
 
-    control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1}}
+    control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}
     path = write_study(
         tmp_path,
         tiny_overrides,
@@ -751,12 +760,12 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
     from sweeps.study import ADDED_SEEDS
     from sweeps.sweep import open_study, with_added_seeds
 
-    control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.k": 1}}
+    control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}
     path = write_study(
         tmp_path,
         tiny_overrides,
         "seeds",
-        {"seed": {"type": "categorical", "choices": [0, 2]}, "model.attention.k": {"choices": [4, 8]}},
+        {"seed": {"type": "categorical", "choices": [0, 2]}, "model.attention.options.k": {"choices": [4, 8]}},
         overrides={"model.attention.kind": "linformer"},
         control=control,
     )
@@ -765,7 +774,10 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
     grown = with_added_seeds(study, None, 1, add=2)
     assert grown.seeds == [0, 2, 3, 4] and grown.control.seeds == [0, 2, 3, 4]
     assert (grown.n_trials, grown.control.n_trials) == (8, 8) and grown.added_seeds == (3, 4)
-    assert grown.points[-2:] == [{"seed": 4, "model.attention.k": 4}, {"seed": 4, "model.attention.k": 8}]
+    assert grown.points[-2:] == [
+        {"seed": 4, "model.attention.options.k": 4},
+        {"seed": 4, "model.attention.options.k": 8},
+    ]
     assert "added seeds 3, 4 (to its control too); seeds now 0, 2, 3, 4" in capsys.readouterr().out
     # stored on the study: a later command sees them, and adds after them
     assert open_study(study, None).user_attrs[ADDED_SEEDS] == [3, 4]
@@ -776,7 +788,7 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
 def test_add_seeds_runs_only_the_new_seeds_points_and_the_report_counts_them(tmp_path, tiny):
     control = {
         "reference": {"model.attention.kind": "full"},
-        "degraded": {"model.attention.kind": "linformer", "model.attention.k": 1},
+        "degraded": {"model.attention.kind": "linformer", "model.attention.options.k": 1},
     }
     path = write_study(
         tmp_path,

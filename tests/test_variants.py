@@ -7,6 +7,7 @@ ones' own guarantees (no leak, incremental decoding) are in ``test_causal.py``.
 import math
 
 import pytest
+import tiny
 import torch
 import torch.nn.functional as F
 
@@ -48,7 +49,7 @@ def encoder(attention, seed=0, **model):
         "n_layers": L,
         "d_ff": 32,
         "dropout": 0.0,
-        "attention": {"kind": "linformer", **attention},
+        "attention": tiny.attention(**attention),
         **model,
     }
     return TransformerEncoder(cfg, vocab_size=V)
@@ -56,7 +57,9 @@ def encoder(attention, seed=0, **model):
 
 def layer(d=D, h=H, n=N, shared=None, **attention):
     """One attention layer of width d, h heads, n positions; ``attention`` the model.attention keys."""
-    return build_attention({"max_len": n, "d_model": d, "n_heads": h, "attention": attention}, shared=shared)
+    return build_attention(
+        {"max_len": n, "d_model": d, "n_heads": h, "attention": tiny.attention(**attention)}, shared=shared
+    )
 
 
 def randomise_biases(module):
@@ -297,7 +300,7 @@ def _count(attention):
             "n_heads": h_,
             "n_layers": layers,
             "d_ff": 32,
-            "attention": {"kind": "linformer", **attention},
+            "attention": tiny.attention(**attention),
         },
         vocab_size=V,
     )
@@ -370,57 +373,61 @@ def test_nonuniform_k_gives_each_layer_its_k(share):
     "overrides,message",
     [
         (
-            ["model.attention.projection=conv", "model.attention.order=compress_first"],
-            "model.attention.order: 'compress_first' needs E to commute with W_k, which conv's per-channel weights do not; "
+            ["model.attention.options.projection=conv", "model.attention.options.order=compress_first"],
+            "model.attention.options.order: 'compress_first' needs E to commute with W_k, which conv's per-channel weights do not; "
             "use auto or project_first",
         ),
         (
-            ["model.attention.compress=keys", "model.attention.order=compress_first"],
-            "model.attention.order: 'compress_first' does not apply with compress='keys' (the lift needs every key row); "
+            ["model.attention.options.compress=keys", "model.attention.options.order=compress_first"],
+            "model.attention.options.order: 'compress_first' does not apply with compress='keys' (the lift needs every key row); "
             "use auto or project_first",
         ),
         (
-            ["task=clm", "model.attention.causal=true", "model.attention.order=compress_first"],
-            "model.attention.order: 'compress_first' does not apply with causal=true (the local block needs every key); "
+            ["task=clm", "model.attention.causal=true", "model.attention.options.order=compress_first"],
+            "model.attention.options.order: 'compress_first' does not apply with causal=true (the local block needs every key); "
             "use auto or project_first",
         ),
         (
-            ["task=clm", "model.attention.causal=true", "model.attention.compress=values"],
-            "model.attention.compress: 'values' cannot be causal (its lift P = E⁺E mixes every position into every row); "
+            ["task=clm", "model.attention.causal=true", "model.attention.options.compress=values"],
+            "model.attention.options.compress: 'values' cannot be causal (its lift P = E⁺E mixes every position into every row); "
             "use compress=both with causal=true",
         ),
         (
-            ["model.attention.projection=conv", "model.attention.share=layerwise", "model.attention.k=[32,16]"],
-            "model.attention.k: per-layer k [32, 16] needs one window per layer, which share=layerwise cannot give a "
+            [
+                "model.attention.options.projection=conv",
+                "model.attention.options.share=layerwise",
+                "model.attention.options.k=[32,16]",
+            ],
+            "model.attention.options.k: per-layer k [32, 16] needs one window per layer, which share=layerwise cannot give a "
             "conv projection; use share none, headwise or kv",
         ),
         (
             [
                 "task=clm",
                 "model.attention.causal=true",
-                "model.attention.share=layerwise",
-                "model.attention.k_schedule={first: 32, last: 8}",
+                "model.attention.options.share=layerwise",
+                "model.attention.options.k_schedule={first: 32, last: 8}",
             ],
-            "model.attention.k: per-layer k [32, 8] needs one window per layer, which share=layerwise cannot give a "
+            "model.attention.options.k: per-layer k [32, 8] needs one window per layer, which share=layerwise cannot give a "
             "causal projection; use share none, headwise or kv",
         ),
         (
-            ["model.attention.init=theorem2", "model.attention.share=kv"],
-            "model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
+            ["model.attention.options.init=theorem2", "model.attention.options.share=kv"],
+            "model.attention.options.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
             "got share=kv, compress=both",
         ),
         (
-            ["model.attention.init=theorem2", "model.attention.compress=keys"],
-            "model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
+            ["model.attention.options.init=theorem2", "model.attention.options.compress=keys"],
+            "model.attention.options.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
             "got share=none, compress=keys",
         ),
         (
             ["model.attention.kind=nope"],
-            "model.attention.kind: unknown kind 'nope' (allowed: full, linformer, local, lsh, nystrom, performer, sparse)",
+            "model.attention.kind: unknown kind 'nope' (allowed: full, linformer, local, lsh, no_context, nystrom, performer, sparse)",
         ),
         (
-            ["model.attention.projection=nope"],
-            "model.attention.projection: unknown projection kind 'nope' (allowed: learned, random, conv, pool)",
+            ["model.attention.options.projection=nope"],
+            "model.attention.options.projection: unknown projection kind 'nope' (allowed: learned, random, conv, pool)",
         ),
         (
             ["model.attention.kind=full", "model.attention.options={window: 4}"],
@@ -441,10 +448,19 @@ def test_combinations_that_cannot_work_fail_at_config_time_with_one_line(overrid
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["model.attention.projection=pool", "model.attention.share=layerwise", "model.attention.k=[32,16]"],
-        ["model.attention.share=layerwise", "model.attention.k=[32,16]"],
-        ["model.attention.projection=conv", "model.attention.init=theorem2"],
-        ["task=clm", "model.attention.causal=true", "model.attention.projection=conv", "model.attention.k=[32,16]"],
+        [
+            "model.attention.options.projection=pool",
+            "model.attention.options.share=layerwise",
+            "model.attention.options.k=[32,16]",
+        ],
+        ["model.attention.options.share=layerwise", "model.attention.options.k=[32,16]"],
+        ["model.attention.options.projection=conv", "model.attention.options.init=theorem2"],
+        [
+            "task=clm",
+            "model.attention.causal=true",
+            "model.attention.options.projection=conv",
+            "model.attention.options.k=[32,16]",
+        ],
     ],
 )
 def test_combinations_that_work_pass_the_config_check_and_build(overrides):
@@ -469,4 +485,5 @@ def test_each_variant_has_an_experiment_file_that_selects_it(name):
     cfg = run_config.to_container(run_config.load(run_config.CONFIG_DIR / f"{name}.yaml"))
     task, attention = VARIANT_FILES[name]
     assert (cfg["experiment"], cfg["task"]) == (name, task)
-    assert {key: cfg["model"]["attention"][key] for key in attention} == attention
+    att = cfg["model"]["attention"]
+    assert {key: att[key] if key in ("kind", "causal") else att["options"][key] for key in attention} == attention

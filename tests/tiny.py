@@ -6,5 +6,10 @@ TINY_MODEL = [
     "model.n_heads=2",
     "model.n_layers=2",
     "model.d_ff=64",
-    "model.attention.k=8",
+    "model.attention.options.k=8",
 ]
+
+
+def attention(kind: str = "linformer", causal: bool = False, dropout: float = 0.0, **options) -> dict:
+    """A ``model.attention`` node: the kind, its causality and dropout, and the kind's own options."""
+    return {"kind": kind, "causal": causal, "dropout": dropout, "options": options}

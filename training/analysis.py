@@ -6,7 +6,7 @@
 * ``spectrum_cumulative.png`` / ``spectrum_heatmap.png``: paper Fig. 1 (left, right) for this model's
   context-mapping matrices on the first N validation sequences of the run's own data (causal
   Linformer: its T × (nb − 1 + T) matrix over [slots ; positions], see ``analysis.blockwise_context_matrix``);
-* ``k_schedule.yaml``: a ready ``model.attention.k`` list, per layer the smallest k that keeps
+* ``k_schedule.yaml``: a ready ``model.attention.options.k`` list, per layer the smallest k that keeps
   ``energy`` of every head's cumulative singular value;
 * Linformer only: ``projections_<layer>.png`` (rows of every distinct E/F over positions) and
   ``projection_metrics.png`` (locality, smoothness, Fourier alignment and, with ``reference``,
@@ -32,6 +32,7 @@ from foundation.checkpoint import check_architecture, read_checkpoint
 from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT
 from lightning_modules import analysis
+from lightning_modules.attention import kind_options
 from training import config as run_config
 from training.train import build_datamodule, build_module
 
@@ -99,8 +100,8 @@ def _k_schedule_yaml(ks: list[int], run: Run, energy: float, samples: int) -> st
         f"# Per-layer k from the attention spectrum of {run.run_dir} (step {run.global_step}): per layer the\n"
         f"# smallest k keeping {energy:g} of every head's cumulative singular value on {samples} validation\n"
         f"# sequences. Use: list this file under `defaults:` of an experiment file, or the override\n"
-        f"# model.attention.k=[{','.join(map(str, ks))}]\n"
-        f"model:\n  attention:\n    k: [{', '.join(map(str, ks))}]\n    k_schedule: null\n"
+        f"# model.attention.options.k=[{','.join(map(str, ks))}]\n"
+        f"model:\n  attention:\n    options:\n      k: [{', '.join(map(str, ks))}]\n      k_schedule: null\n"
     )
 
 
@@ -127,7 +128,7 @@ def _spectrum(
     att = run.cfg.model.attention
     if att.kind == "linformer" and att.causal:
         what = "P̃ = softmax over [past slots ; own block]"
-    elif att.kind == "linformer" and att.compress == "both":
+    elif att.kind == "linformer" and kind_options(att).compress == "both":
         what = "P̄ = softmax(Q(EK)ᵀ/√d)"
     else:
         what = "P = softmax(QKᵀ/√d)"
@@ -243,7 +244,7 @@ def report(summary: dict[str, Any]) -> str:
         zip(s["index"], s["cumulative_at_index"], s["effective_rank"], s["effective_rank_per_head"])
     ):
         lines.append(f"{layer:>5}  {i:>5}  {' '.join(f'{v:.3f}' for v in row):<29} {r} / {rh}")
-    lines.append(f"suggested model.attention.k: {summary['suggested_k']}")
+    lines.append(f"suggested model.attention.options.k: {summary['suggested_k']}")
     if "reference" in summary:
         reference = summary["reference"]
         lines.append(f"reference {reference['run_dir']}: effective rank {reference['effective_rank']}")

@@ -10,10 +10,12 @@ it and exits with code 2 before writing anything.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Dict, Literal, Optional
 
 from omegaconf import DictConfig
 
@@ -21,7 +23,9 @@ from datamodules.config import DataConfig, check_data
 from foundation.configfile import flatten, merge, parse_overrides, resolve_includes, to_container
 from foundation.errors import ConfigError, check_number, require
 from foundation.paths import check_folder, check_name, check_path
-from lightning_modules.config import RENAMED, ModelConfig, OptimConfig, check_model, layer_ks
+from lightning_modules.attention import check_model, misplaced_option
+from lightning_modules.attention.linformer import layer_ks
+from lightning_modules.config import ModelConfig, OptimConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
@@ -81,8 +85,26 @@ class RunConfig:
 
 # --------------------------------------------------------------------------------------- loading
 def merge_run(layers: list[Any]) -> DictConfig:
-    """Plain layers (dicts, dotted-key dicts, DictConfigs) merged onto :class:`RunConfig`, renamed keys migrated."""
-    return merge(RunConfig, layers, RENAMED)
+    """Plain nested layers (dicts, DictConfigs) merged onto :class:`RunConfig`."""
+    return merge(RunConfig, layers, misplaced_option)
+
+
+def open_mappings(schema: Any = RunConfig, prefix: str = "") -> list[str]:
+    """Dotted keys of the schema's free mappings (``Dict`` fields, such as an attention kind's options): the keys
+    under them are checked by the rules of their subject, not by the schema."""
+    out = []
+    for f in dataclasses.fields(schema):
+        hint = typing.get_type_hints(schema)[f.name]
+        if typing.get_origin(hint) in (dict, Dict):
+            out.append(prefix + f.name)
+        elif dataclasses.is_dataclass(hint):
+            out += open_mappings(hint, f"{prefix}{f.name}.")
+    return out
+
+
+def is_key(key: str, flat_keys: set[str]) -> bool:
+    """Whether ``key`` names a config key: one of ``flat_keys`` or a key under a free mapping."""
+    return key in flat_keys or any(key.startswith(f"{mapping}.") for mapping in open_mappings())
 
 
 def load(path: Optional[str | Path] = None, overrides: list[str] = ()) -> DictConfig:
@@ -90,7 +112,7 @@ def load(path: Optional[str | Path] = None, overrides: list[str] = ()) -> DictCo
     layers: list[Any] = []
     if path is not None:
         layers.append(resolve_includes(Path(path)))
-    layers.append(parse_overrides(list(overrides)))
+    layers += parse_overrides(list(overrides))
     cfg = merge_run(layers)
     check(cfg)
     return cfg

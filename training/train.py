@@ -491,7 +491,7 @@ def honest_ending(trainer: L.Trainer, run_dir: Path) -> Iterator[None]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="experiment YAML file (e.g. experiments/configs/quickstart.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.attention.k=32")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.attention.options.k=32")
     parser.add_argument(
         "--check",
         action="store_true",

@@ -33,25 +33,26 @@ BASELINE_LABELS = {"naive": "naive softmax attention (the paper's baseline)", "s
 # (window = k positions, k landmarks, k random features, buckets of k keys with one hash round; sparse: the
 # fixed pattern with the paper's block l ≈ √n and c summaries per block, l + c·n/l ≈ k, c ≥ 1).
 VARIANTS: dict[str, Callable[[int, int], dict]] = {
-    "learned": lambda k, n: {"kind": "linformer", "k": k},  # E_i, F_i per head (Eq. 7)
-    "headwise": lambda k, n: {"kind": "linformer", "k": k, "share": "headwise"},
-    "kv": lambda k, n: {"kind": "linformer", "k": k, "share": "kv"},
-    "layerwise": lambda k, n: {"kind": "linformer", "k": k, "share": "layerwise"},
-    "random": lambda k, n: {"kind": "linformer", "k": k, "projection": "random"},
-    "conv": lambda k, n: {"kind": "linformer", "k": k, "projection": "conv"},
-    "pool": lambda k, n: {"kind": "linformer", "k": k, "projection": "pool"},
-    "causal": lambda k, n: {"kind": "linformer", "k": k, "causal": True},
+    "learned": lambda k, n: _linformer(k=k),  # E_i, F_i per head (Eq. 7)
+    "headwise": lambda k, n: _linformer(k=k, share="headwise"),
+    "kv": lambda k, n: _linformer(k=k, share="kv"),
+    "layerwise": lambda k, n: _linformer(k=k, share="layerwise"),
+    "random": lambda k, n: _linformer(k=k, projection="random"),
+    "conv": lambda k, n: _linformer(k=k, projection="conv"),
+    "pool": lambda k, n: _linformer(k=k, projection="pool"),
+    "causal": lambda k, n: {**_linformer(k=k), "causal": True},
     # k from k in the first layer down to k/4 in the last (equals `learned` for one layer).
-    "nonuniform": lambda k, n: {
-        "kind": "linformer",
-        "k_schedule": {"kind": "linear", "first": k, "last": max(1, k // 4)},
-    },
+    "nonuniform": lambda k, n: _linformer(k_schedule={"kind": "linear", "first": k, "last": max(1, k // 4)}),
     "sparse": lambda k, n: {"kind": "sparse", "options": sparse_options(k, n)},
     "local": lambda k, n: {"kind": "local", "options": {"window": min(k, n)}},
     "lsh": lambda k, n: {"kind": "lsh", "options": {"bucket_size": min(k, n), "n_hashes": 1}},
     "performer": lambda k, n: {"kind": "performer", "options": {"n_features": k}},
     "nystrom": lambda k, n: {"kind": "nystrom", "options": {"n_landmarks": min(k, n)}},
 }
+
+
+def _linformer(**options: Any) -> dict:
+    return {"kind": "linformer", "options": options}
 
 
 def sparse_options(k: int, n: int) -> dict:
@@ -128,7 +129,10 @@ def attention_config(variant: str, k: Optional[int], order: str, n: int, causal:
     """The ``model.attention`` dict of a case at length n (baselines: full attention with the given causality)."""
     if variant in BASELINES:
         return {"kind": "full", "causal": causal, "dropout": 0.0}
-    return {**VARIANTS[variant](k, n), "order": order, "dropout": 0.0}
+    att = VARIANTS[variant](k, n)
+    if att["kind"] == "linformer":
+        att["options"]["order"] = order
+    return {**att, "dropout": 0.0}
 
 
 def model_config(

@@ -116,7 +116,7 @@ def loop_overhead(
         f"model.n_heads={n_heads}",
         f"model.n_layers={n_layers}",
         f"model.d_ff={d_ff}",
-        f"model.attention.k={k}",
+        f"model.attention.options.k={k}",
         "model.dropout=0.0",
         f"trainer.max_steps={steps}",
         "optim.warmup_steps=1",

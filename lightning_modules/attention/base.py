@@ -14,12 +14,16 @@ depends on a later position.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
+
+from foundation.configfile import merge
+from foundation.errors import ConfigError, require
 
 ATTENTION_KINDS: dict[str, type["SelfAttention"]] = {}
 
@@ -36,6 +40,42 @@ def register_attention(name: str):
         return cls
 
     return register
+
+
+def kind_options(att: Any) -> DictConfig:
+    """``attention.options`` checked against the kind's ``Options`` dataclass, with its defaults filled in."""
+    kind = ATTENTION_KINDS[att.kind]
+    given = OmegaConf.to_container(att.options) if isinstance(att.options, DictConfig) else dict(att.options or {})
+    if kind.Options is None:
+        require(not given, f"model.attention.options: kind {att.kind!r} takes no options, got {given}")
+        return OmegaConf.create({})
+    try:
+        return merge(kind.Options, [given])
+    except ConfigError as err:
+        key, _, what = str(err).partition(": ")
+        if what.startswith("unknown key"):
+            what = f"not an option of kind {att.kind!r}" + what.removeprefix("unknown key").replace(
+                "allowed here", "its options"
+            )
+        raise ConfigError(f"model.attention.options.{key}: {what}") from None
+
+
+def _names(options: type) -> set[str]:
+    return {f.name for f in fields(options)}
+
+
+def misplaced_option(key: str) -> Optional[str]:
+    """What to write instead of ``key`` when it is a kind's option given beside ``attention.kind`` (None: it is
+    no kind's option)."""
+    parent, _, name = key.rpartition(".")
+    if parent.rpartition(".")[2] != "attention" or name == "options":
+        return None
+    owners = [
+        kind for kind, cls in ATTENTION_KINDS.items() if cls.Options and name in {f.name for f in fields(cls.Options)}
+    ]
+    if not owners:
+        return None
+    return f"an option of kind {' and '.join(map(repr, owners))}: write {parent}.options.{name}"
 
 
 class SelfAttention(nn.Module):
@@ -79,6 +119,12 @@ class SelfAttention(nn.Module):
     @classmethod
     def shared(cls, model: DictConfig) -> Optional[nn.Module]:
         """A module shared by every layer of the model (None: nothing shared)."""
+        return None
+
+    @classmethod
+    def compressed_lengths(cls, model: DictConfig) -> Optional[list[int]]:
+        """Per layer, the number of slots a query attends to when the kind compresses the sequence to a fixed
+        length (Linformer's k); None for a kind that does not."""
         return None
 
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:

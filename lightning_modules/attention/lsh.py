@@ -34,8 +34,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from foundation.errors import check_number, require
-from lightning_modules.attention.base import SelfAttention, register_attention
-from lightning_modules.config import kind_options
+from lightning_modules.attention.base import SelfAttention, kind_options, register_attention
 
 SELF_SCORE = -5e4  # a query's score for itself: below any real score, above a masked one (fits float16)
 

@@ -40,9 +40,8 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from lightning_modules import flops
-from lightning_modules.attention.base import SelfAttention
+from lightning_modules.attention.base import SelfAttention, kind_options
 from lightning_modules.attention.blocked import Layout, blocked_attention
-from lightning_modules.config import kind_options
 
 _COMPILED_FLEX = None
 

@@ -26,10 +26,9 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from foundation.errors import require
-from lightning_modules.attention.base import register_attention
+from lightning_modules.attention.base import kind_options, register_attention
 from lightning_modules.attention.blocked import Layout
 from lightning_modules.attention.patterned import PatternAttention
-from lightning_modules.config import kind_options
 
 
 @dataclass

@@ -7,9 +7,8 @@ distinct E (or F) per layer, k' the slots (k_l dense, ⌈T/w⌉ windowed, w = �
     head_i = softmax(Q_i (E_i K_i)ᵀ / √d_h) (F_i V_i)            (B, h, T, d_h)      O(Tk'd)
 
 A windowed slot with no real token in its window is masked out of the softmax. Two other forms of the kind,
-chosen by :meth:`Linformer.select`: ``compress: keys | values``
-(:mod:`~lightning_modules.attention.linformer_one_sided`) and ``causal: true``
-(:mod:`~lightning_modules.attention.linformer_causal`).
+chosen by the package (:mod:`lightning_modules.attention.linformer`): ``compress: keys | values``
+(:mod:`.one_sided`) and ``causal: true`` (:mod:`.causal`).
 
 Padding: padded rows of K and V are zeroed *before* E/F (a padded position contributes nothing to any
 slot), so appending padding leaves real tokens' outputs unchanged. Short sequences use the first T columns
@@ -29,15 +28,15 @@ commute with W_k, so conv uses ``project_first``):
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch.nn.functional as F
 from omegaconf import DictConfig, ListConfig
 from torch import Tensor, nn
 
 from foundation.errors import check_number, require
-from lightning_modules.attention.base import SelfAttention, register_attention
-from lightning_modules.config import layer_ks
+from lightning_modules.attention.base import SelfAttention, kind_options
+from lightning_modules.attention.linformer.options import LinformerOptions, layer_ks
 from lightning_modules.projections import PROJECTION_KINDS, ProjectionBank
 
 
@@ -48,28 +47,27 @@ def compress_first_is_cheaper(groups: int, k: int, n: int, d_model: int) -> bool
     return compress_first < project_first
 
 
-@register_attention("linformer")
 class Linformer(SelfAttention):
-    """Eq. 7 with both sides compressed (``compress: both``, non-causal)."""
+    """Eq. 7 with both sides compressed (``compress: both``, non-causal), and what every form of the kind
+    shares: its options, rules, projection bank and hooks."""
+
+    kind: ClassVar[str] = "linformer"
+    Options = LinformerOptions
 
     def __init__(self, model: DictConfig, layer: int = 0, shared: Optional[ProjectionBank] = None) -> None:
         super().__init__(model, layer, shared)
         if shared is None:
             raise ValueError("linformer attention needs the model's ProjectionBank")
-        self.order = self._choose_order(model.attention.order)
+        self.order = self._choose_order(kind_options(model.attention).order)
 
     # ------------------------------------------------------------------------------ plug-in interface
     @classmethod
-    def select(cls, model: DictConfig) -> type[SelfAttention]:
-        from lightning_modules.attention.linformer_causal import CausalLinformer
-        from lightning_modules.attention.linformer_one_sided import OneSidedLinformer
-
-        att = model.attention
-        return CausalLinformer if att.causal else OneSidedLinformer if att.compress != "both" else cls
+    def compressed_lengths(cls, model: DictConfig) -> list[int]:
+        return layer_ks(model)
 
     @classmethod
     def shared(cls, model: DictConfig) -> ProjectionBank:
-        att = model.attention
+        att = kind_options(model.attention)
         return ProjectionBank(
             layer_ks(model),
             model.max_len,
@@ -79,77 +77,79 @@ class Linformer(SelfAttention):
             att.init,
             att.delta,
             compress=att.compress,
-            causal=att.causal,
+            causal=model.attention.causal,
             d_head=model.d_model // model.n_heads,
         )
 
     @classmethod
     def check(cls, model: DictConfig) -> None:
         """Linformer's rules: k, and the variant combinations that cannot work."""
-        att = model.attention
+        att, causal = kind_options(model.attention), model.attention.causal
         k = att.k
         if isinstance(k, (list, ListConfig)):
             require(
                 all(isinstance(v, int) and not isinstance(v, bool) for v in k),
-                f"model.attention.k: a list must hold integers, got {list(k)}",
+                f"model.attention.options.k: a list must hold integers, got {list(k)}",
             )
             require(
                 len(k) == model.n_layers,
-                f"model.attention.k: has {len(k)} entries but model.n_layers={model.n_layers} (one per layer)",
+                f"model.attention.options.k: has {len(k)} entries but model.n_layers={model.n_layers} (one per layer)",
             )
         else:
             require(
                 isinstance(k, int) and not isinstance(k, bool),
-                f"model.attention.k: must be an integer or a list of integers, got {k!r}",
+                f"model.attention.options.k: must be an integer or a list of integers, got {k!r}",
             )
         if att.k_schedule is not None:
             for end in ("first", "last"):
-                check_number(f"model.attention.k_schedule.{end}", att.k_schedule[end], 1, model.max_len, integer=True)
+                check_number(
+                    f"model.attention.options.k_schedule.{end}", att.k_schedule[end], 1, model.max_len, integer=True
+                )
         ks = layer_ks(model)
         for i, kl in enumerate(ks):
             require(
                 1 <= kl <= model.max_len,
-                f"model.attention.k: k={kl} (layer {i}) must be in [1, model.max_len={model.max_len}]",
+                f"model.attention.options.k: k={kl} (layer {i}) must be in [1, model.max_len={model.max_len}]",
             )
         projection = PROJECTION_KINDS.get(att.projection)
         require(
             projection is not None,
-            f"model.attention.projection: unknown projection kind {att.projection!r} "
+            f"model.attention.options.projection: unknown projection kind {att.projection!r} "
             f"(allowed: {', '.join(PROJECTION_KINDS)})",
         )
         one_sided = att.compress != "both"
         require(
-            not (one_sided and att.causal),
-            f"model.attention.compress: '{att.compress}' cannot be causal (its lift P = E⁺E mixes every position "
-            "into every row); use compress=both with causal=true",
+            not (one_sided and causal),
+            f"model.attention.options.compress: '{att.compress}' cannot be causal (its lift P = E⁺E mixes every "
+            "position into every row); use compress=both with causal=true",
         )
         if att.order == "compress_first":
             require(
                 not projection.per_channel,
-                f"model.attention.order: 'compress_first' needs E to commute with W_k, which {att.projection}'s "
-                "per-channel weights do not; use auto or project_first",
+                f"model.attention.options.order: 'compress_first' needs E to commute with W_k, which "
+                f"{att.projection}'s per-channel weights do not; use auto or project_first",
             )
             require(
-                not att.causal,
-                "model.attention.order: 'compress_first' does not apply with causal=true (the "
+                not causal,
+                "model.attention.options.order: 'compress_first' does not apply with causal=true (the "
                 "local block needs every key); use auto or project_first",
             )
             require(
                 not one_sided,
-                f"model.attention.order: 'compress_first' does not apply with "
+                f"model.attention.options.order: 'compress_first' does not apply with "
                 f"compress='{att.compress}' (the lift needs every key row); use auto or project_first",
             )
-        one_window_per_matrix = projection.parametric and (projection.windowed or att.causal)
+        one_window_per_matrix = projection.parametric and (projection.windowed or causal)
         require(
             not (att.share == "layerwise" and one_window_per_matrix and len(set(ks)) > 1),
-            f"model.attention.k: per-layer k {ks} needs one window per layer, which share=layerwise cannot give a "
-            f"{att.projection if projection.windowed else 'causal'} projection; use share none, headwise or kv",
+            f"model.attention.options.k: per-layer k {ks} needs one window per layer, which share=layerwise cannot "
+            f"give a {att.projection if projection.windowed else 'causal'} projection; use share none, headwise or kv",
         )
         require(
             att.init != "theorem2"
             or not projection.parametric
             or (att.share in ("none", "headwise") and not one_sided),
-            f"model.attention.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
+            f"model.attention.options.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
             f"got share={att.share}, compress={att.compress}",
         )
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_modules.attention.linformer import Linformer
+from lightning_modules.attention.linformer.bidirectional import Linformer
 from lightning_modules.projections import blocks
 
 

@@ -1,4 +1,4 @@
-"""Key-only / value-only Linformer (``kind: linformer``, ``compress: keys | values``).
+"""Key-only / value-only Linformer (``compress: keys | values`` of ``kind: linformer``).
 
 Only one side passes through the rank-k sequence bottleneck; P = E_m⁺E_m (the orthogonal projector onto E's
 row space on the real positions, :meth:`~lightning_modules.projections.ProjectionBank.lift`) lifts it back to
@@ -17,7 +17,7 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_modules.attention.linformer import Linformer
+from lightning_modules.attention.linformer.bidirectional import Linformer
 
 
 class OneSidedLinformer(Linformer):

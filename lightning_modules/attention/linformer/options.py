@@ -1,0 +1,59 @@
+"""Linformer's settings (``model.attention.options`` of ``kind: linformer``) and the k of every layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+from omegaconf import ListConfig
+
+from lightning_modules.attention.base import kind_options
+
+
+@dataclass
+class KScheduleConfig:
+    """Per-layer k from a named schedule: ``linear`` interpolates from ``first`` to ``last``,
+    ``geometric`` does so in log space; values are rounded to integers."""
+
+    kind: Literal["linear", "geometric"] = "linear"
+    first: int = 64
+    last: int = 16
+
+
+@dataclass
+class LinformerOptions:
+    """Linformer's settings (``model.attention.options``)."""
+
+    # int, or a list with one entry per layer; ignored when k_schedule is set.
+    k: Any = 64
+    k_schedule: Optional[KScheduleConfig] = None
+    share: Literal["none", "headwise", "kv", "layerwise"] = "none"
+    # A registered projection kind (lightning_modules/projections.py): learned, random, conv, pool, ...
+    projection: str = "learned"
+    # Initial distribution of E/F (sets the attention temperature, so it is explicit):
+    #   jl: N(0, 1/k) (the paper's JL scale)   uniform: U(-1/sqrt(n), 1/sqrt(n))
+    #   theorem2: E = delta R, F = exp(-delta) R with R ~ N(0, 1/k) (Theorem 2's proof)
+    init: Literal["jl", "uniform", "theorem2"] = "jl"
+    delta: float = 1.0
+    # Which side passes through the k-slot bottleneck: both (Eq. 7), keys only, values only.
+    compress: Literal["both", "keys", "values"] = "both"
+    # Evaluation order of E K (exact either way): compress_first applies E to the layer input before W_k,
+    # project_first computes K = X W_k first (Eq. 7 as written); auto picks the cheaper by FLOP count.
+    order: Literal["auto", "compress_first", "project_first"] = "auto"
+
+
+def layer_ks(model: Any) -> list[int]:
+    """k of every layer, from ``options.k`` (int or list) or ``options.k_schedule``."""
+    opts, n_layers = kind_options(model.attention), model.n_layers
+    if opts.k_schedule is not None:
+        s = opts.k_schedule
+        if n_layers == 1:
+            return [int(s.first)]
+        ts = [i / (n_layers - 1) for i in range(n_layers)]
+        if s.kind == "linear":
+            return [round(s.first + (s.last - s.first) * t) for t in ts]
+        return [round(s.first * (s.last / s.first) ** t) for t in ts]
+    k = opts.k
+    if isinstance(k, (list, ListConfig)):
+        return [int(v) for v in k]
+    return [int(k)] * n_layers
