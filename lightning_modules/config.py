@@ -43,6 +43,14 @@ class ModelConfig:
     dropout: float = 0.1
     # pre: x + f(LN(x)) (stable without warm-up tricks); post: LN(x + f(x)) as in BERT/RoBERTa.
     norm: Literal["pre", "post"] = "pre"
+    # Positions added to the token embeddings, before any attention kind sees the input (so every kind, those
+    # that compress the sequence axis included, gets the same position signal): learned (a trained table drawn
+    # from N(0, position_scale²)) or sinusoidal (Vaswani et al.'s fixed table, scaled to rms position_scale).
+    position: Literal["learned", "sinusoidal"] = "learned"
+    position_scale: float = 0.02
+    # Standard deviation of the initial linear and embedding weights (BERT's 0.02; narrow models learn to use
+    # attention sooner from about 1/sqrt(d_model)). Linformer's E/F keep their own initialisation (attention.init).
+    init_std: float = 0.02
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
 
@@ -79,6 +87,14 @@ def check_sizes(model: DictConfig) -> None:
     )
     require(
         finite(model.dropout) and 0.0 <= model.dropout < 1.0, f"model.dropout: must be in [0, 1), got {model.dropout}"
+    )
+    require(
+        finite(model.init_std) and 0.0 < model.init_std <= 10.0,
+        f"model.init_std: must be in (0, 10], got {model.init_std}",
+    )
+    require(
+        finite(model.position_scale) and 0.0 < model.position_scale <= 100.0,
+        f"model.position_scale: must be in (0, 100], got {model.position_scale}",
     )
     dropout = model.attention.dropout
     require(finite(dropout) and 0.0 <= dropout < 1.0, f"model.attention.dropout: must be in [0, 1), got {dropout}")

@@ -1,6 +1,9 @@
 """A Transformer encoder with pluggable self-attention (any registered attention kind).
 
-Token + learned position embeddings, L blocks, then (pre-LN) a final LayerNorm. A block is
+Token embeddings plus positions, L blocks, then (pre-LN) a final LayerNorm. Positions (``model.position``) are
+added to the input, so every attention kind sees them the same way: ``learned`` is a trained table P ∈ R^{n×d}
+drawn from N(0, s²); ``sinusoidal`` is the fixed table P[t, 2i] = sin(t/10000^{2i/d}), P[t, 2i+1] = cos(…), times
+s·√2 so that its entries have rms s (s = ``model.position_scale``). A block is
 
 * ``pre``  (default): x ← x + Attn(LN(x));  x ← x + FFN(LN(x))   — trains without LR tricks;
 * ``post`` (BERT/RoBERTa, the paper's setting): x ← LN(x + Attn(x));  x ← LN(x + FFN(x)).
@@ -22,6 +25,7 @@ The model's config is checked (:func:`~lightning_modules.attention.check_model`)
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional
 
 import torch
@@ -65,6 +69,7 @@ class TransformerEncoder(nn.Module):
         self.max_len, self.vocab_size = cfg.max_len, vocab_size
         self.tok = nn.Embedding(vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.pos.weight.requires_grad_(cfg.position == "learned")
         self.drop = nn.Dropout(cfg.dropout)
         attention = attention_class(cfg)
         self.bank = attention.shared(cfg)  # None, or one module every layer shares (registered here, once)
@@ -73,7 +78,12 @@ class TransformerEncoder(nn.Module):
             for i in range(cfg.n_layers)
         )
         self.ln_f = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
-        self.apply(_init_weights)
+        self.apply(functools.partial(_init_weights, std=cfg.init_std))
+        with torch.no_grad():
+            if cfg.position == "learned":
+                self.pos.weight.normal_(0.0, cfg.position_scale)
+            else:
+                self.pos.weight.copy_(sinusoidal_positions(cfg.max_len, cfg.d_model) * cfg.position_scale * 2**0.5)
 
     def forward(self, input_ids: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         t = input_ids.shape[1]
@@ -112,10 +122,20 @@ class TransformerEncoder(nn.Module):
         return self.ln_f(x)[:, 0], state
 
 
-def _init_weights(module: nn.Module) -> None:
-    """BERT-style N(0, 0.02) for linear and embedding weights; zero biases. E/F keep their own."""
+def sinusoidal_positions(n: int, d: int) -> Tensor:
+    """(n, d): entry (t, 2i) = sin(t / 10000^{2i/d}), (t, 2i + 1) = cos(t / 10000^{2i/d}) (Vaswani et al. 2017)."""
+    t = torch.arange(n, dtype=torch.float64)[:, None]  # (n, 1)
+    frequency = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (⌈d/2⌉,)
+    table = torch.zeros(n, d, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(t * frequency)
+    table[:, 1::2] = torch.cos(t * frequency[: d // 2])
+    return table.float()
+
+
+def _init_weights(module: nn.Module, std: float) -> None:
+    """N(0, std²) for linear and embedding weights (BERT: std = 0.02); zero biases. E/F keep their own."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, std=0.02)
+        nn.init.normal_(module.weight, std=std)
     if isinstance(module, nn.Linear) and module.bias is not None:
         nn.init.zeros_(module.bias)
 

@@ -341,12 +341,25 @@ def budget_state(trials: list[FrozenTrial], study: Optional[Study] = None) -> Bu
     counted = [t for t in trials if t.number not in excluded]
     finished = sum(t.state.is_finished() for t in counted)
     if study is not None and study.is_grid and study.points is not None:
-        done = {_point_key(t.params) for t in counted if t.state.is_finished()}
-        finished = sum(_point_key(p) in done for p in study.points[: study.n_trials])
+        done = {point_key(t.params) for t in counted if t.state.is_finished()}
+        finished = sum(point_key(p) in done for p in study.points[: study.n_trials])
     return BudgetState(finished=finished, running=sum(t.state == TrialState.RUNNING for t in counted))
 
 
-def _point_key(params: dict) -> str:
+def point_finished(trials: list[FrozenTrial], point: dict, number: int) -> bool:
+    """Whether a counted trial other than ``number`` has finished the grid point ``point``."""
+    excluded = excluded_numbers(trials)
+    return any(
+        t.number != number
+        and t.number not in excluded
+        and t.state.is_finished()
+        and point_key(t.params) == point_key(point)
+        for t in trials
+    )
+
+
+def point_key(params: dict) -> str:
+    """A grid point (or a trial's params) as a comparable key."""
     return json.dumps(params, sort_keys=True)
 
 

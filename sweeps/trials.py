@@ -68,11 +68,19 @@ def run_trial(study: Study, trial: optuna.Trial, url: Optional[str]) -> float | 
 
 def discard_over_budget(study: Study, trial: optuna.Trial, trials: list[FrozenTrial], frozen: FrozenTrial) -> None:
     """Raise ``TrialPruned`` (marked ``discarded``) when concurrent workers have already started the last trial
-    of the budget; an enqueued grid point is put back."""
-    if study.n_trials is None or storage.budget_position(trials, trial.number) < study.n_trials:
+    of the budget. A grid counts points: its trial is discarded when another trial already finished its point,
+    or when its point lies past ``n_trials`` (then it is put back, for a later, larger budget)."""
+    put_back = "fixed_params" in frozen.system_attrs
+    if study.is_grid and put_back:
+        point = frozen.system_attrs["fixed_params"]
+        if storage.point_finished(trials, point, trial.number):
+            put_back = False
+        elif storage.point_key(point) in {storage.point_key(p) for p in (study.points or [])[: study.n_trials]}:
+            return
+    elif study.n_trials is None or storage.budget_position(trials, trial.number) < study.n_trials:
         return
     trial.set_user_attr(storage.DISCARDED, "the budget was met by concurrent workers")
-    if "fixed_params" in frozen.system_attrs:
+    if put_back:
         storage.requeue(trial.study, frozen)
     raise optuna.TrialPruned("discarded: budget already met")
 

@@ -462,10 +462,10 @@ def _fit(
     )  # after `best`: last.ckpt holds its state after each validation
     with shared_with_ranks(run_dir), honest_ending(trainer, run_dir):
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
-    global_step = trainer.global_step
-    if not run.fit_here:  # fit ran in spawned/forked ranks (ddp_spawn, ddp_fork)
-        global_step = adopt_final_state(trainer, run_dir / CHECKPOINT)
-    metrics = run_metrics_of(trainer, module, datamodule, best, run, flops, global_step, started, run_dir)
+        global_step = trainer.global_step
+        if not run.fit_here:  # fit ran in spawned/forked ranks (ddp_spawn, ddp_fork)
+            global_step = adopt_final_state(trainer, run_dir / CHECKPOINT)
+        metrics = run_metrics_of(trainer, module, datamodule, best, run, flops, global_step, started, run_dir)
     if trainer.is_global_zero:
         write_json(run_dir / METRICS, metrics)
     return metrics

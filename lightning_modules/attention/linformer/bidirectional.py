@@ -186,8 +186,9 @@ class Linformer(SelfAttention):
         """E K and F V, each (B, h, k', d_h), in the layer's exact order."""
         bank, layer = self.bank, self.layer
         if self.order == "project_first":
-            k, v = self.keys_values(x)  # (B, h, T, d_h)
-            return bank.compress(layer, 0, k, mask), bank.compress(layer, 1, v, mask)
+            return self.project_then_compress(x, mask, self.k_proj, 0), self.project_then_compress(
+                x, mask, self.v_proj, 1
+            )
         ones = x.new_ones(1, 1, x.shape[1], 1)
         xe, mass = bank.compress(layer, 0, x.unsqueeze(1), mask), bank.compress(layer, 0, ones, mask)  # E X, E m
         k = self._apply_linear(xe, mass, self.k_proj)  # (B, G, k', d) → (B, h, k', d_h)
@@ -195,6 +196,15 @@ class Linformer(SelfAttention):
             xe, mass = bank.compress(layer, 1, x.unsqueeze(1), mask), bank.compress(layer, 1, ones, mask)
         v = self._apply_linear(xe, mass, self.v_proj)
         return k, v
+
+    def project_then_compress(self, x: Tensor, mask: Optional[Tensor], linear: nn.Linear, side: int) -> Tensor:
+        """E (X Wᵀ + 1 bᵀ) of one side → (B, h, k', d_h): the projection as its own product (no weights
+        concatenated per call); with one E for every head and per-position weights, compressed before the head
+        split (one (k' × T)·(T × d) product instead of h of (T × d_h))."""
+        y = linear(x)  # (B, T, d)
+        if self.bank.groups == 1 and not self.bank.kind.per_channel:
+            return self.heads(self.bank.compress(self.layer, side, y.unsqueeze(1), mask)[:, 0])  # (B, h, k', d_h)
+        return self.bank.compress(self.layer, side, self.heads(y), mask)  # per head: (B, h, k', d_h)
 
     def _apply_linear(self, xe: Tensor, mass: Tensor, linear: nn.Linear) -> Tensor:
         """(E X) Wᵀ + (E m) bᵀ per head: (B, G, k, d), mass (B or 1, G, k, 1) → (B, h, k, d_h)."""

@@ -1,0 +1,72 @@
+"""How the encoder starts, as specifications: positions (``model.position``, ``model.position_scale``: what table
+each scheme adds to the token embeddings, at what scale, whether it trains, and that the input of every attention
+kind carries it) and the initial weights (``model.init_std``)."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from foundation.errors import ConfigError
+from lightning_modules.encoder import TransformerEncoder, sinusoidal_positions
+from training import config as run_config
+
+N, D = 32, 16
+
+
+def encoder(position, scale, kind="full", init_std=0.02, **options):
+    torch.manual_seed(0)
+    attention = {"kind": kind, "options": options}
+    model = {"max_len": N, "d_model": D, "n_heads": 2, "n_layers": 1, "d_ff": 32, "attention": attention}
+    settings = {"position": position, "position_scale": scale, "init_std": init_std}
+    return TransformerEncoder({**model, **settings}, vocab_size=20)
+
+
+def test_sinusoidal_table_is_vaswanis_sines_and_cosines():
+    table = sinusoidal_positions(N, D)
+    for t in (0, 1, 7, 31):
+        for i in range(D // 2):
+            angle = t / 10000 ** (2 * i / D)
+            assert table[t, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[t, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+@pytest.mark.parametrize("scale", [0.02, 0.5])
+def test_sinusoidal_positions_are_fixed_at_rms_scale(scale):
+    enc = encoder("sinusoidal", scale)
+    assert torch.allclose(enc.pos.weight, sinusoidal_positions(N, D) * scale * math.sqrt(2))
+    assert enc.pos.weight.pow(2).mean().sqrt().item() == pytest.approx(scale, rel=0.05)
+    assert not enc.pos.weight.requires_grad  # fixed: the optimiser never moves it
+
+
+@pytest.mark.parametrize("scale", [0.02, 0.5])
+def test_learned_positions_train_from_a_normal_of_standard_deviation_scale(scale):
+    enc = encoder("learned", scale)
+    assert enc.pos.weight.requires_grad
+    assert enc.pos.weight.std().item() == pytest.approx(scale, rel=0.1)
+
+
+@pytest.mark.parametrize("kind, options", [("full", {}), ("nystrom", {"n_landmarks": 4}), ("no_context", {})])
+def test_the_same_token_at_two_positions_reaches_the_first_block_as_two_inputs(kind, options):
+    enc = encoder("sinusoidal", 1.0, kind, **options).eval()
+    seen = []
+    enc.blocks[0].attn.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    with torch.no_grad():
+        enc(torch.full((1, N), 7))
+    assert not torch.allclose(seen[0][0, 0], seen[0][0, 1])
+
+
+def test_a_position_scale_out_of_range_is_one_line():
+    with pytest.raises(ConfigError, match=r"^model.position_scale: must be in \(0, 100\], got 0.0$"):
+        run_config.load(None, ["model.position_scale=0"])
+
+
+@pytest.mark.parametrize("init_std", [0.02, 0.125])
+def test_linear_and_token_weights_start_from_a_normal_of_standard_deviation_init_std_and_biases_at_zero(init_std):
+    enc = encoder("sinusoidal", 0.02, init_std=init_std)
+    weights = torch.cat(
+        [enc.tok.weight.flatten(), *(m.weight.flatten() for m in enc.modules() if isinstance(m, nn.Linear))]
+    )
+    assert weights.std().item() == pytest.approx(init_std, rel=0.05)
+    assert all(not m.bias.any() for m in enc.modules() if isinstance(m, nn.Linear))
