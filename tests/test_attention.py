@@ -1,5 +1,7 @@
 """The attention maths: Linformer's limits, padding, lengths, sharing counts and exact paths."""
 
+import math
+
 import pytest
 import tiny
 import torch
@@ -156,3 +158,26 @@ def test_auto_order_compresses_first_when_heads_share_e():
     bank_per_head = ProjectionBank([256], 512, 4, "none")
     assert layer(64, 4, 512, kind="linformer", k=16, share="headwise", shared=bank_shared).order == "compress_first"
     assert layer(64, 4, 512, kind="linformer", k=256, shared=bank_per_head).order == "project_first"
+
+
+def test_a_standalone_layer_moves_its_projections_with_it_and_computes_eq_7_in_float64():
+    torch.manual_seed(0)
+    t, k = 12, 4
+    layer = build_attention(
+        {"max_len": N, "d_model": D, "n_heads": H, "attention": tiny.attention(k=k, order="project_first")}
+    )
+    assert {name for name, _ in layer.named_parameters()} >= {"bank.weight_0", "bank.weight_1"}
+    layer = layer.double().eval()
+    assert all(p.dtype == torch.float64 for p in [*layer.parameters(), *layer.buffers()])
+    x = torch.randn(2, t, D, dtype=torch.float64)
+
+    def heads(y):  # (B, T, d) -> (B, h, T, d_h)
+        return y.view(2, t, H, D // H).transpose(1, 2)
+
+    q, key, v = (heads(x @ lin.weight.T + lin.bias) for lin in (layer.q_proj, layer.k_proj, layer.v_proj))
+    e, f = layer.bank.matrices(0, t)  # (h, k, T) each: E_i, F_i of every head
+    scores = q @ (e @ key).transpose(-1, -2) / math.sqrt(D // H)  # (B, h, T, k)
+    out = scores.softmax(-1) @ (f @ v)  # (B, h, T, d_h)
+    expected = out.transpose(1, 2).reshape(2, t, D) @ layer.out_proj.weight.T + layer.out_proj.bias
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), expected, atol=1e-12, rtol=1e-12)

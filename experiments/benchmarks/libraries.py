@@ -155,7 +155,7 @@ def _headwise(n: int, k: int, shape: cases.Shape) -> Pair:
         theirs.to_out.load_state_dict(ours.out_proj.state_dict())
         theirs.proj_k.copy_(e[0].T)
         theirs.proj_v.copy_(f[0].T)
-    return Pair("headwise", "linformer", ours, theirs, True, (ours, ours.bank, theirs))
+    return Pair("headwise", "linformer", ours, theirs, True, (ours, theirs))  # ours owns its bank
 
 
 BUILDERS: dict[str, Callable[[int, int, cases.Shape], Pair]] = {

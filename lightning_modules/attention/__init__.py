@@ -57,11 +57,18 @@ def attention_class(model: Any) -> type[SelfAttention]:
 
 def build_attention(model: Any, layer: int = 0, shared: Optional[nn.Module] = None) -> SelfAttention:
     """One attention layer of a model config (dict, DictConfig or ModelConfig; checked first), using ``shared``
-    as the model-wide module of its kind (built from the config when None)."""
+    as the model-wide module of its kind. When ``shared`` is None the layer builds its own from the config and
+    owns it as a child, so ``.to(device)`` and ``.double()`` move E/F with the layer."""
     cfg = model_config(model, misplaced_option)
     check_model(cfg)
     cls = attention_class(cfg)
-    return cls(cfg, layer, cls.shared(cfg) if shared is None else shared)
+    if shared is not None:
+        return cls(cfg, layer, shared)
+    own = cls.shared(cfg)
+    out = cls(cfg, layer, own)
+    if own is not None:  # built here for this layer alone: it is the layer's to move and save
+        out.own(own)
+    return out
 
 
 __all__ = [

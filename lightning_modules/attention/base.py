@@ -106,6 +106,12 @@ class SelfAttention(nn.Module):
         # (and counted, and synchronised by DDP) exactly once.
         self.__dict__["bank"] = shared
 
+    def own(self, shared: nn.Module) -> None:
+        """Make ``shared`` this layer's child: a standalone layer (no encoder to hold it) moves, converts, saves
+        and trains its shared module with itself (``.to()``, ``.double()``, ``state_dict``, ``parameters``)."""
+        del self.__dict__["bank"]
+        self.bank = shared
+
     # ------------------------------------------------------------------------------ plug-in interface
     @classmethod
     def check(cls, model: DictConfig) -> None:
