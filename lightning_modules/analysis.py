@@ -6,7 +6,7 @@ context-mapping matrix is P = softmax(QKᵀ/√d_h) ∈ R^{T×T} (full attention
 P̄ = softmax(Q(EK)ᵀ/√d_h) ∈ R^{T×k} (Linformer), per sequence and head. Causal Linformer (blocks of
 w tokens, nb = ⌈T/w⌉, see ``attention/linformer/causal.py``) gives P̃ ∈ R^{T×(nb−1+T)} over [the nb − 1 slots ; the T
 token positions]: row i holds the weights of query i on the slots j < ⌊i/w⌋ and, at their absolute
-positions, on the keys of its own block up to i (:func:`blockwise_context_matrix`); out = P̃ [F-slots ; V].
+positions, on the keys of its own block up to i (``CausalLinformer.context_matrix``); out = P̃ [F-slots ; V].
 
 Spectrum
     σ_1 ≥ … ≥ σ_m, m = min(T, S), the singular values of P (S = T, k, or nb − 1 + T for P̃). The
@@ -120,34 +120,10 @@ def recorded_attention(model: nn.Module) -> Iterator[list[list[Tensor]]]:
             handle.remove()
 
 
-def blockwise_context_matrix(chunks: list[Tensor], length: int, window: int) -> Tensor:
-    """Causal Linformer's context-mapping matrix P̃ from the probabilities of its SDPA calls, one per chunk.
-
-    Chunk c: (B·m_c, h, u, u + s_c), its row r (of sequence b: index b·m_c + r) holding the u queries of one
-    row of positions against [the same u positions ; slots 0 … s_c − 1] (w = ``window``, nb = ⌈T/w⌉,
-    T = ``length``, :meth:`~lightning_modules.attention.linformer.causal.CausalLinformer.blockwise`) →
-    P̃ (B, h, T, nb − 1 + T): query i keeps its slot weights in columns 0 … nb − 2 and puts its weight on key t
-    at column nb − 1 + t (zero outside its row, where the layer's mask already leaves only its own block), so
-    that out_i = Σ_j P̃_ij [F-slots ; V]_j. Memory O(B·h·T²): for analysis, not training.
-    """
-    u, slots = chunks[0].shape[-2], -(-length // window) - 1
-    nr = -(-length // u)
-    batch = sum(c.shape[0] for c in chunks) // nr
-    p = chunks[0].new_zeros(batch, chunks[0].shape[1], nr * u, slots + nr * u)  # (B, h, nr·u, nb-1+nr·u)
-    row = 0
-    for chunk in chunks:
-        pr = chunk.unflatten(0, (batch, -1))  # (B, m, h, u, u + s)
-        for r in range(pr.shape[1]):
-            q0 = (row + r) * u  # the row's first query
-            p[:, :, q0 : q0 + u, : chunk.shape[-1] - u] = pr[:, r, :, :, u:]  # its slot weights
-            p[:, :, q0 : q0 + u, slots + q0 : slots + q0 + u] = pr[:, r, :, :, :u]  # its own positions
-        row += pr.shape[1]
-    return p[:, :, :length, : slots + length]
-
-
 def attention_maps(encoder: nn.Module, input_ids: Tensor, mask: Optional[Tensor] = None) -> list[Tensor]:
     """Every layer's context-mapping matrix for one batch: list over layers of (B, h, T, S), S = T
-    (full, one-sided), k' (Linformer) or nb − 1 + T (causal Linformer, :func:`blockwise_context_matrix`).
+    (full, one-sided), k' (Linformer) or nb − 1 + T (causal Linformer); each layer's
+    :meth:`~lightning_modules.attention.base.SelfAttention.context_matrix` reads it.
 
     Rows of padded query positions are zeroed (they attend but feed nothing that is scored)."""
     with torch.no_grad(), recorded_attention(encoder) as records:
@@ -155,16 +131,8 @@ def attention_maps(encoder: nn.Module, input_ids: Tensor, mask: Optional[Tensor]
     layers = [m for m in encoder.modules() if isinstance(m, SelfAttention)]
     length = input_ids.shape[1]
     maps = []
-    for index, (layer, calls) in enumerate(zip(layers, records)):
-        if len(calls) != 1 and not (layer.kind == "linformer" and layer.causal):
-            raise RuntimeError(
-                f"attention layer {index} made {len(calls)} scaled_dot_product_attention calls; the "
-                "spectrum needs exactly one context-mapping matrix per layer"
-            )
-        if layer.kind == "linformer" and layer.causal:  # one call per chunk of rows
-            p = blockwise_context_matrix(calls, length, layer.bank.window(layer.layer))
-        else:
-            p = calls[0]
+    for layer, calls in zip(layers, records):
+        p = layer.context_matrix(calls, length)  # (B, h, T, S); ValueError for a kind that forms none
         maps.append(p if mask is None else p * mask[:, None, :, None].to(p.dtype))
     return maps
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_modules import analysis
 from lightning_modules.flops import training_step_flops
@@ -190,7 +191,7 @@ class SpectrumMonitor(L.Callback):
         if every_n_val < 1:
             raise ValueError(f"every_n_val must be >= 1, got {every_n_val}")
         self.every_n_val, self.samples, self.energy = every_n_val, samples, energy
-        self.validations = 0
+        self.validations, self.unavailable = 0, False
         self.sample: dict | None = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -217,7 +218,13 @@ class SpectrumMonitor(L.Callback):
         loggers = [lg for lg in trainer.loggers if isinstance(lg, L.pytorch.loggers.TensorBoardLogger)]
         if not loggers:
             return
-        spectrum = analysis.measure_spectrum(pl_module.encoder, [self.sample])
+        try:
+            spectrum = analysis.measure_spectrum(pl_module.encoder, [self.sample])
+        except ValueError as err:  # a kind that forms no softmax matrix: say so once, log nothing
+            if not self.unavailable:
+                rank_zero_warn(f"trainer.spectrum_every_n_val: {err}")
+            self.unavailable = True
+            return
         indices = analysis.heatmap_indices(pl_module.config["model"], spectrum)
         step = trainer.global_step
         image = analysis.figure_to_array(

@@ -42,20 +42,13 @@ from foundation.checkpoint import read_checkpoint
 from foundation.configfile import flatten
 from foundation.errors import ConfigError
 from foundation.rundir import init_from_checkpoint
-from lightning_modules.attention import kind_options
-from lightning_modules.attention.linformer import layer_ks
+from lightning_modules.attention import ATTENTION_KINDS, misplaced_option
 from lightning_modules.config import model_config
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.optim import build_optimizer
 
 # Model settings that no weight depends on: they may differ between pretraining and fine-tuning.
-WEIGHT_FREE_KEYS = {
-    "dropout",
-    "attention.dropout",
-    "attention.options.order",
-    "attention.options.init",
-    "attention.options.delta",
-}
+WEIGHT_FREE_KEYS = {"dropout", "attention.dropout"}
 
 
 class ClassificationHead(nn.Module):
@@ -151,15 +144,12 @@ class SequenceClassifierModule(L.LightningModule):
 
 # ------------------------------------------------------------------------------------- init_from
 def architecture(model_cfg: Any) -> dict[str, Any]:
-    """The model settings that weights depend on, flat (``attention.options.k`` as the k of every layer)."""
-    model = model_config(model_cfg)
+    """The model settings that weights depend on, flat (the kind's weight options: ``SelfAttention.weight_options``)."""
+    model = model_config(model_cfg, misplaced_option)
     cfg = OmegaConf.to_container(model, resolve=True)
-    att = cfg.pop("attention")
-    if att["kind"] == "linformer":
-        options = OmegaConf.to_container(kind_options(model.attention))
-        cfg["attention"] = {**att, "options": {**options, "k": layer_ks(model), "k_schedule": None}}
-    else:  # full attention has no E/F: its Linformer settings are unused
-        cfg["attention"] = {"kind": att["kind"], "causal": att["causal"]}
+    kind = ATTENTION_KINDS.get(model.attention.kind)
+    if kind is not None:  # the options the kind's weights depend on, defaults filled in
+        cfg["attention"]["options"] = kind.weight_options(model)
     return {k: v for k, v in flatten(cfg).items() if k not in WEIGHT_FREE_KEYS}
 
 

@@ -49,7 +49,7 @@ class ModelConfig:
     position: Literal["learned", "sinusoidal"] = "learned"
     position_scale: float = 0.02
     # Standard deviation of the initial linear and embedding weights (BERT's 0.02; narrow models learn to use
-    # attention sooner from about 1/sqrt(d_model)). Linformer's E/F keep their own initialisation (attention.init).
+    # attention sooner from about 1/sqrt(d_model)). Linformer's E/F keep their own initialisation (attention.options.init).
     init_std: float = 0.02
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 

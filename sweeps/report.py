@@ -82,7 +82,7 @@ def power_section(study: Study, found: Findings, advice: str) -> list[str]:
     lines = [
         "## Power check (control contrast)",
         "",
-        f"A contrast known to be real, run at every seed: {control_label(c, 'reference')} against "
+        f"The control, run at every seed: {control_label(c, 'reference')} against "
         f"{control_label(c, 'degraded')}; metric {study.metrics[0]} ({study.directions[0]}).",
         "",
     ]

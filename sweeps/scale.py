@@ -43,6 +43,7 @@ import numpy as np
 from optuna.trial import TrialState
 
 from foundation.checked import read_json, read_run_config
+from lightning_modules.attention import ATTENTION_KINDS
 from sweeps import stats, words
 from sweeps.efficiency import no_context_ppl
 from sweeps.findings import Compared, Findings, Row, run_metrics
@@ -314,17 +315,17 @@ def _max_len(run_dir: Path) -> int:
 
 
 def arm_ks(ladder: Ladder, line: str) -> dict[str, float]:
-    """rung -> the k (mean over layers) of ``line``'s model there, for a Linformer arm; {} otherwise."""
-    from lightning_modules.attention.linformer import layer_ks
-
+    """rung -> the compressed length k (mean over layers) of ``line``'s model there, for an arm whose kind has one
+    (Linformer's k); {} otherwise."""
     out = {}
     for rung in ladder.rungs:
         cell = ladder.cell(rung, line)
         if cell is None or not cell.rows:
             continue
         model = ladder.study.config(dict(cell.rows[0].trial.params)).model
-        if model.attention.kind == "linformer":
-            out[rung] = float(np.mean(layer_ks(model)))
+        ks = ATTENTION_KINDS[model.attention.kind].compressed_lengths(model)
+        if ks is not None:
+            out[rung] = float(np.mean(ks))
     return out
 
 

@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from experiments import cli
 from lightning_modules import analysis
-from lightning_modules.attention import build_attention
+from lightning_modules.attention import ATTENTION_KINDS, build_attention
 from lightning_modules.attention.linformer import layer_ks
 from lightning_modules.encoder import TransformerEncoder
 from lightning_modules.projections import ProjectionBank
@@ -374,3 +374,33 @@ def test_the_spectrum_callback_follows_a_causal_linformer_during_training(tiny_o
     acc = _events(tmp_path / "runs" / "causal" / "version_0")
     ranks = acc.Scalars("spectrum/effective_rank/layer_0")
     assert [e.step for e in ranks] == [3, 6] and all(1 <= e.value <= 32 for e in ranks)
+
+
+KIND_RUNS = {  # every registered kind, with options that fit the tiny model (n = 32)
+    "full": [],
+    "linformer": [],
+    "local": ["model.attention.options.window=8"],
+    "sparse": ["model.attention.options.block=4"],
+    "lsh": ["model.attention.options.bucket_size=8"],
+    "performer": ["model.attention.options.n_features=8"],
+    "nystrom": ["model.attention.options.n_landmarks=8"],
+    "no_context": [],
+}
+
+
+@pytest.mark.parametrize("kind", KIND_RUNS)
+def test_analyze_shows_every_kind_or_says_in_one_line_what_it_cannot_show(kind, tiny_overrides, tmp_path, capsys):
+    _train(tiny_overrides, f"model.attention.kind={kind}", *KIND_RUNS[kind], "trainer.max_steps=3")
+    run = tmp_path / "runs" / "tiny" / "version_0"
+    code = cli.main(["analyze", str(run), "--samples", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if code == 0:
+        assert (run / "analysis" / "summary.json").is_file()
+    else:
+        assert code == 2 and not (run / "analysis").exists()
+        assert err[-1].startswith(f"error: analyze {run}: kind {kind!r} forms no softmax matrix")
+        assert err[-1].endswith("the attention spectrum cannot be shown")
+
+
+def test_every_registered_kind_is_covered_by_the_analyze_test():
+    assert set(KIND_RUNS) == set(ATTENTION_KINDS)

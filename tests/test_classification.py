@@ -391,6 +391,32 @@ def test_init_from_refuses_another_architecture_or_a_run_without_tokenizer(tiny_
     assert not (tmp_path / "runs" / "ft").exists()
 
 
+def test_a_performer_with_its_own_options_fine_tunes_and_other_options_are_one_line(tiny_overrides, tmp_path, capsys):
+    """The checkpoint's kind options are part of its architecture: the same ones load, others are refused."""
+    performer = ["model.attention.kind=performer", "model.attention.options.n_features=8"]
+    pretrain = [*tiny_overrides.args, *performer, "trainer.max_steps=3", "experiment=pre"]
+    assert cli.main(["train", str(tiny_overrides.config), *pretrain]) == 0
+    pre = tmp_path / "runs" / "pre" / "version_0"
+    finetune = [
+        "train",
+        str(tiny_overrides.config),
+        *tiny_overrides.args,
+        "model.attention.kind=performer",
+        "task=classify",
+        "data.source=rotten_tomatoes",
+        f"init_from={pre}",
+        "trainer.max_steps=3",
+    ]
+    assert cli.main([*finetune, "experiment=other", "model.attention.options.n_features=16"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: init_from: '{pre / 'checkpoints' / 'last.ckpt'}' was trained with "
+        "model.attention.options.n_features=8, this run has model.attention.options.n_features=16 "
+        "(the encoder architecture must match)"
+    )
+    assert cli.main([*finetune, "experiment=ft", "model.attention.options.n_features=8"]) == 0
+    assert (tmp_path / "runs" / "ft" / "version_0" / "metrics.json").is_file()
+
+
 # ------------------------------------------------------------------------------- pipeline
 def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tiny_overrides, tmp_path):
     shrink = [

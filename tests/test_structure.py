@@ -4,6 +4,7 @@ A new projection kind or attention kind is one class registered by name: these t
 the test and train it one step through ``train()``, with nothing else changed.
 """
 
+import ast
 import math
 import re
 from pathlib import Path
@@ -193,3 +194,40 @@ def test_full_attention_without_a_mask_equals_it_with_an_all_true_mask():
     layer = build_attention({"max_len": 8, "d_model": 16, "n_heads": 2, "attention": {"kind": "full", "causal": True}})
     x = torch.randn(2, 8, 16)
     torch.testing.assert_close(layer(x), layer(x, torch.ones(2, 8, dtype=torch.bool)), atol=1e-6, rtol=1e-6)
+
+
+# Files outside lightning_modules/attention/ that still name kinds: the bench's case tables (each case is a kind
+# with the options that match Linformer's budget k) and the schema's default kind.
+NAMES_KINDS = {"experiments/benchmarks/cases.py", "experiments/benchmarks/libraries.py", "lightning_modules/config.py"}
+
+
+def _string_constants(tree: ast.AST) -> list[ast.Constant]:
+    """Every str constant of a module's code, docstrings left out (they describe, they do not branch)."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_no_code_outside_the_attention_plug_ins_names_an_attention_kind():
+    """What callers need from a kind is a method of the kind: no kind's name is a string value in code outside
+    lightning_modules/attention/ (and the tests); messages may name one in an example."""
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in sorted(root.glob("[a-z]*/**/*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(("lightning_modules/attention/", "tests/", ".venv/")) or rel in NAMES_KINDS:
+            continue
+        for node in _string_constants(ast.parse(path.read_text(encoding="utf-8"))):
+            if node.value in ATTENTION_KINDS:  # a kind's name as a value: a switch or a table on kinds
+                found.append(f"{rel}:{node.lineno}: {node.value!r}")
+    assert not found, "attention kinds named outside the plug-ins:\n" + "\n".join(found)

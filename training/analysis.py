@@ -5,7 +5,7 @@
 
 * ``spectrum_cumulative.png`` / ``spectrum_heatmap.png``: paper Fig. 1 (left, right) for this model's
   context-mapping matrices on the first N validation sequences of the run's own data (causal
-  Linformer: its T × (nb − 1 + T) matrix over [slots ; positions], see ``analysis.blockwise_context_matrix``);
+  Linformer: its T × (nb − 1 + T) matrix over [slots ; positions], see ``CausalLinformer.context_matrix``);
 * ``k_schedule.yaml``: a ready ``model.attention.options.k`` list, per layer the smallest k that keeps
   ``energy`` of every head's cumulative singular value;
 * Linformer only: ``projections_<layer>.png`` (rows of every distinct E/F over positions) and
@@ -32,7 +32,7 @@ from foundation.checkpoint import check_architecture, read_checkpoint
 from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT
 from lightning_modules import analysis
-from lightning_modules.attention import kind_options
+from lightning_modules.attention import attention_class
 from training import config as run_config
 from training.train import build_datamodule, build_module
 
@@ -125,13 +125,7 @@ def _spectrum(
         },
         "suggested_k": spectrum.suggested_ks(energy),
     }
-    att = run.cfg.model.attention
-    if att.kind == "linformer" and att.causal:
-        what = "P̃ = softmax over [past slots ; own block]"
-    elif att.kind == "linformer" and kind_options(att).compress == "both":
-        what = "P̄ = softmax(Q(EK)ᵀ/√d)"
-    else:
-        what = "P = softmax(QKᵀ/√d)"
+    what = attention_class(run.cfg.model).context_label
     figures = {
         "spectrum_cumulative": analysis.figure_cumulative(spectrum, indices, f"{what}, step {run.global_step}"),
         "spectrum_heatmap": analysis.figure_heatmap(at_index, indices, "cumulative singular value at k"),
@@ -185,10 +179,10 @@ def analyze(
     kind = run.cfg.model.attention.kind
     ref = None
     if reference is not None:  # checked before any heavy work
-        if kind != "linformer":
-            raise ConfigError("--reference: compares a Linformer's E/F with full attention; this run is full attention")
+        if attention_class(run.cfg.model).compressed_lengths(run.cfg.model) is None:
+            raise ConfigError(f"--reference: compares a run's E/F with full attention; kind {kind!r} has no E/F")
         ref = read_run(reference)
-        if ref.cfg.model.attention.kind != "full":
+        if not attention_class(ref.cfg.model).exact:
             raise ConfigError(
                 f"--reference: {reference} is not a full-attention run "
                 f"(model.attention.kind={ref.cfg.model.attention.kind})"
@@ -207,7 +201,10 @@ def analyze(
         "samples": taken,
         "energy": energy,
     }
-    part, figures = _spectrum(run, module, sample, energy, index)
+    try:
+        part, figures = _spectrum(run, module, sample, energy, index)
+    except ValueError as err:  # a kind that forms no softmax matrix (SelfAttention.context_matrix)
+        raise ConfigError(f"analyze {run.run_dir}: {err}") from None
     summary.update(part)
     if module.encoder.bank is not None:
         part, figs = _projections(run, module, datamodule, sample, energy, ref)

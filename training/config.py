@@ -23,8 +23,7 @@ from datamodules.config import DataConfig, check_data
 from foundation.configfile import flatten, merge, parse_overrides, resolve_includes, to_container
 from foundation.errors import ConfigError, check_number, require
 from foundation.paths import check_folder, check_name, check_path
-from lightning_modules.attention import check_model, misplaced_option
-from lightning_modules.attention.linformer import layer_ks
+from lightning_modules.attention import ATTENTION_KINDS, check_model, misplaced_option
 from lightning_modules.config import ModelConfig, OptimConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
@@ -253,12 +252,11 @@ def check_trainer(t: DictConfig) -> None:
 
 
 def parameter_estimate(cfg: DictConfig) -> int:
-    """An upper estimate of the model's parameters (embeddings, blocks, Linformer E/F at their largest)."""
+    """An upper estimate of the model's parameters (embeddings, blocks, what the attention kind adds)."""
     m = cfg.model
     vocab = max(cfg.data.tokenizer.vocab_size, 512)
     blocks = m.n_layers * (4 * m.d_model * m.d_model + 2 * m.d_model * m.d_ff)
-    projections = 2 * m.n_layers * m.n_heads * max(layer_ks(m)) * m.max_len if m.attention.kind == "linformer" else 0
-    return (vocab + m.max_len) * m.d_model + blocks + projections
+    return (vocab + m.max_len) * m.d_model + blocks + ATTENTION_KINDS[m.attention.kind].extra_parameters(m)
 
 
 def check_fits_memory(cfg: DictConfig) -> None:

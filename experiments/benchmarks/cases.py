@@ -16,6 +16,7 @@ Baselines, both with the same weights layout as full attention:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -23,6 +24,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from lightning_modules.attention import ATTENTION_KINDS
 from lightning_modules.encoder import TransformerEncoder
 
 BASELINES = ("naive", "sdpa")
@@ -130,8 +132,8 @@ def attention_config(variant: str, k: Optional[int], order: str, n: int, causal:
     if variant in BASELINES:
         return {"kind": "full", "causal": causal, "dropout": 0.0}
     att = VARIANTS[variant](k, n)
-    if att["kind"] == "linformer":
-        att["options"]["order"] = order
+    if "order" in {f.name for f in dataclasses.fields(ATTENTION_KINDS[att["kind"]].Options or object)}:
+        att["options"]["order"] = order  # a kind with an evaluation order takes the one asked for
     return {**att, "dropout": 0.0}
 
 

@@ -121,6 +121,37 @@ class SelfAttention(nn.Module):
         """A module shared by every layer of the model (None: nothing shared)."""
         return None
 
+    # What analysis calls the layer's context-mapping matrix (``analyze``'s figure titles).
+    context_label: ClassVar[str] = "P = softmax(QKᵀ/√d)"
+    # Every query weighs every key by softmax(q·k/√d_h) (full attention): a reference for other kinds' maps.
+    exact: ClassVar[bool] = False
+    # Options that no weight depends on (they may differ between pretraining and fine-tuning).
+    weight_free_options: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def weight_options(cls, model: DictConfig) -> dict:
+        """The kind's options that its weights depend on (defaults filled in): a checkpoint's weights load into a
+        model of this kind only when these are equal."""
+        options = OmegaConf.to_container(kind_options(model.attention), resolve=True)
+        return {key: value for key, value in options.items() if key not in cls.weight_free_options}
+
+    @classmethod
+    def extra_parameters(cls, model: DictConfig) -> int:
+        """An upper estimate of the parameters and buffers the kind adds to the model beyond each layer's Q/K/V/O
+        (the memory preflight's estimate)."""
+        return 0
+
+    def context_matrix(self, calls: list[Tensor], length: int) -> Tensor:
+        """The layer's context-mapping matrix (B, h, T, S) from the probabilities of the
+        ``scaled_dot_product_attention`` calls it made in one forward (``lightning_modules.analysis``); raises
+        ValueError, one line naming what it cannot show, for a kind that forms no such matrix."""
+        if len(calls) != 1:
+            raise ValueError(
+                f"kind {self.kind!r} forms no softmax matrix over the keys to read ({len(calls)} "
+                "scaled_dot_product_attention calls in one layer): the attention spectrum cannot be shown"
+            )
+        return calls[0]
+
     @classmethod
     def compressed_lengths(cls, model: DictConfig) -> Optional[list[int]]:
         """Per layer, the number of slots a query attends to when the kind compresses the sequence to a fixed

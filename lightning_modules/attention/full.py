@@ -19,6 +19,8 @@ from lightning_modules.attention.base import SelfAttention, register_attention
 
 @register_attention("full")
 class FullAttention(SelfAttention):
+    exact = True
+
     def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         if mask is None:  # no padding: the fast kernels
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=self.causal)

@@ -53,6 +53,8 @@ class Linformer(SelfAttention):
 
     kind: ClassVar[str] = "linformer"
     Options = LinformerOptions
+    context_label = "P̄ = softmax(Q(EK)ᵀ/√d)"
+    weight_free_options = ("order", "init", "delta")
 
     def __init__(self, model: DictConfig, layer: int = 0, shared: Optional[ProjectionBank] = None) -> None:
         super().__init__(model, layer, shared)
@@ -64,6 +66,16 @@ class Linformer(SelfAttention):
     @classmethod
     def compressed_lengths(cls, model: DictConfig) -> list[int]:
         return layer_ks(model)
+
+    @classmethod
+    def weight_options(cls, model: DictConfig) -> dict:
+        """k as the k of every layer (a list and its schedule are the same weights)."""
+        return {**super().weight_options(model), "k": layer_ks(model), "k_schedule": None}
+
+    @classmethod
+    def extra_parameters(cls, model: DictConfig) -> int:
+        """E and F at their largest: one n × k_max matrix per layer, head and side."""
+        return 2 * model.n_layers * model.n_heads * max(layer_ks(model)) * model.max_len
 
     @classmethod
     def shared(cls, model: DictConfig) -> ProjectionBank:

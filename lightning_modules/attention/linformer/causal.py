@@ -83,7 +83,38 @@ def _rows(x: Tensor, a: int, z: int, u: int, slots: Optional[Tensor] = None) -> 
     return xr.flatten(0, 1)
 
 
+def blockwise_context_matrix(chunks: list[Tensor], length: int, window: int) -> Tensor:
+    """Causal Linformer's context-mapping matrix P̃ from the probabilities of its SDPA calls, one per chunk.
+
+    Chunk c: (B·m_c, h, u, u + s_c), its row r (of sequence b: index b·m_c + r) holding the u queries of one
+    row of positions against [the same u positions ; slots 0 … s_c − 1] (w = ``window``, nb = ⌈T/w⌉,
+    T = ``length``, :meth:`CausalLinformer.blockwise`) →
+    P̃ (B, h, T, nb − 1 + T): query i keeps its slot weights in columns 0 … nb − 2 and puts its weight on key t
+    at column nb − 1 + t (zero outside its row, where the layer's mask already leaves only its own block), so
+    that out_i = Σ_j P̃_ij [F-slots ; V]_j. Memory O(B·h·T²): for analysis, not training.
+    """
+    u, slots = chunks[0].shape[-2], -(-length // window) - 1
+    nr = -(-length // u)
+    batch = sum(c.shape[0] for c in chunks) // nr
+    p = chunks[0].new_zeros(batch, chunks[0].shape[1], nr * u, slots + nr * u)  # (B, h, nr·u, nb-1+nr·u)
+    row = 0
+    for chunk in chunks:
+        pr = chunk.unflatten(0, (batch, -1))  # (B, m, h, u, u + s)
+        for r in range(pr.shape[1]):
+            q0 = (row + r) * u  # the row's first query
+            p[:, :, q0 : q0 + u, : chunk.shape[-1] - u] = pr[:, r, :, :, u:]  # its slot weights
+            p[:, :, q0 : q0 + u, slots + q0 : slots + q0 + u] = pr[:, r, :, :, :u]  # its own positions
+        row += pr.shape[1]
+    return p[:, :, :length, : slots + length]
+
+
 class CausalLinformer(Linformer):
+    context_label = "P̃ = softmax over [past slots ; own block]"
+
+    def context_matrix(self, calls: list[Tensor], length: int) -> Tensor:
+        """P̃ (B, h, T, nb − 1 + T) from the layer's calls, one per chunk of rows (:func:`blockwise_context_matrix`)."""
+        return blockwise_context_matrix(calls, length, self.bank.window(self.layer))
+
     def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         return self.blockwise(q, k, v, mask, dropout_p)  # (B, h, T, d_h)
 

@@ -21,6 +21,8 @@ from lightning_modules.attention.linformer.bidirectional import Linformer
 
 
 class OneSidedLinformer(Linformer):
+    context_label = "P = softmax(QKᵀ/√d)"
+
     def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         if self.bank.compressed_side == "keys":
             k = self.bank.lift(self.layer, 0, k, mask)  # P K
