@@ -2,7 +2,7 @@
 
 * :mod:`foundation.errors`: :class:`~foundation.errors.ConfigError`, the one user-facing error (one line, exit 2);
 * :mod:`foundation.configfile`: YAML files with ``defaults`` bases, ``key=value`` overrides and their merge onto
-  a structured (typed) schema, with renamed keys and every failure as one line;
+  a structured (typed) schema, every failure as one line (an unknown key says where it belongs);
 * :mod:`foundation.atomic`: write-sync-rename files, JSON, CSV text and figures;
 * :mod:`foundation.checked`: files read back with a check (JSON, a run's config, rebuildable caches);
 * :mod:`foundation.lock`: one owner per run directory and per study (an advisory lock held for a process's life);

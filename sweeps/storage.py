@@ -336,7 +336,7 @@ class BudgetState:
 
 def budget_state(trials: list[FrozenTrial], study: Optional[Study] = None) -> BudgetState:
     """Counted finished and running trials; of a grid ``study``, finished counts its points that have a finished
-    counted trial (trials of points the file no longer holds count for nothing)."""
+    counted trial (trials of points outside the file's grid count for nothing)."""
     excluded = excluded_numbers(trials)
     counted = [t for t in trials if t.number not in excluded]
     finished = sum(t.state.is_finished() for t in counted)

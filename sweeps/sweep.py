@@ -529,8 +529,7 @@ def with_added_seeds(
         if seed_is_categorical(trials):
             raise ConfigError(
                 f"--add-seeds: study {study.name} in {storage.storage_display(study, url)} stores its seeds "
-                "as a fixed list (it was run before --add-seeds existed) and Optuna cannot extend "
-                "it; run the study afresh (delete its storage) to add seeds"
+                "as a fixed list, which Optuna cannot extend; run the study afresh (delete its storage) to add seeds"
             )
         used = set(added) | {t.params[SEED_PARAM] for t in trials if isinstance(t.params.get(SEED_PARAM), int)}
         for s in [study, study.control] if study.control is not None else [study]:

@@ -868,7 +868,7 @@ def test_a_study_stored_with_a_categorical_seed_resumes_but_cannot_grow(tmp_path
     )
     assert cli.main(["sweep", str(path), "--add-seeds", "1"]) == 2
     err = capsys.readouterr().err
-    assert "stores its seeds as a fixed list (it was run before --add-seeds existed)" in err
+    assert "stores its seeds as a fixed list, which Optuna cannot extend" in err
 
     class Asked:  # what Study.suggest asks of an Optuna trial
         def __init__(self, ostudy):
