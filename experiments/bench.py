@@ -28,7 +28,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -340,7 +340,27 @@ class Bench:
 
     def group(self, level: str, mode: str, n: int) -> None:
         """Probe every case of one (level, mode, n), then time them all in interleaved rounds."""
-        a, shape = self.args, self.shape
+        ready = self._fit_together(self._probe_all(level, mode, n))
+        if not ready:
+            return
+        # The start-up peak's GEMM timed again in the same rounds: its FLOP/s per round is the
+        # reference of the paired efficiency, which load changing since start-up cannot skew.
+        m, inner, cols = self.peak_shape
+        lhs = torch.randn(m, inner, device=self.shape.device, dtype=self.shape.dtype)
+        rhs = torch.randn(inner, cols, device=self.shape.device, dtype=self.shape.dtype)
+        samples = self._time_together(ready, lambda: torch.mm(lhs, rhs))
+        if not ready:
+            return
+        gemm_rate = [2 * m * inner * cols / s for s in samples["gemm"]]
+        baselines = {(p.case.variant, p.case.causal): p for p in ready if p.case.variant in cases.BASELINES}
+        for p in ready:
+            self.rows.append(self._row(p, samples, gemm_rate, baselines))
+        del ready, samples, baselines
+        self._free()
+
+    def _probe_all(self, level: str, mode: str, n: int) -> list[Probed]:
+        """The baselines (once per causality the variants need) and every variant × k × order that fits alone."""
+        a = self.args
         specs = [(b, None, "-", c) for c in sorted({cases.is_causal(v) for v in a.variants}) for b in cases.BASELINES]
         specs += [(v, k, p, cases.is_causal(v)) for v in a.variants for k in a.k for p in a.orders]
         ready: list[Probed] = []
@@ -348,25 +368,21 @@ class Bench:
             probed = self._probe(level, mode, n, *spec, alive=ready)
             if probed is not None:
                 ready.append(probed)
-        ready = self._fit_together(ready)
-        if not ready:
-            return
-        # The start-up peak's GEMM timed again in the same rounds: its FLOP/s per round is the
-        # reference of the paired efficiency, which load changing since start-up cannot skew.
-        m, inner, cols = self.peak_shape
-        lhs = torch.randn(m, inner, device=shape.device, dtype=shape.dtype)
-        rhs = torch.randn(inner, cols, device=shape.device, dtype=shape.dtype)
-        gemm = lambda: torch.mm(lhs, rhs)  # noqa: E731
-        gemm_calls = calls_for(seconds_per_call(gemm, shape.device), a.min_time)
-        while True:
+        return ready
+
+    def _time_together(self, ready: list[Probed], gemm: Callable[[], Any]) -> dict[Any, list[float]]:
+        """Seconds per call of every case and the GEMM, in interleaved rounds. Out of memory drops the case
+        holding the most (removed from ``ready``, its skip recorded) and retries; ``{}`` once none is left."""
+        a, device = self.args, self.shape.device
+        gemm_calls = calls_for(seconds_per_call(gemm, device), a.min_time)
+        while ready:
             try:
-                samples = interleaved_seconds(
+                return interleaved_seconds(
                     {"gemm": gemm, **{p.case.key: p.case.run for p in ready}},
                     {"gemm": gemm_calls, **{p.case.key: p.calls for p in ready}},
                     a.repeats,
-                    shape.device,
+                    device,
                 )
-                break
             except torch.OutOfMemoryError as err:  # the group together, or the allocator's fragments: drop one
                 largest = max(ready, key=lambda p: p.peak_bytes)
                 reason = str(err).splitlines()[0] if str(err) else "OutOfMemoryError"
@@ -375,36 +391,33 @@ class Bench:
                 )
                 ready.remove(largest)
                 self._free()
-                if not ready:
-                    return
-        gemm_rate = [2 * lhs.shape[0] * lhs.shape[1] * rhs.shape[1] / s for s in samples["gemm"]]
-        baselines = {(p.case.variant, p.case.causal): p for p in ready if p.case.variant in cases.BASELINES}
-        for p in ready:
-            t = samples[p.case.key]
-            row = {
-                **p.ident,
-                "order_used": p.case.order_used,
-                "repeats": a.repeats,
-                "calls": p.calls,
-                "time_ms_median": 1e3 * median(t),
-                "time_ms_min": 1e3 * min(t),
-                "time_ms_max": 1e3 * max(t),
-                "tokens_per_s": p.case.tokens / median(t),
-                "peak_mem_mb": p.peak_bytes / 2**20,
-                "gflop": p.flops / 1e9,
-                "gflops_per_s": p.flops / median(t) / 1e9,
-                "gemm_peak_gflops": self.peak / 1e9,
-                "efficiency": p.flops / median(t) / self.peak,
-                "efficiency_paired": median([p.flops / s / g for s, g in zip(t, gemm_rate)]),
-            }
-            for name in cases.BASELINES:
-                base = baselines.get((name, p.case.causal))
-                if base is not None:
-                    row[f"speedup_vs_{name}"] = median([x / y for x, y in zip(samples[base.case.key], t)])
-                    row[f"memory_saving_vs_{name}"] = base.peak_bytes / p.peak_bytes if p.peak_bytes > 0 else None
-            self.rows.append(row)
-        del ready, samples, baselines
-        self._free()
+        return {}
+
+    def _row(self, p: Probed, samples: dict, gemm_rate: list[float], baselines: dict) -> dict:
+        """One case's results row: its times, rates, memory, and its speed-up and saving against each baseline."""
+        t = samples[p.case.key]
+        row = {
+            **p.ident,
+            "order_used": p.case.order_used,
+            "repeats": self.args.repeats,
+            "calls": p.calls,
+            "time_ms_median": 1e3 * median(t),
+            "time_ms_min": 1e3 * min(t),
+            "time_ms_max": 1e3 * max(t),
+            "tokens_per_s": p.case.tokens / median(t),
+            "peak_mem_mb": p.peak_bytes / 2**20,
+            "gflop": p.flops / 1e9,
+            "gflops_per_s": p.flops / median(t) / 1e9,
+            "gemm_peak_gflops": self.peak / 1e9,
+            "efficiency": p.flops / median(t) / self.peak,
+            "efficiency_paired": median([p.flops / s / g for s, g in zip(t, gemm_rate)]),
+        }
+        for name in cases.BASELINES:
+            base = baselines.get((name, p.case.causal))
+            if base is not None:
+                row[f"speedup_vs_{name}"] = median([x / y for x, y in zip(samples[base.case.key], t)])
+                row[f"memory_saving_vs_{name}"] = base.peak_bytes / p.peak_bytes if p.peak_bytes > 0 else None
+        return row
 
     def decode(self) -> None:
         from experiments.benchmarks.decode import decode_seconds

@@ -162,32 +162,52 @@ def _projections(
     return part, figures
 
 
-def analyze(
-    path: Path, samples: int = 16, energy: float = 0.9, index: Optional[int] = None, reference: Optional[Path] = None
-) -> dict[str, Any]:
-    """Write ``<run>/analysis/`` and the TensorBoard images; return the summary."""
-    from matplotlib.image import imsave
-    from torch.utils.tensorboard import SummaryWriter
-
+def _check_arguments(samples: int, energy: float, index: Optional[int]) -> None:
     if samples < 1:
         raise ConfigError(f"--samples: must be >= 1, got {samples}")
     if not 0.0 < energy <= 1.0:
         raise ConfigError(f"--energy: must be in (0, 1], got {energy}")
     if index is not None and index < 1:
         raise ConfigError(f"--index: must be >= 1, got {index}")
+
+
+def _reference_run(run: Run, reference: Path) -> Run:
+    """The full-attention run to compare ``run``'s E/F with, checked before any heavy work."""
+    if attention_class(run.cfg.model).compressed_lengths(run.cfg.model) is None:
+        kind = run.cfg.model.attention.kind
+        raise ConfigError(f"--reference: compares a run's E/F with full attention; kind {kind!r} has no E/F")
+    ref = read_run(reference)
+    if not attention_class(ref.cfg.model).exact:
+        raise ConfigError(
+            f"--reference: {reference} is not a full-attention run "
+            f"(model.attention.kind={ref.cfg.model.attention.kind})"
+        )
+    _same_data(run.cfg, ref.cfg)
+    return ref
+
+
+def _write_figures(run: Run, figures: dict[str, Any], out: Path) -> None:
+    """Each figure rendered once, written as ``<out>/<name>.png`` and as a TensorBoard image of the run."""
+    from matplotlib.image import imsave
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(run.run_dir))
+    try:
+        for name, fig in figures.items():
+            image = analysis.figure_to_array(fig)  # rendered once for both outputs
+            atomic_write(out / f"{name}.png", lambda f, image=image: imsave(f, image, format="png"))
+            writer.add_image(f"analysis/{name}", image, run.global_step, dataformats="HWC")
+    finally:
+        writer.close()
+
+
+def analyze(
+    path: Path, samples: int = 16, energy: float = 0.9, index: Optional[int] = None, reference: Optional[Path] = None
+) -> dict[str, Any]:
+    """Write ``<run>/analysis/`` and the TensorBoard images; return the summary."""
+    _check_arguments(samples, energy, index)
     run = read_run(path)
-    kind = run.cfg.model.attention.kind
-    ref = None
-    if reference is not None:  # checked before any heavy work
-        if attention_class(run.cfg.model).compressed_lengths(run.cfg.model) is None:
-            raise ConfigError(f"--reference: compares a run's E/F with full attention; kind {kind!r} has no E/F")
-        ref = read_run(reference)
-        if not attention_class(ref.cfg.model).exact:
-            raise ConfigError(
-                f"--reference: {reference} is not a full-attention run "
-                f"(model.attention.kind={ref.cfg.model.attention.kind})"
-            )
-        _same_data(run.cfg, ref.cfg)
+    ref = None if reference is None else _reference_run(run, reference)
     datamodule = build_datamodule(run.cfg)
     datamodule.setup("validate")
     module = load_module(run, datamodule)
@@ -197,7 +217,7 @@ def analyze(
         "run_dir": str(run.run_dir),
         "checkpoint": str(run.checkpoint),
         "global_step": run.global_step,
-        "attention": kind,
+        "attention": run.cfg.model.attention.kind,
         "samples": taken,
         "energy": energy,
     }
@@ -213,14 +233,7 @@ def analyze(
 
     out = run.run_dir / "analysis"
     out.mkdir(parents=True, exist_ok=True)
-    writer = SummaryWriter(log_dir=str(run.run_dir))
-    try:
-        for name, fig in figures.items():
-            image = analysis.figure_to_array(fig)  # rendered once for both outputs
-            atomic_write(out / f"{name}.png", lambda f, image=image: imsave(f, image, format="png"))
-            writer.add_image(f"analysis/{name}", image, run.global_step, dataformats="HWC")
-    finally:
-        writer.close()
+    _write_figures(run, figures, out)
     atomic_write_text(out / "k_schedule.yaml", _k_schedule_yaml(summary["suggested_k"], run, energy, taken))
     summary["figures"] = sorted(f"{name}.png" for name in figures)
     write_json(out / "summary.json", summary)

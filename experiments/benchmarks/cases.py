@@ -155,6 +155,18 @@ def is_causal(variant: str) -> bool:
     return bool(VARIANTS[variant](1, 1).get("causal", False))
 
 
+def _forward(level: str, encoder: TransformerEncoder, n: int, shape: Shape, train: bool) -> tuple[Callable, Tensor]:
+    """The call a case times and its input: the first layer's attention on x ∈ R^{B×n×d} (``layer``), or the
+    whole encoder on token ids (``model``)."""
+    if level == "layer":
+        # requires_grad: a layer inside a network also back-propagates into its input.
+        x = torch.randn(shape.batch, n, shape.d_model, device=shape.device, dtype=shape.dtype, requires_grad=train)
+        first = encoder.blocks[0].attn
+        return (lambda: first(x)), x
+    ids = torch.randint(0, shape.vocab, (shape.batch, n), device=shape.device)
+    return (lambda: encoder(ids)), ids
+
+
 def build(
     level: str,
     mode: str,
@@ -174,22 +186,16 @@ def build(
         for block in encoder.blocks:
             block.attn = NaiveAttention(block.attn)
     encoder = encoder.to(device=shape.device, dtype=shape.dtype).train(mode == "fwdbwd")
-    first = encoder.blocks[0].attn
-    order_used = getattr(first, "order", "-")
+    order_used = getattr(encoder.blocks[0].attn, "order", "-")
     train = mode == "fwdbwd"
-    if level == "layer":
-        # requires_grad: a layer inside a network also back-propagates into its input.
-        x = torch.randn(shape.batch, n, shape.d_model, device=shape.device, dtype=shape.dtype, requires_grad=train)
-        call, leaves = (lambda: first(x)), [*encoder.parameters(), x]
-    else:
-        ids = torch.randint(0, shape.vocab, (shape.batch, n), device=shape.device)
-        call, leaves = (lambda: encoder(ids)), list(encoder.parameters())
+    call, inputs = _forward(level, encoder, n, shape, train)
+    leaves = [*encoder.parameters(), *([inputs] if level == "layer" else [])]
 
     def clear() -> None:
         for leaf in leaves:
             leaf.grad = None
 
-    kept = [*encoder.parameters(), *encoder.buffers(), x if level == "layer" else ids]
+    kept = [*encoder.parameters(), *encoder.buffers(), inputs]
 
     def held() -> int:
         grads = [leaf.grad for leaf in leaves if leaf.grad is not None]

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from foundation.errors import check_number, require
 from lightning_modules.attention.base import SelfAttention, kind_options
 from lightning_modules.attention.linformer.options import LinformerOptions, layer_ks
-from lightning_modules.projections import PROJECTION_KINDS, ProjectionBank
+from lightning_modules.projections import PROJECTION_KINDS, ProjectionBank, ProjectionKind
 
 
 def compress_first_is_cheaper(groups: int, k: int, n: int, d_model: int) -> bool:
@@ -45,6 +45,56 @@ def compress_first_is_cheaper(groups: int, k: int, n: int, d_model: int) -> bool
     project_first = n * d_model * d_model + k * n * d_model
     compress_first = groups * k * n * d_model + k * d_model * d_model
     return compress_first < project_first
+
+
+def _checked_ks(model: DictConfig, att: DictConfig) -> list[int]:
+    """k (an integer or one per layer) and its schedule are well formed; every layer's k lies in [1, n]."""
+    k = att.k
+    if isinstance(k, (list, ListConfig)):
+        require(
+            all(isinstance(v, int) and not isinstance(v, bool) for v in k),
+            f"model.attention.options.k: a list must hold integers, got {list(k)}",
+        )
+        require(
+            len(k) == model.n_layers,
+            f"model.attention.options.k: has {len(k)} entries but model.n_layers={model.n_layers} (one per layer)",
+        )
+    else:
+        require(
+            isinstance(k, int) and not isinstance(k, bool),
+            f"model.attention.options.k: must be an integer or a list of integers, got {k!r}",
+        )
+    if att.k_schedule is not None:
+        for end in ("first", "last"):
+            check_number(
+                f"model.attention.options.k_schedule.{end}", att.k_schedule[end], 1, model.max_len, integer=True
+            )
+    ks = layer_ks(model)
+    for i, kl in enumerate(ks):
+        require(
+            1 <= kl <= model.max_len,
+            f"model.attention.options.k: k={kl} (layer {i}) must be in [1, model.max_len={model.max_len}]",
+        )
+    return ks
+
+
+def _check_compress_first(att: DictConfig, projection: ProjectionKind, causal: bool, one_sided: bool) -> None:
+    """``order: compress_first`` needs E to commute with W_k and to see every key row."""
+    require(
+        not projection.per_channel,
+        f"model.attention.options.order: 'compress_first' needs E to commute with W_k, which "
+        f"{att.projection}'s per-channel weights do not; use auto or project_first",
+    )
+    require(
+        not causal,
+        "model.attention.options.order: 'compress_first' does not apply with causal=true (the "
+        "local block needs every key); use auto or project_first",
+    )
+    require(
+        not one_sided,
+        f"model.attention.options.order: 'compress_first' does not apply with "
+        f"compress='{att.compress}' (the lift needs every key row); use auto or project_first",
+    )
 
 
 class Linformer(SelfAttention):
@@ -97,32 +147,7 @@ class Linformer(SelfAttention):
     def check(cls, model: DictConfig) -> None:
         """Linformer's rules: k, and the variant combinations that cannot work."""
         att, causal = kind_options(model.attention), model.attention.causal
-        k = att.k
-        if isinstance(k, (list, ListConfig)):
-            require(
-                all(isinstance(v, int) and not isinstance(v, bool) for v in k),
-                f"model.attention.options.k: a list must hold integers, got {list(k)}",
-            )
-            require(
-                len(k) == model.n_layers,
-                f"model.attention.options.k: has {len(k)} entries but model.n_layers={model.n_layers} (one per layer)",
-            )
-        else:
-            require(
-                isinstance(k, int) and not isinstance(k, bool),
-                f"model.attention.options.k: must be an integer or a list of integers, got {k!r}",
-            )
-        if att.k_schedule is not None:
-            for end in ("first", "last"):
-                check_number(
-                    f"model.attention.options.k_schedule.{end}", att.k_schedule[end], 1, model.max_len, integer=True
-                )
-        ks = layer_ks(model)
-        for i, kl in enumerate(ks):
-            require(
-                1 <= kl <= model.max_len,
-                f"model.attention.options.k: k={kl} (layer {i}) must be in [1, model.max_len={model.max_len}]",
-            )
+        ks = _checked_ks(model, att)
         projection = PROJECTION_KINDS.get(att.projection)
         require(
             projection is not None,
@@ -136,21 +161,7 @@ class Linformer(SelfAttention):
             "position into every row); use compress=both with causal=true",
         )
         if att.order == "compress_first":
-            require(
-                not projection.per_channel,
-                f"model.attention.options.order: 'compress_first' needs E to commute with W_k, which "
-                f"{att.projection}'s per-channel weights do not; use auto or project_first",
-            )
-            require(
-                not causal,
-                "model.attention.options.order: 'compress_first' does not apply with causal=true (the "
-                "local block needs every key); use auto or project_first",
-            )
-            require(
-                not one_sided,
-                f"model.attention.options.order: 'compress_first' does not apply with "
-                f"compress='{att.compress}' (the lift needs every key row); use auto or project_first",
-            )
+            _check_compress_first(att, projection, causal, one_sided)
         one_window_per_matrix = projection.parametric and (projection.windowed or causal)
         require(
             not (att.share == "layerwise" and one_window_per_matrix and len(set(ks)) > 1),
