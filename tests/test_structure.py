@@ -196,9 +196,8 @@ def test_full_attention_without_a_mask_equals_it_with_an_all_true_mask():
     torch.testing.assert_close(layer(x), layer(x, torch.ones(2, 8, dtype=torch.bool)), atol=1e-6, rtol=1e-6)
 
 
-# Files outside lightning_modules/attention/ that still name kinds: the bench's case tables (each case is a kind
-# with the options that match Linformer's budget k) and the schema's default kind.
-NAMES_KINDS = {"experiments/benchmarks/cases.py", "experiments/benchmarks/libraries.py", "lightning_modules/config.py"}
+# The one file outside lightning_modules/attention/ that names a kind: the schema's default kind.
+NAMES_KINDS = {"lightning_modules/config.py"}
 
 
 def _string_constants(tree: ast.AST) -> list[ast.Constant]:

@@ -1,10 +1,10 @@
 """What the bench runs: the two baselines, the attention variants, and one callable per case.
 
-Every case is built from a model config dict through ``TransformerEncoder(model_cfg, vocab_size)``,
-the constructor training uses, so a variant added to :class:`AttentionConfig` is benchmarked by
-adding one line to :data:`VARIANTS`. A *layer* case is the self-attention of a one-layer encoder
-applied to x ∈ R^{B×n×d} (with the model's ProjectionBank); a *model* case is the whole encoder
-(embeddings, attention, feed-forward) applied to token ids.
+Every case is built from a model config dict through ``TransformerEncoder(model_cfg, vocab_size)``, the
+constructor training uses; :data:`VARIANTS` holds the variants every kind offers (``bench_variants``), so a kind
+is benchmarked where it is defined. A *layer* case is the self-attention of a one-layer encoder applied to
+x ∈ R^{B×n×d} (with the model's ProjectionBank); a *model* case is the whole encoder (embeddings, attention,
+feed-forward) applied to token ids.
 
 Baselines, both with the same weights layout as full attention:
 
@@ -17,6 +17,7 @@ Baselines, both with the same weights layout as full attention:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -30,38 +31,20 @@ from lightning_modules.encoder import TransformerEncoder
 BASELINES = ("naive", "sdpa")
 BASELINE_LABELS = {"naive": "naive softmax attention (the paper's baseline)", "sdpa": "scaled_dot_product_attention"}
 
+
 # Variant name → attention config for projected length k at sequence length n (evaluation orders are added
-# separately). The other kinds are matched to Linformer's budget: each query attends to about k slots
-# (window = k positions, k landmarks, k random features, buckets of k keys with one hash round; sparse: the
-# fixed pattern with the paper's block l ≈ √n and c summaries per block, l + c·n/l ≈ k, c ≥ 1).
+# separately): the variants each kind offers at Linformer's budget (``SelfAttention.bench_variants``).
+def _offered(kind: Any, name: str, k: int, n: int) -> dict:
+    return kind.bench_variants(k, n)[name]
+
+
 VARIANTS: dict[str, Callable[[int, int], dict]] = {
-    "learned": lambda k, n: _linformer(k=k),  # E_i, F_i per head (Eq. 7)
-    "headwise": lambda k, n: _linformer(k=k, share="headwise"),
-    "kv": lambda k, n: _linformer(k=k, share="kv"),
-    "layerwise": lambda k, n: _linformer(k=k, share="layerwise"),
-    "random": lambda k, n: _linformer(k=k, projection="random"),
-    "conv": lambda k, n: _linformer(k=k, projection="conv"),
-    "pool": lambda k, n: _linformer(k=k, projection="pool"),
-    "causal": lambda k, n: {**_linformer(k=k), "causal": True},
-    # k from k in the first layer down to k/4 in the last (equals `learned` for one layer).
-    "nonuniform": lambda k, n: _linformer(k_schedule={"kind": "linear", "first": k, "last": max(1, k // 4)}),
-    "sparse": lambda k, n: {"kind": "sparse", "options": sparse_options(k, n)},
-    "local": lambda k, n: {"kind": "local", "options": {"window": min(k, n)}},
-    "lsh": lambda k, n: {"kind": "lsh", "options": {"bucket_size": min(k, n), "n_hashes": 1}},
-    "performer": lambda k, n: {"kind": "performer", "options": {"n_features": k}},
-    "nystrom": lambda k, n: {"kind": "nystrom", "options": {"n_landmarks": min(k, n)}},
+    name: functools.partial(_offered, kind, name)
+    for kind in ATTENTION_KINDS.values()
+    for name in kind.bench_variants(1, 1)
 }
-
-
-def _linformer(**options: Any) -> dict:
-    return {"kind": "linformer", "options": options}
-
-
-def sparse_options(k: int, n: int) -> dict:
-    """The fixed pattern at VARIANTS' budget: block l = √n (Child et al.'s choice) and c = k/l − 1 summaries per
-    block (at least 1), so a query sees its l block positions and c·n/l summaries, ≈ (1 + c)·√n ≈ k keys."""
-    block = max(1, min(n, round(math.sqrt(n))))
-    return {"pattern": "fixed", "block": block, "summary": max(1, min(block, round(k / block - 1)))}
+# The baselines' kind: every query weighs every key by softmax (full attention).
+EXACT = next(kind for kind in ATTENTION_KINDS.values() if kind.exact)
 
 
 ORDERS = ("auto", "compress_first", "project_first")
@@ -130,7 +113,7 @@ class NaiveAttention(nn.Module):
 def attention_config(variant: str, k: Optional[int], order: str, n: int, causal: bool = False) -> dict:
     """The ``model.attention`` dict of a case at length n (baselines: full attention with the given causality)."""
     if variant in BASELINES:
-        return {"kind": "full", "causal": causal, "dropout": 0.0}
+        return {"kind": EXACT.kind, "causal": causal, "dropout": 0.0}
     att = VARIANTS[variant](k, n)
     if "order" in {f.name for f in dataclasses.fields(ATTENTION_KINDS[att["kind"]].Options or object)}:
         att["options"]["order"] = order  # a kind with an evaluation order takes the one asked for

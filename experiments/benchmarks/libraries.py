@@ -16,9 +16,10 @@ One layer x (B, n, d) → (B, n, d) per contender, at matched settings, in one p
   lucidrains' ``linformer.LinformerSelfAttention(k=k)``, which also projects keys and values before compressing
   them, with the same weights (the project's Q/K/V biases zeroed: it has none).
 
-The library's attention runs inside the project's Q/K/V/O projections (so both layers pay the same
-projections), except nystrom-attention and linformer, whose layers are their own. Per (n, mode) each pair is
-timed in interleaved rounds (``measure.interleaved_seconds``); the ratio is library ÷ project per round, its
+Each kind names its library (``SelfAttention.reference``) and builds the matched pair (``reference_attention``,
+``reference_layer``). The library's attention runs inside the project's Q/K/V/O projections (so both layers pay
+the same projections), except nystrom-attention and linformer, whose layers are their own. Per (n, mode) each
+pair is timed in interleaved rounds (``measure.interleaved_seconds``); the ratio is library ÷ project per round, its
 median reported (> 1: the project is faster), beside each side's peak memory of one call and the largest
 output difference on the same input.
 """
@@ -42,17 +43,13 @@ from experiments.benchmarks.measure import (
     peak_memory_bytes,
     seconds_per_call,
 )
-from lightning_modules.attention import build_attention
+from lightning_modules.attention import ATTENTION_KINDS, build_attention
 from lightning_modules.attention.base import SelfAttention
 
+# bench variant → the kind whose reference library it races (``SelfAttention.reference``)
+RACED = {kind.reference[0]: kind for kind in ATTENTION_KINDS.values() if kind.reference is not None}
 # bench variant → the library it races (pip name, import name)
-LIBRARIES = {
-    "local": ("local-attention", "local_attention"),
-    "nystrom": ("nystrom-attention", "nystrom_attention"),
-    "lsh": ("reformer-pytorch", "reformer_pytorch"),
-    "performer": ("performer-pytorch", "performer_pytorch"),
-    "headwise": ("linformer", "linformer"),
-}
+LIBRARIES = {variant: kind.reference[1:] for variant, kind in RACED.items()}
 
 
 @dataclass
@@ -80,91 +77,12 @@ def _layer(attention: dict, n: int, shape: cases.Shape) -> SelfAttention:
     return build_attention(cfg)
 
 
-def _merge(layer: SelfAttention, out: Tensor) -> Tensor:
-    """(B, h, n, d_h) → (B, n, d) through the layer's W_o."""
-    b, _, t, _ = out.shape
-    return layer.out_proj(out.transpose(1, 2).reshape(b, t, layer.d_model))
-
-
-def _around(ours: SelfAttention, core: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-    """The library's attention core between the project layer's projections: x → W_o core(Q, K, V)."""
-    return lambda x: _merge(ours, core(*ours.queries_keys_values(x)))
-
-
-def _local(n: int, k: int, shape: cases.Shape) -> Pair:
-    library = importlib.import_module("local_attention")
-    half = max(1, k // 2)
-    ours = _layer({"kind": "local", "options": {"window": min(n, 2 * half + 1)}}, n, shape)
-    core = library.LocalAttention(
-        window_size=half, causal=False, look_backward=1, look_forward=1, exact_windowsize=True, autopad=True
-    )
-    return Pair("local", "local-attention", ours, _around(ours, core), False, (ours,))
-
-
-def _nystrom(n: int, k: int, shape: cases.Shape) -> Pair:
-    library = importlib.import_module("nystrom_attention")
-    ours = _layer({"kind": "nystrom", "options": {"n_landmarks": min(k, n)}}, n, shape)
-    theirs = library.NystromAttention(
-        dim=shape.d_model,
-        dim_head=shape.d_model // shape.n_heads,
-        heads=shape.n_heads,
-        num_landmarks=min(k, n),
-        pinv_iterations=ours.pinv_iterations,
-        residual=False,
-    )
-    with torch.no_grad():
-        for proj in (ours.q_proj, ours.k_proj, ours.v_proj):
-            proj.bias.zero_()
-        theirs.to_qkv.weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
-        theirs.to_out[0].load_state_dict(ours.out_proj.state_dict())
-    return Pair("nystrom", "nystrom-attention", ours, theirs, True, (ours, theirs))
-
-
-def _lsh(n: int, k: int, shape: cases.Shape) -> Pair:
-    library = importlib.import_module("reformer_pytorch")
-    ours = _layer({"kind": "lsh", "options": {"bucket_size": min(k, n), "n_hashes": 1}}, n, shape)
-    core = library.LSHAttention(
-        bucket_size=min(k, n), n_hashes=1, causal=False, attend_across_buckets=False, allow_duplicate_attention=False
-    )
-
-    def theirs(x: Tensor) -> Tensor:
-        q, v = ours.projected(x, ours.q_proj, ours.v_proj)  # (B, h, n, d_h): shared QK, as in the project's layer
-        out = core(q.flatten(0, 1), v.flatten(0, 1))[0]  # (B·h, n, d_h)
-        return _merge(ours, out.view_as(v))
-
-    return Pair("lsh", "reformer-pytorch", ours, theirs, False, (ours,))
-
-
-def _performer(n: int, k: int, shape: cases.Shape) -> Pair:
-    library = importlib.import_module("performer_pytorch")
-    ours = _layer({"kind": "performer", "options": {"n_features": k}}, n, shape)
-    core = library.FastAttention(dim_heads=shape.d_model // shape.n_heads, nb_features=k, causal=False)
-    core.projection_matrix.copy_(ours.features)
-    return Pair("performer", "performer-pytorch", ours, _around(ours, core), True, (ours, core))
-
-
-def _headwise(n: int, k: int, shape: cases.Shape) -> Pair:
-    library = importlib.import_module("linformer")
-    ours = _layer(cases.attention_config("headwise", min(k, n), "project_first", n), n, shape)
-    theirs = library.LinformerSelfAttention(dim=shape.d_model, seq_len=n, k=min(k, n), heads=shape.n_heads)
-    e, f = ours.bank.matrices(0, n)  # (1, k, n) each: one E and one F for every head
-    with torch.no_grad():
-        for mine, its in ((ours.q_proj, theirs.to_q), (ours.k_proj, theirs.to_k), (ours.v_proj, theirs.to_v)):
-            mine.bias.zero_()
-            its.weight.copy_(mine.weight)
-        theirs.to_out.load_state_dict(ours.out_proj.state_dict())
-        theirs.proj_k.copy_(e[0].T)
-        theirs.proj_v.copy_(f[0].T)
-    return Pair("headwise", "linformer", ours, theirs, True, (ours, theirs))  # ours owns its bank
-
-
-BUILDERS: dict[str, Callable[[int, int, cases.Shape], Pair]] = {
-    "local": _local,
-    "nystrom": _nystrom,
-    "lsh": _lsh,
-    "performer": _performer,
-    "headwise": _headwise,
-}
+def build(variant: str, n: int, k: int, shape: cases.Shape) -> Pair:
+    """The project's layer of the variant's kind and the library's layer matched to it."""
+    kind = RACED[variant]
+    ours = _layer(kind.reference_attention(n, k), n, shape)
+    theirs, compare, modules = ours.reference_layer(importlib.import_module(LIBRARIES[variant][1]), n, k)
+    return Pair(variant, LIBRARIES[variant][0], ours, theirs, compare, (ours, *modules))
 
 
 @contextlib.contextmanager
@@ -204,7 +122,7 @@ def race(
     with performer_without_eps():
         for variant in variants:
             torch.manual_seed(0)
-            pair = BUILDERS[variant](n, k, shape)
+            pair = build(variant, n, k, shape)
             for module in pair.modules:
                 module.to(device=shape.device, dtype=shape.dtype).train(False)
             x = torch.randn(shape.batch, n, shape.d_model, device=shape.device, dtype=shape.dtype)

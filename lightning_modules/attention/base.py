@@ -15,7 +15,7 @@ depends on a later position.
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -142,6 +142,26 @@ class SelfAttention(nn.Module):
         return {key: value for key, value in options.items() if key not in cls.weight_free_options}
 
     @classmethod
+    def bench_variants(cls, k: int, n: int) -> dict[str, dict]:
+        """The variants of this kind the bench times at a budget matched to Linformer's k: each query attends to
+        about k slots at sequence length n. Variant name → its ``model.attention`` dict; {}: none."""
+        return {}
+
+    # The public implementation the bench races this kind against (``bench --levels libraries``): the bench
+    # variant that races it, the library's pip name and its import name; None: none.
+    reference: ClassVar[Optional[tuple[str, str, str]]] = None
+
+    @classmethod
+    def reference_attention(cls, n: int, k: int) -> dict:
+        """The ``model.attention`` dict of the layer that races :attr:`reference` at length n and budget k."""
+        raise NotImplementedError
+
+    def reference_layer(self, library: Any, n: int, k: int) -> tuple[Callable[[Tensor], Tensor], bool, tuple]:
+        """The library's layer (imported module ``library``) matched to this one, x (B, n, d) → (B, n, d); whether
+        both compute the same function (their outputs are then compared); the modules holding its parameters."""
+        raise NotImplementedError
+
+    @classmethod
     def extra_parameters(cls, model: DictConfig) -> int:
         """An upper estimate of the parameters and buffers the kind adds to the model beyond each layer's Q/K/V/O
         (the memory preflight's estimate)."""
@@ -194,6 +214,16 @@ class SelfAttention(nn.Module):
     def queries_keys_values(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q = X W_qᵀ + b_q, K = X W_kᵀ + b_k, V = X W_vᵀ + b_v, each (B, h, T, d_h), in one product."""
         return self.projected(x, self.q_proj, self.k_proj, self.v_proj)
+
+    def merged(self, out: Tensor) -> Tensor:
+        """(B, h, T, d_h) → (B, T, d) through W_o."""
+        b, _, t, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, self.d_model))
+
+    def around(self, core: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+        """An attention core (Q, K, V each (B, h, T, d_h) → (B, h, T, d_h)) between this layer's projections:
+        x → W_o core(Q, K, V)."""
+        return lambda x: self.merged(core(*self.queries_keys_values(x)))
 
     def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """K = X W_kᵀ + b_k and V = X W_vᵀ + b_v, each (B, h, T, d_h), in one product."""
