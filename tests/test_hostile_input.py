@@ -222,6 +222,29 @@ CASES: dict[str, tuple[Callable, str]] = {
         lambda w: train(w, f"run_dir={resumable(w, 'r_arch')}", "resume=true", "optim.lr=0.5", "model.dropout=0.3"),
         "differs at model.dropout (0.1 there, 0.3 here), optim.lr (",
     ),
+    # metrics.json is replaced at the end: a resumed run that would train 2 steps and only then fail to write it
+    "train/resume with metrics.json a folder": (
+        lambda w: train(w, f"run_dir={spoiled_run(w, 'r_mdir', metrics_folder)}", "resume=true", "trainer.max_steps=4"),
+        "metrics.json: not a file; the resumed run would replace it",
+    ),
+    "train/resume with a truncated metrics.json": (
+        lambda w: train(
+            w,
+            f"run_dir={spoiled_run(w, 'r_mtrunc', lambda r: truncate_text(r / 'metrics.json'))}",
+            "resume=true",
+            "trainer.max_steps=4",
+        ),
+        "metrics.json: not valid JSON",
+    ),
+    "train/resume with metrics.step_N.json a folder": (
+        lambda w: train(
+            w,
+            f"run_dir={spoiled_run(w, 'r_kdir', lambda r: (r / 'metrics.step_2.json').mkdir())}",
+            "resume=true",
+            "trainer.max_steps=4",
+        ),
+        "metrics.step_2.json: not a file",
+    ),
     "train/resume with a malformed config.yaml": (
         lambda w: train(w, f"run_dir={resumable(w, 'r_cfg', spoil_config)}", "resume=true"),
         "config.yaml: malformed YAML",
