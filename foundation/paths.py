@@ -5,12 +5,15 @@ relative path that stays inside it (no ``..``, not absolute), holds no control c
 longer than the ``NAME_MAX`` bytes a file system allows in one name. A *path* (``output_dir``, ``run_dir``, a cache
 folder, an ``--out`` folder) may be anywhere, but holds no NUL byte or other control character and is at most
 ``PATH_MAX`` bytes; a folder the command will write into must not be an existing file, and the nearest part of
-it that exists must be a folder this process can write into.
+it that exists must be a folder this process can write into, which is found out by writing a file there (and
+removing it).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import tempfile
 import unicodedata
 from pathlib import Path, PurePosixPath
 
@@ -53,7 +56,8 @@ def check_name(key: str, value: str) -> str:
 
 
 def check_folder(key: str, value: str) -> Path:
-    """A folder the command will create or write into: a usable path that is not an existing file."""
+    """A folder the command will create or write into: a usable path that is not an existing file, and whose
+    nearest existing part is a folder that takes a new file (one is written there and removed)."""
     path = check_path(key, value)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{key}: {value} is a file, not a folder")
@@ -62,6 +66,30 @@ def check_folder(key: str, value: str) -> Path:
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(f"{key}: {value} lies inside {existing}, which is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{key}: {value}: cannot write into {existing} (permission denied)")
+    try:
+        _write_a_file(existing)
+    except OSError as err:
+        raise ConfigError(
+            f"{key}: {value}: cannot write into {existing} ({err.strerror or type(err).__name__})"
+        ) from None
     return path
+
+
+_UNNAMED = getattr(os, "O_TMPFILE", 0)  # Linux: a file without a name, gone when closed
+
+
+def _write_a_file(folder: Path) -> None:
+    """Create a file in ``folder`` and remove it, or raise the OSError that stopped it. Only trying tells: the
+    permission bits answer yes to root whatever they say, and say nothing of a read-only mount or a file
+    system that takes no files. An unnamed file leaves no entry and no changed timestamp; where the system or
+    the file system has none, a named temporary file is created and removed at once."""
+    if _UNNAMED:
+        try:
+            os.close(os.open(folder, _UNNAMED | os.O_WRONLY, 0o600))
+            return
+        except OSError as err:
+            if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):  # (no unnamed files there)
+                raise
+    fd, name = tempfile.mkstemp(dir=folder, prefix=".write-check-")
+    os.close(fd)
+    os.unlink(name)

@@ -222,6 +222,29 @@ CASES: dict[str, tuple[Callable, str]] = {
         lambda w: train(w, f"run_dir={resumable(w, 'r_arch')}", "resume=true", "optim.lr=0.5", "model.dropout=0.3"),
         "differs at model.dropout (0.1 there, 0.3 here), optim.lr (",
     ),
+    # metrics.json is replaced at the end: a resumed run that would train 2 steps and only then fail to write it
+    "train/resume with metrics.json a folder": (
+        lambda w: train(w, f"run_dir={spoiled_run(w, 'r_mdir', metrics_folder)}", "resume=true", "trainer.max_steps=4"),
+        "metrics.json: not a file; the resumed run would replace it",
+    ),
+    "train/resume with a truncated metrics.json": (
+        lambda w: train(
+            w,
+            f"run_dir={spoiled_run(w, 'r_mtrunc', lambda r: truncate_text(r / 'metrics.json'))}",
+            "resume=true",
+            "trainer.max_steps=4",
+        ),
+        "metrics.json: not valid JSON",
+    ),
+    "train/resume with metrics.step_N.json a folder": (
+        lambda w: train(
+            w,
+            f"run_dir={spoiled_run(w, 'r_kdir', lambda r: (r / 'metrics.step_2.json').mkdir())}",
+            "resume=true",
+            "trainer.max_steps=4",
+        ),
+        "metrics.step_2.json: not a file",
+    ),
     "train/resume with a malformed config.yaml": (
         lambda w: train(w, f"run_dir={resumable(w, 'r_cfg', spoil_config)}", "resume=true"),
         "config.yaml: malformed YAML",
@@ -534,6 +557,67 @@ def test_bad_input_gets_one_line_exit_2_and_writes_nothing(world, case, capsys, 
     assert PASSWORD not in out.out + out.err
     assert snapshot(world.root) == before, "files were written, changed or removed"
     assert not (world.root / "code_ran").exists()
+
+
+# sysfs takes no new file, whoever asks; its permission bits (os.access) let root through.
+UNWRITABLE = "/sys"
+needs_sysfs = pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="no sysfs here (Linux only)")
+
+
+def no_cache_variables(monkeypatch) -> None:
+    """Neither HF_HOME nor another variable naming the Hugging Face cache: it lies under HOME."""
+    for key in ("HF_HOME", "HF_DATASETS_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(key, raising=False)
+
+
+@needs_sysfs
+@pytest.mark.parametrize(
+    "env, args, words",
+    [
+        pytest.param(
+            {"HOME": UNWRITABLE},
+            [],
+            f"HF_HOME: {UNWRITABLE}/.cache/huggingface: cannot write into {UNWRITABLE} (",
+            id="HOME unwritable, HF_HOME unset",
+        ),
+        pytest.param({}, [f"data.cache_dir={UNWRITABLE}/cache"], f"cannot write into {UNWRITABLE} (", id="cache_dir"),
+        pytest.param({}, [f"output_dir={UNWRITABLE}/runs"], "output_dir: ", id="output_dir"),
+        pytest.param({}, [f"run_dir={UNWRITABLE}/run"], "run_dir: ", id="run_dir"),
+    ],
+)
+def test_a_folder_that_takes_no_file_is_one_line_even_for_root(world, monkeypatch, capsys, env, args, words):
+    no_cache_variables(monkeypatch)
+    if not env:  # the Hugging Face cache where the tests keep it
+        monkeypatch.setenv("HF_HOME", str(world.root / "hf"))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    before = snapshot(world.root)
+    assert cli.main(train(world, *args)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and words in err and "cannot write into" in err, err
+    assert snapshot(world.root) == before
+
+
+def test_a_writable_home_passes_the_cache_check_and_keeps_nothing(world, tmp_path, monkeypatch, capsys):
+    """HF_HOME unset: the cache goes under HOME, which is tried by writing a file there; none is left, and the
+    folder's timestamp does not move."""
+    no_cache_variables(monkeypatch)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    stamp = tmp_path.stat().st_mtime_ns
+    assert cli.main([*train(world), "--check"]) == 0, capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [] and tmp_path.stat().st_mtime_ns == stamp
+
+
+@needs_sysfs
+def test_where_no_unnamed_file_can_be_made_a_named_one_is_tried_and_removed(tmp_path, monkeypatch):
+    from foundation import paths
+    from foundation.errors import ConfigError
+
+    monkeypatch.setattr(paths, "_UNNAMED", 0)  # (macOS, or a file system without O_TMPFILE)
+    assert paths.check_folder("output_dir", str(tmp_path / "runs")) == tmp_path / "runs"
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ConfigError, match=f"output_dir: {UNWRITABLE}/runs: cannot write into {UNWRITABLE} "):
+        paths.check_folder("output_dir", f"{UNWRITABLE}/runs")
 
 
 def test_a_real_process_prints_one_line_and_no_traceback(world):

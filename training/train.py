@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import functools
 import importlib.util
-import json
 import logging
 import math
 import multiprocessing as mp
@@ -33,6 +32,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf
 
 from foundation.atomic import atomic_write_text, write_json
+from foundation.checked import read_json
 from foundation.checkpoint import AtomicCheckpointIO, check_architecture, read_checkpoint
 from foundation.errors import ConfigError, Terminated
 from foundation.lock import Owner
@@ -113,23 +113,41 @@ def finished_metrics(run_dir: Path, saved_step: int, max_steps: int) -> Optional
     path = run_dir / METRICS
     if saved_step < max_steps or not path.is_file():
         return None
-    try:
-        metrics = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    complete = isinstance(metrics, dict) and metrics.get("global_step") == saved_step
+    metrics = read_json(path)  # checked readable by check_resume
+    complete = metrics.get("global_step") == saved_step
     return metrics if complete and any(k.startswith("val/") for k in metrics) else None
+
+
+def _earlier_metrics(run_dir: Path) -> Optional[Path]:
+    """Where a run trained further keeps the metrics.json of its earlier end: metrics.step_<N>.json (None when
+    there is no metrics.json, or it names no step)."""
+    path = run_dir / METRICS
+    step = read_json(path).get("global_step") if path.exists() else None
+    return run_dir / f"metrics.step_{step}.json" if isinstance(step, int) else None
 
 
 def _keep_earlier_metrics(run_dir: Path) -> None:
     """A run trained further keeps the metrics.json of its earlier end as metrics.step_<N>.json."""
-    path = run_dir / METRICS
-    try:
-        step = json.loads(path.read_text()).get("global_step")
-    except (OSError, ValueError, AttributeError):
+    kept = _earlier_metrics(run_dir)
+    if kept is not None:
+        os.replace(run_dir / METRICS, kept)
+
+
+def check_resume(cfg: DictConfig) -> None:
+    """A resumed run continues the run that was started and can write its end: its config equals the stored
+    ``config.yaml`` (keys of ``MAY_CHANGE_ON_RESUME`` aside), and the ``metrics.json`` it will replace (or move to
+    ``metrics.step_<N>.json``) is a readable JSON file. Checked before the data is prepared, anything written or
+    a step trained; a problem is one ConfigError line. Nothing to check for a new run."""
+    if not cfg.resume:
         return
-    if isinstance(step, int):
-        os.replace(path, run_dir / f"metrics.step_{step}.json")
+    run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, True, rank_zero_only.rank)
+    check_same_config(cfg, run_dir)
+    try:
+        kept = _earlier_metrics(run_dir)
+        if kept is not None and kept.exists() and not kept.is_file():
+            raise ConfigError(f"{kept}: not a file")
+    except ConfigError as err:
+        raise ConfigError(f"resume: {err}; the resumed run would replace it at its end (move it aside)") from None
 
 
 def _own_run_dir(cfg: DictConfig, run_dir: Path) -> tuple[Path, Optional[Owner]]:
@@ -156,9 +174,9 @@ def _open_run_dir(
     metrics (then nothing is written); and the ownership, for the caller to release.
 
     A DDP launch runs this in every rank (RANK / LOCAL_RANK / SLURM_PROCID); only rank 0 owns and writes. A
-    resumed run whose config differs from its stored one, and a truncated or foreign checkpoint, are refused
-    before anything is written; resuming drops the TensorBoard events the interrupted process logged after its
-    checkpoint.
+    truncated or foreign checkpoint is refused before anything is written (a changed config or an unusable
+    metrics.json earlier, by :func:`check_resume`); resuming drops the TensorBoard events the interrupted
+    process logged after its checkpoint.
     """
     rank = rank_zero_only.rank
     run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, cfg.resume, rank)
@@ -170,7 +188,6 @@ def _open_run_dir(
         resume_from = str(ckpt) if cfg.resume and ckpt.is_file() else None
         resume_state = None
         if resume_from is not None:
-            check_same_config(cfg, run_dir)
             resume_state = read_checkpoint(ckpt)
             fuse_checkpoint(module, resume_state)
             check_architecture(resume_state, module, ckpt)
@@ -403,6 +420,7 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
     started = time.time()
     check_machine(cfg)
     preflight(cfg)
+    check_resume(cfg)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.cpu_threads > 0:
         torch.set_num_threads(cfg.trainer.cpu_threads)
@@ -505,6 +523,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = run_config.load(args.config, args.overrides)
     if args.check:
+        check_resume(cfg)
         print(
             f"config OK: {cfg.task}, {cfg.model.attention.kind} attention, about {preflight(cfg):,} parameters; "
             "nothing written"
