@@ -45,7 +45,7 @@ from foundation.rundir import init_from_checkpoint
 from lightning_modules.attention import ATTENTION_KINDS, misplaced_option
 from lightning_modules.config import model_config
 from lightning_modules.encoder import TransformerEncoder, count_parameters
-from lightning_modules.optim import build_optimizer
+from lightning_modules.optim import build_optimizer, fuse_checkpoint
 
 # Model settings that no weight depends on: they may differ between pretraining and fine-tuning.
 WEIGHT_FREE_KEYS = {"dropout", "attention.dropout"}
@@ -140,6 +140,9 @@ class SequenceClassifierModule(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         return build_optimizer(self, self.config["optim"], self.config["trainer"]["max_steps"])
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        fuse_checkpoint(self, checkpoint)  # a checkpoint saved with separate Q/K/V projections resumes
 
 
 # ------------------------------------------------------------------------------------- init_from

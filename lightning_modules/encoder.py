@@ -31,7 +31,13 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from lightning_modules.attention import SelfAttention, attention_class, check_model, misplaced_option
+from lightning_modules.attention import (
+    InputProjections,
+    SelfAttention,
+    attention_class,
+    check_model,
+    misplaced_option,
+)
 from lightning_modules.config import model_config
 
 
@@ -78,7 +84,7 @@ class TransformerEncoder(nn.Module):
             for i in range(cfg.n_layers)
         )
         self.ln_f = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
-        self.apply(functools.partial(_init_weights, std=cfg.init_std))
+        self.apply(functools.partial(init_weights, std=cfg.init_std))
         with torch.no_grad():
             if cfg.position == "learned":
                 self.pos.weight.normal_(0.0, cfg.position_scale)
@@ -132,8 +138,10 @@ def sinusoidal_positions(n: int, d: int) -> Tensor:
     return table.float()
 
 
-def _init_weights(module: nn.Module, std: float) -> None:
+def init_weights(module: nn.Module, std: float) -> None:
     """N(0, std²) for linear and embedding weights (BERT: std = 0.02); zero biases. E/F keep their own."""
+    if isinstance(module, InputProjections):
+        module.normal_(std)
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, std=std)
     if isinstance(module, nn.Linear) and module.bias is not None:

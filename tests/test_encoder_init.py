@@ -2,6 +2,7 @@
 each scheme adds to the token embeddings, at what scale, whether it trains, and that the input of every attention
 kind carries it) and the initial weights (``model.init_std``)."""
 
+import functools
 import math
 
 import pytest
@@ -9,7 +10,8 @@ import torch
 from torch import nn
 
 from foundation.errors import ConfigError
-from lightning_modules.encoder import TransformerEncoder, sinusoidal_positions
+from lightning_modules.attention import build_attention
+from lightning_modules.encoder import TransformerEncoder, init_weights, sinusoidal_positions
 from training import config as run_config
 
 N, D = 32, 16
@@ -70,3 +72,29 @@ def test_linear_and_token_weights_start_from_a_normal_of_standard_deviation_init
     )
     assert weights.std().item() == pytest.approx(init_std, rel=0.05)
     assert all(not m.bias.any() for m in enc.modules() if isinstance(m, nn.Linear))
+
+
+@pytest.mark.parametrize("kind, absent", [("full", ""), ("lsh", "k"), ("no_context", "qk")])
+def test_fused_q_k_v_rows_hold_what_three_separate_linears_drew_from_the_same_seed(kind, absent):
+    """Built, then re-initialised with init_std, W_q, W_k, W_v consume the random stream as three nn.Linear(d, d)
+    in the order q, k, v (one the kind lacks still draws when built): a seed gives the same model as before the
+    projections were fused, bit for bit."""
+    model = {"max_len": N, "d_model": D, "n_heads": 2, "attention": {"kind": kind, "options": {}}}
+    if kind == "lsh":
+        model["attention"]["options"] = {"bucket_size": N}
+    init = functools.partial(init_weights, std=0.02)
+    torch.manual_seed(0)
+    layer = build_attention(model)
+    torch.manual_seed(0)
+    separate = {name: nn.Linear(D, D) for name in ("q", "k", "v", "out")}  # drawn in this order when built
+    for redraw in (False, True):
+        for name, linear in separate.items():
+            mine = layer.out_proj if name == "out" else getattr(layer, f"{name}_proj")
+            assert (mine is None) == (name in absent)
+            if mine is not None:
+                assert torch.equal(mine.weight, linear.weight) and torch.equal(mine.bias, linear.bias)
+        if not redraw:
+            torch.manual_seed(1)
+            layer.apply(init)
+            torch.manual_seed(1)
+            nn.ModuleList(linear for name, linear in separate.items() if name not in absent).apply(init)

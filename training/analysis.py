@@ -32,7 +32,7 @@ from foundation.checkpoint import check_architecture, read_checkpoint
 from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT
 from lightning_modules import analysis
-from lightning_modules.attention import attention_class
+from lightning_modules.attention import attention_class, fuse_projections
 from training import config as run_config
 from training.train import build_datamodule, build_module
 
@@ -69,7 +69,8 @@ def read_run(path: Path) -> Run:
         raise ConfigError(f"{ckpt_path}: not a linformer-lab checkpoint (no config/vocab_size hyper-parameters)")
     cfg = run_config.merge_run([hparams["config"]])
     run_config.check(cfg)
-    return Run(run_dir, ckpt_path, cfg, int(ckpt.get("global_step", 0)), hparams["vocab_size"], ckpt["state_dict"])
+    weights = fuse_projections(ckpt["state_dict"])  # a checkpoint with separate Q/K/V projections too
+    return Run(run_dir, ckpt_path, cfg, int(ckpt.get("global_step", 0)), hparams["vocab_size"], weights)
 
 
 def load_module(run: Run, datamodule: L.LightningDataModule) -> L.LightningModule:

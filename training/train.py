@@ -40,6 +40,7 @@ from foundation.rundir import CHECKPOINT, TOKENIZER, choose_run_dir, shared_with
 from lightning_modules.callbacks import RunMetrics, SpectrumMonitor, TrainingFlops
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.language_model import EXAMPLES
+from lightning_modules.optim import fuse_checkpoint
 from training import config as run_config
 from training.resume import LastCheckpoint, StopTogether, adopt_final_state, check_same_config, rollback_events
 
@@ -188,6 +189,7 @@ def _open_run_dir(
         resume_state = None
         if resume_from is not None:
             resume_state = read_checkpoint(ckpt)
+            fuse_checkpoint(module, resume_state)
             check_architecture(resume_state, module, ckpt)
             done = finished_metrics(run_dir, int(resume_state.get("global_step", -1)), cfg.trainer.max_steps)
             if done is not None:

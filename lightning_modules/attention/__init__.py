@@ -24,7 +24,9 @@ from foundation.errors import require
 from lightning_modules.attention import full, linformer, local, lsh, no_context, nystrom, performer, sparse  # noqa: F401
 from lightning_modules.attention.base import (
     ATTENTION_KINDS,
+    InputProjections,
     SelfAttention,
+    fuse_projections,
     kind_options,
     misplaced_option,
     register_attention,
@@ -73,10 +75,12 @@ def build_attention(model: Any, layer: int = 0, shared: Optional[nn.Module] = No
 
 __all__ = [
     "ATTENTION_KINDS",
+    "InputProjections",
     "SelfAttention",
     "attention_class",
     "build_attention",
     "check_model",
+    "fuse_projections",
     "kind_options",
     "misplaced_option",
     "register_attention",

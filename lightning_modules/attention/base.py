@@ -1,7 +1,8 @@
 """What every attention kind shares, and the registry of kinds.
 
-:class:`SelfAttention` owns the Q/K/V/O projections, the head split and the mask contract; a kind subclasses it,
-registers itself with :func:`register_attention` and implements, as its equation, either
+:class:`SelfAttention` owns the Q/K/V/O projections (Q/K/V fused: :class:`InputProjections`), the head split and
+the mask contract; a kind subclasses it, registers itself with :func:`register_attention` and implements, as its
+equation, either
 :meth:`SelfAttention.attend_qkv` (a kind that reads the keys and values of every position: Q, K and V then come
 from one product) or :meth:`SelfAttention.attend` (any other kind: it gets X and Q). Shapes: B batch, T sequence
 length (≤ n = ``max_len``), d model width, h heads, d_h = d / h.
@@ -14,8 +15,10 @@ depends on a later position.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import fields
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -78,6 +81,89 @@ def misplaced_option(key: str) -> Optional[str]:
     return f"an option of kind {' and '.join(map(repr, owners))}: write {parent}.options.{name}"
 
 
+class Linear(NamedTuple):
+    """One projection, y = x Wᵀ + b: its weight (d, d) and bias (d,), views of :class:`InputProjections`' rows."""
+
+    weight: Tensor
+    bias: Tensor
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class InputProjections(nn.Module):
+    """A layer's W_q, W_v, W_k as one weight [W_q; W_v; W_k] (m·d, d) and one bias (m·d,), m ≤ 3 the projections
+    its kind has, in that row order: every set a kind projects with in one product (Q, K, V; K, V; Q; Q, V) is a
+    contiguous block of rows, which one GEMM reads as a view (nothing concatenated per call).
+
+    The random draws are those of three ``nn.Linear(d, d)`` built for q, k, v in that order (one the kind lacks
+    still draws, into nothing) and :meth:`normal_` redraws them in that order: a seed gives the weights that
+    separate linears got, bit for bit."""
+
+    ROWS: ClassVar[str] = "qvk"
+
+    def __init__(self, d: int, names: str) -> None:
+        super().__init__()
+        self.d, self.names = d, "".join(name for name in self.ROWS if name in names)
+        self.weight = nn.Parameter(torch.empty(len(self.names) * d, d))  # (m·d, d)
+        self.bias = nn.Parameter(torch.empty(len(self.names) * d))  # (m·d,)
+        self.reset_parameters()
+
+    def part(self, name: str) -> Optional[Linear]:
+        """The projection ``name`` (q, k or v) as views of the fused rows; None when the kind has none."""
+        i = self.names.find(name)
+        if i < 0:
+            return None
+        rows = slice(i * self.d, (i + 1) * self.d)
+        return Linear(self.weight[rows], self.bias[rows])
+
+    def reset_parameters(self) -> None:
+        """As ``nn.Linear(d, d)`` initialises W_q, b_q, then W_k, b_k, then W_v, b_v: U(±1/√d) each."""
+        bound = 1 / math.sqrt(self.d)
+        for name in "qkv":
+            weight, bias = self.part(name) or (self.weight.new_empty(self.d, self.d), self.bias.new_empty(self.d))
+            nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+            nn.init.uniform_(bias, -bound, bound)
+
+    def normal_(self, std: float) -> None:
+        """W ~ N(0, std²) drawn for W_q, W_k, W_v in that order, biases zero (the encoder's initialisation)."""
+        for part in filter(None, map(self.part, "qkv")):
+            nn.init.normal_(part.weight, std=std)
+            nn.init.zeros_(part.bias)
+
+    def forward(self, x: Tensor, names: str) -> tuple[Tensor, ...]:
+        """X W_nᵀ + b_n for each projection n of ``names`` (in that order), (B, T, d) each, from one product over
+        their block of rows."""
+        at = sorted(self.names.index(name) for name in names)
+        first, last = at[0], at[-1] + 1
+        if last - first != len(names):
+            raise ValueError(f"projections {names!r} are not one block of the rows {self.names!r}")
+        rows = slice(first * self.d, last * self.d)
+        out = F.linear(x, self.weight[rows], self.bias[rows]).chunk(last - first, -1)  # in row order
+        return tuple(out[self.names.index(name) - first] for name in names)
+
+
+_SEPARATE = re.compile(r"(.*)([qkv])_proj\.(weight|bias)$")
+
+
+def fuse_projections(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A state dict with every layer's separate ``q_proj``, ``k_proj``, ``v_proj`` tensors (checkpoints of the
+    layout before :class:`InputProjections`) replaced by their fused ``in_proj`` rows; other entries as they
+    were, in their order."""
+    fused: dict[str, Tensor] = {}
+    for key, value in state.items():
+        found = _SEPARATE.match(key)
+        if found is None:
+            fused[key] = value
+            continue
+        prefix, _, what = found.groups()
+        name = f"{prefix}in_proj.{what}"
+        if name not in fused:
+            parts = [f"{prefix}{n}_proj.{what}" for n in InputProjections.ROWS]
+            fused[name] = torch.cat([state[part] for part in parts if part in state])
+    return fused
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention: x (B, T, d) [+ mask (B, T)] → (B, T, d).
 
@@ -94,17 +180,42 @@ class SelfAttention(nn.Module):
     kind: ClassVar[str] = ""
     Options: ClassVar[Optional[type]] = None
     has_causal_form: ClassVar[bool] = True
+    # The input projections the kind has (a subset of "qkv"): the rows of ``in_proj``.
+    projections: ClassVar[str] = "qkv"
 
     def __init__(self, model: DictConfig, layer: int = 0, shared: Optional[nn.Module] = None) -> None:
         super().__init__()
         d = model.d_model
         self.d_model, self.n_heads, self.d_head = d, model.n_heads, d // model.n_heads
         self.causal, self.layer, self.dropout = bool(model.attention.causal), layer, float(model.attention.dropout)
-        self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
-        self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
+        self.in_proj, self.out_proj = InputProjections(d, self.projections), nn.Linear(d, d)
         # A shared module belongs to the encoder: keep it out of this module's children so it is registered
         # (and counted, and synchronised by DDP) exactly once.
         self.__dict__["bank"] = shared
+
+    @property
+    def q_proj(self) -> Optional[Linear]:
+        """W_q, b_q (views of ``in_proj``), or None for a kind without queries."""
+        return self.in_proj.part("q")
+
+    @property
+    def k_proj(self) -> Optional[Linear]:
+        """W_k, b_k (views of ``in_proj``), or None for a kind without keys of their own."""
+        return self.in_proj.part("k")
+
+    @property
+    def v_proj(self) -> Optional[Linear]:
+        """W_v, b_v (views of ``in_proj``)."""
+        return self.in_proj.part("v")
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        # A state dict with separate q_proj/k_proj/v_proj tensors loads into the fused rows.
+        if any(f"{prefix}{name}_proj.weight" in state_dict for name in "qkv"):
+            own = {key: value for key, value in state_dict.items() if key.startswith(prefix)}
+            for key in own:
+                del state_dict[key]
+            state_dict.update(fuse_projections(own))
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def own(self, shared: nn.Module) -> None:
         """Make ``shared`` this layer's child: a standalone layer (no encoder to hold it) moves, converts, saves
@@ -204,16 +315,14 @@ class SelfAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
 
-    def projected(self, x: Tensor, *linears: nn.Linear) -> tuple[Tensor, ...]:
-        """X [W_1 ; W_2 ; …]ᵀ + [b_1 ; b_2 ; …] as one product (one GEMM of m·d columns runs faster than m of d),
-        split into one (B, h, T, d_h) per linear (views of the (B, T, m·d) output)."""
-        weight = torch.cat([linear.weight for linear in linears])  # (m·d, d)
-        bias = torch.cat([linear.bias for linear in linears])
-        return tuple(self.heads(y) for y in F.linear(x, weight, bias).chunk(len(linears), -1))
+    def projected(self, x: Tensor, names: str) -> tuple[Tensor, ...]:
+        """X W_nᵀ + b_n for each projection n of ``names`` (e.g. "kv"), one (B, h, T, d_h) each, from one product
+        over their rows of ``in_proj`` (one GEMM of m·d columns runs faster than m of d)."""
+        return tuple(self.heads(y) for y in self.in_proj(x, names))
 
     def queries_keys_values(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q = X W_qᵀ + b_q, K = X W_kᵀ + b_k, V = X W_vᵀ + b_v, each (B, h, T, d_h), in one product."""
-        return self.projected(x, self.q_proj, self.k_proj, self.v_proj)
+        return self.projected(x, "qkv")
 
     def merged(self, out: Tensor) -> Tensor:
         """(B, h, T, d_h) → (B, T, d) through W_o."""
@@ -227,7 +336,7 @@ class SelfAttention(nn.Module):
 
     def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """K = X W_kᵀ + b_k and V = X W_vᵀ + b_v, each (B, h, T, d_h), in one product."""
-        return self.projected(x, self.k_proj, self.v_proj)
+        return self.projected(x, "kv")
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """x: (B, T, d); mask: (B, T) bool, True at real tokens (None: no padding) → (B, T, d)."""

@@ -55,11 +55,11 @@ def n_buckets(max_len: int, bucket_size: int) -> int:
 @register_attention("lsh")
 class LSHAttention(SelfAttention):
     Options = LSHOptions
+    projections = "qv"  # shared QK: keys are normalised queries
 
     def __init__(self, model: DictConfig, layer: int = 0, shared: Any = None) -> None:
         super().__init__(model, layer, shared)
         opts = kind_options(model.attention)
-        self.k_proj = None  # shared QK: keys are normalised queries
         self.n_hashes, self.bucket_size = int(opts.n_hashes), int(opts.bucket_size)
         self.n_buckets = n_buckets(int(model.max_len), self.bucket_size)
         self.register_buffer("rotations", torch.randn(self.n_hashes, self.d_head, self.n_buckets // 2))
@@ -88,7 +88,7 @@ class LSHAttention(SelfAttention):
         )
 
         def theirs(x: Tensor) -> Tensor:
-            q, v = self.projected(x, self.q_proj, self.v_proj)  # (B, h, n, d_h): shared QK, as in this layer
+            q, v = self.projected(x, "qv")  # (B, h, n, d_h): shared QK, as in this layer
             out = core(q.flatten(0, 1), v.flatten(0, 1))[0]  # (B·h, n, d_h)
             return self.merged(out.view_as(v))
 
@@ -106,7 +106,8 @@ class LSHAttention(SelfAttention):
 
     def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """K̂ = Q / ‖Q‖ (shared QK) and V, each (B, h, T, d_h)."""
-        return F.normalize(self.heads(self.q_proj(x)), dim=-1), self.heads(self.v_proj(x))
+        q, v = self.projected(x, "qv")
+        return F.normalize(q, dim=-1), v
 
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         v = self.heads(self.v_proj(x))  # (B, h, T, d_h)

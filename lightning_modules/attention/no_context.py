@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from omegaconf import DictConfig
 from torch import Tensor
 
 from lightning_modules.attention.base import SelfAttention, register_attention
@@ -21,9 +20,7 @@ from lightning_modules.attention.base import SelfAttention, register_attention
 
 @register_attention("no_context")
 class NoContextAttention(SelfAttention):
-    def __init__(self, model: DictConfig, layer: int = 0, shared: Any = None) -> None:
-        super().__init__(model, layer, shared)
-        self.q_proj = self.k_proj = None  # no query meets a key
+    projections = "v"  # no query meets a key
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """x: (B, T, d); mask unused (no position reads another) → (B, T, d)."""

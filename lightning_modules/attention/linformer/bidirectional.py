@@ -33,10 +33,10 @@ from typing import Any, Callable, ClassVar, Optional
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, ListConfig
-from torch import Tensor, nn
+from torch import Tensor
 
 from foundation.errors import check_number, require
-from lightning_modules.attention.base import SelfAttention, kind_options
+from lightning_modules.attention.base import Linear, SelfAttention, kind_options
 from lightning_modules.attention.linformer.options import LinformerOptions, layer_ks
 from lightning_modules.projections import PROJECTION_KINDS, ProjectionBank, ProjectionKind
 
@@ -249,7 +249,7 @@ class Linformer(SelfAttention):
         v = self._apply_linear(xe, mass, self.v_proj)
         return k, v
 
-    def project_then_compress(self, x: Tensor, mask: Optional[Tensor], linear: nn.Linear, side: int) -> Tensor:
+    def project_then_compress(self, x: Tensor, mask: Optional[Tensor], linear: Linear, side: int) -> Tensor:
         """E (X Wᵀ + 1 bᵀ) of one side → (B, h, k', d_h): the projection as its own product (no weights
         concatenated per call); with one E for every head and per-position weights, compressed before the head
         split (one (k' × T)·(T × d) product instead of h of (T × d_h))."""
@@ -258,7 +258,7 @@ class Linformer(SelfAttention):
             return self.heads(self.bank.compress(self.layer, side, y.unsqueeze(1), mask)[:, 0])  # (B, h, k', d_h)
         return self.bank.compress(self.layer, side, self.heads(y), mask)  # per head: (B, h, k', d_h)
 
-    def _apply_linear(self, xe: Tensor, mass: Tensor, linear: nn.Linear) -> Tensor:
+    def _apply_linear(self, xe: Tensor, mass: Tensor, linear: Linear) -> Tensor:
         """(E X) Wᵀ + (E m) bᵀ per head: (B, G, k, d), mass (B or 1, G, k, 1) → (B, h, k, d_h)."""
         w = linear.weight.view(self.n_heads, self.d_head, self.d_model)  # (h, d_h, d)
         bias = linear.bias.view(self.n_heads, 1, self.d_head)  # (h, 1, d_h)
