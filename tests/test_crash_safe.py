@@ -36,6 +36,7 @@ from lightning_modules.optim import parameter_groups
 from sweeps import storage
 from sweeps.study import load_study
 from training import config as run_config
+from training.resume import LastCheckpoint
 from training.train import train
 
 TOLERANCE = 1e-6
@@ -408,18 +409,6 @@ def test_training_a_finished_run_further_keeps_its_earlier_metrics(tiny_override
 
 
 # --------------------------------------------------------------------------------------- owners and endings
-def started(args: list[str], run_dir: Path) -> subprocess.Popen:
-    """A `train` subprocess, returned once its first checkpoint exists."""
-    proc = launch(args)
-    deadline = time.monotonic() + 300
-    while not (run_dir / CHECKPOINT).is_file():
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended before its first checkpoint: {proc.stderr.read().decode()[-2000:]}")
-        assert time.monotonic() < deadline, "no checkpoint after 300 s"
-        time.sleep(0.01)
-    return proc
-
-
 def long_run(tiny_overrides, run_dir: Path) -> list[str]:
     return [
         str(tiny_overrides.config),
@@ -431,25 +420,38 @@ def long_run(tiny_overrides, run_dir: Path) -> list[str]:
     ]
 
 
-def test_sigterm_saves_a_resumable_checkpoint_and_exits_143(tiny_overrides, tmp_path):
+class Preempted(LastCheckpoint):
+    """``last.ckpt`` as in every run, and a SIGTERM to this process after the step past its first save: what a
+    scheduler's preemption does, at a known step."""
+
+    first_saved = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.first_saved is not None and trainer.global_step == self.first_saved + 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler, installed for the fit, takes it
+
+    def _save(self, trainer):
+        super()._save(trainer)
+        self.first_saved = self.first_saved or trainer.global_step
+
+
+def test_sigterm_saves_a_resumable_checkpoint_and_exits_143(tiny_overrides, tmp_path, monkeypatch, capsys):
+    """In this process, as the command runs it (a real process under DDP: tests/test_ddp.py, -m slow)."""
     run_dir = tmp_path / "preempted"
     args = long_run(tiny_overrides, run_dir)
-    proc = started(args, run_dir)
-    first = read_checkpoint(run_dir / CHECKPOINT)["global_step"]
-    time.sleep(1.0)  # a few more steps past that checkpoint
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 143
-    err = proc.stderr.read().decode()
-    proc.stderr.close()
+    monkeypatch.setattr("training.train.LastCheckpoint", Preempted)
+    assert cli.main(["train", *args]) == 143
+    err = capsys.readouterr().err
     assert [line for line in err.splitlines() if line.startswith("terminated: ")], err[-2000:]
     assert "Traceback" not in err
     assert not (run_dir / "metrics.json").exists()  # an unfinished run does not look finished
     saved = read_checkpoint(run_dir / CHECKPOINT)["global_step"]
-    assert saved > first  # the step it reached, not only the last validation's
+    assert saved == 3  # the step it reached (one past the validation at step 2), not only the last validation's
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # this process's own handler is back
     # It resumes from there and finishes.
-    resumed = [*args[:-4], *args[-3:-1], f"trainer.max_steps={saved + 2}", f"run_dir={run_dir}", "resume=true"]
-    resumed = [a for a in resumed if a != "trainer.max_steps=100000"]
-    assert cli.main(["train", *resumed]) == 0
+    monkeypatch.setattr("training.train.LastCheckpoint", LastCheckpoint)
+    resumed = [a for a in args if a != "trainer.max_steps=100000"]
+    assert cli.main(["train", *resumed, f"trainer.max_steps={saved + 2}", "resume=true"]) == 0
     assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == saved + 2
 
 

@@ -216,6 +216,26 @@ def _train_every_variant(rank: int, rendezvous: str, configs: list[dict], result
     # collective's tensors can deadlock on the GIL; the process ends here (os._exit) anyway.
 
 
+def test_every_attention_variant_gives_every_parameter_a_gradient_as_ddp_needs():
+    """What DDP(find_unused_parameters=False) needs of every accepted combination, checked in one process: after a
+    backward every parameter has a gradient (zero counts), also when every sequence of the batch is shorter than
+    k, as a rank may draw. Under two real processes, every combination: the slow test below."""
+    for config in accepted_configs(attention_variants()):
+        torch.manual_seed(0)
+        module = TokenPredictionModule(config, vocab_size=40)
+        for short in (False, True):
+            module.zero_grad(set_to_none=True)
+            ids = torch.randint(5, 40, (2, 16))
+            mask = torch.ones_like(ids, dtype=torch.bool)
+            mask[1, 11:] = False  # padding in one sequence
+            if short:
+                mask[:, 4:] = False
+            F.cross_entropy(module(ids, mask)[mask], ids[mask]).backward()
+            missing = [name for name, p in module.named_parameters() if p.requires_grad and p.grad is None]
+            assert missing == [], (_label(config), "short" if short else "padded")
+
+
+@pytest.mark.slow
 def test_every_attention_variant_and_sharing_mode_trains_under_ddp_without_unused_parameters(tmp_path):
     configs = accepted_configs(attention_variants())
     for field in STRUCTURAL:  # every value of every choice trains in at least one accepted combination
