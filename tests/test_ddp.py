@@ -4,14 +4,17 @@ Fork-based launches: plain ``strategy=ddp`` re-executes the launching script in 
 pytest is the whole test session.
 """
 
+import contextlib
 import datetime
 import itertools
 import json
 import multiprocessing
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 import typing
 from pathlib import Path
 
@@ -290,6 +293,73 @@ def test_torchrun_needs_an_explicit_run_dir_and_then_writes_it_alone(
     assert done.returncode == 0, done.stderr[-3000:]
     assert [p.name for p in (tmp_path / "runs" / "cli").iterdir()] == ["job"]
     assert json.loads((tmp_path / "runs" / "cli" / "job" / "metrics.json").read_text())["global_step"] == 4
+
+
+def _children(pid: int) -> set[int]:
+    """The processes ``pid`` started (Linux: its threads' children lists)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("signalled", ["rank 0", "rank 1"])
+def test_sigterm_under_two_rank_ddp_saves_a_resumable_checkpoint_and_exits_143(
+    tiny_overrides, tmp_path, small_corpus, data_cache, signalled
+):
+    """A scheduler's SIGTERM reaches the launching process (rank 0) of a 2-process ``strategy=ddp`` run, or only the
+    rank it started: every rank stops after the same step, the checkpoint of that step is saved, the command exits
+    143 without metrics.json, no rank is left behind, and ``resume=true`` finishes the run from the saved step."""
+    run_dir = tmp_path / "preempted"
+    args = [*_cli_args(tiny_overrides.config, tmp_path, small_corpus, data_cache), "trainer.cpu_threads=1"]
+    command = [sys.executable, "-m", "experiments.cli"]
+    long = [a if a != "trainer.max_steps=4" else "trainer.max_steps=100000" for a in args]
+    log = tmp_path / "stderr.txt"  # a file, not a pipe: two ranks' warnings would fill a pipe nobody reads yet
+    with log.open("wb") as stderr:
+        proc = subprocess.Popen([*command, *long, f"run_dir={run_dir}"], stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / CHECKPOINT).is_file():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint after 300 s"
+            time.sleep(0.01)
+        first = read_checkpoint(run_dir / CHECKPOINT)["global_step"]
+        ranks = _children(proc.pid)
+        time.sleep(1.0)  # a few steps past that checkpoint
+        for pid in [proc.pid] if signalled == "rank 0" else ranks:
+            os.kill(pid, signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = log.read_text()
+    assert code == 143, err[-3000:]
+    assert [line for line in err.splitlines() if line.startswith("terminated: ")], err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert not (run_dir / "metrics.json").exists()
+    saved = read_checkpoint(run_dir / CHECKPOINT)
+    assert saved["global_step"] > first  # the step reached, not only the last validation's
+    assert len(saved["resume_state"]["rng_by_rank"]) == WORLD  # both ranks took part in the save
+    deadline = time.monotonic() + 30  # rank 1 ends after rank 0 (Lightning's watcher would kill rank 0 otherwise)
+    while [pid for pid in ranks if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ranks and not [pid for pid in ranks if _alive(pid)], "a rank outlived the command by 30 s"
+    # It resumes from there, under DDP again, and finishes.
+    resumed = [*args, f"trainer.max_steps={saved['global_step'] + 2}", f"run_dir={run_dir}", "resume=true"]
+    done = subprocess.run([*command, *resumed], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == saved["global_step"] + 2
 
 
 def test_every_rank_writes_to_the_run_directory_rank_0_chose(tmp_path, monkeypatch):

@@ -20,8 +20,12 @@ checkpoint files of :mod:`foundation.checkpoint`:
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +160,62 @@ class LastCheckpoint(Checkpoint):
         rank = trainer.global_rank
         own = by_rank[rank] if rank < len(by_rank) else {**by_rank[0], "cuda": None}
         _set_rng_states(own, trainer.strategy.root_device)
+
+
+class StopTogether(L.Callback):
+    """Under DDP every rank stops after the same training step when SIGTERM reaches any of them.
+
+    Lightning's own SIGTERM handler runs a broadcast inside the signal handler, a collective at whatever point the
+    process was at: when it lands during another collective (a checkpoint's gather, a barrier) the ranks wait on
+    each other for good. And each rank stops at the end of the step in which its own flag was set, so ranks
+    signalled a step apart part ways. With several ranks, from the start of training, this callback replaces that
+    handler by one that only notes the signal; after each training batch the ranks agree in one all-reduce whether
+    any of them was signalled, and all set Lightning's flag at once: each ends that same step, saves it
+    (:class:`LastCheckpoint`) and the command exits 143. Lightning restores the handlers it replaced when ``fit``
+    ends. (A SIGTERM before training starts, while ``fit`` sets up, meets Lightning's handler.)
+
+    A rank that rank 0 started (``strategy=ddp``) then ends after rank 0: Lightning's watcher in rank 0 kills rank 0
+    (SIGKILL, not 143) when it sees one of its ranks end with a non-zero code first.
+    """
+
+    def __init__(self) -> None:
+        self._signalled = False
+        self._child_of_rank_zero = False
+
+    @staticmethod
+    def _several(trainer: L.Trainer) -> bool:
+        return trainer.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self._signalled = True
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._several(trainer):
+            return
+        pids: list[Any] = [None] * trainer.world_size
+        dist.all_gather_object(pids, os.getpid())
+        self._child_of_rank_zero = trainer.global_rank > 0 and os.getppid() == pids[0]
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._note)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if not self._several(trainer):
+            return
+        anyone = torch.tensor([int(self._signalled)], device=trainer.strategy.root_device)
+        dist.all_reduce(anyone, op=dist.ReduceOp.MAX)
+        if anyone.item():
+            trainer._signal_connector.received_sigterm = True  # Lightning's flag: it stops after this step
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException) and self._child_of_rank_zero:
+            atexit.register(_end_after, os.getppid())
+
+
+def _end_after(parent: int, seconds: float = 30.0) -> None:
+    """Wait, at most ``seconds``, until the parent process ``parent`` has ended (this one is then re-parented)."""
+    deadline = time.monotonic() + seconds
+    while os.getppid() == parent and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def adopt_final_state(trainer: L.Trainer, path: str | Path) -> int:

@@ -42,7 +42,7 @@ from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.language_model import EXAMPLES
 from lightning_modules.optim import fuse_checkpoint
 from training import config as run_config
-from training.resume import LastCheckpoint, adopt_final_state, check_same_config, rollback_events
+from training.resume import LastCheckpoint, StopTogether, adopt_final_state, check_same_config, rollback_events
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
 FORKING_STRATEGIES = ("ddp_fork", "ddp_notebook")
@@ -477,6 +477,7 @@ def _fit(
             *callbacks,
             *([SpectrumMonitor(every)] if every > 0 else []),
             *([best] if best else []),
+            StopTogether(),
             LastCheckpoint(run_dir / CHECKPOINT),
         ],
     )  # after `best`: last.ckpt holds its state after each validation
