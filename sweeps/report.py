@@ -455,7 +455,16 @@ def summary_md(report: "Report", plots: list[str], skipped: list[str], scale_lin
         *(power_section(study, found, advice) if study.control is not None else []),
         *scale_lines,
         *(arm_section(study, arm_rows, found, advice) if arm_rows else []),
-        *efficiency.section(speeds_of(study, report.rows), study.metrics[0], study.directions[0] == "maximize"),
+        *efficiency.section(
+            speeds_of(study, report.rows),
+            study.metrics[0],
+            study.directions[0] == "maximize",
+            efficiency.arm_speeds(
+                [r for r in report.control_rows if r.role == "degraded" and r.complete], study.metrics[0]
+            )
+            if study.no_context_source == "degraded"
+            else [],
+        ),
         *(best_section(study, report.ostudy) if not study.is_grid else []),
         *failed_section(report.rows + [r for r in report.control_rows if not r.reused]),
     ]
