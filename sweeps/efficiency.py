@@ -122,11 +122,22 @@ def time_to(arm: ArmSpeed, target: float) -> tuple[Optional[float], int]:
     return (statistics.median(reached) if reached else None), len(reached)
 
 
-def trivial_target(arms: Sequence[ArmSpeed], target: Optional[float]) -> Optional[float]:
-    """The no-context perplexity when ``target`` is one a model without context already reaches (then a time to
-    it measures no use of context, and the report gives none); None otherwise."""
-    floor = no_context_floor(arms)
-    return floor if target is not None and floor is not None and target >= floor else None
+def trivial_target(
+    arms: Sequence[ArmSpeed], target: Optional[float], no_context: Sequence[ArmSpeed] = ()
+) -> Optional[tuple[float, str]]:
+    """(the no-context perplexity, what gives it) when ``target`` is one a model without context already reaches
+    (then a time to it measures no use of context, and the report gives none); None otherwise. The no-context
+    level is the unigram baseline of the arms' runs, or, lower, the median final perplexity of a model without
+    context trained beside them (``no_context``: the control's degraded arm): on masked-LM data it copies the
+    targets BERT leaves unchanged, which the unigram does not."""
+    floors = []
+    if (unigram := no_context_floor(arms)) is not None:
+        floors.append((unigram, "the unigram baseline"))
+    trained = [statistics.median(c[-1][2] for c in a.curves) for a in no_context if a.curves]
+    if trained:
+        floors.append((min(trained), "the model without context trained beside them"))
+    reached = [f for f in floors if target is not None and target >= f[0]]
+    return reached[0] if reached else None
 
 
 def _row(a: ArmSpeed, front: bool, target: Optional[float]) -> list[str]:
@@ -139,13 +150,14 @@ def _row(a: ArmSpeed, front: bool, target: Optional[float]) -> list[str]:
     return cells
 
 
-def section(arms: Sequence[ArmSpeed], metric: str, maximize: bool) -> list[str]:
-    """The report's markdown: quality at equal steps, throughput, time to target, Pareto membership."""
+def section(arms: Sequence[ArmSpeed], metric: str, maximize: bool, no_context: Sequence[ArmSpeed] = ()) -> list[str]:
+    """The report's markdown: quality at equal steps, throughput, time to target (none to a target that a model
+    without context reaches: :func:`trivial_target`), Pareto membership."""
     if len(arms) < 2:
         return []
     front = set(pareto_front([(a.mean_speed, a.mean_quality) for a in arms], maximize))
     target = target_ppl(arms)
-    floor = trivial_target(arms, target)
+    floor = trivial_target(arms, target, no_context)
     shown = None if floor is not None else target
     head = ["arm", "seeds", f"{metric} (mean ± sd)", "training tokens/s (mean)", "Pareto front"]
     if shown is not None:
@@ -166,7 +178,7 @@ def section(arms: Sequence[ArmSpeed], metric: str, maximize: bool) -> list[str]:
     if floor is not None:
         lines[-1] += (
             f" No time to target: the quality every arm reaches (val ppl {target:.4g}) is one a model without "
-            f"context reaches too (val ppl {floor:.4g}, the unigram baseline), so a time to it measures no use of "
+            f"context reaches too (val ppl {floor[0]:.4g}, {floor[1]}), so a time to it measures no use of "
             "context."
         )
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

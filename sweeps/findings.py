@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -148,6 +148,11 @@ class Findings:
     rates: list[RatesCompared]
     power: Optional[stats.PowerCheck] = None  # the control's check; None: no control, or not run yet
     context: Optional["ContextGain"] = None  # the reference's context gain; None: no control, or not run yet
+    # each own arm's gain over the same model without context (first objective); {}: no control, or not run yet
+    arm_context: dict = field(default_factory=dict)
+    # pairs left without a verdict on a metric a model without context has a level on, because neither arm
+    # learned to use its context: (a, b, metric)
+    blind: list = field(default_factory=list)
 
     @property
     def informative(self) -> bool:
@@ -174,21 +179,25 @@ def compared_pairs(study: Study, rows: list[Row], arms: list[str]) -> list[tuple
     return [(a, b) for a, b in pairs if rung[a] == rung[b]]
 
 
-def _pairs(study: Study, rows: list[Row], arms: list[str], values: dict) -> tuple[list, list]:
+def _pairs(study: Study, rows: list[Row], arms: list[str], values: dict, blind: set) -> tuple[list, list, list]:
     """Every pair of the study's own arms on every objective metric, with success rates where the study sets a
-    threshold."""
-    pairs, rates = [], []
+    threshold; and the pairs left out: on a metric a model without context has a level on (a loss, an accuracy),
+    two arms of ``blind`` (neither uses its context) compare models that ignore their input."""
+    pairs, rates, left = [], [], []
     for metric, direction in zip(study.metrics, study.directions):
         delta, _ = study.delta(metric)
         threshold = study.success(metric)
         for a, b in compared_pairs(study, rows, arms):
+            if a in blind and b in blind and (metric == study.metrics[0] or trivial_key(metric) is not None):
+                left.append((a, b, metric))
+                continue
             va, vb = values[(a, metric)], values[(b, metric)]
             pair = stats.Pair(a, b, metric, direction, delta, stats.compare(va, vb))
             pairs.append((pair, len(va), len(vb)))
             if threshold is not None:
                 ra, rb = (stats.success_rate(list(v.values()), threshold, direction) for v in (va, vb))
                 rates.append(RatesCompared(metric, threshold, a, b, ra, rb, stats.compare_rates(ra, rb)))
-    return pairs, rates
+    return pairs, rates, left
 
 
 def findings(study: Study, rows: list[Row], control_rows: list[Row] = ()) -> Findings:
@@ -203,15 +212,17 @@ def findings(study: Study, rows: list[Row], control_rows: list[Row] = ()) -> Fin
         for m in study.metrics
     }
     own_arms = [a for a in arms if a in own]
-    pairs, rates = _pairs(study, rows, own_arms, values)
+    context = context_of(study, list(control_rows)) if study.control is not None else None
+    arm_context = _arm_context(study, rows, own_arms, values, list(control_rows)) if context is not None else {}
+    blind = {arm for arm, gain in arm_context.items() if not gain.informative}
+    pairs, rates, left = _pairs(study, rows, own_arms, values, blind)
     verdicts, rate_p = stats.judge([p for p, *_ in pairs], [r.p for r in rates])
     for r, p in zip(rates, rate_p):
         r.p_holm = p
     compared = [Compared(pair, v, n_a, n_b) for (pair, n_a, n_b), v in zip(pairs, verdicts)]
     _validation_errors(compared, [r for r in rows if not r.role])
     power = power_of(study, list(control_rows)) if study.control is not None else None
-    context = context_of(study, list(control_rows)) if study.control is not None else None
-    return Findings(arms, own_arms, values, compared, rates, power, context)
+    return Findings(arms, own_arms, values, compared, rates, power, context, arm_context, left)
 
 
 def control_values(study: Study, control_rows: list[Row]) -> tuple[dict, dict]:
@@ -321,19 +332,41 @@ def run_metrics(r: Row) -> dict:
     return loaded if isinstance(loaded, dict) else {}
 
 
+def _gain(study: Study, model: dict, no_context: dict) -> Optional[ContextGain]:
+    """A model's gain over the no-context values on the first objective ({replicate: value} each, paired where
+    the replicates match); None while either side has fewer than 2 values."""
+    metric, direction = study.metrics[0], study.directions[0]
+    if len(model) < 2 or len(no_context) < 2:
+        return None
+    pair = (no_context, model) if direction == "minimize" else (model, no_context)
+    threshold, _ = study.context_gain(metric)
+    means = [stats.summarize(list(v.values())).mean for v in (model, no_context)]
+    return ContextGain(metric, threshold, study.no_context_source, stats.compare(*pair), *means)
+
+
+def _no_context(study: Study, rows: list[Row], control_rows: list[Row]) -> dict:
+    """{replicate: value} of a model without context beside ``rows``: the control's degraded arm, or the
+    baseline these rows' runs recorded (``control.no_context: baseline``)."""
+    if study.no_context_source == "baseline":
+        return baseline_values(rows, study.metrics[0])
+    return control_values(study, control_rows)[0]["degraded"]
+
+
 def context_of(study: Study, control_rows: list[Row]) -> Optional[ContextGain]:
     """The reference's context gain on the first objective (see :mod:`sweeps.schema`); None while there are
     fewer than 2 replicates to judge it by."""
-    metric, direction = study.metrics[0], study.directions[0]
-    by_role, _ = control_values(study, control_rows)
-    reference = by_role["reference"]
-    if study.no_context_source == "baseline":
-        no_context = baseline_values([r for r in control_rows if r.role == "reference"], metric)
-    else:
-        no_context = by_role["degraded"]
-    if len(reference) < 2 or len(no_context) < 2:
-        return None
-    pair = (no_context, reference) if direction == "minimize" else (reference, no_context)
-    threshold, _ = study.context_gain(metric)
-    means = [stats.summarize(list(v.values())).mean for v in (reference, no_context)]
-    return ContextGain(metric, threshold, study.no_context_source, stats.compare(*pair), *means)
+    reference = [r for r in control_rows if r.role == "reference"]
+    return _gain(
+        study, control_values(study, control_rows)[0]["reference"], _no_context(study, reference, control_rows)
+    )
+
+
+def _arm_context(study: Study, rows: list[Row], arms: list[str], values: dict, control_rows: list[Row]) -> dict:
+    """{arm: its ContextGain} for the study's own arms that have one: the same rule as the reference's."""
+    out = {}
+    for arm in arms:
+        mine = [r for r in rows if r.arm == arm and not r.role]
+        gain = _gain(study, values[(arm, study.metrics[0])], _no_context(study, mine, control_rows))
+        if gain is not None:
+            out[arm] = gain
+    return out

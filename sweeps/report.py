@@ -42,7 +42,17 @@ from optuna.trial import TrialState
 from foundation.atomic import atomic_text, atomic_write_text
 from foundation.errors import ConfigError
 from sweeps import efficiency, figures, scale, stats, storage, words
-from sweeps.findings import Findings, Row, control_label, findings, reused_rows, rows_of, run_baselines, value
+from sweeps.findings import (
+    Findings,
+    Row,
+    control_label,
+    findings,
+    reused_rows,
+    rows_of,
+    run_baselines,
+    trivial_key,
+    value,
+)
 from sweeps.study import ADDED_SEEDS, Study, load_study
 from sweeps.sweep import check_objective
 
@@ -148,16 +158,19 @@ def answer(study: Study, ostudy: optuna.Study, found: Findings, ladder: Optional
     lines = []
     for metric in study.metrics:
         mine = found.of(metric)
-        if len(mine) == 1:
+        left = [(a, b) for a, b, m in found.blind if m == metric]
+        if len(mine) == 1 and not left:
             lines.append(pair_sentence(study, mine[0], found) + ".")
             continue
         groups = []
-        par = f"on par within ±{words.fmt(mine[0].pair.delta)}"
+        par = f"on par within ±{words.fmt(study.delta(metric)[0])}"
         for kind, title in ((stats.BETTER, "better"), (stats.ON_PAR, par), (stats.UNDECIDED, "undecided")):
             these = [words.short(c) for c in mine if c.verdict.kind == kind]
             if these:
                 groups.append(f"{title}: {', '.join(these)}")
-        lines.append(f"Of the {len(mine)} pairs of arms on {metric}: {'; '.join(groups)}.")
+        if left:
+            groups.append(words.blind(left, found.arm_context))
+        lines.append(f"Of the {len(mine) + len(left)} pairs of arms on {metric}: {'; '.join(groups)}.")
     return lines
 
 
@@ -179,9 +192,11 @@ def _holm_line(found: Findings) -> list[str]:
 
 def _noise_line(found: Findings) -> list[str]:
     """How the validation sampling error beside each verdict is measured, or that it is not available."""
-    if not found.compared:
+    # a throughput has no validation examples: only the quality metrics' comparisons can carry the error
+    quality = [c for c in found.compared if trivial_key(c.pair.metric) is not None or c.validation_error is not None]
+    if not quality:
         return []
-    if all(c.validation_error is None for c in found.compared):
+    if all(c.validation_error is None for c in quality):
         return [
             "- Validation sampling error: not available (the runs' metrics.json hold no per-example validation "
             "sums, `validation_examples`): these verdicts cover the seeds' spread, not the validation set's."
@@ -234,8 +249,20 @@ def _arm_row(study: Study, arm: str, rows: list[Row], found: Findings, shown: li
         *[words.mean_std([v for r in ok if (v := value(r, m, study)) is not None]) for m in shown],
         *[str(stats.success_rate(list(found.values[(arm, m)].values()), t, d)) for m, d, t in successes],
         *[words.fmt(stats.summarize([m[k] for m in map(_numbers, ok) if k in m]).mean) for k in trivial],
+        *([_gain_cell(found, arm, mine)] if found.arm_context else []),
         "/".join(str(sum(r.trial.state == s for r in mine)) for s in (TrialState.PRUNED, TrialState.FAIL)),
     ]
+
+
+def _gain_cell(found: Findings, arm: str, rows: list[Row]) -> str:
+    """An arm's context gain with its 95 % CI (the control's reference: the study's), and whether it reaches the
+    study's threshold."""
+    reference = any(r.role == "reference" for r in rows)
+    gain = found.context if reference else found.arm_context.get(arm)
+    if gain is None:
+        return "-"
+    lo, hi = gain.comparison.ci()
+    return f"{words.fmt(gain.gain)} {words.interval(lo, hi)}" + ("" if gain.informative else " (ignores context)")
 
 
 def arms_table(study: Study, rows: list[Row], found: Findings) -> list[str]:
@@ -258,6 +285,7 @@ def arms_table(study: Study, rows: list[Row], found: Findings) -> list[str]:
             if (t := study.success(m)) is not None
         ],
         *[TRIVIAL.get(k, k.removeprefix("baselines/").replace("/", " ")) for k in trivial],
+        *([f"context gain on {study.metrics[0]} [95 % CI]"] if found.arm_context else []),
         "pruned/failed",
     ]
     body = [_arm_row(study, arm, rows, found, shown, trivial) for arm in found.arms]
@@ -347,6 +375,8 @@ def arm_section(study: Study, rows: list[Row], found: Findings, advice: str) -> 
     for metric, direction in zip(study.metrics, study.directions):
         if found.of(metric):
             out += comparisons_table(found, metric, direction)
+        if left := [(a, b) for a, b, m in found.blind if m == metric]:
+            out += [f"Left out of the comparisons on {metric}: {words.blind(left, found.arm_context)}.", ""]
     return out + seeds_advice(study, found)
 
 
@@ -425,7 +455,16 @@ def summary_md(report: "Report", plots: list[str], skipped: list[str], scale_lin
         *(power_section(study, found, advice) if study.control is not None else []),
         *scale_lines,
         *(arm_section(study, arm_rows, found, advice) if arm_rows else []),
-        *efficiency.section(speeds_of(study, report.rows), study.metrics[0], study.directions[0] == "maximize"),
+        *efficiency.section(
+            speeds_of(study, report.rows),
+            study.metrics[0],
+            study.directions[0] == "maximize",
+            efficiency.arm_speeds(
+                [r for r in report.control_rows if r.role == "degraded" and r.complete], study.metrics[0]
+            )
+            if study.no_context_source == "degraded"
+            else [],
+        ),
         *(best_section(study, report.ostudy) if not study.is_grid else []),
         *failed_section(report.rows + [r for r in report.control_rows if not r.reused]),
     ]

@@ -86,6 +86,7 @@ class Ladder:
     lines: list[str]  # the compared arms' lines, in the study file's order
     cells: dict[tuple[str, str], Cell]
     verdicts: dict[tuple[str, str], Compared]  # (rung, line) -> the report's comparison with the reference
+    blind: set = field(default_factory=set)  # (rung, line) left without a verdict: neither uses its context
 
     def cell(self, rung: str, line: str) -> Optional[Cell]:
         return self.cells.get((rung, line))
@@ -141,12 +142,16 @@ def build(study: Study, rows: list[Row], found: Findings) -> Ladder:
     order = list(dict.fromkeys(study.arm_label(p, without=[rung_param]) for p in study.points or []))
     lines = [line for line in order if line != reference]
     by_arms = {frozenset((c.pair.a, c.pair.b)): c for c in found.compared if c.pair.metric == metric}
-    verdicts = {}
+    left = {frozenset((a, b)) for a, b, m in found.blind if m == metric}
+    verdicts, blind = {}, set()
     for (rung, line), cell in cells.items():
         ref = cells.get((rung, reference))
         if line != reference and ref is not None and frozenset((cell.arm, ref.arm)) in by_arms:
             verdicts[(rung, line)] = by_arms[frozenset((cell.arm, ref.arm))]
-    return Ladder(study, metric, direction, study.delta(metric)[0], study.rungs, reference, lines, cells, verdicts)
+        if line != reference and ref is not None and frozenset((cell.arm, ref.arm)) in left:
+            blind.add((rung, line))
+    delta = study.delta(metric)[0]
+    return Ladder(study, metric, direction, delta, study.rungs, reference, lines, cells, verdicts, blind)
 
 
 # --------------------------------------------------------------------------------------- words
@@ -154,6 +159,8 @@ def verdict_text(ladder: Ladder, rung: str, line: str, short: bool = False) -> s
     """The report's verdict on ``line`` against the reference at ``rung``, in a few words."""
     cell = ladder.cell(rung, line)
     arm = cell.arm if cell is not None else line
+    if (rung, line) in ladder.blind:
+        return words.BLIND
     return words.rung_verdict(ladder.verdicts.get((rung, line)), line, arm, ladder.reference, short)
 
 

@@ -260,6 +260,22 @@ def context(gain: Optional[ContextGain], reference: str) -> str:
     )
 
 
+BLIND = "no verdict: neither uses its context"
+
+
+def blind(pairs: list[tuple[str, str]], gains: dict) -> str:
+    """The pairs of arms left without a verdict because neither arm learned to use its context, with the arms'
+    gains and the threshold they are held to."""
+    arms = list(dict.fromkeys(a for pair in pairs for a in pair))
+    threshold = fmt(next(iter(gains.values())).threshold) if gains else "-"
+    shown = ", ".join(f"{a} {fmt(gains[a].gain)}" for a in arms if a in gains)
+    return (
+        f"{BLIND} ({len(pairs)} pair{'s' if len(pairs) != 1 else ''}: "
+        f"{', '.join(f'{a} vs {b}' for a, b in pairs)}; gains over a model without context: {shown}, each needs "
+        f"≥ {threshold}): arms that ignore their context answer no question about attention"
+    )
+
+
 def uninformative(gain: ContextGain) -> str:
     """The report's only answer when the reference did not learn to use context."""
     lo, hi = gain.comparison.ci()

@@ -524,3 +524,11 @@ def test_kind_costs_give_each_kinds_first_variant_against_full_attention():
     assert by_kind["full"]["by_n"]["64"]["time_vs_full"] == 1.0
     assert by_kind["linformer"]["variant"] == "learned"  # the first Linformer variant, not kv
     assert by_kind["linformer"]["by_n"]["64"]["time_vs_full"] == 2.0
+
+
+def test_sparse_block_keeps_its_block_as_n_grows_while_sparse_grows_it_as_root_n():
+    """``sparse_block`` measures the fixed pattern at one block (its pairs then grow as n·(k + n/k)); ``sparse``
+    follows Child et al.'s l = √n."""
+    blocks = {n: cases.VARIANTS["sparse_block"](128, n)["options"]["block"] for n in (4096, 16384)}
+    assert blocks == {4096: 128, 16384: 128}
+    assert [cases.VARIANTS["sparse"](128, n)["options"]["block"] for n in (4096, 16384)] == [64, 128]

@@ -109,9 +109,23 @@ def test_a_target_a_model_without_context_reaches_gets_no_time(tmp_path):
         row("linformer", 3.10, 1200.0, run("b", [[10, 1e4, 25.0], [20, 2e4, 22.1]], 3.085)),
     ]
     arms = efficiency.arm_speeds(rows, "val/loss")
-    assert efficiency.trivial_target(arms, efficiency.target_ppl(arms)) == pytest.approx(21.867, abs=1e-3)
+    floor, source = efficiency.trivial_target(arms, efficiency.target_ppl(arms))
+    assert floor == pytest.approx(21.867, abs=1e-3) and source == "the unigram baseline"
     text = "\n".join(efficiency.section(arms, "val/loss", maximize=False))
     assert "seconds to val ppl" not in text
     assert "No time to target: the quality every arm reaches (val ppl 22.4) is one a model without context " in text
     # a target below the plateau is kept
     assert efficiency.trivial_target(arms, 12.0) is None
+    # ... unless a model without context trained beside the arms reaches it: on masked-LM data it copies the
+    # targets BERT keeps unchanged and ends below the unigram (here at 11.5, median of its seeds)
+    blind = efficiency.arm_speeds(
+        [
+            row("no_context", 2.9, 1500.0, run(f"n{i}", [[10, 1e4, 20.0], [20, 2e4, ppl]], 3.085))
+            for i, ppl in enumerate([11.0, 11.5, 13.0])
+        ],
+        "val/loss",
+    )
+    assert efficiency.trivial_target(arms, 12.0, blind) == (11.5, "the model without context trained beside them")
+    assert efficiency.trivial_target(arms, 11.0, blind) is None
+    text = "\n".join(efficiency.section(arms, "val/loss", False, blind))
+    assert "(val ppl 21.87, the unigram baseline)" in text

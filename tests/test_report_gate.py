@@ -94,6 +94,39 @@ def test_a_reference_that_uses_context_opens_the_report_and_the_verdicts_follow(
     )
 
 
+def test_two_arms_that_ignore_their_context_get_no_verdict_against_each_other(tmp_path, tiny_overrides):
+    # the reference (arm a) uses its context; arms b and c sit on the no-context level, 0.05 apart at every seed:
+    # a "b better than c" would compare two models that ignore their input
+    arms = {**ARMS, "c": {"optim.lr": 3e-3}}
+    path = write_study(
+        tmp_path,
+        tiny_overrides,
+        "blind",
+        {"seed": {"type": "categorical", "choices": [0, 1, 2, 3]}, "arm": {"choices": arms}},
+        arms=["arm"],
+        control=CONTROL,
+    )
+    study = load_study(path)
+    ostudy, ocontrol = sweep.open_study(study, None), sweep.open_study(study.control, None)
+    values = {"a": [2.07, 2.08, 2.06, 2.07], "b": [3.04, 3.05, 3.03, 3.04], "c": [3.09, 3.10, 3.08, 3.09]}
+    for arm, vs in values.items():
+        for seed, v in enumerate(vs):
+            add(ostudy, {"seed": seed, "arm": arm}, v)
+    for seed, v in enumerate([3.10, 3.11, 3.09, 3.10]):
+        add(ocontrol, {"control": "degraded", "seed": seed}, v)
+    summary = (write_report(study) / "summary.md").read_text()
+    answer = next(line for line in summary.splitlines() if line.startswith("**Answer:**"))
+    # a against b and c: verdicts (a learned); b against c: none, with both arms' gains and the threshold
+    assert "a is better than b" in answer or "better: a better than b" in answer
+    assert "no verdict: neither uses its context (1 pair: b vs c;" in answer
+    assert "b 0.06, c 0.01, each needs ≥ 0.5" in answer
+    # one pair fewer in both Holm families, and none in the comparisons table
+    assert "Holm's correction over the 2 'better' tests" in summary
+    table = summary[summary.index("## Comparisons") :].split("\n\n")[1]
+    assert "| b | c |" not in table and "| a | b |" in table
+    assert "| b | 4 |" in summary and "(ignores context) |" in summary
+
+
 def test_the_control_arms_are_outside_both_holm_families(tmp_path, tiny_overrides):
     study = study_with(tmp_path, tiny_overrides, [2.07, 2.08, 2.06], [1.87, 1.89, 1.86], degraded=[3.09, 3.10, 3.08])
     summary = (write_report(study) / "summary.md").read_text()

@@ -18,7 +18,8 @@ softmax over P_i = ∪_r P_i^r, each pair counted once (N_ij = rounds with j ∈
 bucket_size ≥ n gives one bucket and one chunk: full shared-QK attention. R is a buffer drawn at construction
 (saved, restored, never redrawn): outputs are then a function of the input, which the padding and checkpoint
 contracts need (Reformer redraws it per call). Padding: a padded position goes to an extra bucket sorted after
-every real one and is never visible, so real positions keep their sort order, chunks and outputs.
+every real one and is visible to no other position (it sees only itself), so real positions keep their sort
+order, chunks and outputs.
 
 No streaming form: a position's chunk depends on the sort of the whole sequence (causal decoding raises).
 """
@@ -127,21 +128,21 @@ class LSHAttention(SelfAttention):
 
     def lsh_attention(self, q: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         """The module docstring's equations: q, v (B, h, T, d_h), mask (B, T) or None → (B, h, T, d_h)."""
-        b, h, t, d = q.shape
+        t, d = q.shape[2:]
         r, m = self.n_hashes, self.bucket_size
         nc = -(-t // m)  # chunks per round
-        k = F.normalize(q, dim=-1)  # shared QK: unit keys
         bucket = self.buckets(q, mask)  # (B, h, r, T)
         position = torch.arange(t, device=q.device)
         order = (bucket * t + position).argsort(-1)  # sort by (bucket, position): (B, h, r, T)
-        rank = order.argsort(-1)  # each position's place in the sort
+        rank = torch.empty_like(order).scatter_(-1, order, position.expand_as(order))  # each position's place
         chunk = self.chunk_index(bucket, rank)  # (B, h, r, T)
         back = 2 if self.causal else 1  # chunks before its own a query may reach
 
-        # Sorted, padded to nc·m rows with dummies (position t: never visible), cut into chunks.
+        # Sorted, padded to nc·m rows with dummies (position t: never visible) when m ∤ T, cut into chunks.
         def chunks(x: Tensor, fill: Any) -> Tensor:  # (B, h, r, T, …) → (B, h, r, nc, m, …)
-            pad = x.new_full((*x.shape[:3], nc * m - t, *x.shape[4:]), fill)
-            return torch.cat([x, pad], 3).unflatten(3, (nc, m))
+            if nc * m > t:
+                x = torch.cat([x, x.new_full((*x.shape[:3], nc * m - t, *x.shape[4:]), fill)], 3)
+            return x.unflatten(3, (nc, m))
 
         def rows(x: Tensor) -> Tensor:  # (B, h, T, e) sorted per round
             index = order[..., None].expand(-1, -1, -1, -1, x.shape[-1])
@@ -156,31 +157,29 @@ class LSHAttention(SelfAttention):
         q_pos = chunks(order, t)  # (B, h, r, nc, m) positions
         k_pos = window(q_pos, t)  # (B, h, r, nc, (back+1)·m)
         qs = chunks(rows(q), 0.0)  # (B, h, r, nc, m, d_h)
-        ks, vs = window(chunks(rows(k), 0.0), 0.0), window(chunks(rows(v), 0.0), 0.0)
+        ks, vs = window(F.normalize(qs, dim=-1), 0.0), window(chunks(rows(v), 0.0), 0.0)  # shared QK: unit keys
 
-        scores = qs @ ks.transpose(-1, -2) / d**0.5  # (B, h, r, nc, m, (back+1)·m)
-        visible = self.in_set(bucket, chunk, q_pos, k_pos, slice(None)) & (k_pos[..., None, :] < t)
+        # The product's output is not kept for its backward: the masks go in in place.
+        scores = (qs * d**-0.5) @ ks.transpose(-1, -2)  # (B, h, r, nc, m, (back+1)·m)
+        key = self.set_keys(bucket, chunk, mask)  # (B, h, r, T + 1)
+        visible = self.in_set(key, q_pos, k_pos, slice(None))  # (B, h, r, nc, m, (back+1)·m)
         if self.causal:
             visible &= k_pos[..., None, :] <= q_pos[..., :, None]
-        if mask is not None:  # padded keys sit in bucket nb: only padded
-            real = torch.cat([mask, mask.new_zeros(b, 1)], 1)  # queries share it; hide them from those too
-            visible &= real.gather(1, k_pos.flatten(1)).view_as(k_pos)[..., None, :]
-        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
-        itself = (k_pos[..., None, :] == q_pos[..., :, None]) & visible
-        scores = scores.masked_fill(itself, SELF_SCORE)
+        scores.masked_fill_(~visible, torch.finfo(scores.dtype).min)
+        scores.masked_fill_((k_pos[..., None, :] == q_pos[..., :, None]) & visible, SELF_SCORE)  # itself
         if r > 1:  # − log N_ij: each pair once in the union
-            repeats = sum(
-                self.in_set(bucket, chunk, q_pos, k_pos, slice(rr, rr + 1)).to(scores.dtype) for rr in range(r)
-            )
+            repeats = sum(self.in_set(key, q_pos, k_pos, slice(rr, rr + 1)).to(scores.dtype) for rr in range(r))
             scores = scores - repeats.clamp(min=1).log()
-        lse = scores.logsumexp(-1, keepdim=True)  # (B, h, r, nc, m, 1)
-        p = F.dropout((scores - lse).exp(), dropout_p)
-        out = p @ vs  # (B, h, r, nc, m, d_h)
+        p = scores.softmax(-1)  # (B, h, r, nc, m, (back+1)·m)
+        out = F.dropout(p, dropout_p) @ vs  # (B, h, r, nc, m, d_h)
 
         # Unsort each round, then combine rounds by their share of the union's softmax mass.
-        out, lse = out.flatten(3, 4)[:, :, :, :t], lse.flatten(3, 4)[:, :, :, :t]
-        out = out.gather(3, rank[..., None].expand(-1, -1, -1, -1, d))  # (B, h, r, T, d_h)
-        weight = lse.gather(3, rank[..., None]).softmax(2)  # (B, h, r, T, 1)
+        out = out.flatten(3, 4)[:, :, :, :t].gather(3, rank[..., None].expand(-1, -1, -1, -1, d))  # (B, h, r, T, d_h)
+        if r == 1:
+            return out[:, :, 0]  # (B, h, T, d_h)
+        # L_i^r = max_j s_ij − log max_j p_ij (the largest p is ≥ 1/w: no cancellation; one exp, in the softmax)
+        lse = scores.amax(-1, keepdim=True) - p.amax(-1, keepdim=True).log()  # (B, h, r, nc, m, 1)
+        weight = lse.flatten(3, 4)[:, :, :, :t].gather(3, rank[..., None]).softmax(2)  # (B, h, r, T, 1)
         return (weight * out).sum(2)  # (B, h, T, d_h)
 
     def chunk_index(self, bucket: Tensor, rank: Tensor) -> Tensor:
@@ -195,14 +194,25 @@ class LSHAttention(SelfAttention):
         first = counts.cumsum(-1) - counts  # where each bucket starts in the sort
         return (rank - first.gather(-1, bucket)) // self.bucket_size
 
+    def set_keys(self, bucket: Tensor, chunk: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """κ (B, h, r, T + 1), int32, with κ_i − κ_j ∈ {0, 1} exactly when j ∈ P_i^r: same bucket and j's chunk i's
+        or the one before (κ = bucket·(nc + 2) + chunk, chunks < nc). A padded position and the dummy T (which
+        pads the last chunk) get keys below every real one and two apart: they meet only themselves."""
+        t = bucket.shape[-1]
+        nc = -(-t // self.bucket_size)
+        key = bucket.to(torch.int32) * (nc + 2) + chunk.to(torch.int32)  # (B, h, r, T)
+        alone = -4 - 2 * torch.arange(t + 1, device=key.device, dtype=torch.int32)  # (T + 1,): no partner
+        if mask is not None:
+            key = torch.where(mask[:, None, None, :], key, alone[:t])
+        return torch.cat([key, alone[t:].expand(*key.shape[:3], 1)], -1)
+
     @staticmethod
-    def in_set(bucket: Tensor, chunk: Tensor, q_pos: Tensor, k_pos: Tensor, rounds: slice) -> Tensor:
-        """j ∈ P_i^r (same bucket, j's chunk i's or the one before) in the given round(s) of the tables bucket,
-        chunk (B, h, r, T), for the pairs of q_pos (B, h, r, nc, m) × k_pos (B, h, r, nc, w) → (…, m, w)."""
-        t, r = bucket.shape[-1], q_pos.shape[2]
+    def in_set(key: Tensor, q_pos: Tensor, k_pos: Tensor, rounds: slice) -> Tensor:
+        """j ∈ P_i^r in the given round(s) of the keys κ (B, h, r, T + 1) (:meth:`set_keys`), for the pairs of
+        q_pos (B, h, r, nc, m) × k_pos (B, h, r, nc, w) → (…, m, w)."""
+        table = key[:, :, rounds].expand(-1, -1, q_pos.shape[2], -1)
 
-        def at(table: Tensor, pos: Tensor) -> Tensor:
-            return table[:, :, rounds].expand(-1, -1, r, -1).gather(3, pos.flatten(3).clamp(max=t - 1)).view_as(pos)
+        def at(pos: Tensor) -> Tensor:
+            return table.gather(3, pos.flatten(3)).view_as(pos)
 
-        gap = at(chunk, q_pos)[..., :, None] - at(chunk, k_pos)[..., None, :]
-        return (at(bucket, q_pos)[..., :, None] == at(bucket, k_pos)[..., None, :]) & ((gap == 0) | (gap == 1))
+        return ((at(q_pos)[..., :, None] - at(k_pos)[..., None, :]) >> 1) == 0  # a difference of 0 or 1
