@@ -382,6 +382,33 @@ def test_sigterm_under_two_rank_ddp_saves_a_resumable_checkpoint_and_exits_143(
     assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == saved["global_step"] + 2
 
 
+def test_a_sigterm_noted_on_any_rank_stops_every_rank_after_the_same_step(monkeypatch):
+    """StopTogether in one process, the other rank stood in for by the all-reduce: its handler only notes the
+    signal, the all-reduce after each batch carries it (a maximum over ranks), and every rank raises the flag
+    Lightning stops on. (Two real processes: the slow test above.)"""
+    from training.resume import StopTogether
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    monkeypatch.setattr(StopTogether, "_several", staticmethod(lambda trainer: True))
+    sent = []
+
+    def all_reduce(flags, op, other_rank=0):
+        sent.append(int(flags.item()))
+        flags.fill_(max(int(flags.item()), other_rank))
+
+    here, elsewhere = StopTogether(), StopTogether()
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    here.on_train_batch_end(trainer, None)
+    assert sent == [0] and not trainer.received_sigterm  # nobody was signalled: training goes on
+    here._note(signal.SIGTERM, None)
+    here.on_train_batch_end(trainer, None)
+    assert sent == [0, 1] and trainer.received_sigterm  # this rank's signal, sent to the others
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    monkeypatch.setattr(dist, "all_reduce", lambda flags, op: all_reduce(flags, op, other_rank=1))
+    elsewhere.on_train_batch_end(trainer, None)
+    assert sent[-1] == 0 and trainer.received_sigterm  # another rank's signal stops this one too
+
+
 def test_every_rank_writes_to_the_run_directory_rank_0_chose(tmp_path, monkeypatch):
     monkeypatch.delenv(RUN_DIR_ENV, raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
