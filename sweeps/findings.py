@@ -182,7 +182,7 @@ def compared_pairs(study: Study, rows: list[Row], arms: list[str]) -> list[tuple
 def _pairs(study: Study, rows: list[Row], arms: list[str], values: dict, blind: set) -> tuple[list, list, list]:
     """Every pair of the study's own arms on every objective metric, with success rates where the study sets a
     threshold; and the pairs left out: on a metric a model without context has a level on (a loss, an accuracy),
-    two arms of ``blind`` (neither uses its context) compare models that ignore their input."""
+    two arms of ``blind`` (neither reaches the study's context gain) compare models that barely use their input."""
     pairs, rates, left = [], [], []
     for metric, direction in zip(study.metrics, study.directions):
         delta, _ = study.delta(metric)

@@ -262,7 +262,9 @@ def _gain_cell(found: Findings, arm: str, rows: list[Row]) -> str:
     if gain is None:
         return "-"
     lo, hi = gain.comparison.ci()
-    return f"{words.fmt(gain.gain)} {words.interval(lo, hi)}" + ("" if gain.informative else " (ignores context)")
+    return f"{words.fmt(gain.gain)} {words.interval(lo, hi)}" + (
+        "" if gain.informative else f" (below {words.fmt(gain.threshold)})"
+    )
 
 
 def arms_table(study: Study, rows: list[Row], found: Findings) -> list[str]:

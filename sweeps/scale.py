@@ -86,7 +86,7 @@ class Ladder:
     lines: list[str]  # the compared arms' lines, in the study file's order
     cells: dict[tuple[str, str], Cell]
     verdicts: dict[tuple[str, str], Compared]  # (rung, line) -> the report's comparison with the reference
-    blind: set = field(default_factory=set)  # (rung, line) left without a verdict: neither uses its context
+    blind: set = field(default_factory=set)  # (rung, line) left without a verdict: neither reaches the context gain
 
     def cell(self, rung: str, line: str) -> Optional[Cell]:
         return self.cells.get((rung, line))

@@ -260,7 +260,7 @@ def context(gain: Optional[ContextGain], reference: str) -> str:
     )
 
 
-BLIND = "no verdict: neither uses its context"
+BLIND = "no verdict: neither reaches the context gain the study needs"
 
 
 def blind(pairs: list[tuple[str, str]], gains: dict) -> str:
@@ -272,7 +272,7 @@ def blind(pairs: list[tuple[str, str]], gains: dict) -> str:
     return (
         f"{BLIND} ({len(pairs)} pair{'s' if len(pairs) != 1 else ''}: "
         f"{', '.join(f'{a} vs {b}' for a, b in pairs)}; gains over a model without context: {shown}, each needs "
-        f"≥ {threshold}): arms that ignore their context answer no question about attention"
+        f"≥ {threshold}): a difference between arms that barely use their context says little about attention"
     )
 
 

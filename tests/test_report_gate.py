@@ -118,13 +118,13 @@ def test_two_arms_that_ignore_their_context_get_no_verdict_against_each_other(tm
     answer = next(line for line in summary.splitlines() if line.startswith("**Answer:**"))
     # a against b and c: verdicts (a learned); b against c: none, with both arms' gains and the threshold
     assert "a is better than b" in answer or "better: a better than b" in answer
-    assert "no verdict: neither uses its context (1 pair: b vs c;" in answer
+    assert "no verdict: neither reaches the context gain the study needs (1 pair: b vs c;" in answer
     assert "b 0.06, c 0.01, each needs ≥ 0.5" in answer
     # one pair fewer in both Holm families, and none in the comparisons table
     assert "Holm's correction over the 2 'better' tests" in summary
     table = summary[summary.index("## Comparisons") :].split("\n\n")[1]
     assert "| b | c |" not in table and "| a | b |" in table
-    assert "| b | 4 |" in summary and "(ignores context) |" in summary
+    assert "| b | 4 |" in summary and "(below 0.5) |" in summary
 
 
 def test_the_control_arms_are_outside_both_holm_families(tmp_path, tiny_overrides):
