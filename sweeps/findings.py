@@ -169,14 +169,18 @@ class Findings:
 
 
 def compared_pairs(study: Study, rows: list[Row], arms: list[str]) -> list[tuple[str, str]]:
-    """The pairs of the study's own arms a report compares: every pair; on a ladder, only the arms at the same
-    rung (a 37k-parameter model against a 344k one answers no question of the study). The control's arms are
-    in none: they certify the study (its power check and context gain), outside both Holm families."""
+    """The pairs of the study's own arms a report compares: every pair, except arms that differ in a param of
+    ``verdict.within`` or, on a ladder, in their rung (a 37k-parameter model against a 344k one answers no
+    question of the study). The control's arms are in none: they certify the study (its power check and context
+    gain), outside both Holm families."""
     pairs = list(itertools.combinations(arms, 2))
-    if study.ladder is None:
+    shared = list((study.parent or study).spec.verdict.within) + (
+        [study.ladder.rung] if study.ladder is not None else []
+    )
+    if not shared:
         return pairs
-    rung = {r.arm: r.trial.params.get(study.ladder.rung) for r in rows if not r.role}
-    return [(a, b) for a, b in pairs if rung[a] == rung[b]]
+    key = {r.arm: tuple(r.trial.params.get(p) for p in shared) for r in rows if not r.role}
+    return [(a, b) for a, b in pairs if key[a] == key[b]]
 
 
 def _pairs(study: Study, rows: list[Row], arms: list[str], values: dict, blind: set) -> tuple[list, list, list]:

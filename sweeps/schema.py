@@ -142,6 +142,9 @@ class VerdictSpec:
     # Per objective metric, the context gain of the reference below which the report gives no verdict; a metric
     # missing here gets DEFAULT_CONTEXT_GAIN by its name (the first objective of a study with a control must have one).
     context_gain: Dict[str, float] = field(default_factory=dict)
+    # Arm params whose values two compared arms must share (e.g. [data.mqar.n_pairs]: each kind against the others
+    # at the same task size, not a kind at N = 4 against another at N = 8); [] compares every pair of arms.
+    within: List[str] = field(default_factory=list)
 
 
 @dataclass

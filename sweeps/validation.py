@@ -142,6 +142,13 @@ def check_verdict(spec: DictConfig, file_metrics: set[str]) -> None:
                 "(defaults: *loss 0.01, *accuracy 0.005); give the smallest difference that "
                 "matters, in its units"
             )
+    for i, name in enumerate(spec.verdict.within):
+        if name not in (spec.arms or []):
+            arms = ", ".join(spec.arms or []) or "none"
+            raise ConfigError(
+                f"verdict.within[{i}]: {name!r} is not one of the study's arms ({arms}); "
+                "pairs can be kept within equal values of an arm param only"
+            )
     first = spec.objective[0].metric
     if spec.control is not None and first not in spec.verdict.context_gain and metric_kind(first) is None:
         raise ConfigError(

@@ -127,6 +127,31 @@ def test_two_arms_that_ignore_their_context_get_no_verdict_against_each_other(tm
     assert "| b | 4 |" in summary and "(below 0.5) |" in summary
 
 
+def test_verdict_within_compares_arms_only_at_equal_values_of_that_param(tmp_path, tiny_overrides, capsys):
+    # arms = kind × task size: a at size 1 against b at size 2 answers no question; within keeps 2 of the 6 pairs
+    space = {
+        "seed": {"type": "categorical", "choices": [0, 1, 2]},
+        "arm": {"choices": ARMS},
+        "optim.warmup_steps": {"type": "categorical", "choices": [1, 2]},
+    }
+    keys = {"arms": ["arm", "optim.warmup_steps"], "verdict": {"within": ["optim.warmup_steps"]}}
+    study = load_study(write_study(tmp_path, tiny_overrides, "within", space, **keys))
+    ostudy = sweep.open_study(study, None)
+    for (arm, warmup), base in {("a", 1): 2.0, ("b", 1): 2.5, ("a", 2): 1.5, ("b", 2): 1.6}.items():
+        for seed in range(3):
+            add(ostudy, {"seed": seed, "arm": arm, "optim.warmup_steps": warmup}, base + 0.01 * seed)
+    summary = (write_report(study) / "summary.md").read_text()
+    assert "Holm's correction over the 2 'better' tests" in summary
+    table = summary[summary.index("## Comparisons") :].split("\n\n")[1]
+    rows = [line for line in table.splitlines() if line.startswith("| a") or line.startswith("| b")]
+    pairs = [row.split(" | ")[:2] for row in rows]
+    assert pairs == [["| a warmup_steps=1", "b warmup_steps=1"], ["| a warmup_steps=2", "b warmup_steps=2"]]
+    # a param that is not an arm is refused before anything is written
+    bad = write_study(tmp_path, tiny_overrides, "within_bad", space, arms=["arm"], verdict={"within": ["seed"]})
+    assert cli.main(["sweep", str(bad), "--check"]) == 2
+    assert "verdict.within[0]: 'seed' is not one of the study's arms (arm)" in capsys.readouterr().err
+
+
 def test_the_control_arms_are_outside_both_holm_families(tmp_path, tiny_overrides):
     study = study_with(tmp_path, tiny_overrides, [2.07, 2.08, 2.06], [1.87, 1.89, 1.86], degraded=[3.09, 3.10, 3.08])
     summary = (write_report(study) / "summary.md").read_text()

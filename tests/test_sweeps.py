@@ -406,7 +406,7 @@ def test_every_shipped_study_validates_at_every_preset(path):
         ),
         (
             {"verdict": {"deltas": {"val/loss": 0.01}}},
-            "verdict.deltas: unknown key (allowed here: delta, success, context_gain)",
+            "verdict.deltas: unknown key (allowed here: delta, success, context_gain, within)",
         ),
         (
             {"verdict": {"delta": {"val/loss": -0.01}}},
