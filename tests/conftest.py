@@ -22,10 +22,11 @@ import torch  # noqa: E402
 from pg import postgres_server, postgres_url  # noqa: E402,F401  (fixtures: a throwaway PostgreSQL server)
 from tiny import TINY_MODEL  # noqa: E402
 
-# One thread: the test models are tiny, a second thread gains nothing on them, and when the cores are busy the
-# threads waiting for one make every operation several times slower (78 attention variants' forward and backward:
-# 5 s with one thread, 23-25 s with two, on 2 cores running other work).
-torch.set_num_threads(1)
+# Two threads on 2 idle cores (a CI machine): with one, the default suite took about 19 min there (2026-12-01),
+# with two about 10 min before that day's test cuts.
+# On cores busy with other work one thread is faster (78 attention variants' forward and backward: 5 s with one,
+# 23-25 s with two): set LINFORMER_TEST_THREADS=1 there.
+torch.set_num_threads(int(os.environ.get("LINFORMER_TEST_THREADS", max(1, min(2, os.cpu_count() or 1)))))
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
 
@@ -37,9 +38,8 @@ def data_cache(tmp_path_factory):
 
 @pytest.fixture
 def tiny_overrides(tmp_path, monkeypatch, data_cache):
-    """Shrink the base experiment to seconds: a tiny model, a few hundred texts, 6 steps, CPU, one thread (a
-    model this small gains nothing from a second, and threads that wait for a busy core cost several times over,
-    in sweep workers too). A run in this process sets this process's threads: they are restored afterwards."""
+    """Shrink the base experiment to seconds: a tiny model, a few hundred texts, 6 steps, CPU. A run in this
+    process may set this process's threads: they are restored afterwards."""
     monkeypatch.chdir(tmp_path)
     threads = torch.get_num_threads()
     args = [
@@ -55,7 +55,6 @@ def tiny_overrides(tmp_path, monkeypatch, data_cache):
         "trainer.limit_val_batches=2",
         "trainer.log_every_n_steps=1",
         "trainer.accelerator=cpu",
-        "trainer.cpu_threads=1",
         "optim.warmup_steps=2",
     ]
     yield types.SimpleNamespace(config=CONFIGS / "base.yaml", args=args)
