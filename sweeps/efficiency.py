@@ -110,9 +110,14 @@ def pareto_front(points: Sequence[tuple[float, float]], maximize_quality: bool) 
     return front
 
 
+def final_ppl(arm: ArmSpeed) -> float:
+    """The median over an arm's seeds of the last validation perplexity of each curve (the arm has curves)."""
+    return statistics.median(c[-1][2] for c in arm.curves)
+
+
 def target_ppl(arms: Sequence[ArmSpeed]) -> Optional[float]:
     """The worst arm's median final validation perplexity (None when an arm has no curve)."""
-    finals = [statistics.median(c[-1][2] for c in a.curves) for a in arms if a.curves]
+    finals = [final_ppl(a) for a in arms if a.curves]
     return max(finals) if finals and len(finals) == len(arms) else None
 
 
@@ -133,7 +138,7 @@ def trivial_target(
     floors = []
     if (unigram := no_context_floor(arms)) is not None:
         floors.append((unigram, "the unigram baseline"))
-    trained = [statistics.median(c[-1][2] for c in a.curves) for a in no_context if a.curves]
+    trained = [final_ppl(a) for a in no_context if a.curves]
     if trained:
         floors.append((min(trained), "the model without context trained beside them"))
     reached = [f for f in floors if target is not None and target >= f[0]]

@@ -167,6 +167,10 @@ class Findings:
         """The comparisons on ``metric``."""
         return [c for c in self.compared if c.pair.metric == metric]
 
+    def blind_on(self, metric: str) -> list[tuple[str, str]]:
+        """The pairs left without a verdict on ``metric`` because neither arm uses its context."""
+        return [(a, b) for a, b, m in self.blind if m == metric]
+
 
 def compared_pairs(study: Study, rows: list[Row], arms: list[str]) -> list[tuple[str, str]]:
     """The pairs of the study's own arms a report compares: every pair, except arms that differ in a param of

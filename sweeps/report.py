@@ -158,7 +158,7 @@ def answer(study: Study, ostudy: optuna.Study, found: Findings, ladder: Optional
     lines = []
     for metric in study.metrics:
         mine = found.of(metric)
-        left = [(a, b) for a, b, m in found.blind if m == metric]
+        left = found.blind_on(metric)
         if len(mine) == 1 and not left:
             lines.append(pair_sentence(study, mine[0], found) + ".")
             continue
@@ -377,7 +377,7 @@ def arm_section(study: Study, rows: list[Row], found: Findings, advice: str) -> 
     for metric, direction in zip(study.metrics, study.directions):
         if found.of(metric):
             out += comparisons_table(found, metric, direction)
-        if left := [(a, b) for a, b, m in found.blind if m == metric]:
+        if left := found.blind_on(metric):
             out += [f"Left out of the comparisons on {metric}: {words.blind(left, found.arm_context)}.", ""]
     return out + seeds_advice(study, found)
 

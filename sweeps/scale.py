@@ -142,7 +142,7 @@ def build(study: Study, rows: list[Row], found: Findings) -> Ladder:
     order = list(dict.fromkeys(study.arm_label(p, without=[rung_param]) for p in study.points or []))
     lines = [line for line in order if line != reference]
     by_arms = {frozenset((c.pair.a, c.pair.b)): c for c in found.compared if c.pair.metric == metric}
-    left = {frozenset((a, b)) for a, b, m in found.blind if m == metric}
+    left = {frozenset(pair) for pair in found.blind_on(metric)}
     verdicts, blind = {}, set()
     for (rung, line), cell in cells.items():
         ref = cells.get((rung, reference))
