@@ -431,6 +431,8 @@ def test_every_shipped_study_validates_at_every_preset(path):
             {"objective": [{"metric": "tokens_per_sec", "direction": "maximize"}]},
             "verdict.delta.tokens_per_sec: objective metric 'tokens_per_sec' has no default margin δ",
         ),
+        # a seed after the first is checked too, though its trial shares every other check with the first's
+        ({"space": {"seed": {"type": "categorical", "choices": [0, 2**32]}}}, "trial with seed=4294967296: seed:"),
     ],
 )
 def test_a_bad_study_file_is_one_line_and_exit_2_before_any_trial(tmp_path, tiny_overrides, capsys, change, message):

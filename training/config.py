@@ -148,6 +148,11 @@ PRECISIONS = (
 MAX_STEPS = 10**9
 
 
+def check_seed(seed: Any) -> None:
+    """The run's seed: an integer that numpy's and torch's generators accept."""
+    check_number("seed", seed, 0, 2**32 - 1, integer=True)
+
+
 def check(cfg: DictConfig) -> None:
     """Every rule of a run config: the model's, the data's, the optimiser's, the trainer's, the task's, the
     names and paths the run writes to, and whether the model fits this machine."""
@@ -156,7 +161,7 @@ def check(cfg: DictConfig) -> None:
     check_optim(cfg.optim)
     check_trainer(cfg.trainer)
     att = cfg.model.attention
-    check_number("seed", cfg.seed, 0, 2**32 - 1, integer=True)
+    check_seed(cfg.seed)
     check_name("experiment", cfg.experiment)
     check_folder("output_dir", cfg.output_dir)
     if cfg.run_dir is not None:
