@@ -203,11 +203,13 @@ def merge(schema: Any, layers: list[Any], misplaced: Optional[Misplaced] = None)
     named by ``misplaced`` says where it belongs)."""
     cfg = OmegaConf.structured(schema)
     try:
-        for layer in layers:
+        for i, layer in enumerate(layers):
             try:
-                cfg = OmegaConf.merge(without_replaced_options(cfg, layer), layer)
+                # in place: OmegaConf.merge would copy the whole config once per layer, most of a merge's time
+                without_replaced_options(cfg, layer).merge_with(layer)
             except (TypeError, ValueError) as err:  # e.g. a list given where a mapping is: OmegaConf names no key
-                raise ConfigError(f"{_blame(cfg, layer)}: {str(err).splitlines()[0]}") from None
+                before = merge(schema, layers[:i], misplaced)  # the config this layer failed on
+                raise ConfigError(f"{_blame(before, layer)}: {str(err).splitlines()[0]}") from None
         OmegaConf.resolve(cfg)  # interpolations (${...}) now, while an error is still one line
     except OmegaConfBaseException as err:
         raise ConfigError(one_line(err, schema, misplaced)) from None
