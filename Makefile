@@ -30,7 +30,7 @@ run: setup
 	@echo "dashboard:   $(VENV)/bin/optuna-dashboard runs/$(QUICKSTART)/journal.log --host $(HOST)   (or: make dashboard)"
 
 test: setup
-	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n auto --dist worksteal
 
 test-slow: setup
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m slow

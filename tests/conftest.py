@@ -22,10 +22,11 @@ import torch  # noqa: E402
 from pg import postgres_server, postgres_url  # noqa: E402,F401  (fixtures: a throwaway PostgreSQL server)
 from tiny import TINY_MODEL  # noqa: E402
 
-# Two threads on 2 idle cores (a CI machine; the default suite took 15:23 so and 15:45 with one, 2026-12-01).
-# On cores busy with other work one thread is faster (78 attention variants' forward and backward: 5 s with one,
-# 23-25 s with two): set LINFORMER_TEST_THREADS=1 there.
-torch.set_num_threads(int(os.environ.get("LINFORMER_TEST_THREADS", max(1, min(2, os.cpu_count() or 1)))))
+# The cores shared among pytest-xdist's workers (`make test` starts one per core), at most two torch threads
+# each: the tests' models are small, and on cores busy with other work one thread is faster (78 attention
+# variants' forward and backward: 5 s with one, 23-25 s with two). LINFORMER_TEST_THREADS sets it.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(int(os.environ.get("LINFORMER_TEST_THREADS", max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))))
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
 
