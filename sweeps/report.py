@@ -129,7 +129,7 @@ def pair_sentence(study: Study, c, found: Findings) -> str:
     return text
 
 
-def _open_answer(study: Study, ostudy: optuna.Study) -> list[str]:
+def _open_answer(study: Study, ostudy: optuna.Study, found: Findings) -> list[str]:
     complete = [t for t in ostudy.trials if t.state == TrialState.COMPLETE]
     kind = study.spec.sampler.kind
     if not complete:
@@ -142,14 +142,31 @@ def _open_answer(study: Study, ostudy: optuna.Study) -> list[str]:
     best = ostudy.best_trial
     return [
         f"Open study ({kind}): the best of {len(complete)} trials, {best.number}, reached "
-        f"{study.metrics[0]} = {words.fmt(best.value)} (parameters below); it has no arms to compare."
+        f"{study.metrics[0]} = {words.fmt(best.value)}{_best_gain(study, best.value, found)} (parameters below); "
+        "it has no arms to compare."
     ]
+
+
+def _best_gain(study: Study, value: float, found: Findings) -> str:
+    """The best trial's gain over the control's model without context (one run: no interval), and whether it
+    reaches the study's context gain; "" without a judged control."""
+    context = found.context
+    if context is None or not context.comparison.judged:
+        return ""
+    gain = context.no_context_mean - value if study.directions[0] == "minimize" else value - context.no_context_mean
+    said = (
+        f", a gain of {words.fmt(gain)} over a model without context ({words.fmt(context.no_context_mean)}; the study "
+        f"needs ≥ {words.fmt(context.threshold)})"
+    )
+    if gain < context.threshold:
+        said += ": short of it, so no setting this search tried learned to use its context as the reference does"
+    return said
 
 
 def answer(study: Study, ostudy: optuna.Study, found: Findings, ladder: Optional[scale.Ladder]) -> list[str]:
     """The answer to the study's question, one sentence per objective metric, from its own arms."""
     if not study.is_grid:
-        return _open_answer(study, ostudy)
+        return _open_answer(study, ostudy, found)
     if ladder is not None and found.own:
         return scale.answer(ladder)
     if len(found.own) < 2:

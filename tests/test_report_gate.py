@@ -326,3 +326,28 @@ def test_runs_without_per_example_sums_say_the_validation_error_is_not_available
     assert (
         "- Validation sampling error: not available (the runs' metrics.json hold no per-example validation" in summary
     )
+
+
+@pytest.mark.parametrize("best, short", [(3.02, True), (2.3, False)])
+def test_an_open_studys_best_trial_is_measured_against_the_model_without_context(tmp_path, tiny_overrides, best, short):
+    path = write_study(
+        tmp_path,
+        tiny_overrides,
+        "searched",
+        {"optim.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}},
+        sampler={"kind": "random", "seed": 0},
+        budget={"n_trials": 3},
+        control=CONTROL,
+    )
+    study = load_study(path)
+    ostudy, ocontrol = sweep.open_study(study, None), sweep.open_study(study.control, None)
+    for lr, v in ((1e-3, 3.06), (2e-3, best), (3e-3, 3.08)):
+        add(ostudy, {"optim.lr": lr}, v)
+    for seed, (ref, degraded) in enumerate([(2.0, 3.09), (2.1, 3.10), (2.05, 3.08)]):
+        add(ocontrol, {"control": "reference", "seed": seed}, ref)
+        add(ocontrol, {"control": "degraded", "seed": seed}, degraded)
+    summary = (write_report(study) / "summary.md").read_text()
+    answer = next(line for line in summary.splitlines() if line.startswith("**Answer:**"))
+    gain = words.fmt(3.09 - best)
+    assert f"reached val/loss = {words.fmt(best)}, a gain of {gain} over a model without context (3.09;" in answer
+    assert ("short of it, so no setting this search tried learned to use its context" in answer) == short
