@@ -9,7 +9,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -340,13 +340,19 @@ def run_metrics(r: Row) -> dict:
     return loaded if isinstance(loaded, dict) else {}
 
 
+def gain_order(direction: str, model: Any, no_context: Any) -> tuple[Any, Any]:
+    """(a, b) such that a − b is the model's gain over the model without context: no_context − model on a
+    minimised metric, model − no_context on a maximised one."""
+    return (no_context, model) if direction == "minimize" else (model, no_context)
+
+
 def _gain(study: Study, model: dict, no_context: dict) -> Optional[ContextGain]:
     """A model's gain over the no-context values on the first objective ({replicate: value} each, paired where
     the replicates match); None while either side has fewer than 2 values."""
     metric, direction = study.metrics[0], study.directions[0]
     if len(model) < 2 or len(no_context) < 2:
         return None
-    pair = (no_context, model) if direction == "minimize" else (model, no_context)
+    pair = gain_order(direction, model, no_context)
     threshold, _ = study.context_gain(metric)
     means = [stats.summarize(list(v.values())).mean for v in (model, no_context)]
     return ContextGain(metric, threshold, study.no_context_source, stats.compare(*pair), *means)

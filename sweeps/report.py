@@ -47,6 +47,7 @@ from sweeps.findings import (
     Row,
     control_label,
     findings,
+    gain_order,
     reused_rows,
     rows_of,
     run_baselines,
@@ -153,7 +154,8 @@ def _best_gain(study: Study, value: float, found: Findings) -> str:
     context = found.context
     if context is None or not context.comparison.judged:
         return ""
-    gain = context.no_context_mean - value if study.directions[0] == "minimize" else value - context.no_context_mean
+    a, b = gain_order(study.directions[0], value, context.no_context_mean)
+    gain = a - b
     said = (
         f", a gain of {words.fmt(gain)} over a model without context ({words.fmt(context.no_context_mean)}; the study "
         f"needs ≥ {words.fmt(context.threshold)})"
