@@ -131,12 +131,20 @@ def trivial_target(
     arms: Sequence[ArmSpeed], target: Optional[float], no_context: Sequence[ArmSpeed] = ()
 ) -> Optional[tuple[float, str]]:
     """(the no-context perplexity, what gives it) when ``target`` is one a model without context already reaches
-    (then a time to it measures no use of context, and the report gives none); None otherwise. The no-context
-    level is the unigram baseline of the arms' runs, or, lower, the median final perplexity of a model without
-    context trained beside them (``no_context``: the control's degraded arm): on masked-LM data it copies the
-    targets BERT leaves unchanged, which the unigram does not."""
+    (then a time to it measures no use of context, and the report gives none); None otherwise. The unigram floor
+    is that of the arms' runs (:func:`no_context_floor`); see :func:`no_context_reaches`."""
+    return no_context_reaches(target, no_context_floor(arms), no_context)
+
+
+def no_context_reaches(
+    target: Optional[float], unigram: Optional[float], no_context: Sequence[ArmSpeed] = ()
+) -> Optional[tuple[float, str]]:
+    """(the no-context perplexity, what gives it) when a model without context reaches ``target``; None otherwise.
+    The no-context level is the unigram baseline (``unigram``), or, lower, the median final perplexity of a model
+    without context trained beside the arms (``no_context``: the control's degraded arm): on masked-LM data it
+    copies the targets BERT leaves unchanged, which the unigram does not."""
     floors = []
-    if (unigram := no_context_floor(arms)) is not None:
+    if unigram is not None:
         floors.append((unigram, "the unigram baseline"))
     trained = [final_ppl(a) for a in no_context if a.curves]
     if trained:

@@ -477,20 +477,22 @@ def summary_md(report: "Report", plots: list[str], skipped: list[str], scale_lin
         *scale_lines,
         *(arm_section(study, arm_rows, found, advice) if arm_rows else []),
         *efficiency.section(
-            speeds_of(study, report.rows),
-            study.metrics[0],
-            study.directions[0] == "maximize",
-            efficiency.arm_speeds(
-                [r for r in report.control_rows if r.role == "degraded" and r.complete], study.metrics[0]
-            )
-            if study.no_context_source == "degraded"
-            else [],
+            speeds_of(study, report.rows), study.metrics[0], study.directions[0] == "maximize", blind_speeds(report)
         ),
         *(best_section(study, report.ostudy) if not study.is_grid else []),
         *failed_section(report.rows + [r for r in report.control_rows if not r.reused]),
     ]
     lines += ["## Plots", ""] + [f"- `{p}`" for p in plots] + [f"- skipped: {s}" for s in skipped] + [""]
     return "\n".join(lines)
+
+
+def blind_speeds(report: Report) -> list[efficiency.ArmSpeed]:
+    """The control's degraded arm as a model without context trained beside the arms (none when the study's
+    no-context level is a baseline): what a time to target must beat."""
+    if report.study.no_context_source != "degraded":
+        return []
+    rows = [r for r in report.control_rows if r.role == "degraded" and r.complete]
+    return efficiency.arm_speeds(rows, report.study.metrics[0])
 
 
 def speeds_of(study: Study, rows: list[Row]) -> list[efficiency.ArmSpeed]:
@@ -550,7 +552,8 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
         plots.append("pareto.png")
     scale_lines: list[str] = []
     if report.ladder is not None:  # the gap across sizes, its trend, the spectrum across sizes (sweeps/scale.py)
-        ttt, spectra = scale.time_to_target(report.ladder), scale.spectrum_across_sizes(report.ladder)
+        ttt = scale.time_to_target(report.ladder, blind_speeds(report))
+        spectra = scale.spectrum_across_sizes(report.ladder)
         drawn, not_drawn = figures.write_ladder(report.ladder, ttt, spectra, out)
         scale_lines = scale.section(report.ladder, ttt, spectra, drawn)
         plots, skipped = plots + drawn, skipped + not_drawn

@@ -37,14 +37,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from optuna.trial import TrialState
 
 from foundation.checked import read_json, read_run_config
 from lightning_modules.attention import ATTENTION_KINDS
-from sweeps import stats, words
+from sweeps import efficiency, stats, words
 from sweeps.efficiency import no_context_ppl
 from sweeps.findings import Compared, Findings, Row, run_metrics
 from sweeps.study import Study
@@ -231,8 +231,10 @@ def _curve(row: Row) -> Optional[list[tuple[float, float, float]]]:
     return [tuple(float(v) for v in point) for point in curve] or None
 
 
-def time_to_target(ladder: Ladder) -> Optional[TimeToTarget]:
-    """Training seconds to each rung's target (see the module docstring); None when no run has a curve here."""
+def time_to_target(ladder: Ladder, no_context: Sequence[efficiency.ArmSpeed] = ()) -> Optional[TimeToTarget]:
+    """Training seconds to each rung's target (see the module docstring); None when no run has a curve here. A
+    rung whose target a model without context reaches (its unigram, or ``no_context``, the control's degraded
+    arm trained beside the ladder: :func:`efficiency.no_context_reaches`) is not timed."""
     from training.curves import reach
 
     curves = {
@@ -247,9 +249,9 @@ def time_to_target(ladder: Ladder) -> Optional[TimeToTarget]:
         if not finals:
             continue
         targets[rung] = max(finals)
-        floor = _no_context_ppl(ladder, rung)
-        if floor is not None and targets[rung] >= floor:
-            refused[rung] = floor
+        floor = efficiency.no_context_reaches(targets[rung], _no_context_ppl(ladder, rung), no_context)
+        if floor is not None:
+            refused[rung] = floor[0]
             continue
         for (r, line), cs in curves.items():
             if r == rung:

@@ -182,7 +182,7 @@ def test_a_bad_ladder_is_one_line_naming_the_key(tmp_path, tiny_overrides, chang
 
 
 # --------------------------------------------------------------------------------------- the scale report
-def _add_trial(ostudy, seed: int, rung: str, arm: str, value: float, metrics: dict) -> None:
+def _add_trial(ostudy, seed: int, rung: str, arm: str, value: float, metrics: dict, **attrs) -> None:
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
     ostudy.add_trial(
@@ -194,7 +194,7 @@ def _add_trial(ostudy, seed: int, rung: str, arm: str, value: float, metrics: di
                 "arm": CategoricalDistribution(list(LADDER_ARMS)),
             },
             value=value,
-            user_attrs={"metrics": {"val/loss": value, **metrics}},
+            user_attrs={"metrics": {"val/loss": value, **metrics}, **attrs},
         )
     )
 
@@ -364,3 +364,36 @@ def test_the_time_figure_draws_each_timed_rung_and_leaves_out_the_refused_ones()
     (line,) = [c for c in fig.axes[0].containers]  # one errorbar series: the linformer arm
     assert list(line.lines[0].get_xdata()) == [1e4, 3e4]
     assert figures.figure_time(types.SimpleNamespace(**{**vars(ladder), "lines": []}), ttt) is None
+
+
+def test_a_rung_whose_target_the_trained_model_without_context_reaches_is_not_timed(tmp_path, tiny_overrides):
+    """Stored trials with curves: at every rung full ends at val ppl 12 and Linformer at 20, the unigram at 30.
+    A model without context trained beside them (the control's degraded arm) at ppl 25 leaves the targets (20)
+    timed; one at 18, which copies kept targets as the unigram cannot, reaches them: no rung is timed."""
+    from sweeps import efficiency, scale
+    from sweeps.report import Report
+    from sweeps.sweep import open_study
+
+    study = load_study(ladder_study(tmp_path, tiny_overrides, name="timed_ladder"))
+    ostudy = open_study(study, None)
+    for rung in RUNGS:
+        for seed in (0, 1):
+            for arm, ppl in (("full", 12.0), ("linformer", 20.0)):
+                run_dir = tmp_path / "runs_here" / f"{rung}_{arm}_{seed}"
+                run_dir.mkdir(parents=True)
+                curve = [[5.0 * (seed + 1), 100, 40.0], [10.0 * (seed + 1), 200, ppl]]
+                metrics = {"ppl_vs_wallclock": curve, "baselines": {"unigram/loss": math.log(30.0)}}
+                (run_dir / "metrics.json").write_text(json.dumps(metrics))
+                _add_trial(ostudy, seed, rung, arm, math.log(ppl), {"parameters": 1e4}, run_dir=str(run_dir))
+    ladder = Report(study, None).ladder
+
+    def blind(final: float) -> list:
+        return [efficiency.ArmSpeed("no_context", [0.0], [1.0], [[[10.0, 200, final]]])]
+
+    timed = scale.time_to_target(ladder, blind(25.0))
+    assert timed.refused == {} and timed.targets == {rung: 20.0 for rung in RUNGS}
+    # full passes ppl 20 (interpolated) 5/7 of the way from 40 to 12, Linformer only at its last point
+    assert timed.ratio(next(iter(RUNGS)), "linformer", "full").value == pytest.approx(1 / (0.5 + 0.5 * 20 / 28))
+    refused = scale.time_to_target(ladder, blind(18.0))
+    assert refused.refused == {rung: 18.0 for rung in RUNGS} and refused.seconds == {}
+    assert scale.time_to_target(ladder).refused == {}  # the unigram alone (30) does not reach 20
