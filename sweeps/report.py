@@ -477,22 +477,13 @@ def summary_md(report: "Report", plots: list[str], skipped: list[str], scale_lin
         *scale_lines,
         *(arm_section(study, arm_rows, found, advice) if arm_rows else []),
         *efficiency.section(
-            speeds_of(study, report.rows), study.metrics[0], study.directions[0] == "maximize", blind_speeds(report)
+            speeds_of(study, report.rows), study.metrics[0], study.directions[0] == "maximize", report.blind
         ),
         *(best_section(study, report.ostudy) if not study.is_grid else []),
         *failed_section(report.rows + [r for r in report.control_rows if not r.reused]),
     ]
     lines += ["## Plots", ""] + [f"- `{p}`" for p in plots] + [f"- skipped: {s}" for s in skipped] + [""]
     return "\n".join(lines)
-
-
-def blind_speeds(report: Report) -> list[efficiency.ArmSpeed]:
-    """The control's degraded arm as a model without context trained beside the arms (none when the study's
-    no-context level is a baseline): what a time to target must beat."""
-    if report.study.no_context_source != "degraded":
-        return []
-    rows = [r for r in report.control_rows if r.role == "degraded" and r.complete]
-    return efficiency.arm_speeds(rows, report.study.metrics[0])
 
 
 def speeds_of(study: Study, rows: list[Row]) -> list[efficiency.ArmSpeed]:
@@ -537,6 +528,10 @@ class Report:
         self.found = findings(study, self.rows if study.arms else [], self.control_rows)
         own = [r for r in self.rows if not r.role]
         self.ladder = scale.build(study, own, self.found) if study.ladder is not None and self.found.own else None
+        # The control's degraded arm as a model without context trained beside the arms (none when the study's
+        # no-context level is a baseline): what a time to target must beat.
+        degraded = [r for r in self.control_rows if r.role == "degraded" and r.complete]
+        self.blind = efficiency.arm_speeds(degraded, study.metrics[0]) if study.no_context_source == "degraded" else []
 
 
 def write_report(study: Study, url: Optional[str] = None) -> Path:
@@ -552,7 +547,7 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
         plots.append("pareto.png")
     scale_lines: list[str] = []
     if report.ladder is not None:  # the gap across sizes, its trend, the spectrum across sizes (sweeps/scale.py)
-        ttt = scale.time_to_target(report.ladder, blind_speeds(report))
+        ttt = scale.time_to_target(report.ladder, report.blind)
         spectra = scale.spectrum_across_sizes(report.ladder)
         drawn, not_drawn = figures.write_ladder(report.ladder, ttt, spectra, out)
         scale_lines = scale.section(report.ladder, ttt, spectra, drawn)

@@ -45,7 +45,6 @@ from optuna.trial import TrialState
 from foundation.checked import read_json, read_run_config
 from lightning_modules.attention import ATTENTION_KINDS
 from sweeps import efficiency, stats, words
-from sweeps.efficiency import no_context_ppl
 from sweeps.findings import Compared, Findings, Row, run_metrics
 from sweeps.study import Study
 
@@ -263,7 +262,9 @@ def time_to_target(ladder: Ladder, no_context: Sequence[efficiency.ArmSpeed] = (
 def _no_context_ppl(ladder: Ladder, rung: str) -> Optional[float]:
     """The lowest no-context val ppl of the rung's reference runs (efficiency.no_context_ppl); None without one."""
     cell = ladder.cell(rung, ladder.reference)
-    floors = [p for r in (cell.complete if cell else []) if (p := no_context_ppl({**r.metrics, **run_metrics(r)}))]
+    floors = [
+        p for r in (cell.complete if cell else []) if (p := efficiency.no_context_ppl({**r.metrics, **run_metrics(r)}))
+    ]
     return min(floors) if floors else None
 
 
