@@ -46,6 +46,7 @@ from lightning_modules.attention import ATTENTION_KINDS, misplaced_option
 from lightning_modules.config import model_config
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.optim import build_optimizer, fuse_checkpoint
+from lightning_modules.step_logs import log_training_step
 
 # Model settings that no weight depends on: they may differ between pretraining and fine-tuning.
 WEIGHT_FREE_KEYS = {"dropout", "attention.dropout"}
@@ -110,10 +111,7 @@ class SequenceClassifierModule(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss, logits = self._step(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/accuracy", (logits.argmax(-1) == batch["labels"]).float().mean())
-        # A CPU tensor: a Python number would be copied to the device, and waited for, at every step.
-        self.log("train/lr", torch.tensor(self.trainer.optimizers[0].param_groups[0]["lr"]))
+        log_training_step(self, loss, lambda: {"train/accuracy": (logits.argmax(-1) == batch["labels"]).float().mean()})
         return loss
 
     def _evaluate(self, batch: dict, loss_metric: MeanMetric, scores: MetricCollection) -> None:

@@ -25,6 +25,7 @@ from lightning_modules.config import model_config
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.optim import build_optimizer, fuse_checkpoint
 from lightning_modules.per_example import PerExampleSums, column_names, example_sums
+from lightning_modules.step_logs import log_training_step
 
 EXAMPLES = "validation_examples/"  # callback-metric prefix of the per-example sums (metrics.json)
 
@@ -79,10 +80,7 @@ class TokenPredictionModule(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss = self.training_loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/ppl", torch.exp(loss.detach().clamp(max=50)))
-        # A CPU tensor: a Python number would be copied to the device, and waited for, at every step.
-        self.log("train/lr", torch.tensor(self.trainer.optimizers[0].param_groups[0]["lr"]))
+        log_training_step(self, loss, lambda: {"train/ppl": torch.exp(loss.detach().clamp(max=50))})
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

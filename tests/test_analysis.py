@@ -19,19 +19,6 @@ from lightning_modules.projections import ProjectionBank
 from training import config as run_config
 
 
-def small_model(attention: dict) -> dict:
-    """A 2-layer model of width 16 at n = 16 around the given attention node."""
-    return {
-        "max_len": 16,
-        "d_model": 16,
-        "n_heads": 2,
-        "n_layers": 2,
-        "d_ff": 32,
-        "dropout": 0.0,
-        "attention": attention,
-    }
-
-
 def rank_r_stochastic(n: int, r: int, seed: int = 0) -> torch.Tensor:
     """A row-stochastic n×n matrix of rank r: rows are mixtures of r probability vectors."""
     g = torch.Generator().manual_seed(seed)
@@ -221,7 +208,7 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_recorded_probabilities_are_the_ones_the_layer_attends_with(variant):
     att = VARIANTS[variant]
-    cfg = small_model(tiny.attention(**att))
+    cfg = tiny.small_model(tiny.attention(**att))
     torch.manual_seed(0)
     encoder = TransformerEncoder(cfg, 40).eval()
     ids = torch.randint(5, 40, (3, 16))
@@ -285,7 +272,7 @@ def test_causal_linformer_context_matrix_is_causal_row_stochastic_and_is_the_lay
 
 
 def test_causal_linformer_spectrum_has_one_singular_value_per_position():
-    cfg = small_model(tiny.attention("linformer", causal=True, k=4))
+    cfg = tiny.small_model(tiny.attention("linformer", causal=True, k=4))
     torch.manual_seed(0)
     mask = torch.ones(3, 16, dtype=torch.bool)
     mask[1, :6] = False  # an all-padding prefix stays finite

@@ -77,3 +77,16 @@ def test_resume_continues_the_step_count(tiny_overrides, tmp_path):
     # A second run without resume gets its own directory.
     assert cli.main(args) == 0
     assert (tmp_path / "runs" / "tiny" / "version_1" / "metrics.json").is_file()
+
+
+def test_training_scalars_are_written_every_n_steps_across_a_resume(tiny_overrides, tmp_path):
+    """train/* are logged only at the steps the trainer writes (lightning_modules/step_logs.py): every
+    log_every_n_steps-th step, counted across a resume as Lightning counts them, each holding that step's value."""
+    args = ["train", str(tiny_overrides.config), *tiny_overrides.args, "trainer.log_every_n_steps=4"]
+    assert cli.main(args) == 0
+    assert cli.main(args + ["trainer.max_steps=9", "resume=true"]) == 0
+    acc = _events(tmp_path / "runs" / "tiny" / "version_0")
+    for tag in ("train/loss", "train/ppl", "train/lr", "perf/step_time_s"):
+        assert [e.step for e in acc.Scalars(tag)] == [3, 7], tag
+    for loss, ppl in zip(acc.Scalars("train/loss"), acc.Scalars("train/ppl")):
+        assert ppl.value == pytest.approx(math.exp(loss.value), rel=1e-5)
