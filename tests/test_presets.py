@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from lightning_modules.encoder import TransformerEncoder
+from sweeps.schema import SEED_PARAM
 from sweeps.study import SWEEPS_DIR, load_study
 from training.config import check
 from training.train import preflight
@@ -34,7 +35,7 @@ def test_every_trial_of_every_preset_passes_the_preflight(path, preset):
     for one in study.studies:
         # trials differing only in their seed differ in no check: one of them is built
         rests = {
-            repr({k: v for k, v in p.items() if k != "seed"}): p
+            repr({k: v for k, v in p.items() if k != SEED_PARAM}): p
             for p in (one.points if one.is_grid else one.range_ends())
         }
         for params in rests.values():
