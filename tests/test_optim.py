@@ -1,13 +1,11 @@
 """The optimiser the runs train with: AdamW on two parameter groups, multi-tensor, under the warm-up schedule."""
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from tiny import attention, small_model
 
 from lightning_modules.encoder import TransformerEncoder
-from lightning_modules.optim import build_optimizer, parameter_groups
+from lightning_modules.optim import build_optimizer
 
 OPTIM = {"lr": 3e-3, "betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "warmup_steps": 3, "schedule": "linear"}
 
@@ -35,17 +33,10 @@ def test_the_multi_tensor_update_is_the_per_tensor_update_bit_for_bit():
     built = build_optimizer(model, OPTIM, max_steps=8)
     assert built["optimizer"].defaults["foreach"] is True
     _train(model, built["optimizer"], built["lr_scheduler"]["scheduler"])
-    named = dict(reference.named_parameters())
-    decay, no_decay = ([named[n] for n in group] for group in parameter_groups(reference))
-    per_tensor = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": OPTIM["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=OPTIM["lr"],
-        betas=tuple(OPTIM["betas"]),
-        eps=OPTIM["eps"],
-        foreach=False,
-    )
-    schedule = copy.deepcopy(built["lr_scheduler"]["scheduler"].lr_lambdas[0])
-    _train(reference, per_tensor, torch.optim.lr_scheduler.LambdaLR(per_tensor, schedule))
+    per_tensor = build_optimizer(reference, OPTIM, max_steps=8)  # the same groups and schedule, per tensor
+    for group in per_tensor["optimizer"].param_groups:
+        group["foreach"] = False
+    _train(reference, per_tensor["optimizer"], per_tensor["lr_scheduler"]["scheduler"])
     moved = [not torch.equal(p, q) for p, q in zip(model.parameters(), _model().parameters())]
     assert all(moved)  # every tensor trained (no vacuous equality)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
