@@ -123,7 +123,12 @@ class MQARDataModule(L.LightningDataModule):
 
 
 def collate(items: list[tuple[Tensor, ...]]) -> dict:
-    """(input_ids, labels[, example_index]) items → a batch (validation items carry their index in the set)."""
+    """(input_ids, labels[, example_index]) items → a batch (validation items carry their index in the set).
+
+    ``attention_mask`` is None when no sequence of the batch is padded (2·n_pairs + n_queries = max_len), as
+    the mask contract of the attention kinds asks (lightning_modules/attention/base.py): every kind then takes
+    its path without padding, the same outputs at less cost."""
     inputs, labels, *index = (torch.stack(column) for column in zip(*items))
-    batch = {"input_ids": inputs, "labels": labels, "attention_mask": inputs != PAD_ID}
+    real = inputs != PAD_ID
+    batch = {"input_ids": inputs, "labels": labels, "attention_mask": None if bool(real.all()) else real}
     return {**batch, "example_index": index[0]} if index else batch

@@ -85,6 +85,14 @@ def test_every_query_is_labelled_with_the_value_paired_with_its_key(n_pairs, n_q
     assert dm.vocab_size == vocab_size + 1 and int(inputs.max()) <= vocab_size
 
 
+def test_a_batch_carries_a_mask_only_when_it_is_padded():
+    padded = next(iter(_data(_cfg("data.mqar.n_pairs=4", max_len=16)).train_dataloader()))  # 12 tokens of 16
+    assert padded["attention_mask"].equal(padded["input_ids"] != 0) and not padded["attention_mask"].all()
+    for loader in ("train_dataloader", "val_dataloader"):  # 2 · 4 + 4 = 12 tokens fill the sequence
+        batch = next(iter(getattr(_data(_cfg("data.mqar.n_pairs=4", max_len=12)), loader)()))
+        assert batch["attention_mask"] is None and (batch["input_ids"] != 0).all()
+
+
 def test_no_answer_appears_in_the_input_after_its_query():
     inputs, labels = _data(_cfg("data.mqar.n_pairs=10", "data.mqar.vocab_size=20")).train_set.tensors
     for row, row_labels in zip(inputs, labels):
