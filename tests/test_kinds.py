@@ -374,6 +374,18 @@ def test_performer_error_against_full_attention_shrinks_as_features_grow(causal)
     assert errors[0] > errors[1] > errors[2] and errors[2] < 0.35 * errors[0], errors
 
 
+@pytest.mark.parametrize("t", [5, 24, 64, 65, 150])  # shorter than a chunk, one chunk, chunks with a ragged tail
+def test_causal_favor_equals_the_quadratic_form_at_every_length(t):
+    """Σ_{j ≤ i} φ(q_i)·φ(k_j) v_j / Σ_{j ≤ i} φ(q_i)·φ(k_j), written out as a masked T × T product."""
+    torch.manual_seed(0)
+    performer = layer({"kind": "performer", "causal": True, "options": {"n_features": 8}}, n=160)
+    q, k, v = (torch.randn(2, H, t, D // H) for _ in range(3))
+    qf, kf = performer.feature_map(q, True), performer.feature_map(k, False)  # (B, h, T, m), float32
+    scores = (qf.double() @ kf.double().transpose(-1, -2)).tril()  # (B, h, T, T)
+    expected = (scores @ v.double()) / scores.sum(-1, keepdim=True)
+    torch.testing.assert_close(performer.causal_favor(qf, kf, v).double(), expected, atol=1e-5, rtol=1e-5)
+
+
 def test_orthogonal_features_are_orthogonal_in_blocks_with_gaussian_norms():
     torch.manual_seed(0)
     w = orthogonal_features(20, 8)  # blocks of 8, 8, 4 rows

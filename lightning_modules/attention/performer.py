@@ -15,7 +15,7 @@ numbers, not even by rounding (causality and padding stay exact). φ and the sum
 whatever the input's dtype (autocast off inside). Padded keys are zeroed before the sums. There are no
 attention probabilities, so no attention dropout (the config check refuses it).
 
-Causal, chunked (C = ``CHUNK`` positions): within a chunk the C × C feature-space scores φ(Q_c) φ(K_c)ᵀ
+Causal, chunked (C = min(``CHUNK``, T) positions): within a chunk the C × C feature-space scores φ(Q_c) φ(K_c)ᵀ
 masked to j ≤ i, across chunks the exclusive prefix sums S_c = Σ_{c' < c} φ(K_c')ᵀ V_c' (m × d_h) and
 z_c = Σ_{c' < c} φ(K_c')ᵀ 1: O(T·(C + d_h)·m) time, O((T/C)·m·d_h) memory.
 
@@ -170,10 +170,11 @@ class PerformerAttention(SelfAttention):
     def causal_favor(qf: Tensor, kf: Tensor, v: Tensor) -> Tensor:
         """The sums over j ≤ i, chunked (module docstring): same shapes as :meth:`favor`."""
         b, h, t, m = qf.shape
-        nc = -(-t // CHUNK)
+        c = min(CHUNK, t)  # a sequence shorter than a chunk is one chunk of its own length, not padded to CHUNK
+        nc = -(-t // c)
 
         def chunks(x: Tensor) -> Tensor:  # (B, h, T, e) → (B, h, nc, C, e)
-            return torch.cat([x, x.new_zeros(b, h, nc * CHUNK - t, x.shape[-1])], 2).unflatten(2, (nc, CHUNK))
+            return torch.cat([x, x.new_zeros(b, h, nc * c - t, x.shape[-1])], 2).unflatten(2, (nc, c))
 
         qc, kc, vc = chunks(qf), chunks(kf), chunks(v)
         kv = kc.transpose(-1, -2) @ vc  # per chunk Σ φ(k) vᵀ: (B, h, nc, m, d_h)
