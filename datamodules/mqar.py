@@ -1,11 +1,11 @@
 """Multi-query associative recall (MQAR; Arora et al. 2023, "Zoology"): the standard probe of what
 sub-quadratic attention loses.
 
-One sequence (N = ``n_pairs``, Q = ``n_queries``, padded with [PAD] up to ``model.max_len``)::
+One sequence (N = ``n_pairs``, Q = ``n_queries``), 2N + Q tokens::
 
-    position   0    1    2    3   …  2N-2  2N-1   2N   …  2N+Q-1   2N+Q …
-    input      k_1  v_1  k_2  v_2 …  k_N   v_N    q_1  …  q_Q      [PAD] …
-    label      -100 …                              v(q_1) … v(q_Q)  -100 …
+    position   0    1    2    3   …  2N-2  2N-1   2N   …  2N+Q-1
+    input      k_1  v_1  k_2  v_2 …  k_N   v_N    q_1  …  q_Q
+    label      -100 …                              v(q_1) … v(q_Q)
 
 Keys k_i are N distinct ids of the key range, values v_i are drawn uniformly with replacement from the
 value range, and the queries q_j are Q distinct keys of the same sequence in random order. The label
@@ -14,7 +14,13 @@ cross-entropy on the queried values only. No answer ever appears in the input af
 sequences train bidirectional and causal attention. Solving it needs exact retrieval of one of N
 positions, which a Linformer whose k is far below N cannot do.
 
-Vocabulary: [PAD]=0, keys 1 … K, values K+1 … K+V with K = ``vocab_size // 2``, V = ``vocab_size - K``.
+Every sequence of a run has the same length 2N + Q ≤ ``model.max_len`` = n (the model's n, which sizes E/F
+and w = ⌈n/k⌉ whatever N is): no sequence is padded, so batches carry no attention mask and every kind takes
+its path without padding. Padding them up to n would change no output on a real token (every kind's mask
+contract, tests/test_kinds.py) and only cost: at N = 4 of n = 24, half of every step.
+
+Vocabulary: [PAD]=0 (never in a sequence), keys 1 … K, values K+1 … K+V with K = ``vocab_size // 2``,
+V = ``vocab_size - K``.
 
 Trivial baseline: a model that ignores the context can only predict the targets' marginal, uniform over
 the V values: loss log V, accuracy 1/V. (A model that copies *some* value of the context without binding
@@ -36,7 +42,6 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from datamodules.sampling import loader_options, make_loader
-from datamodules.tokenizer import PAD_ID
 
 IGNORE_INDEX = -100
 VAL_SEED = 4321  # fixed on purpose: one validation set for every run and seed
@@ -49,16 +54,16 @@ def vocabulary(vocab_size: int) -> tuple[range, range]:
 
 
 def generate(
-    n_examples: int, n_pairs: int, n_queries: int, vocab_size: int, length: int, generator: torch.Generator
+    n_examples: int, n_pairs: int, n_queries: int, vocab_size: int, generator: torch.Generator
 ) -> tuple[Tensor, Tensor]:
-    """``n_examples`` MQAR sequences: (inputs, labels), both long (n_examples, length)."""
+    """``n_examples`` MQAR sequences: (inputs, labels), both long (n_examples, 2·n_pairs + n_queries)."""
     keys, values = vocabulary(vocab_size)
     b, n, q = n_examples, n_pairs, n_queries
     key_ids = torch.rand(b, len(keys), generator=generator).argsort(-1)[:, :n] + keys.start  # (B, N) distinct
     value_ids = torch.randint(values.start, values.stop, (b, n), generator=generator)  # (B, N)
     queried = torch.rand(b, n, generator=generator).argsort(-1)[:, :q]  # (B, Q) pair index
-    inputs = torch.full((b, length), PAD_ID, dtype=torch.long)
-    labels = torch.full((b, length), IGNORE_INDEX, dtype=torch.long)
+    inputs = torch.empty((b, 2 * n + q), dtype=torch.long)
+    labels = torch.full((b, 2 * n + q), IGNORE_INDEX, dtype=torch.long)
     inputs[:, 0 : 2 * n : 2], inputs[:, 1 : 2 * n : 2] = key_ids, value_ids
     inputs[:, 2 * n : 2 * n + q] = key_ids.gather(1, queried)
     labels[:, 2 * n : 2 * n + q] = value_ids.gather(1, queried)
@@ -69,12 +74,13 @@ class MQARDataModule(L.LightningDataModule):
     """MQAR sequences as ``{input_ids, labels, attention_mask}`` batches.
 
     ``data_cfg`` is ``RunConfig.data`` (``data.mqar`` plus ``batch_size`` and ``num_workers``);
-    ``max_len`` the sequence length; ``seed`` draws the training set and its shuffle.
+    ``max_len`` the model's n, which bounds 2·n_pairs + n_queries (checked with the config, not used here);
+    ``seed`` draws the training set and its shuffle.
     """
 
     def __init__(self, data_cfg, max_len: int, seed: int = 0):
         super().__init__()
-        self.data_cfg, self.cfg, self.max_len, self.seed = data_cfg, data_cfg.mqar, max_len, seed
+        self.data_cfg, self.cfg, self.seed = data_cfg, data_cfg.mqar, seed
         self.n_queries = self.cfg.n_pairs if self.cfg.n_queries is None else self.cfg.n_queries
         self.train_set: Optional[TensorDataset] = None
         self.val_set: Optional[TensorDataset] = None
@@ -110,7 +116,6 @@ class MQARDataModule(L.LightningDataModule):
             self.cfg.n_pairs,
             self.n_queries,
             self.cfg.vocab_size,
-            self.max_len,
             torch.Generator().manual_seed(seed),
         )
         return TensorDataset(inputs, labels)
@@ -125,10 +130,8 @@ class MQARDataModule(L.LightningDataModule):
 def collate(items: list[tuple[Tensor, ...]]) -> dict:
     """(input_ids, labels[, example_index]) items → a batch (validation items carry their index in the set).
 
-    ``attention_mask`` is None when no sequence of the batch is padded (2·n_pairs + n_queries = max_len), as
-    the mask contract of the attention kinds asks (lightning_modules/attention/base.py): every kind then takes
-    its path without padding, the same outputs at less cost."""
+    No sequence is padded (module docstring): ``attention_mask`` is None, as the mask contract of the attention
+    kinds asks (lightning_modules/attention/base.py)."""
     inputs, labels, *index = (torch.stack(column) for column in zip(*items))
-    real = inputs != PAD_ID
-    batch = {"input_ids": inputs, "labels": labels, "attention_mask": None if bool(real.all()) else real}
+    batch = {"input_ids": inputs, "labels": labels, "attention_mask": None}
     return {**batch, "example_index": index[0]} if index else batch

@@ -1,7 +1,7 @@
 """Multi-query associative recall (task: recall) and the trivial baselines written into metrics.json.
 
 The generator is checked against an independent reading of its sequences: the decoder below knows only
-the documented layout (keys 1 … V//2, values V//2+1 … V, [PAD]=0) and rebuilds every label itself.
+the documented layout (keys 1 … V//2, values V//2+1 … V, no padding) and rebuilds every label itself.
 """
 
 import json
@@ -14,6 +14,7 @@ from datamodules.language_model import CausalLMDataModule, MLMDataModule, unigra
 from datamodules.mqar import MQARDataModule
 from experiments import cli
 from training import config as run_config
+from training.train import build_module
 
 IGNORE = -100
 
@@ -22,7 +23,7 @@ def decode(tokens: list[int], vocab_size: int) -> tuple[dict[int, int], list[int
     """Read one sequence left to right: (key → value of each pair, the queries, the labels they imply).
 
     Pairs are (key, value) tokens at the front; the first key that was already seen starts the queries,
-    each of which must be a key of a pair; [PAD] fills the rest. Anything else fails an assertion."""
+    each of which must be a key of a pair, up to the end. Anything else fails an assertion."""
     n_keys = vocab_size // 2
     is_key = lambda t: 1 <= t <= n_keys  # noqa: E731
     is_value = lambda t: n_keys < t <= vocab_size  # noqa: E731
@@ -35,13 +36,12 @@ def decode(tokens: list[int], vocab_size: int) -> tuple[dict[int, int], list[int
         labels += [IGNORE, IGNORE]
         i += 2
     queries = []
-    while i < len(tokens) and tokens[i] != 0:
+    while i < len(tokens):
         assert tokens[i] in pairs, f"position {i} holds {tokens[i]}, which is not a key of this sequence"
         queries.append(tokens[i])
         labels.append(pairs[tokens[i]])
         i += 1
-    assert all(t == 0 for t in tokens[i:]), "only [PAD] may follow the queries"
-    return pairs, queries, labels + [IGNORE] * (len(tokens) - i)
+    return pairs, queries, labels
 
 
 def _cfg(*overrides, max_len=48):
@@ -74,23 +74,52 @@ def test_every_query_is_labelled_with_the_value_paired_with_its_key(n_pairs, n_q
     dm = _data(cfg)
     for dataset in (dm.train_set, dm.val_set):
         inputs, labels = dataset.tensors[:2]
-        assert inputs.shape == labels.shape == (len(inputs), 48)
+        assert inputs.shape == labels.shape == (len(inputs), 2 * n_pairs + (n_queries or n_pairs))  # of n = 48
         for row, row_labels in zip(inputs.tolist(), labels.tolist()):
             pairs, queries, expected = decode(row, vocab_size)
             assert len(pairs) == n_pairs
             assert len(queries) == (n_queries or n_pairs) and len(set(queries)) == len(queries)
             assert row_labels == expected
     batch = next(iter(dm.val_dataloader()))
-    assert batch["attention_mask"].equal(batch["input_ids"] != 0)
+    assert batch["attention_mask"] is None  # nothing is padded
     assert dm.vocab_size == vocab_size + 1 and int(inputs.max()) <= vocab_size
 
 
-def test_a_batch_carries_a_mask_only_when_it_is_padded():
-    padded = next(iter(_data(_cfg("data.mqar.n_pairs=4", max_len=16)).train_dataloader()))  # 12 tokens of 16
-    assert padded["attention_mask"].equal(padded["input_ids"] != 0) and not padded["attention_mask"].all()
-    for loader in ("train_dataloader", "val_dataloader"):  # 2 · 4 + 4 = 12 tokens fill the sequence
-        batch = next(iter(getattr(_data(_cfg("data.mqar.n_pairs=4", max_len=12)), loader)()))
-        assert batch["attention_mask"] is None and (batch["input_ids"] != 0).all()
+@pytest.mark.parametrize(
+    "attention",
+    [
+        ["model.attention.kind=full"],
+        ["model.attention.kind=linformer", "model.attention.options.k=6"],
+        ["model.attention.kind=sparse", "model.attention.options={block: 4, summary: 1}"],
+        ["model.attention.kind=local", "model.attention.options.window=6"],
+        ["model.attention.kind=lsh", "model.attention.options.bucket_size=6"],
+        ["model.attention.kind=performer", "model.attention.options.n_features=6"],
+        ["model.attention.kind=nystrom", "model.attention.causal=false", "model.attention.options.n_landmarks=6"],
+    ],
+)
+def test_unpadded_sequences_give_the_loss_of_the_same_sequences_padded_to_n(attention):
+    """Sequences are 2N + Q tokens, never padded up to n: the model's loss (and gradient) is the one it would
+    have on them padded to n under their mask, so dropping the padding changes nothing but the cost."""
+    cfg = _cfg("data.mqar.n_pairs=4", "model.dropout=0", "model.attention.causal=true", *attention, max_len=24)
+    dm = _data(cfg)
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["input_ids"].shape[1] == 12 and batch["attention_mask"] is None  # 2 · 4 + 4 of n = 24
+    padded = {
+        "input_ids": torch.nn.functional.pad(batch["input_ids"], (0, 12)),  # [PAD] = 0
+        "labels": torch.nn.functional.pad(batch["labels"], (0, 12), value=IGNORE),
+        "attention_mask": torch.arange(24).expand(len(batch["input_ids"]), 24) < 12,
+    }
+    torch.manual_seed(0)
+    module = build_module(cfg, dm)
+    losses, grads = [], []
+    for b in (batch, padded):
+        module.zero_grad()
+        loss = module.training_loss(b)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in module.parameters() if p.grad is not None]))
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
 
 
 def test_no_answer_appears_in_the_input_after_its_query():
