@@ -33,7 +33,11 @@ MARKERS = {stats.BETTER: ("o", True), stats.ON_PAR: ("s", False), stats.UNDECIDE
 
 # --------------------------------------------------------------------------------------- the study's plots
 def _curves(rows: list[Row]) -> dict[str, list[tuple[list[int], list[float]]]]:
-    """val/loss against step of each trial from its TensorBoard events, grouped by arm."""
+    """val/loss against step of each trial from its TensorBoard events, grouped by arm.
+
+    A resumed run has one events file per process, read in the order of their names, which need not be the order
+    they were written in (``….9`` after ``….10``): points are put in step order, and a step written twice (trained
+    again after a resume) keeps the value written last."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out: dict[str, list] = {}
@@ -41,13 +45,12 @@ def _curves(rows: list[Row]) -> dict[str, list[tuple[list[int], list[float]]]]:
         run_dir = r.trial.user_attrs.get("run_dir")
         if not run_dir or not Path(run_dir).is_dir():
             continue
-        ea = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+        ea = EventAccumulator(run_dir, size_guidance={"scalars": 0}, purge_orphaned_data=False)
         ea.Reload()
         if CURVE_TAG in ea.Tags().get("scalars", []):
-            events = ea.Scalars(CURVE_TAG)
-            out.setdefault(r.arm or f"trial {r.trial.number}", []).append(
-                ([e.step for e in events], [e.value for e in events])
-            )
+            latest = {e.step: e.value for e in sorted(ea.Scalars(CURVE_TAG), key=lambda e: e.wall_time)}
+            steps = sorted(latest)
+            out.setdefault(r.arm or f"trial {r.trial.number}", []).append((steps, [latest[s] for s in steps]))
     return out
 
 

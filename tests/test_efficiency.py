@@ -48,6 +48,24 @@ def test_time_to_target_is_the_worst_arms_final_quality_and_interpolates(tmp_pat
     assert figures.pareto(arms, "val/loss", False, tmp_path / "pareto.png") and (tmp_path / "pareto.png").stat().st_size
 
 
+def test_a_resumed_runs_curve_is_in_step_order_with_the_values_written_last(tmp_path):
+    """Two events files whose names sort against the order they were written in, as a resume can leave them
+    (counter 10 before 9): the curve comes out by step, the re-trained step with its later value."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name, points in (("9", [(0, 3.0), (1, 2.0), (2, 1.9)]), ("10", [(2, 1.5), (3, 1.25)])):  # 9 first
+        writer = SummaryWriter(str(tmp_path / name))
+        for step, value in points:
+            writer.add_scalar("val/loss", value, step)
+        writer.close()
+        (written,) = (tmp_path / name).glob("events.out.tfevents.*")
+        written.rename(run / f"events.out.tfevents.1700000000.host.1.{name}")
+    assert sorted(p.name for p in run.iterdir())[0].endswith(".10")  # read first
+    assert figures._curves([row("a", 1.2, 1.0, str(run))]) == {"a": [([0, 1, 2, 3], [3.0, 2.0, 1.5, 1.25])]}
+
+
 def test_a_study_without_curves_has_no_time_to_target_column():
     arms = efficiency.arm_speeds([row("a", 0.9, 10.0), row("b", 0.8, 20.0)], "val/loss")
     assert efficiency.target_ppl(arms) is None
