@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_modules.config import model_config
-from lightning_modules.encoder import TransformerEncoder, count_parameters
+from lightning_modules.encoder import TransformerEncoder, count_parameters, init_weights
 from lightning_modules.optim import build_optimizer, fuse_checkpoint
 from lightning_modules.per_example import PerExampleSums, column_names, example_sums
 from lightning_modules.step_logs import log_training_step
@@ -31,9 +31,13 @@ EXAMPLES = "validation_examples/"  # callback-metric prefix of the per-example s
 
 
 class LMHead(nn.Module):
-    def __init__(self, d_model: int, embedding: nn.Embedding) -> None:
+    """Dense + GELU + LayerNorm, then the tied token embedding: the dense weight drawn from N(0, init_std²) like
+    every weight of the encoder, zero biases."""
+
+    def __init__(self, d_model: int, embedding: nn.Embedding, init_std: float) -> None:
         super().__init__()
         self.dense, self.ln = nn.Linear(d_model, d_model), nn.LayerNorm(d_model)
+        init_weights(self.dense, init_std)
         self.embedding = embedding
         self.bias = nn.Parameter(torch.zeros(embedding.num_embeddings))
 
@@ -55,7 +59,7 @@ class TokenPredictionModule(L.LightningModule):
         self.save_hyperparameters()
         self.config = config
         self.encoder = TransformerEncoder(config["model"], vocab_size)
-        self.head = LMHead(config["model"]["d_model"], self.encoder.tok)
+        self.head = LMHead(config["model"]["d_model"], self.encoder.tok, self.encoder.init_std)
         self.n_parameters = count_parameters(self)
         self.target_groups = tuple(target_groups)
         # Per validation example and target group (lightning_modules/per_example.py), gathered across DDP ranks.

@@ -54,7 +54,16 @@ Initialisation sets the attention temperature (a slot is a weighted sum of its w
 it is a named option applied identically to learned and random arms; ``fan_in`` is the number of
 positions a slot sums (n dense, w windowed):
 
-* ``jl``: entries ~ N(0, 1/k), the Johnson–Lindenstrauss scale of the paper's Theorem 1;
+* ``normal`` (the default): N(0, σ²) with σ = ``model.init_std``, the draw of every other weight of the model and
+  the one the Linformer authors' trained model starts from: fairseq's ``examples/linformer`` builds E/F as
+  ``nn.Linear(n, k, bias=False)``, and the RoBERTa model around them re-draws every ``nn.Linear`` from
+  N(0, 0.02²) (``init_bert_params``, applied after the attention module's own reset); a dense slot's squared
+  weight norm is n·σ² (0.2 at n = 512, σ = 0.02; 0.32 on the byte-MLM CPU base, n = 32, σ = 0.1);
+* ``xavier``: U(±g·√(6/(fan_in + k))) with g = 1/√2, the reset of fairseq's attention module
+  (``nn.init.xavier_uniform_(compress_k.weight, gain=1/√2)`` on the (k, n) E, overwritten in the trained model as
+  said above); a dense slot's squared weight norm ≈ n/(n + k);
+* ``jl``: entries ~ N(0, 1/k), the Johnson–Lindenstrauss scale of the paper's Theorem 1 (a slot's squared weight
+  norm ≈ n/k: at k ≪ n every slot is a large sum of all positions);
 * ``uniform``: U(−1/√fan_in, 1/√fan_in), the default of ``nn.Linear(fan_in, k)``;
 * ``theorem2``: R ~ N(0, 1/k), E = δR and F = e^{−δ}R, the scaling in the proof of Theorem 2
   (needs two stored sides).
@@ -71,8 +80,15 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+XAVIER_GAIN = 1.0 / math.sqrt(2.0)  # fairseq's Linformer: nn.init.xavier_uniform_(compress_k.weight, gain=1/√2)
 
-def _draw(shape: tuple[int, ...], init: str, fan_in: int, k: int) -> Tensor:
+
+def _draw(shape: tuple[int, ...], init: str, fan_in: int, k: int, std: float) -> Tensor:
+    if init == "normal":  # N(0, std²): every other weight's draw (model.init_std)
+        return torch.randn(shape) * std
+    if init == "xavier":  # U(±gain·√(6/(fan_in + k))): on the dense (k, n) E exactly fairseq's draw
+        bound = XAVIER_GAIN * math.sqrt(6.0 / (fan_in + k))
+        return torch.empty(shape).uniform_(-bound, bound)
     if init == "uniform":
         bound = 1.0 / math.sqrt(fan_in)
         return torch.empty(shape).uniform_(-bound, bound)
@@ -93,10 +109,10 @@ class ProjectionKind:
     parametric = True
     trainable = True
 
-    def draw(self, shape: tuple[int, ...], init: str, fan_in: int, k: int) -> Tensor:
+    def draw(self, shape: tuple[int, ...], init: str, fan_in: int, k: int, std: float) -> Tensor:
         """Initial weights of ``shape`` (dense (S, G, k, n); causal (S, G, slots, w, 1); per-channel
-        (S, G, 1, w, d_h)); ``fan_in`` positions per slot, ``k`` slots."""
-        return _draw(shape, init, fan_in, k)
+        (S, G, 1, w, d_h)); ``fan_in`` positions per slot, ``k`` slots, ``std`` the model's ``init_std``."""
+        return _draw(shape, init, fan_in, k, std)
 
     def fixed_block(self, window: int, like: Tensor) -> Tensor:
         """Block weights of a kind without parameters, (1, 1, w, 1)."""
@@ -174,7 +190,8 @@ class ProjectionBank(nn.Module):
         n_heads: h.
         share: none | headwise | kv | layerwise.
         projection: a registered projection kind (learned, random, conv, pool, ...).
-        init: jl | uniform | theorem2; delta is δ of theorem2.
+        init: normal | xavier | jl | uniform | theorem2; delta is δ of theorem2, std the σ of normal
+            (``model.init_std``).
         compress: both (Eq. 7) | keys | values (one side only: a single stored side).
         causal: blockwise, block-diagonal storage (see ``attention/linformer/causal.py``).
         d_head: d_h, the channels of a conv kernel bank (needed for conv only).
@@ -187,8 +204,9 @@ class ProjectionBank(nn.Module):
         n_heads: int,
         share: str = "none",
         projection: str = "learned",
-        init: str = "jl",
+        init: str = "normal",
         delta: float = 1.0,
+        std: float = 0.02,
         compress: str = "both",
         causal: bool = False,
         d_head: Optional[int] = None,
@@ -217,9 +235,9 @@ class ProjectionBank(nn.Module):
                 shape, fan_in = (self.sides, self.groups, k, max_len), max_len
             if init == "theorem2":  # one R for both sides: E = δR, F = e^{-δ}R
                 scale = torch.tensor([delta, math.exp(-delta)]).view(2, *[1] * (len(shape) - 1))
-                weight = kind.draw((1, *shape[1:]), init, fan_in, k) * scale
+                weight = kind.draw((1, *shape[1:]), init, fan_in, k, std) * scale
             else:
-                weight = kind.draw(shape, init, fan_in, k)
+                weight = kind.draw(shape, init, fan_in, k, std)
             if kind.trainable:
                 self.register_parameter(f"weight_{i}", nn.Parameter(weight))
             else:

@@ -153,29 +153,37 @@ def no_context_reaches(
     return reached[0] if reached else None
 
 
-def _row(a: ArmSpeed, front: bool, target: Optional[float]) -> list[str]:
+def learned(arms: Sequence[ArmSpeed], no_context: Sequence[ArmSpeed] = ()) -> list[ArmSpeed]:
+    """The arms that learned to use their context: each has curves, and its median final perplexity is one a
+    model without context does not reach (:func:`trivial_target`)."""
+    return [a for a in arms if a.curves and trivial_target(arms, final_ppl(a), no_context) is None]
+
+
+def _row(a: ArmSpeed, front: bool, target: Optional[float], learner: bool) -> list[str]:
     sd = statistics.stdev(a.quality) if len(a.quality) > 1 else float("nan")
     cells = [a.arm or "(all trials)", str(len(a.quality)), f"{a.mean_quality:.4g} ± {sd:.2g}", f"{a.mean_speed:,.0f}"]
     cells.append("yes" if front else "")
-    if target is not None:
+    if target is not None and not learner:
+        cells.append("— (ends at the no-context level)")
+    elif target is not None:
         seconds, n = time_to(a, target)
         cells.append(f"{seconds:.1f} s ({n}/{len(a.curves)})" if seconds is not None else f"— (0/{len(a.curves)})")
     return cells
 
 
 def section(arms: Sequence[ArmSpeed], metric: str, maximize: bool, no_context: Sequence[ArmSpeed] = ()) -> list[str]:
-    """The report's markdown: quality at equal steps, throughput, time to target (none to a target that a model
-    without context reaches: :func:`trivial_target`), Pareto membership."""
+    """The report's markdown: quality at equal steps, throughput, time to target among the arms that learned
+    (:func:`learned`: the target is the worst of their median final perplexities, one a model without context
+    does not reach), Pareto membership."""
     if len(arms) < 2:
         return []
     front = set(pareto_front([(a.mean_speed, a.mean_quality) for a in arms], maximize))
-    target = target_ppl(arms)
-    floor = trivial_target(arms, target, no_context)
-    shown = None if floor is not None else target
+    learners = learned(arms, no_context)
+    target = target_ppl(learners) if len(learners) >= 2 else None
     head = ["arm", "seeds", f"{metric} (mean ± sd)", "training tokens/s (mean)", "Pareto front"]
-    if shown is not None:
-        head.append(f"seconds to val ppl ≤ {shown:.4g} (median, reached)")
-    body = [_row(a, arms.index(a) in front, shown) for a in sorted(arms, key=lambda a: -a.mean_speed)]
+    if target is not None:
+        head.append(f"seconds to val ppl ≤ {target:.4g} (median, reached)")
+    body = [_row(a, arms.index(a) in front, target, a in learners) for a in sorted(arms, key=lambda a: -a.mean_speed)]
     lines = [
         "## Quality against speed",
         "",
@@ -183,16 +191,17 @@ def section(arms: Sequence[ArmSpeed], metric: str, maximize: bool, no_context: S
         "first; an arm is on the Pareto front when no other arm is at least as fast and at least as good "
         "(and better in one).",
     ]
-    if shown is not None:
+    if target is not None:
         lines[-1] += (
-            f" Time to target: training-step seconds until val ppl ≤ {shown:.4g}, the worst arm's median "
-            "final perplexity (the quality every arm reaches)."
+            f" Time to target, among the {len(learners)} arms that learned to use their context (their median "
+            f"final perplexity is below a model without context's): training-step seconds until val ppl ≤ "
+            f"{target:.4g}, the worst of those arms' median final perplexities (a quality each of them reaches and "
+            "a model without context does not)."
         )
-    if floor is not None:
+    elif any(a.curves for a in arms):
         lines[-1] += (
-            f" No time to target: the quality every arm reaches (val ppl {target:.4g}) is one a model without "
-            f"context reaches too (val ppl {floor[0]:.4g}, {floor[1]}), so a time to it measures no use of "
-            "context."
+            f" No time to target: {len(learners)} arm{'' if len(learners) == 1 else 's'} ended below the "
+            "perplexity of a model without context, and a time to target compares at least two arms that learned."
         )
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in body]

@@ -151,7 +151,7 @@ class Findings:
     # each own arm's gain over the same model without context (first objective); {}: no control, or not run yet
     arm_context: dict = field(default_factory=dict)
     # pairs left without a verdict on a metric a model without context has a level on, because neither arm
-    # learned to use its context: (a, b, metric)
+    # demonstrably uses its context (ContextGain.uses_context): (a, b, metric)
     blind: list = field(default_factory=list)
 
     @property
@@ -161,14 +161,14 @@ class Findings:
 
     def family(self) -> tuple[int, int]:
         """(size of the "better" family, size of the "on par" family)."""
-        return len(self.compared) + len(self.rates), len(self.compared)
+        return len(self.compared) + len(self.rates), sum(c.pair.may_be_on_par for c in self.compared)
 
     def of(self, metric: str) -> list[Compared]:
         """The comparisons on ``metric``."""
         return [c for c in self.compared if c.pair.metric == metric]
 
     def blind_on(self, metric: str) -> list[tuple[str, str]]:
-        """The pairs left without a verdict on ``metric`` because neither arm uses its context."""
+        """The pairs left without a verdict on ``metric`` because neither arm demonstrably uses its context."""
         return [(a, b) for a, b, m in self.blind if m == metric]
 
 
@@ -189,18 +189,21 @@ def compared_pairs(study: Study, rows: list[Row], arms: list[str]) -> list[tuple
 
 def _pairs(study: Study, rows: list[Row], arms: list[str], values: dict, blind: set) -> tuple[list, list, list]:
     """Every pair of the study's own arms on every objective metric, with success rates where the study sets a
-    threshold; and the pairs left out: on a metric a model without context has a level on (a loss, an accuracy),
-    two arms of ``blind`` (neither reaches the study's context gain) compare models that barely use their input."""
+    threshold; and the pairs left out. On a metric a model without context has a level on (a loss, an accuracy),
+    two arms of ``blind`` (neither demonstrably uses its context) compare models that ignore their input: no
+    verdict; one arm of ``blind`` against one that uses its context may be "better", never "on par"."""
     pairs, rates, left = [], [], []
     for metric, direction in zip(study.metrics, study.directions):
         delta, _ = study.delta(metric)
         threshold = study.success(metric)
+        context_level = metric == study.metrics[0] or trivial_key(metric) is not None
         for a, b in compared_pairs(study, rows, arms):
-            if a in blind and b in blind and (metric == study.metrics[0] or trivial_key(metric) is not None):
+            if a in blind and b in blind and context_level:
                 left.append((a, b, metric))
                 continue
             va, vb = values[(a, metric)], values[(b, metric)]
-            pair = stats.Pair(a, b, metric, direction, delta, stats.compare(va, vb))
+            one_blind = context_level and (a in blind or b in blind)
+            pair = stats.Pair(a, b, metric, direction, delta, stats.compare(va, vb), may_be_on_par=not one_blind)
             pairs.append((pair, len(va), len(vb)))
             if threshold is not None:
                 ra, rb = (stats.success_rate(list(v.values()), threshold, direction) for v in (va, vb))
@@ -222,7 +225,7 @@ def findings(study: Study, rows: list[Row], control_rows: list[Row] = ()) -> Fin
     own_arms = [a for a in arms if a in own]
     context = context_of(study, list(control_rows)) if study.control is not None else None
     arm_context = _arm_context(study, rows, own_arms, values, list(control_rows)) if context is not None else {}
-    blind = {arm for arm, gain in arm_context.items() if not gain.informative}
+    blind = {arm for arm, gain in arm_context.items() if not gain.uses_context}
     pairs, rates, left = _pairs(study, rows, own_arms, values, blind)
     verdicts, rate_p = stats.judge([p for p, *_ in pairs], [r.p for r in rates])
     for r, p in zip(rates, rate_p):
@@ -285,7 +288,8 @@ class ContextGain:
     reference is better), paired over seeds where it can be, with its 95 % CI."""
 
     metric: str
-    threshold: float  # the study's verdict.context_gain (or its default)
+    threshold: float  # the study's verdict.context_gain (or its default): the reference's bar (the study's power)
+    floor: float  # δ of the metric: an arm uses its context when its gain's CI lies above it (verdicts per pair)
     source: str  # where the no-context values come from: "degraded" or "baseline"
     comparison: stats.Comparison  # no-context − reference (minimised metric), reference − no-context (maximised)
     reference_mean: float
@@ -300,6 +304,14 @@ class ContextGain:
         """At least the threshold, with a 95 % CI that excludes 0 (on the reference's side)."""
         lo, _ = self.comparison.ci()
         return self.comparison.judged and self.gain >= self.threshold and lo > 0
+
+    @property
+    def uses_context(self) -> bool:
+        """The model demonstrably uses its context: the 95 % CI of its gain lies above δ, the margin within which
+        the study calls two models on par (a gain inside it cannot be told from no gain at the study's
+        resolution)."""
+        lo, _ = self.comparison.ci()
+        return self.comparison.judged and lo > self.floor
 
 
 def no_context_key(metric: str, metrics: dict) -> Optional[str]:
@@ -355,7 +367,7 @@ def _gain(study: Study, model: dict, no_context: dict) -> Optional[ContextGain]:
     pair = gain_order(direction, model, no_context)
     threshold, _ = study.context_gain(metric)
     means = [stats.summarize(list(v.values())).mean for v in (model, no_context)]
-    return ContextGain(metric, threshold, study.no_context_source, stats.compare(*pair), *means)
+    return ContextGain(metric, threshold, study.delta(metric)[0], study.no_context_source, stats.compare(*pair), *means)
 
 
 def _no_context(study: Study, rows: list[Row], control_rows: list[Row]) -> dict:

@@ -274,16 +274,18 @@ def _arm_row(study: Study, arm: str, rows: list[Row], found: Findings, shown: li
 
 
 def _gain_cell(found: Findings, arm: str, rows: list[Row]) -> str:
-    """An arm's context gain with its 95 % CI (the control's reference: the study's), and whether it reaches the
-    study's threshold."""
+    """An arm's context gain with its 95 % CI and what it is held to: the control's reference, the study's
+    threshold (its power); the study's own arms, a CI above δ (whether the arm demonstrably uses its context)."""
     reference = any(r.role == "reference" for r in rows)
     gain = found.context if reference else found.arm_context.get(arm)
     if gain is None:
         return "-"
     lo, hi = gain.comparison.ci()
-    return f"{words.fmt(gain.gain)} {words.interval(lo, hi)}" + (
-        "" if gain.informative else f" (below {words.fmt(gain.threshold)})"
-    )
+    if reference:
+        mark = "" if gain.informative else f" (below {words.fmt(gain.threshold)})"
+    else:
+        mark = "" if gain.uses_context else f" (CI not above δ = {words.fmt(gain.floor)})"
+    return f"{words.fmt(gain.gain)} {words.interval(lo, hi)}{mark}"
 
 
 def arms_table(study: Study, rows: list[Row], found: Findings) -> list[str]:

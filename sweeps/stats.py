@@ -265,6 +265,9 @@ class Pair:
     direction: str  # "minimize" or "maximize"
     delta: float  # the equivalence margin δ of the metric
     comparison: Comparison
+    # False when only one arm of the pair uses its context: "better" can still be shown, "on par" cannot (a model
+    # within δ of one that ignores its input says nothing about attention); the pair is then in no TOST family
+    may_be_on_par: bool = True
 
     def gain(self, level: float = LEVEL) -> "Gain":
         """The better arm by its mean, and its gain over the other in the metric's favour with the ``level`` CI."""
@@ -323,25 +326,29 @@ class Verdict:
 
 def _decide(pair: Pair, p_holm: float, level: float, tost_holm: float, tost_level: float) -> Verdict:
     c, delta = pair.comparison, pair.delta
-    p, tost = c.p_value, c.tost_p(delta)
+    p, tost = c.p_value, c.tost_p(delta) if pair.may_be_on_par else math.nan
     if tost_holm < ALPHA:
         return Verdict(ON_PAR, p, p_holm, tost, tost_holm, c.n)
     if p_holm < ALPHA:
         return Verdict(BETTER, p, p_holm, tost, tost_holm, c.n)
     if not _plannable(c):
         return Verdict(UNDECIDED, p, p_holm, tost, tost_holm, c.n, unplannable=NO_SPREAD if c.judged else NO_SEEDS)
-    n_better, n_par = seeds_for_better(c, level), seeds_for_on_par(c, delta, tost_level)
-    return Verdict(UNDECIDED, p, p_holm, tost, tost_holm, c.n, n_better, n_par)
+    n_par = seeds_for_on_par(c, delta, tost_level) if pair.may_be_on_par else None
+    return Verdict(UNDECIDED, p, p_holm, tost, tost_holm, c.n, seeds_for_better(c, level), n_par)
 
 
 def judge(pairs: Sequence[Pair], other_better_p: Sequence[float] = ()) -> tuple[list[Verdict], list[float]]:
     """The verdict of every pair of one report, with Holm's correction over the report's "better" tests
     (the pairs' t tests and ``other_better_p``, e.g. success-rate tests) and, as a second family, over
-    its TOST tests. Returns (verdicts, Holm-adjusted ``other_better_p``)."""
+    the TOST tests of the pairs that may be on par (:attr:`Pair.may_be_on_par`). Returns (verdicts,
+    Holm-adjusted ``other_better_p``)."""
     p = [pair.comparison.p_value for pair in pairs] + list(other_better_p)
-    tost = [pair.comparison.tost_p(pair.delta) for pair in pairs]
+    equivalence = [i for i, pair in enumerate(pairs) if pair.may_be_on_par]
+    tost = [pairs[i].comparison.tost_p(pairs[i].delta) for i in equivalence]
     p_holm, levels = holm(p), holm_levels(p)
-    tost_holm, tost_levels = holm(tost), holm_levels(tost)
+    tost_holm, tost_levels = [math.nan] * len(pairs), [math.nan] * len(pairs)
+    for i, adjusted, level in zip(equivalence, holm(tost), holm_levels(tost)):
+        tost_holm[i], tost_levels[i] = adjusted, level
     verdicts = [_decide(pair, p_holm[i], levels[i], tost_holm[i], tost_levels[i]) for i, pair in enumerate(pairs)]
     return verdicts, p_holm[len(pairs) :]
 

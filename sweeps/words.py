@@ -260,19 +260,20 @@ def context(gain: Optional[ContextGain], reference: str) -> str:
     )
 
 
-BLIND = "no verdict: neither reaches the context gain the study needs"
+BLIND = "no verdict: neither arm demonstrably uses its context"
 
 
 def blind(pairs: list[tuple[str, str]], gains: dict) -> str:
-    """The pairs of arms left without a verdict because neither arm learned to use its context, with the arms'
-    gains and the threshold they are held to."""
+    """The pairs of arms left without a verdict because neither arm demonstrably uses its context, with the arms'
+    gains, their 95 % CIs and the floor δ the CI must clear."""
     arms = list(dict.fromkeys(a for pair in pairs for a in pair))
-    threshold = fmt(next(iter(gains.values())).threshold) if gains else "-"
-    shown = ", ".join(f"{a} {fmt(gains[a].gain)}" for a in arms if a in gains)
+    floor = fmt(next(iter(gains.values())).floor) if gains else "-"
+    shown = ", ".join(f"{a} {fmt(gains[a].gain)} {interval(*gains[a].comparison.ci())}" for a in arms if a in gains)
     return (
         f"{BLIND} ({len(pairs)} pair{'s' if len(pairs) != 1 else ''}: "
-        f"{', '.join(f'{a} vs {b}' for a, b in pairs)}; gains over a model without context: {shown}, each needs "
-        f"≥ {threshold}): a difference between arms that barely use their context says little about attention"
+        f"{', '.join(f'{a} vs {b}' for a, b in pairs)}; gains over a model without context [95 % CI]: {shown}, "
+        f"each needs a CI above δ = {floor}): a difference between two models that ignore their input says nothing "
+        "about attention"
     )
 
 

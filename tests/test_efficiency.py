@@ -131,7 +131,7 @@ def test_a_target_a_model_without_context_reaches_gets_no_time(tmp_path):
     assert floor == pytest.approx(21.867, abs=1e-3) and source == "the unigram baseline"
     text = "\n".join(efficiency.section(arms, "val/loss", maximize=False))
     assert "seconds to val ppl" not in text
-    assert "No time to target: the quality every arm reaches (val ppl 22.4) is one a model without context " in text
+    assert "No time to target: 0 arms ended below the perplexity of a model without context" in text
     # a target below the plateau is kept
     assert efficiency.trivial_target(arms, 12.0) is None
     # ... unless a model without context trained beside the arms reaches it: on masked-LM data it copies the
@@ -145,5 +145,30 @@ def test_a_target_a_model_without_context_reaches_gets_no_time(tmp_path):
     )
     assert efficiency.trivial_target(arms, 12.0, blind) == (11.5, "the model without context trained beside them")
     assert efficiency.trivial_target(arms, 11.0, blind) is None
-    text = "\n".join(efficiency.section(arms, "val/loss", False, blind))
-    assert "(val ppl 21.87, the unigram baseline)" in text
+    assert efficiency.learned(arms, blind) == []
+
+
+def test_time_to_target_is_measured_among_the_arms_that_learned(tmp_path):
+    """Two arms leave the no-context level (exp(3.085) = 21.87) and one stays on it: the target is the worse
+    learner's final perplexity, the plateau arm gets no time instead of every arm losing its time."""
+
+    def run(name, curve):
+        (tmp_path / name).mkdir()
+        metrics = {"ppl_vs_wallclock": curve, "baselines": {"unigram/loss": 3.085}}
+        (tmp_path / name / "metrics.json").write_text(json.dumps(metrics))
+        return str(tmp_path / name)
+
+    rows = [
+        row("full", 2.4, 1000.0, run("a", [[10, 1e4, 20.0], [20, 2e4, 11.0]])),
+        row("nystrom", 2.7, 1100.0, run("b", [[10, 1e4, 21.0], [20, 2e4, 15.0]])),
+        row("linformer", 3.08, 1300.0, run("c", [[10, 1e4, 23.0], [20, 2e4, 22.0]])),
+    ]
+    arms = efficiency.arm_speeds(rows, "val/loss")
+    assert [a.arm for a in efficiency.learned(arms)] == ["full", "nystrom"]
+    text = "\n".join(efficiency.section(arms, "val/loss", maximize=False))
+    assert "seconds to val ppl ≤ 15 (median, reached)" in text
+    assert "among the 2 arms that learned to use their context" in text
+    # full crosses 15 at 10 + 10·(20 − 15)/(20 − 11) = 15.6 s; nystrom at its last validation, 20 s
+    assert "| full | 1 | 2.4 ± nan | 1,000 | yes | 15.6 s (1/1) |" in text
+    assert "| nystrom | 1 | 2.7 ± nan | 1,100 | yes | 20.0 s (1/1) |" in text
+    assert "| linformer | 1 | 3.08 ± nan | 1,300 | yes | — (ends at the no-context level) |" in text

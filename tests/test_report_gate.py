@@ -94,10 +94,10 @@ def test_a_reference_that_uses_context_opens_the_report_and_the_verdicts_follow(
     )
 
 
-def test_two_arms_that_ignore_their_context_get_no_verdict_against_each_other(tmp_path, tiny_overrides):
-    # the reference (arm a) uses its context; arms b and c sit on the no-context level, 0.05 apart at every seed:
-    # a "b better than c" would compare two models that ignore their input
-    arms = {**ARMS, "c": {"optim.lr": 3e-3}}
+def test_a_pair_needs_one_arm_that_uses_its_context_for_better_and_both_for_on_par(tmp_path, tiny_overrides):
+    # The reference (arm a) uses its context. Below the study's 0.5, b and g gain ~0.06 over no context with CIs
+    # clear of δ = 0.01 (they use it, a little); c and e sit on the no-context level (CIs holding 0).
+    arms = {**ARMS, "c": {"optim.lr": 3e-3}, "e": {"optim.lr": 4e-3}, "g": {"optim.lr": 6e-3}}
     path = write_study(
         tmp_path,
         tiny_overrides,
@@ -108,7 +108,13 @@ def test_two_arms_that_ignore_their_context_get_no_verdict_against_each_other(tm
     )
     study = load_study(path)
     ostudy, ocontrol = sweep.open_study(study, None), sweep.open_study(study.control, None)
-    values = {"a": [2.07, 2.08, 2.06, 2.07], "b": [3.04, 3.05, 3.03, 3.04], "c": [3.09, 3.10, 3.08, 3.09]}
+    values = {
+        "a": [2.07, 2.08, 2.06, 2.07],
+        "b": [3.04, 3.06, 3.03, 3.04],
+        "c": [3.10, 3.10, 3.10, 3.09],
+        "e": [3.11, 3.10, 3.09, 3.11],
+        "g": [3.042, 3.058, 3.031, 3.039],
+    }
     for arm, vs in values.items():
         for seed, v in enumerate(vs):
             add(ostudy, {"seed": seed, "arm": arm}, v)
@@ -116,15 +122,18 @@ def test_two_arms_that_ignore_their_context_get_no_verdict_against_each_other(tm
         add(ocontrol, {"control": "degraded", "seed": seed}, v)
     summary = (write_report(study) / "summary.md").read_text()
     answer = next(line for line in summary.splitlines() if line.startswith("**Answer:**"))
-    # a against b and c: verdicts (a learned); b against c: none, with both arms' gains and the threshold
-    assert "a is better than b" in answer or "better: a better than b" in answer
-    assert "no verdict: neither reaches the context gain the study needs (1 pair: b vs c;" in answer
-    assert "b 0.06, c 0.01, each needs ≥ 0.5" in answer
-    # one pair fewer in both Holm families, and none in the comparisons table
-    assert "Holm's correction over the 2 'better' tests" in summary
+    # one arm that uses its context is enough for "better", even below the study's threshold ...
+    assert "b better than c by 0.055" in answer and "g better than e" in answer
+    # ... both are needed for "on par" (b and g), and two arms on the plateau get no verdict (c vs e)
+    assert "on par within ±0.01: b and g;" in answer
+    assert "no verdict: neither arm demonstrably uses its context (1 pair: c vs e;" in answer
+    assert "each needs a CI above δ = 0.01" in answer
+    # c vs e is in neither Holm family; the 9 other pairs are 'better' tests, 3 of them (a-b, a-g, b-g) 'on par' ones
+    assert "Holm's correction over the 9 'better' tests" in summary
+    assert "the 3 'on par' tests" in summary
     table = summary[summary.index("## Comparisons") :].split("\n\n")[1]
-    assert "| b | c |" not in table and "| a | b |" in table
-    assert "| b | 4 |" in summary and "(below 0.5) |" in summary
+    assert "| c | e |" not in table and "| b | c |" in table
+    assert "(CI not above δ = 0.01) |" in summary
 
 
 def test_verdict_within_compares_arms_only_at_equal_values_of_that_param(tmp_path, tiny_overrides, capsys):

@@ -3,6 +3,7 @@ correction, seed counts at 80 % power, success rates and the control's power che
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -142,6 +143,22 @@ def test_holm_turns_a_lone_better_into_undecided_in_a_family_of_three():
     # sorted: 0.01·3 = 0.03, 0.0351·2 = 0.0702, 0.2·1 -> 0.2
     assert crowded[0].kind == stats.UNDECIDED and crowded[0].p_holm == pytest.approx(0.0702, abs=1e-4)
     assert others == pytest.approx([0.2, 0.03])
+
+
+def test_a_pair_that_may_not_be_on_par_is_never_on_par_and_leaves_the_tost_family():
+    same = {0: 2.0, 1: 2.1, 2: 2.2}
+    near = {0: 2.001, 1: 2.099, 2: 2.2005}  # within ±0.01 at every seed: on par by TOST
+    eligible = stats.Pair("A", "B", "m", "minimize", 0.01, stats.compare(same, near))
+    (verdict,), _ = stats.judge([eligible])
+    assert verdict.kind == stats.ON_PAR
+    barred = dataclasses.replace(eligible, may_be_on_par=False)  # one arm ignores its context
+    (verdict,), _ = stats.judge([barred])
+    assert verdict.kind == stats.UNDECIDED and verdict.seeds_on_par is None and math.isnan(verdict.tost_p_holm)
+    # beside an eligible pair, the barred one is no member of the TOST family: the eligible pair's TOST p is its own
+    other = stats.Pair("C", "D", "m", "minimize", 0.01, stats.compare(same, near))
+    alone, _ = stats.judge([other])
+    (_, shared), _ = stats.judge([barred, other])
+    assert shared.tost_p_holm == pytest.approx(alone[0].tost_p_holm)
 
 
 # --------------------------------------------------------------------------------------- seeds needed

@@ -59,7 +59,7 @@ def dct_projection():
     class DCT(ProjectionKind):
         trainable = False  # fixed: a buffer, saved with the checkpoint
 
-        def draw(self, shape, init, fan_in, k):
+        def draw(self, shape, init, fan_in, k, std):
             if len(shape) != 4:
                 raise ValueError("the dct projection is dense (no causal or windowed form)")
             sides, groups, k, n = shape

@@ -10,6 +10,7 @@ import pytest
 import tiny
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from foundation.errors import ConfigError
 from lightning_modules.attention import build_attention
@@ -138,6 +139,20 @@ def test_init_sets_the_scale_of_e(projection):
     delta = 0.5
     th2 = ProjectionBank([k], n, 4, "headwise", projection, "theorem2", delta).weight_0  # E = δR, F = e^{-δ}R
     torch.testing.assert_close(th2[0] / th2[1], torch.full_like(th2[0], delta / math.exp(-delta)))
+    normal = ProjectionBank([k], n, 4, "headwise", projection, "normal", std=0.1).weight_0
+    assert abs(normal.std().item() - 0.1) < 0.002  # N(0, init_std²), like every other weight
+
+
+@pytest.mark.parametrize("share", ["headwise", "layerwise"])
+def test_xavier_is_fairseqs_draw_of_the_k_by_n_matrix_to_the_bit(share):
+    """fairseq's Linformer attention resets E (an nn.Linear(n, k) weight, shape (k, n)) with
+    nn.init.xavier_uniform_(gain=1/√2): the same seed gives the same E here."""
+    n, k = 48, 12
+    torch.manual_seed(3)
+    ours = ProjectionBank([k], n, 4, share, "learned", "xavier").weight_0[0, 0]  # E of the first side: (k, n)
+    torch.manual_seed(3)
+    theirs = nn.init.xavier_uniform_(torch.empty(k, n), gain=1 / math.sqrt(2))
+    assert torch.equal(ours, theirs)
 
 
 # ----------------------------------------------------------------------------- conv and pool

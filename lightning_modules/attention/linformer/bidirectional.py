@@ -179,6 +179,7 @@ class Linformer(SelfAttention):
             att.projection,
             att.init,
             att.delta,
+            std=model.init_std,
             compress=att.compress,
             causal=model.attention.causal,
             d_head=model.d_model // model.n_heads,

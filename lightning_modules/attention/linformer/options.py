@@ -31,9 +31,13 @@ class LinformerOptions:
     # A registered projection kind (lightning_modules/projections.py): learned, random, conv, pool, ...
     projection: str = "learned"
     # Initial distribution of E/F (sets the attention temperature, so it is explicit):
+    #   normal (default): N(0, model.init_std^2) like every other weight: the draw the Linformer authors' trained
+    #     model starts from (fairseq examples/linformer builds E/F as nn.Linear(n, k); RoBERTa's init_bert_params
+    #     then re-draws every nn.Linear from N(0, 0.02^2), after the attention module's own xavier reset)
+    #   xavier: U(±sqrt(3/(n + k))), that reset (multihead_linear_attention.py: xavier_uniform_(gain=1/sqrt(2)))
     #   jl: N(0, 1/k) (the paper's JL scale)   uniform: U(-1/sqrt(n), 1/sqrt(n))
     #   theorem2: E = delta R, F = exp(-delta) R with R ~ N(0, 1/k) (Theorem 2's proof)
-    init: Literal["jl", "uniform", "theorem2"] = "jl"
+    init: Literal["normal", "xavier", "jl", "uniform", "theorem2"] = "normal"
     delta: float = 1.0
     # Which side passes through the k-slot bottleneck: both (Eq. 7), keys only, values only.
     compress: Literal["both", "keys", "values"] = "both"
