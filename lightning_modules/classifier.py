@@ -26,7 +26,6 @@ convention for QQP; more classes: macro F1); ``hp/val_loss`` and ``hp/val_accura
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ from foundation.errors import ConfigError
 from foundation.rundir import init_from_checkpoint
 from lightning_modules.attention import ATTENTION_KINDS, misplaced_option
 from lightning_modules.config import model_config
-from lightning_modules.encoder import TransformerEncoder, count_parameters, init_weights
+from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.optim import build_optimizer, fuse_checkpoint
 from lightning_modules.step_logs import log_training_step
 
@@ -54,14 +53,13 @@ WEIGHT_FREE_KEYS = {"dropout", "attention.dropout"}
 
 
 class ClassificationHead(nn.Module):
-    """Dense + tanh + linear over the pooled state (RoBERTa's head), weights drawn from N(0, init_std²) like the
-    encoder's, zero biases."""
+    """Dense + tanh + linear over the pooled state (RoBERTa's head). Both keep ``nn.Linear``'s own draw, like the
+    LM head (lightning_modules/language_model.py says why; docs/defaults.md)."""
 
-    def __init__(self, d_model: int, num_labels: int, dropout: float, init_std: float) -> None:
+    def __init__(self, d_model: int, num_labels: int, dropout: float) -> None:
         super().__init__()
         self.drop = nn.Dropout(dropout)
         self.dense, self.out = nn.Linear(d_model, d_model), nn.Linear(d_model, num_labels)
-        self.apply(functools.partial(init_weights, std=init_std))
 
     def forward(self, pooled: Tensor) -> Tensor:
         """(B, d) → logits (B, C)."""
@@ -85,9 +83,7 @@ class SequenceClassifierModule(L.LightningModule):
         self.save_hyperparameters()
         self.config = config
         self.encoder = TransformerEncoder(config["model"], vocab_size)
-        self.head = ClassificationHead(
-            config["model"]["d_model"], num_labels, config["model"]["dropout"], self.encoder.init_std
-        )
+        self.head = ClassificationHead(config["model"]["d_model"], num_labels, config["model"]["dropout"])
         if config.get("init_from"):
             load_encoder(self.encoder, config["init_from"], config["model"], vocab_size)
         self.n_parameters = count_parameters(self)

@@ -72,7 +72,7 @@ class TransformerEncoder(nn.Module):
         super().__init__()
         cfg = model_config(cfg, misplaced_option)
         check_model(cfg)
-        self.max_len, self.vocab_size, self.init_std = cfg.max_len, vocab_size, cfg.init_std
+        self.max_len, self.vocab_size = cfg.max_len, vocab_size
         self.tok = nn.Embedding(vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
         self.pos.weight.requires_grad_(cfg.position == "learned")
