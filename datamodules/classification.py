@@ -147,14 +147,14 @@ def _split_files(source: str) -> dict[str, Path]:
     return found
 
 
-def test_names(data_cfg) -> list[str]:
+def eval_set_names(data_cfg) -> list[str]:
     """The prefixes of the run's test sets: ``test``, or ``test/<name>`` for each of ``data.classify.test_splits``."""
     splits = data_cfg.classify.test_splits
     return ["test"] if not splits else [f"test/{name}" for name in splits]
 
 
 def labelled_splits(raw: DatasetDict, data_cfg) -> tuple[DatasetDict, int]:
-    """(splits "train", "validation" and the test sets of :func:`test_names`, with columns text, [pair,] label;
+    """(splits "train", "validation" and the test sets of :func:`eval_set_names`, with columns text, [pair,] label;
     number of classes, 1 for a regression): columns read and checked, splits assigned by the table of the module
     docstring (or by ``data.classify.test_splits``), training set capped to ``data.max_texts``."""
     source = data_cfg.source
@@ -477,7 +477,7 @@ class ClassificationDataModule(LabelledSequenceDataModule):
         self.tokenizer: Optional[Tokenizer] = None
         self.splits: Optional[DatasetDict] = None  # texts and labels, before encoding
         self.num_labels = 0
-        self.test_sets = tuple(test_names(data_cfg))
+        self.test_sets = tuple(eval_set_names(data_cfg))
 
     def prepare_data(self) -> None:
         load_labelled(self.data_cfg)  # fetches a hub dataset into the datasets cache; keeps no state

@@ -464,7 +464,7 @@ def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tin
         pre = json.loads((root / "pretrain" / r["variant"] / "metrics.json").read_text())
         assert float(r["pretrain_val_ppl"]) == pytest.approx(pre["val/ppl"])
     markdown = (root / "results.md").read_text()
-    assert "| variant | pretrain val ppl | imdb | rotten_tomatoes | average |" in markdown
+    assert "| variant | pretrain val ppl | imdb (acc) | rotten_tomatoes (acc) | average |" in markdown
     linformer = table[1]
     assert (
         f"| linformer | {float(linformer['pretrain_val_ppl']):.2f} | {100 * float(linformer['imdb']):.1f} |" in markdown
