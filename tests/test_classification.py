@@ -306,7 +306,7 @@ LABEL_ERRORS = {
         "a.csv",
         "text,label\nhello,0.5\nbye,1.0\n",
         {},
-        "data.label_column: 'label' holds float64 values, not integer class ids",
+        "data.label_column: 'label' holds float64 values, not integer class ids (a regression? set data.classify.regression=true)",
     ),
     "string_labels": (
         "a.csv",
