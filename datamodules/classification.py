@@ -7,11 +7,15 @@ Sources (``data.source``), all read through ``datasets.load_dataset``:
   no validation or test text of these tasks was seen in pretraining;
 - a local file or glob (``.csv``, ``.tsv`` as GLUE ships it, ``.json``/``.jsonl``, ``.parquet``): one split,
   "train";
-- a local directory with a file named ``train.<ext>`` (plus ``dev.<ext>`` or ``validation.<ext>`` and
-  ``test.<ext>``: GLUE's own layout, e.g. ``SST-2/{train,dev,test}.tsv``): each file is one split, read on
-  its own because GLUE's test file has other columns (no label);
+- a local directory with a file per split, one named ``train.<ext>``: the hub's split names (``train``,
+  ``validation``, ``test``; MNLI ``validation_matched``, ``validation_mismatched``, ``test_matched``,
+  ``test_mismatched``, as ``linformer-lab glue-download`` writes them) or GLUE's original TSV names (``dev``,
+  ``dev_matched``, ``dev_mismatched``); each file is read on its own because GLUE's test files have other
+  columns (no label). Any other data file there is refused in one line, never skipped;
+- a directory written by ``DatasetDict.save_to_disk``;
 - anything else goes to ``load_dataset(source, data.subset)``: a hub id (``nyu-mll/glue`` with subset
-  ``sst2``/``qnli``/``qqp``, ``stanfordnlp/imdb``) or a local directory laid out like a hub repository.
+  ``sst2``/``qnli``/``qqp``, ``stanfordnlp/imdb``) or a local directory laid out like a hub repository. For GLUE
+  offline, the one-line error says what to run once (``linformer-lab glue-download DIR``).
 
 Columns: ``data.text_column``, optionally ``data.text_pair_column`` (sentence pairs) and
 ``data.label_column``. Texts are cleaned like the embedded reviews (HTML breaks removed, whitespace
@@ -32,9 +36,15 @@ neither                            train, u >= 2f               train, u < f    
 =================================  ===========================  =================  ================
 
 so GLUE tasks report test accuracy on GLUE's validation ("dev") set and select checkpoints on a
-hold-out of GLUE's train set. ``data.max_texts`` then keeps that many training examples, evenly spaced.
+hold-out of GLUE's train set. ``data.classify.test_splits`` ({name: split}, MNLI's ``{matched:
+validation_matched, mismatched: validation_mismatched}``) names the test sets instead: each is scored apart
+(``test/<name>/…``), each must be labelled, and validation is the source's ``validation`` or else the hold-out
+of train (u < f). A labelled split that neither rule reads (MNLI's validation sets without ``test_splits``) is
+refused in one line; unlabelled test splits are never scored. ``data.max_texts`` then keeps that many training
+examples, evenly spaced.
 
-Labels are class ids 0 … C-1. C is ``data.classify.num_labels`` if set, else the number of
+Labels are class ids 0 … C-1, or with ``data.classify.regression`` numbers (floats too: STS-B's 0-5 scores;
+C = 1). C is ``data.classify.num_labels`` if set, else the number of
 ``data.classify.label_names`` (which map a column of strings to ids in list order), else the number of
 the label feature's class names (hub datasets), else 2. A missing label column, labels that are not
 integers (or not among ``label_names``), missing labels, a label outside 0 … C-1 and an empty split are
