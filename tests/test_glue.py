@@ -343,3 +343,44 @@ def test_the_glue_pipelines_check_every_stage_and_a_missing_data_dir_is_one_line
         f"glue-download {missing}` (or write a stand-in without internet: `linformer-lab glue-standin {missing}`)"
     )
     assert not (tmp_path / "runs").exists()
+
+
+def test_glue_download_saves_each_hub_split_as_a_file_the_configs_read_offline(tmp_path, monkeypatch):
+    """The hub is replaced by a DatasetDict of RTE's shape; what glue-download writes trains as the hub would."""
+    import datasets
+
+    features = datasets.Features(
+        {
+            "sentence1": datasets.Value("string"),
+            "sentence2": datasets.Value("string"),
+            "label": datasets.ClassLabel(names=["entailment", "not_entailment"]),
+            "idx": datasets.Value("int32"),
+        }
+    )
+
+    def split(n, hidden=False):
+        return datasets.Dataset.from_dict(
+            {
+                "sentence1": [f"s{i}" for i in range(n)],
+                "sentence2": [f"t{i}" for i in range(n)],
+                "label": [-1 if hidden else i % 2 for i in range(n)],
+                "idx": list(range(n)),
+            },
+            features=features,
+        )
+
+    hub = datasets.DatasetDict(train=split(40), validation=split(6), test=split(5, hidden=True))
+    monkeypatch.setattr(
+        datasets, "load_dataset", lambda name, task: hub if (name, task) == ("nyu-mll/glue", "rte") else None
+    )
+    assert cli.main(["glue-download", str(tmp_path / "glue"), "--tasks", "rte"]) == 0
+    assert sorted(p.name for p in (tmp_path / "glue" / "rte").iterdir()) == [
+        "test.parquet",
+        "train.parquet",
+        "validation.parquet",
+    ]
+    cfg = cfg_of("rte", tmp_path, f"data.source={tmp_path / 'glue' / 'rte'}", "data.classify.num_labels=null")
+    raw = load_labelled(cfg.data)
+    assert raw["train"].features["label"].names == ["entailment", "not_entailment"]  # class names kept
+    splits, num_labels = labelled_splits(raw, cfg.data)
+    assert num_labels == 2 and list(splits["test"]["text"]) == [f"s{i}" for i in range(6)]
