@@ -7,11 +7,15 @@ Sources (``data.source``), all read through ``datasets.load_dataset``:
   no validation or test text of these tasks was seen in pretraining;
 - a local file or glob (``.csv``, ``.tsv`` as GLUE ships it, ``.json``/``.jsonl``, ``.parquet``): one split,
   "train";
-- a local directory with a file named ``train.<ext>`` (plus ``dev.<ext>`` or ``validation.<ext>`` and
-  ``test.<ext>``: GLUE's own layout, e.g. ``SST-2/{train,dev,test}.tsv``): each file is one split, read on
-  its own because GLUE's test file has other columns (no label);
+- a local directory with a file per split, one named ``train.<ext>``: the hub's split names (``train``,
+  ``validation``, ``test``; MNLI ``validation_matched``, ``validation_mismatched``, ``test_matched``,
+  ``test_mismatched``, as ``linformer-lab glue-download`` writes them) or GLUE's original TSV names (``dev``,
+  ``dev_matched``, ``dev_mismatched``); each file is read on its own because GLUE's test files have other
+  columns (no label). Any other data file there is refused in one line, never skipped;
+- a directory written by ``DatasetDict.save_to_disk``;
 - anything else goes to ``load_dataset(source, data.subset)``: a hub id (``nyu-mll/glue`` with subset
-  ``sst2``/``qnli``/``qqp``, ``stanfordnlp/imdb``) or a local directory laid out like a hub repository.
+  ``sst2``/``qnli``/``qqp``, ``stanfordnlp/imdb``) or a local directory laid out like a hub repository. For GLUE
+  offline, the one-line error says what to run once (``linformer-lab glue-download DIR``).
 
 Columns: ``data.text_column``, optionally ``data.text_pair_column`` (sentence pairs) and
 ``data.label_column``. Texts are cleaned like the embedded reviews (HTML breaks removed, whitespace
@@ -32,9 +36,15 @@ neither                            train, u >= 2f               train, u < f    
 =================================  ===========================  =================  ================
 
 so GLUE tasks report test accuracy on GLUE's validation ("dev") set and select checkpoints on a
-hold-out of GLUE's train set. ``data.max_texts`` then keeps that many training examples, evenly spaced.
+hold-out of GLUE's train set. ``data.classify.test_splits`` ({name: split}, MNLI's ``{matched:
+validation_matched, mismatched: validation_mismatched}``) names the test sets instead: each is scored apart
+(``test/<name>/…``), each must be labelled, and validation is the source's ``validation`` or else the hold-out
+of train (u < f). A labelled split that neither rule reads (MNLI's validation sets without ``test_splits``) is
+refused in one line; unlabelled test splits are never scored. ``data.max_texts`` then keeps that many training
+examples, evenly spaced.
 
-Labels are class ids 0 … C-1. C is ``data.classify.num_labels`` if set, else the number of
+Labels are class ids 0 … C-1, or with ``data.classify.regression`` numbers (floats too: STS-B's 0-5 scores;
+C = 1). C is ``data.classify.num_labels`` if set, else the number of
 ``data.classify.label_names`` (which map a column of strings to ids in list order), else the number of
 the label feature's class names (hub datasets), else 2. A missing label column, labels that are not
 integers (or not among ``label_names``), missing labels, a label outside 0 … C-1 and an empty split are
@@ -62,7 +72,7 @@ from typing import Optional
 import lightning as L
 import numpy as np
 import torch
-from datasets import ClassLabel, Dataset, DatasetDict
+from datasets import ClassLabel, Dataset, DatasetDict, Value, load_from_disk
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
@@ -78,7 +88,17 @@ from foundation.errors import ConfigError
 from foundation.rundir import init_from_tokenizer
 
 UNLABELLED = -1  # GLUE's label for its hidden test labels
-SPLIT_FILES = {"train": "train", "dev": "validation", "validation": "validation", "test": "test"}
+# A folder's files by stem: the hub's split names, and GLUE's original TSV names (dev*.tsv) for the same splits.
+HUB_SPLITS = ("train", "validation", "test", "validation_matched", "validation_mismatched", "test_matched",
+              "test_mismatched")  # fmt: skip
+SPLIT_FILES = {
+    **{split: split for split in HUB_SPLITS},
+    "dev": "validation",
+    "dev_matched": "validation_matched",
+    "dev_mismatched": "validation_mismatched",
+}
+GLUE_HUB_IDS = ("nyu-mll/glue", "glue")
+GLUE_DOWNLOAD = "linformer-lab glue-download DIR"
 _ENCODE_BATCH = 1000
 
 
@@ -88,74 +108,165 @@ def load_labelled(data_cfg) -> DatasetDict:
     source = data_cfg.source
     if source in EMBEDDED_SOURCES:
         return load_embedded(sources=source)
+    if (Path(source).expanduser() / "dataset_dict.json").is_file():  # DatasetDict.save_to_disk
+        return load_from_disk(str(Path(source).expanduser()))
     split_files = _split_files(source)
     if split_files:
         return DatasetDict({split: load_local_files(str(path))["train"] for split, path in split_files.items()})
     if is_file_spec(source):
         return load_local_files(source)
-    return load_hub(source, data_cfg.subset)
+    try:
+        return load_hub(source, data_cfg.subset)
+    except ConfigError as err:
+        if source not in GLUE_HUB_IDS:
+            raise
+        raise ConfigError(
+            f"{err}; to run offline, save GLUE once on a machine with internet (`{GLUE_DOWNLOAD}`) and set "
+            f"data.source=DIR/{data_cfg.subset or '<task>'}"
+        ) from None
 
 
 def _split_files(source: str) -> dict[str, Path]:
-    """``{split: file}`` for a directory holding ``train.<ext>`` (GLUE's layout), else {}."""
+    """``{split: file}`` for a directory holding ``train.<ext>``, else {}. Files are named by split: the hub's
+    names (``validation_matched.jsonl``) or GLUE's original ones (``dev_matched.tsv``); another data file there
+    is refused rather than skipped."""
     folder = Path(source).expanduser()
     if not folder.is_dir():
         return {}
     found: dict[str, Path] = {}
+    others = []
     for path in sorted(folder.iterdir()):
+        if not path.is_file() or path.suffix.lower() not in FILE_BUILDERS or path.suffix.lower() == ".txt":
+            continue  # READMEs, sub-folders (GLUE's original/)
         split = SPLIT_FILES.get(path.stem)
-        if split is not None and path.suffix.lower() in FILE_BUILDERS and path.is_file():
-            if split in found:
-                raise ConfigError(
-                    f"data.source: {source!r} holds two files for split {split!r}: {found[split].name}, {path.name}"
-                )
+        if split is None:
+            others.append(path.name)
+        elif split in found:
+            raise ConfigError(
+                f"data.source: {source!r} holds two files for split {split!r}: {found[split].name}, {path.name}"
+            )
+        else:
             found[split] = path
-    return found if "train" in found else {}
+    if "train" not in found:
+        return {}
+    if others:
+        raise ConfigError(
+            f"data.source: {source!r} holds {', '.join(others)}, which names no split (a file per split, named "
+            f"{', '.join(SPLIT_FILES)})"
+        )
+    return found
+
+
+def eval_set_names(data_cfg) -> list[str]:
+    """The prefixes of the run's test sets: ``test``, or ``test/<name>`` for each of ``data.classify.test_splits``."""
+    splits = data_cfg.classify.test_splits
+    return ["test"] if not splits else [f"test/{name}" for name in splits]
 
 
 def labelled_splits(raw: DatasetDict, data_cfg) -> tuple[DatasetDict, int]:
-    """(splits "train", "validation", "test" with columns text, [pair,] label; number of classes): columns
-    read and checked, splits assigned by the table of the module docstring, training set capped to
-    ``data.max_texts``."""
+    """(splits "train", "validation" and the test sets of :func:`eval_set_names`, with columns text, [pair,] label;
+    number of classes, 1 for a regression): columns read and checked, splits assigned by the table of the module
+    docstring (or by ``data.classify.test_splits``), training set capped to ``data.max_texts``."""
     source = data_cfg.source
     if "train" not in raw:
         raise ConfigError(f"data.source: {source!r} has no 'train' split (splits: {', '.join(raw)})")
     names = _class_names(raw["train"], data_cfg)
-    num_labels = _num_labels(names, data_cfg)
+    num_labels = 1 if data_cfg.classify.regression else _num_labels(names, data_cfg)
     clean = source not in EMBEDDED_SOURCES  # load_embedded cleans its texts already
-    read = {
-        split: _read(raw[split], split, data_cfg, clean) for split in ("train", "validation", "test") if split in raw
-    }
+    tests = _named_test_splits(raw, data_cfg)
+    wanted = dict.fromkeys(["train", "validation", "test", *tests.values()])
+    read = {split: _read(raw[split], split, data_cfg, clean) for split in wanted if split in raw}
     train, f = read["train"], data_cfg.val_fraction
-    test = read.get("test")
-    if test is not None and "label" in test.column_names:
-        val = read.get("validation")
+    if tests:
+        val = read.get("validation") if "validation" not in tests.values() else None
         if val is None:
             train, val = _hold_out(train, f, 1.0), _hold_out(train, 0.0, f)
-    elif "validation" in read:
-        train, val, test = _hold_out(train, f, 1.0), _hold_out(train, 0.0, f), read["validation"]
+        splits = DatasetDict(train=train, validation=val, **{key: read[split] for key, split in tests.items()})
     else:
-        train, val, test = _hold_out(train, 2 * f, 1.0), _hold_out(train, 0.0, f), _hold_out(train, f, 2 * f)
-    splits = DatasetDict(train=train, validation=val, test=test)
+        test = read.get("test")
+        if test is not None and "label" in test.column_names:
+            val = read.get("validation")
+            if val is None:
+                train, val = _hold_out(train, f, 1.0), _hold_out(train, 0.0, f)
+        elif "validation" in read:
+            train, val, test = _hold_out(train, f, 1.0), _hold_out(train, 0.0, f), read["validation"]
+        else:
+            train, val, test = _hold_out(train, 2 * f, 1.0), _hold_out(train, 0.0, f), _hold_out(train, f, 2 * f)
+        splits = DatasetDict(train=train, validation=val, test=test)
     for split, ds in splits.items():
-        if len(ds) == 0:
-            raise ConfigError(
-                f"data.source: {source!r} gives an empty {split} split"
-                + ("" if split == "train" else f" (data.val_fraction={f})")
-            )
-        labels = label_array(ds)
-        bad = np.flatnonzero((labels < 0) | (labels >= num_labels))
-        if len(bad):
-            raise ConfigError(
-                f"data.label_column: label {int(labels[bad[0]])} in the {split} split is outside "
-                f"the task's classes 0..{num_labels - 1} (data.classify.num_labels={num_labels})"
-            )
-    splits["train"] = cap_texts(train, data_cfg.max_texts)
+        _check_split(ds, split, data_cfg, num_labels)
+    splits["train"] = cap_texts(splits["train"], data_cfg.max_texts)
     return splits, num_labels
 
 
+def _named_test_splits(raw: DatasetDict, data_cfg) -> dict[str, str]:
+    """``{test/<name>: source split}`` of ``data.classify.test_splits`` (each labelled), after refusing a labelled
+    split of the source that the run would ignore (MNLI's validation_matched without test_splits)."""
+    source, named = data_cfg.source, dict(data_cfg.classify.test_splits or {})
+    for name, split in named.items():
+        if split not in raw:
+            raise ConfigError(
+                f"data.classify.test_splits.{name}: no split {split!r} in data.source {source!r} "
+                f"(splits: {', '.join(raw)})"
+            )
+        if split.startswith("test") and not _is_labelled(raw[split], data_cfg.label_column):
+            raise ConfigError(
+                f"data.classify.test_splits.{name}: split {split!r} of {source!r} is unlabelled (no labels, or all "
+                f"{UNLABELLED} as GLUE hides its test labels) and cannot be scored"
+            )
+    ignored = [
+        split
+        for split in raw
+        if split not in ("train", "validation", "test", *named.values())
+        and _is_labelled(raw[split], data_cfg.label_column)
+    ]
+    if ignored:
+        example = ", ".join(f"{s.rpartition('_')[2] if '_' in s else s}: {s}" for s in ignored)
+        raise ConfigError(
+            f"data.source: {source!r} has labelled split(s) {', '.join(ignored)} that this run would ignore; "
+            f"score them with data.classify.test_splits={{{example}}}"
+        )
+    return {f"test/{name}": split for name, split in named.items()}
+
+
+def _is_labelled(ds: Dataset, column: str) -> bool:
+    """Whether ``ds`` has the label column with a label other than -1 (GLUE's hidden test labels)."""
+    if column not in ds.column_names:
+        return False
+    values = ds.with_format("arrow")[column]
+    return len(values) > 0 and not all(v == UNLABELLED for v in values.unique().to_pylist())
+
+
+def _check_split(ds: Dataset, split: str, data_cfg, num_labels: int) -> None:
+    """A split to train or score on is not empty and holds its task's labels (class ids 0 … C-1; finite numbers)."""
+    f = data_cfg.val_fraction
+    if len(ds) == 0:
+        raise ConfigError(
+            f"data.source: {data_cfg.source!r} gives an empty {split} split"
+            + ("" if split == "train" else f" (data.val_fraction={f})")
+        )
+    if "label" not in ds.column_names:
+        raise ConfigError(
+            f"data.label_column: the {split} split of {data_cfg.source!r} is unlabelled and cannot be scored"
+        )
+    labels = label_array(ds)
+    if data_cfg.classify.regression:
+        bad = np.flatnonzero(~np.isfinite(labels))
+        if len(bad):
+            raise ConfigError(f"data.label_column: label {labels[bad[0]]} in the {split} split is not a finite number")
+        return
+    bad = np.flatnonzero((labels < 0) | (labels >= num_labels))
+    if len(bad):
+        raise ConfigError(
+            f"data.label_column: label {int(labels[bad[0]])} in the {split} split is outside "
+            f"the task's classes 0..{num_labels - 1} (data.classify.num_labels={num_labels})"
+        )
+
+
 def label_array(ds: Dataset) -> np.ndarray:
-    return ds.with_format("arrow")["label"].to_numpy().astype(np.int64)
+    """The labels: class ids (int64), or a regression's targets (float32)."""
+    values = ds.with_format("arrow")["label"].to_numpy()
+    return values.astype(np.float32 if values.dtype.kind == "f" else np.int64)
 
 
 def _class_names(train: Dataset, data_cfg) -> Optional[list[str]]:
@@ -193,29 +304,40 @@ def _read(ds: Dataset, split: str, data_cfg, clean: bool) -> Dataset:
     column, label_names = data_cfg.label_column, data_cfg.classify.label_names
     as_names = False
     if column in ds.column_names:
-        as_names = _check_label_column(ds, column, split, label_names)
+        as_names = _check_label_column(ds, column, split, label_names, data_cfg.classify.regression)
         keep[column] = "label"
-    elif split != "test":  # GLUE's test files have no label column: an unlabelled test split
+    elif not split.startswith("test"):  # GLUE's test files have no label column: an unlabelled test split
         raise ConfigError(f"data.label_column: {column!r} not in columns [{columns}] of the {split} split")
     ds = ds.select_columns(list(keep)).rename_columns({k: v for k, v in keep.items() if k != v})
     if as_names:
         ds = ds.map(_names_to_ids, batched=True, fn_kwargs=rule_kwargs(names=list(label_names)))
-    if split == "test" and "label" in ds.column_names and len(ds) and (label_array(ds) == UNLABELLED).all():
+    if data_cfg.classify.regression and "label" in ds.column_names:
+        ds = ds.cast_column("label", Value("float32"))
+    if split.startswith("test") and "label" in ds.column_names and len(ds) and (label_array(ds) == UNLABELLED).all():
         ds = ds.remove_columns("label")
     return ds.map(_clean_texts, batched=True, fn_kwargs=rule_kwargs()) if clean else ds
 
 
-def _check_label_column(ds: Dataset, column: str, split: str, label_names) -> bool:
-    """Whether the labels are class names to map through ``label_names`` (else they are integer ids)."""
+def _check_label_column(ds: Dataset, column: str, split: str, label_names, regression: bool = False) -> bool:
+    """Whether the labels are class names to map through ``label_names`` (else they are integer ids, or a
+    regression's numbers)."""
     values = ds.with_format("arrow")[column]
     if values.null_count:
         raise ConfigError(f"data.label_column: {column!r} has {values.null_count} missing labels in the {split} split")
     dtype = getattr(ds.features[column], "dtype", "")
+    if regression:
+        if not dtype.startswith(("int", "uint", "float", "double")):
+            raise ConfigError(
+                f"data.label_column: {column!r} holds {dtype or ds.features[column]} values, not numbers "
+                f"(data.classify.regression=true)"
+            )
+        return False
     if isinstance(ds.features[column], ClassLabel) or dtype.startswith(("int", "uint")):
         return False
     if dtype not in ("string", "large_string"):
+        hint = " (a regression? set data.classify.regression=true)" if dtype.startswith(("float", "double")) else ""
         raise ConfigError(
-            f"data.label_column: {column!r} holds {dtype or ds.features[column]} values, not integer class ids"
+            f"data.label_column: {column!r} holds {dtype or ds.features[column]} values, not integer class ids{hint}"
         )
     if label_names is None:
         raise ConfigError(
@@ -287,7 +409,8 @@ def _head_ids(tokenizer: Tokenizer, texts: list[str], m: int) -> list[list[int]]
 
 class EncodedSplit(torch.utils.data.Dataset):
     def __init__(self, ids: list[np.ndarray], labels: np.ndarray) -> None:
-        self.ids, self.labels = ids, torch.as_tensor(labels, dtype=torch.long)
+        dtype = torch.float32 if labels.dtype.kind == "f" else torch.long  # a regression's targets, or class ids
+        self.ids, self.labels = ids, torch.as_tensor(labels, dtype=dtype)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -313,9 +436,10 @@ def collate(items: list[tuple[np.ndarray, torch.Tensor]]) -> dict:
 class LabelledSequenceDataModule(L.LightningDataModule):
     """Encoded train/validation/test splits (``self.datasets``, filled by ``setup``) served as padded
     batches; shared by text classification and ListOps. ``data_cfg`` is ``RunConfig.data``; ``seed`` the
-    training shuffle."""
+    training shuffle. ``test_sets`` names the test splits, each scored apart (metrics ``<name>/...``)."""
 
     num_labels: int
+    test_sets: tuple[str, ...] = ("test",)
 
     def __init__(self, data_cfg, seed: int = 0):
         super().__init__()
@@ -323,9 +447,12 @@ class LabelledSequenceDataModule(L.LightningDataModule):
         self.datasets: dict[str, EncodedSplit] = {}
 
     def trivial_baseline(self) -> dict[str, float]:
-        """Loss and accuracy on the validation split of always predicting the training label frequencies."""
-        counts = torch.bincount(self._split("train").labels, minlength=self.num_labels)
-        return unigram_baseline(counts, self._split("validation").labels)
+        """Loss and accuracy on the validation split of always predicting the training label frequencies; for a
+        regression, the mean squared error of always predicting the training mean."""
+        train, val = self._split("train").labels, self._split("validation").labels
+        if train.is_floating_point():
+            return {"trivial_loss": float(((val - train.mean()) ** 2).mean())}
+        return unigram_baseline(torch.bincount(train, minlength=self.num_labels), val)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", seed=self.seed)
@@ -333,8 +460,9 @@ class LabelledSequenceDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return self._loader("validation", seed=None)
 
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", seed=None)
+    def test_dataloader(self) -> DataLoader | list[DataLoader]:
+        loaders = [self._loader(name, seed=None) for name in self.test_sets]
+        return loaders[0] if len(loaders) == 1 else loaders
 
     def _split(self, split: str) -> EncodedSplit:
         if split not in self.datasets:
@@ -359,6 +487,7 @@ class ClassificationDataModule(LabelledSequenceDataModule):
         self.tokenizer: Optional[Tokenizer] = None
         self.splits: Optional[DatasetDict] = None  # texts and labels, before encoding
         self.num_labels = 0
+        self.test_sets = tuple(eval_set_names(data_cfg))
 
     def prepare_data(self) -> None:
         load_labelled(self.data_cfg)  # fetches a hub dataset into the datasets cache; keeps no state

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional
 
 from omegaconf import DictConfig
 
@@ -48,6 +48,16 @@ class ClassifyConfig:
     # Class names in id order, for a label column that holds strings (GLUE QNLI's TSV: [entailment,
     # not_entailment]); integer labels need none.
     label_names: Optional[List[str]] = None
+    # A regression task (GLUE's STS-B): one output, mean squared error, numeric labels (floats accepted).
+    regression: bool = False
+    # The task's official metrics, the first one selecting the best checkpoint (val/<first>, higher is better).
+    # Classification: accuracy, f1, matthews (accuracy and f1 are always logged); regression: pearson, spearman
+    # (both always logged).
+    metrics: List[str] = field(default_factory=lambda: ["accuracy"])
+    # The source's labelled splits to score as test sets, by name: {matched: validation_matched, mismatched:
+    # validation_mismatched} (MNLI) logs test/matched/* and test/mismatched/*. null: one test set, "test" (see
+    # datamodules/classification.py for which split that is).
+    test_splits: Optional[Dict[str, str]] = None
 
 
 @dataclass
@@ -118,7 +128,33 @@ def check_data(data: DictConfig, task: str, max_len: int) -> None:
         _check_listops(data.listops, max_len)
 
 
+CLASSIFICATION_METRICS = ("accuracy", "f1", "matthews")
+REGRESSION_METRICS = ("pearson", "spearman")
+
+
 def _check_classify(c: DictConfig) -> None:
+    allowed = REGRESSION_METRICS if c.regression else CLASSIFICATION_METRICS
+    metrics = list(c.metrics)
+    what = "a regression (data.classify.regression=true)" if c.regression else "classification"
+    require(metrics, f"data.classify.metrics: needs at least one of {', '.join(allowed)}")
+    for name in metrics:
+        require(
+            name in allowed, f"data.classify.metrics: {name!r} is not a metric of {what}; allowed: {', '.join(allowed)}"
+        )
+    require(len(set(metrics)) == len(metrics), f"data.classify.metrics: {metrics} names a metric twice")
+    if c.regression:
+        for key in ("num_labels", "label_names"):
+            require(
+                c[key] is None, f"data.classify.{key}: must be null for a regression (data.classify.regression=true)"
+            )
+    if c.test_splits is not None:
+        require(len(c.test_splits) > 0, "data.classify.test_splits: an empty mapping; use null for one test set")
+        for name, split in c.test_splits.items():
+            require(
+                name.isidentifier() and isinstance(split, str) and split,
+                f"data.classify.test_splits.{name}: needs a name made of letters, digits and _ and a split name, "
+                f"got {split!r}",
+            )
     require(
         c.num_labels is None or c.num_labels >= 2, f"data.classify.num_labels: must be >= 2 or null, got {c.num_labels}"
     )

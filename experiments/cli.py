@@ -21,6 +21,11 @@ COMMANDS = {
         "experiments.pipeline",
         "pretrain variants, fine-tune each on classification tasks, tabulate (Table 2)",
     ),
+    "glue-download": ("experiments.glue", "save the hub's GLUE once (needs internet) as a folder for data.source"),
+    "glue-standin": (
+        "experiments.glue_standin",
+        "write a GLUE-layout stand-in from the embedded movie reviews (smoke tests without GLUE; not GLUE)",
+    ),
     "bench": ("experiments.bench", "time and memory of every attention variant vs naive and SDPA attention"),
     "time-to-target": ("experiments.time_to_target", "seconds and tokens each variant needed to reach a val ppl"),
     "analyze": ("experiments.analyze", "attention spectrum, suggested k and what E/F learned, as figures"),

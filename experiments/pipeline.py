@@ -3,15 +3,20 @@
 For every variant, pretrain (``pretrain.config`` + ``pretrain.overrides`` + the variant's overrides), then
 fine-tune the pretrained encoder on every task (``tasks.<name>.config`` + its overrides, with ``init_from``
 = the pretraining run and ``model`` = the pretraining run's model, so the architectures match by
-construction). Every stage is one :func:`training.train.train` call. The pipeline writes
-``<output_dir>/<experiment>/version_<i>/``::
+construction). A variant listed in ``scratch`` is not pretrained: its fine-tunings start from a fresh encoder
+(no ``init_from``), and the table says so. ``data_dir`` sets every task's ``data.source`` to
+``<data_dir>/<task>`` (a folder of ``linformer-lab glue-download``). Every stage is one
+:func:`training.train.train` call. The pipeline writes ``<output_dir>/<experiment>/version_<i>/``::
 
     config.yaml                     the resolved pipeline config
-    pretrain/<variant>/             a train() run directory per variant
+    pretrain/<variant>/             a train() run directory per pretrained variant
     finetune/<variant>/<task>/      a train() run directory per variant and task
-    results.md, results.csv         variant × task ``metric`` (test accuracy of the best validation
-                                    checkpoint) plus their average over tasks, and the pretraining val/ppl
-    events.out.tfevents.*           the same table as TensorBoard text, each cell as scalar
+    results.md, results.csv         variant × task: the task's official metrics (``data.classify.metrics`` on
+                                    each of its test sets, of the best validation checkpoint; or ``metric``
+                                    for every task), their mean as the task's score, the average over tasks,
+                                    and the pretraining val/ppl
+    results.png                     the task scores and their average as grouped bars
+    events.out.tfevents.*           the same table as TensorBoard text, each score as scalar
                                     ``table2/<task>/<variant>``
 
 Config paths are relative to the pipeline file. Every stage config is loaded and checked before anything
@@ -25,9 +30,10 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -58,8 +64,16 @@ class PipelineConfig:
     variants: Dict[str, List[str]] = field(default_factory=dict)
     # Fine-tuning runs (task: classify) applied to every variant's pretrained encoder.
     tasks: Dict[str, StageConfig] = field(default_factory=dict)
-    # The fine-tuning metric that fills the table.
-    metric: str = "test/accuracy"
+    # The metrics.json key that fills the table for every task; null: each task's official metrics
+    # (data.classify.metrics on each of its test sets).
+    metric: Optional[str] = None
+    # A folder with one sub-folder per task (linformer-lab glue-download): each task's data.source becomes
+    # <data_dir>/<task>. null: the task configs' own data.source.
+    data_dir: Optional[str] = None
+    # Variants fine-tuned without pretraining (no init_from): what pretraining adds.
+    scratch: List[str] = field(default_factory=list)
+    # A line printed above the table (what the preset leaves out of the full experiment).
+    note: str = ""
 
 
 @dataclass
@@ -84,6 +98,17 @@ def load(path: str | Path, overrides: list[str] = ()) -> DictConfig:
     for name, task in cfg.tasks.items():
         if not task.config:
             raise ConfigError(f"tasks.{name}.config: required (a fine-tuning experiment YAML)")
+    for name in cfg.scratch:
+        if name not in cfg.variants:
+            raise ConfigError(f"scratch: {name!r} is not one of the variants ({', '.join(cfg.variants)})")
+    if cfg.data_dir is not None:
+        missing = [t for t in cfg.tasks if not (Path(cfg.data_dir) / t).is_dir()]
+        if missing:
+            raise ConfigError(
+                f"data_dir: no folder {str(Path(cfg.data_dir) / missing[0])!r} for task {missing[0]!r}; save GLUE "
+                f"there once with `linformer-lab glue-download {cfg.data_dir}` (or write a stand-in without "
+                f"internet: `linformer-lab glue-standin {cfg.data_dir}`)"
+            )
     return cfg
 
 
@@ -100,7 +125,9 @@ def stages(cfg: DictConfig, base_dir: Path, root: Path) -> list[Stage]:
             [*variant_overrides, f"experiment={cfg.experiment}.{variant}", f"run_dir={pre_dir}"],
             f"variants.{variant}",
         )
-        out.append(Stage(variant, "", pre))
+        pretrained = variant not in cfg.scratch
+        if pretrained:
+            out.append(Stage(variant, "", pre))
         for task, stage in cfg.tasks.items():
             ft = _stage_config(
                 base_dir,
@@ -108,7 +135,8 @@ def stages(cfg: DictConfig, base_dir: Path, root: Path) -> list[Stage]:
                 [
                     f"experiment={cfg.experiment}.{variant}.{task}",
                     f"run_dir={root / 'finetune' / variant / task}",
-                    f"init_from={pre_dir}",
+                    f"init_from={pre_dir if pretrained else 'null'}",
+                    *([f"data.source={Path(cfg.data_dir) / task}"] if cfg.data_dir is not None else []),
                 ],
                 f"tasks.{task}",
             )
@@ -134,6 +162,7 @@ def run(cfg: DictConfig, base_dir: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(root / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     results: dict[tuple[str, str], dict] = {}
+    keys = {s.task: official_keys(s.cfg, cfg.metric) for s in plan if s.task}
     for stage in plan:
         run_dir = Path(stage.cfg.run_dir)
         if (run_dir / METRICS).is_file():
@@ -143,8 +172,19 @@ def run(cfg: DictConfig, base_dir: Path) -> Path:
         results[stage.variant, stage.task] = train(
             stage.cfg, hparams={"pipeline.variant": stage.variant, "pipeline.task": stage.task or "pretrain"}
         )
-    write_results(root, list(cfg.variants), list(cfg.tasks), results, cfg.metric)
+    notes = table_notes(cfg, {s.task: s.cfg.data.max_texts for s in plan if s.task and s.variant == plan[-1].variant})
+    write_results(root, cfg, keys, results, notes)
     return root
+
+
+def official_keys(ft: DictConfig, metric: Optional[str] = None) -> list[str]:
+    """The metrics.json keys that score a fine-tuning run: ``metric``, or its task's official metrics on each of
+    its test sets (``test/matched/accuracy``, ``test/mismatched/accuracy`` for MNLI)."""
+    from datamodules.classification import eval_set_names
+
+    if metric is not None:
+        return [metric]
+    return [f"{test}/{m}" for test in eval_set_names(ft.data) for m in ft.data.classify.metrics]
 
 
 def _newest(cfg: DictConfig) -> Path:
@@ -158,55 +198,113 @@ def _newest(cfg: DictConfig) -> Path:
     return max(versions, key=lambda p: int(p.name.removeprefix("version_")))
 
 
-def results_table(variants: list[str], tasks: list[str], results: dict, metric: str) -> list[dict]:
-    """One row per variant: pretraining val/ppl, ``metric`` of each task, and their mean over tasks."""
+SHORT = {"accuracy": "acc", "f1": "F1", "matthews": "MCC", "pearson": "Pearson", "spearman": "Spearman"}
+
+
+def results_table(cfg: DictConfig, keys: dict[str, list[str]], results: dict) -> list[dict]:
+    """One row per variant: whether it was pretrained, its pretraining val/ppl, each task's official values
+    (``<task> <key>``) and score (their mean, GLUE's rule for a task with several), and the mean score over tasks."""
     rows = []
-    for v in variants:
-        scores = {t: float(results[v, t][metric]) for t in tasks}
-        rows.append(
-            {
-                "variant": v,
-                "pretrain_val_ppl": float(results[v, ""]["val/ppl"]),
-                **scores,
-                "average": sum(scores.values()) / len(scores),
-            }
-        )
+    for v in cfg.variants:
+        pretrained = v not in cfg.scratch
+        row = {"variant": v, "pretrained": pretrained}
+        row["pretrain_val_ppl"] = float(results[v, ""]["val/ppl"]) if pretrained else math.nan
+        for task, task_keys in keys.items():
+            values = [float(results[v, task][k]) for k in task_keys]
+            row.update({f"{task} {k}": x for k, x in zip(task_keys, values)})
+            row[task] = sum(values) / len(values)
+        row["average"] = sum(row[t] for t in keys) / len(keys)
+        rows.append(row)
     return rows
 
 
-def write_results(root: Path, variants: list[str], tasks: list[str], results: dict, metric: str) -> str:
-    """results.csv (raw values), results.md (percentages, as in Table 2) and TensorBoard; returns the Markdown."""
+def _header(task: str, task_keys: list[str]) -> str:
+    """A task's column: its name and the metrics of its cell (``mnli matched/mismatched acc``)."""
+    sets = list(dict.fromkeys(k.rpartition("/")[0] for k in task_keys))
+    metrics = list(dict.fromkeys(k.rpartition("/")[2] for k in task_keys))
+    shown = "/".join(SHORT.get(m, m) for m in metrics)
+    if len(sets) > 1:
+        shown = "/".join(s.rpartition("/")[2] for s in sets) + " " + shown
+    return f"{task} ({shown})"
+
+
+def table_notes(cfg: DictConfig, plan_max_texts: dict[str, Optional[int]]) -> list[str]:
+    """What the reader must know beside the numbers: the data (a stand-in?), subsets, variants not pretrained."""
+    from experiments.glue_standin import STAND_IN, STAND_IN_LINE
+
+    notes = []
+    if cfg.note:
+        notes.append(cfg.note)
+    if cfg.data_dir is not None and (Path(cfg.data_dir) / STAND_IN).is_file():
+        notes.append(f"**Data: {cfg.data_dir} is {STAND_IN_LINE}**: these scores say nothing about GLUE.")
+    capped = {t: n for t, n in plan_max_texts.items() if n is not None}
+    if capped:
+        notes.append(
+            "Training examples capped (data.max_texts): " + ", ".join(f"{t} {n:,}" for t, n in capped.items()) + "."
+        )
+    for v in cfg.scratch:
+        notes.append(f"{v} (no pretraining): fine-tuned from scratch, no pretrained encoder was loaded.")
+    return notes
+
+
+def write_results(root: Path, cfg: DictConfig, keys: dict[str, list[str]], results: dict, notes=()) -> str:
+    """results.csv (raw values), results.md (percentages, as in Table 2), results.png and TensorBoard; returns
+    the Markdown."""
     from torch.utils.tensorboard import SummaryWriter
 
-    rows = results_table(variants, tasks, results, metric)
-    columns = ["variant", "pretrain_val_ppl", *tasks, "average"]
+    rows = results_table(cfg, keys, results)
+    tasks = list(keys)
+    columns = ["variant", "pretrained", "pretrain_val_ppl", *(f"{t} {k}" for t in tasks for k in keys[t]), *tasks]
+    columns.append("average")
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(root / "results.csv", buffer.getvalue())
+    what = cfg.metric or "each task's official metric"
     lines = [
-        f"{metric} (%) of the best validation checkpoint; pretraining val/ppl for reference.",
+        f"{what} (%) on the task's test sets (GLUE: its validation splits) of the best validation checkpoint; a "
+        "task with several numbers scores their mean, the average is the mean score over tasks; pretraining val ppl "
+        "for reference.",
+        *(f"\n{n}" for n in notes),
         "",
-        "| " + " | ".join(["variant", "pretrain val ppl", *tasks, "average"]) + " |",
-        "|" + "---|" * len(columns),
+        "| " + " | ".join(["variant", "pretrain val ppl", *(_header(t, keys[t]) for t in tasks), "average"]) + " |",
+        "|" + "---|" * (len(tasks) + 3),
     ]
     for r in rows:
-        lines.append(
-            "| "
-            + " | ".join(
-                [r["variant"], f"{r['pretrain_val_ppl']:.2f}", *(f"{100 * r[c]:.1f}" for c in (*tasks, "average"))]
-            )
-            + " |"
-        )
+        name = r["variant"] if r["pretrained"] else f"{r['variant']} (no pretraining)"
+        ppl = f"{r['pretrain_val_ppl']:.2f}" if r["pretrained"] else "–"
+        cells = ["/".join(f"{100 * r[f'{t} {k}']:.1f}" for k in keys[t]) for t in tasks]
+        lines.append("| " + " | ".join([name, ppl, *cells, f"{100 * r['average']:.1f}"]) + " |")
     markdown = "\n".join(lines) + "\n"
     atomic_write_text(root / "results.md", markdown)
+    _figure(root / "results.png", rows, [*tasks, "average"])
     with SummaryWriter(str(root)) as tb:
         tb.add_text("table2", markdown)
         for r in rows:
             for c in (*tasks, "average"):
                 tb.add_scalar(f"table2/{c}/{r['variant']}", r[c], 0)
     return markdown
+
+
+def _figure(path: Path, rows: list[dict], columns: list[str]) -> None:
+    """Grouped bars: one group per task (and the average), one bar per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(columns) * max(1, len(rows)) / 3, 3.6))
+    width = 0.8 / len(rows)
+    for i, r in enumerate(rows):
+        label = r["variant"] if r["pretrained"] else f"{r['variant']} (no pretraining)"
+        ax.bar([c + i * width for c in range(len(columns))], [100 * r[c] for c in columns], width, label=label)
+    ax.set_xticks([c + 0.4 - width / 2 for c in range(len(columns))], columns)
+    ax.set_ylabel("score (%)")
+    ax.legend(fontsize="small", ncols=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

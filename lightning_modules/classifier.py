@@ -4,7 +4,8 @@ and ListOps / byte-level text of the Long Range Arena.
     h = Encoder(input_ids, mask)                          (B, T, d)
     p = Σ_t m_t h_t / Σ_t m_t                             (B, d)    mean over real tokens (m: mask)
     logits = W₂ tanh(W₁ dropout(p) + b₁) + b₂             (B, C)    after a dropout (RoBERTa's head)
-    loss = cross-entropy(logits, labels)
+    loss = cross-entropy(logits, labels)                            classification
+    loss = mean (logits[:, 0] − labels)²                            regression (C = 1; GLUE's STS-B)
 
 Mean pooling rather than the [CLS] vector: MLM pretraining packs documents into blocks without [CLS], so
 that vector is untrained when fine-tuning starts, while every position's state was trained; the masked
@@ -18,10 +19,17 @@ one ConfigError line names the first differing key. A run directory stands for t
 if its ``last.ckpt`` holds an earlier step than its ``metrics.json`` (checkpoints are written at
 validations), loading is refused rather than silently starting from older weights. The head starts fresh.
 
-Metrics: ``val/`` and ``test/`` loss, accuracy and F1 (torchmetrics; binary tasks: F1 of class 1, GLUE's
-convention for QQP; more classes: macro F1); ``hp/val_loss`` and ``hp/val_accuracy`` for the HPARAMS tab.
-``training.train`` keeps the checkpoint of the best ``val/accuracy`` (``checkpoint_monitor``) as
-``checkpoints/best.ckpt`` and evaluates it on the test split.
+Metrics (torchmetrics), on the validation split (``val/``) and on each test set (``test/``, or
+``test/<name>/`` for each of ``data.classify.test_splits``): the loss, and
+
+- classification: accuracy and F1 (binary tasks: F1 of class 1, GLUE's convention for MRPC and QQP; more
+  classes: macro F1), plus Matthews correlation when ``data.classify.metrics`` names ``matthews`` (CoLA);
+- regression: Pearson and Spearman correlation of prediction and label (STS-B).
+
+The first of ``data.classify.metrics`` (the task's official metrics) selects checkpoints: ``training.train``
+keeps the best ``val/<first>`` (``checkpoint_monitor``, higher is better) as ``checkpoints/best.ckpt`` and
+evaluates it on the test sets; ``hp/val_loss`` and ``hp/val_<first>`` fill the HPARAMS tab. ListOps (task
+``listops``) uses the classification defaults: official metric accuracy, one test set.
 """
 
 from __future__ import annotations
@@ -35,8 +43,14 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor, nn
-from torchmetrics import MeanMetric, MetricCollection
-from torchmetrics.classification import BinaryF1Score, MulticlassAccuracy, MulticlassF1Score
+from torchmetrics import MeanMetric, MetricCollection, PearsonCorrCoef, SpearmanCorrCoef
+from torchmetrics.classification import (
+    BinaryF1Score,
+    BinaryMatthewsCorrCoef,
+    MulticlassAccuracy,
+    MulticlassF1Score,
+    MulticlassMatthewsCorrCoef,
+)
 
 from foundation.checkpoint import read_checkpoint
 from foundation.configfile import flatten
@@ -48,6 +62,7 @@ from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.optim import build_optimizer, fuse_checkpoint
 from lightning_modules.step_logs import log_training_step
 
+FROM_SCRATCH = "note: no init_from: the encoder is trained from scratch here, no pretrained encoder was loaded"
 # Model settings that no weight depends on: they may differ between pretraining and fine-tuning.
 WEIGHT_FREE_KEYS = {"dropout", "attention.dropout"}
 
@@ -66,35 +81,63 @@ class ClassificationHead(nn.Module):
         return self.out(self.drop(torch.tanh(self.dense(self.drop(pooled)))))
 
 
+def task_settings(config: dict) -> tuple[bool, list[str]]:
+    """(regression?, official metrics) of a run config: ``data.classify`` for task classify, else
+    classification scored by accuracy."""
+    if config.get("task") != "classify":
+        return False, ["accuracy"]
+    classify = config["data"]["classify"]
+    return bool(classify["regression"]), list(classify["metrics"])
+
+
+def score_metrics(regression: bool, metrics: list[str], num_labels: int) -> MetricCollection:
+    """The metrics logged for one evaluation set (see the module docstring)."""
+    if regression:
+        return MetricCollection({"pearson": PearsonCorrCoef(), "spearman": SpearmanCorrCoef()})
+    binary = num_labels == 2
+    scores = {
+        "accuracy": MulticlassAccuracy(num_labels, average="micro"),
+        "f1": BinaryF1Score() if binary else MulticlassF1Score(num_labels, average="macro"),
+    }
+    if "matthews" in metrics:
+        scores["matthews"] = BinaryMatthewsCorrCoef() if binary else MulticlassMatthewsCorrCoef(num_labels)
+    return MetricCollection(scores)
+
+
 class SequenceClassifierModule(L.LightningModule):
     """Encoder + mean pooling + head, trained on ``batch = {input_ids, attention_mask, labels (B,)}``.
 
     Args:
         config: the whole run config as a plain dict (``foundation.configfile.to_container``).
         vocab_size: size of the tokenizer's vocabulary.
-        num_labels: number of classes C.
+        num_labels: number of classes C (1 for a regression).
+        test_sets: the names of the test sets, in the order of the data module's test loaders: the prefixes of
+            their metrics.
     """
 
-    checkpoint_monitor = ("val/accuracy", "max")  # training.train keeps the best checkpoint and tests it
-    hp_metrics = ("hp/val_loss", "hp/val_accuracy")
-
-    def __init__(self, config: dict, vocab_size: int, num_labels: int) -> None:
+    def __init__(self, config: dict, vocab_size: int, num_labels: int, test_sets: tuple = ("test",)) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.config = config
+        self.regression, self.metrics = task_settings(config)
+        self.test_sets = list(test_sets)
+        # training.train keeps the best checkpoint by this and tests it; the HPARAMS tab shows these
+        self.checkpoint_monitor = (f"val/{self.metrics[0]}", "max")
+        self.hp_metrics = ("hp/val_loss", f"hp/val_{self.metrics[0]}")
         self.encoder = TransformerEncoder(config["model"], vocab_size)
         self.head = ClassificationHead(config["model"]["d_model"], num_labels, config["model"]["dropout"])
         if config.get("init_from"):
             load_encoder(self.encoder, config["init_from"], config["model"], vocab_size)
         self.n_parameters = count_parameters(self)
-        scores = MetricCollection(
-            {
-                "accuracy": MulticlassAccuracy(num_labels, average="micro"),
-                "f1": BinaryF1Score() if num_labels == 2 else MulticlassF1Score(num_labels, average="macro"),
-            }
-        )
-        self.val_scores, self.test_scores = scores.clone(prefix="val/"), scores.clone(prefix="test/")
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        scores = score_metrics(self.regression, self.metrics, num_labels)
+        self.val_scores = scores.clone(prefix="val/")
+        self.test_scores = nn.ModuleList([scores.clone(prefix=f"{name}/") for name in self.test_sets])
+        self.val_loss = MeanMetric()
+        self.test_losses = nn.ModuleList([MeanMetric() for _ in self.test_sets])
+
+    def on_fit_start(self) -> None:
+        if self.config.get("task") == "classify" and not self.config.get("init_from") and self.trainer.is_global_zero:
+            print(FROM_SCRATCH)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Logits (B, C)."""
@@ -105,7 +148,10 @@ class SequenceClassifierModule(L.LightningModule):
         return self.head((hidden * m).sum(1) / m.sum(1).clamp(min=1))
 
     def _step(self, batch: dict) -> tuple[Tensor, Tensor]:
+        """(loss, predictions): class logits (B, C), or a regression's outputs (B,)."""
         logits = self(batch["input_ids"], batch["attention_mask"]).float()
+        if self.regression:
+            return F.mse_loss(logits[:, 0], batch["labels"].float()), logits[:, 0]
         return F.cross_entropy(logits, batch["labels"]), logits
 
     def training_loss(self, batch: dict) -> Tensor:
@@ -113,31 +159,40 @@ class SequenceClassifierModule(L.LightningModule):
         return self._step(batch)[0]
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        loss, logits = self._step(batch)
-        log_training_step(self, loss, lambda: {"train/accuracy": (logits.argmax(-1) == batch["labels"]).float().mean()})
+        loss, out = self._step(batch)
+        labels = batch["labels"]
+        log_training_step(
+            self,
+            loss,
+            dict if self.regression else lambda: {"train/accuracy": (out.argmax(-1) == labels).float().mean()},
+        )
         return loss
 
     def _evaluate(self, batch: dict, loss_metric: MeanMetric, scores: MetricCollection) -> None:
-        loss, logits = self._step(batch)
-        loss_metric.update(loss.detach(), weight=len(logits))
-        scores.update(logits.argmax(-1), batch["labels"])
+        loss, out = self._step(batch)
+        loss_metric.update(loss.detach(), weight=len(out))
+        scores.update(out if self.regression else out.argmax(-1), batch["labels"])
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._evaluate(batch, self.val_loss, self.val_scores)
 
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._evaluate(batch, self.test_loss, self.test_scores)
+    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, self.test_losses[dataloader_idx], self.test_scores[dataloader_idx])
 
     def on_validation_epoch_end(self) -> None:
         scores, loss = self.val_scores.compute(), self.val_loss.compute()
-        self.log_dict({**scores, "val/loss": loss, "hp/val_loss": loss, "hp/val_accuracy": scores["val/accuracy"]})
+        first = self.metrics[0]
+        self.log_dict({**scores, "val/loss": loss, "hp/val_loss": loss, f"hp/val_{first}": scores[f"val/{first}"]})
         self.val_scores.reset()
         self.val_loss.reset()
 
     def on_test_epoch_end(self) -> None:
-        self.log_dict({**self.test_scores.compute(), "test/loss": self.test_loss.compute()})
-        self.test_scores.reset()
-        self.test_loss.reset()
+        logged = {}
+        for name, scores, loss in zip(self.test_sets, self.test_scores, self.test_losses):
+            logged.update({**scores.compute(), f"{name}/loss": loss.compute()})
+            scores.reset()
+            loss.reset()
+        self.log_dict(logged, add_dataloader_idx=False)
 
     def configure_optimizers(self) -> Any:
         return build_optimizer(self, self.config["optim"], self.config["trainer"]["max_steps"])

@@ -306,7 +306,7 @@ LABEL_ERRORS = {
         "a.csv",
         "text,label\nhello,0.5\nbye,1.0\n",
         {},
-        "data.label_column: 'label' holds float64 values, not integer class ids",
+        "data.label_column: 'label' holds float64 values, not integer class ids (a regression? set data.classify.regression=true)",
     ),
     "string_labels": (
         "a.csv",
@@ -464,7 +464,7 @@ def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tin
         pre = json.loads((root / "pretrain" / r["variant"] / "metrics.json").read_text())
         assert float(r["pretrain_val_ppl"]) == pytest.approx(pre["val/ppl"])
     markdown = (root / "results.md").read_text()
-    assert "| variant | pretrain val ppl | imdb | rotten_tomatoes | average |" in markdown
+    assert "| variant | pretrain val ppl | imdb (acc) | rotten_tomatoes (acc) | average |" in markdown
     linformer = table[1]
     assert (
         f"| linformer | {float(linformer['pretrain_val_ppl']):.2f} | {100 * float(linformer['imdb']):.1f} |" in markdown

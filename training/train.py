@@ -68,7 +68,9 @@ def build_module(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.Lightn
     from lightning_modules.language_model import CausalLMModule, MaskedLMModule, TokenPredictionModule
 
     if cfg.task in ("classify", "listops"):
-        return SequenceClassifierModule(run_config.to_container(cfg), datamodule.vocab_size, datamodule.num_labels)
+        return SequenceClassifierModule(
+            run_config.to_container(cfg), datamodule.vocab_size, datamodule.num_labels, datamodule.test_sets
+        )
     # recall: loss on the queried values, with bidirectional or causal attention alike.
     cls = {"mlm": MaskedLMModule, "clm": CausalLMModule, "recall": TokenPredictionModule}[cfg.task]
     return cls(run_config.to_container(cfg), datamodule.vocab_size, getattr(datamodule, "target_groups", ()))
@@ -339,7 +341,7 @@ def _final_scores(
     if is_overridden("test_dataloader", datamodule):
         best_path = best.best_model_path if best is not None and best.best_model_path else None
         scores = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False, weights_only=True)
-        final.update({k: float(v) for k, v in scores[0].items()})
+        final.update({k: float(v) for test_set in scores for k, v in test_set.items()})  # one dict per test set
         if best_path is not None:
             final.update({"best_checkpoint": best_path, f"best_{best.monitor}": float(best.best_model_score)})
     return final
@@ -541,10 +543,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"run directory: {metrics['run_dir']}")
     shown = [f"{k} {metrics[k]:.4g}" for k in ("val/ppl", "val/loss", "val/accuracy") if k in metrics]
     print("  ".join(shown + [f"{metrics['tokens_per_sec']:.0f} tokens/s"]))
-    if "test/accuracy" in metrics:
-        print(
-            f"test/accuracy {metrics['test/accuracy']:.4f}  test/f1 {metrics['test/f1']:.4f} "
-            f"(best validation checkpoint)"
-        )
+    tested = [k for k in metrics if k.startswith("test/") and not k.endswith("/loss")]
+    if tested:
+        print("  ".join(f"{k} {metrics[k]:.4f}" for k in sorted(tested)) + " (best validation checkpoint)")
     print(f"tensorboard --logdir {Path(metrics['run_dir']).parent} --host 127.0.0.1")
     return 0
