@@ -421,7 +421,10 @@ def test_nystrom_iterates_in_float64_for_float64_inputs_down_to_its_rounding():
             nystrom = layer({"kind": "nystrom", "options": {"n_landmarks": N, "pinv_iterations": iterations}}).double()
             same_weights(full, nystrom)
             errors.append((nystrom(x) - full(x)).abs().max().item())
-    assert errors == sorted(errors, reverse=True) and errors[-1] < 1e-10  # float32 stalls near 1e-4
+    # each step down until float64's rounding of this layer (~1e-13), where the error no longer orders; float32
+    # stalls near 1e-4
+    assert all(later < earlier or later < 1e-12 for earlier, later in zip(errors, errors[1:]))
+    assert errors[0] > 1e-4 and errors[-1] < 1e-10
 
 
 # ----------------------------------------------------------------------------- performer's random features
