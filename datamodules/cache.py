@@ -9,11 +9,8 @@ while one is still writing) never sees a partial file.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -48,55 +45,3 @@ def fingerprint(texts: Iterable[str]) -> str:
 def cache_key(*parts: Any) -> str:
     """A short file-name-safe key for JSON-serialisable ``parts``."""
     return hashlib.sha1(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def _file_digest(path: str) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-_DIGESTS: dict[tuple[str, int, int], str] = {}  # (path, size, mtime) -> digest: a file is read once per process
-
-
-def files_digest(paths: Iterable[str]) -> str:
-    """SHA-1 over the names and contents of ``paths`` (sorted): what a corpus of local files holds."""
-    parts = []
-    for path in sorted(paths):
-        stat = os.stat(path)
-        key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
-        if key not in _DIGESTS:
-            _DIGESTS[key] = _file_digest(path)
-        parts.append([os.path.basename(path), _DIGESTS[key]])
-    return cache_key(parts)
-
-
-def data_fingerprint(data_cfg) -> str:
-    """A short digest of what ``data.source`` (and ``data.tokenizer.path``) hold, to tell that a corpus was edited:
-    the contents of local files (a file, a glob, a folder laid out like a hub repository; the embedded corpus'
-    CSV), the Python version for ``stdlib-code``, the id and subset of a hub dataset (its revision is the
-    ``datasets`` cache's business)."""
-    from datamodules.corpus import is_file_spec  # (corpus imports this module)
-
-    source = data_cfg.source
-    if source == "embedded":
-        from datamodules.embedded import csv_path
-
-        what: Any = ["embedded", files_digest([str(csv_path())])]
-    elif source == "stdlib-code":
-        what = ["stdlib-code", sys.version.split()[0]]
-    elif is_file_spec(source):
-        pattern = os.path.expanduser(source)
-        files = [f for f in glob.glob(pattern, recursive=True) if os.path.isfile(f)] if glob.has_magic(pattern) else []
-        what = ["files", files_digest(files or ([pattern] if os.path.isfile(pattern) else []))]
-    elif os.path.isdir(source):
-        files = [str(p) for p in Path(source).rglob("*") if p.is_file() and not p.name.startswith(".")]
-        what = ["folder", files_digest(files)]
-    else:
-        what = ["hub", source, data_cfg.subset]
-    tokenizer = data_cfg.tokenizer.path
-    if tokenizer and os.path.isfile(tokenizer):
-        what.append(files_digest([tokenizer]))
-    return cache_key(what)

@@ -298,11 +298,11 @@ SYNTHETIC_TASKS = ("recall", "listops")  # data drawn from the config itself: th
 
 def data_identity(cfg: DictConfig) -> str:
     """A short digest of the data a run trains on: the fingerprint of ``data.source``'s files (or of the hub id)
-    and of ``data.tokenizer.path`` (:func:`datamodules.cache.data_fingerprint`); ``synthetic`` for tasks whose
+    and of ``data.tokenizer.path`` (:func:`datamodules.corpus.data_fingerprint`); ``synthetic`` for tasks whose
     data the config draws."""
     if cfg.task in SYNTHETIC_TASKS:
         return "synthetic"
-    from datamodules.cache import data_fingerprint
+    from datamodules.corpus import data_fingerprint
 
     return data_fingerprint(cfg.data)
 
