@@ -277,6 +277,7 @@ def work(
 def _work_on(
     study: Study, url: Optional[str], workers: int, index: int, deadline: Optional[float], wait_for_running: bool
 ) -> None:
+    from sweeps.objective import STOP_ASKED
     from sweeps.trials import run_trial
 
     ostudy = open_study(study, url, workers)
@@ -289,6 +290,8 @@ def _work_on(
         n = study.n_trials
         if (n is not None and state.finished >= n) or (deadline is not None and time.time() > deadline):
             return
+        if STOP_ASKED.is_set():
+            raise Terminated("SIGTERM")
         taken = n is not None and state.finished + state.running >= n
         # a grid study runs its enqueued points only: none waiting means nothing to start
         grid_empty = study.is_grid and not any(t.state == TrialState.WAITING for t in trials)
@@ -306,6 +309,12 @@ def _work_on(
 
 
 def _work_entry(**kwargs) -> None:
+    from sweeps.objective import note_stop
+
+    # A signal never cuts a journal write or a trial's bookkeeping: SIGTERM is only noted (the worker stops at the
+    # next safe point, see sweeps.trials) and Ctrl-C reaches the workers as SIGTERM from the command.
+    signal.signal(signal.SIGTERM, note_stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _optuna_quiet()
     try:
         code = work(**kwargs)
@@ -393,11 +402,12 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     on_sigterm = signal.signal(signal.SIGTERM, _terminated)
     try:
         follow(study, ostudies, procs)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # passed on as SIGTERM: each worker puts its trial back at a safe point
         for p in procs:
-            p.join(timeout=30)
             if p.is_alive():
                 p.terminate()
+        for p in procs:
+            p.join(timeout=120)
         print("interrupted: run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Terminated:  # a scheduler's preemption: each worker saves its trial's checkpoint and puts it back

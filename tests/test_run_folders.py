@@ -2,9 +2,11 @@
 refused when what decides its results changed (docs/reliability.md)."""
 
 import os
+import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -78,6 +80,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 THEN_A_SWEEP_OPENS_IT = """
 import sys
+import time
 from sweeps import storage
 from sweeps.study import load_study
 from sweeps.sweep import open_study
@@ -216,3 +219,84 @@ def test_nested_interpolations_are_measured_not_built():
     with pytest.raises(ConfigError, match="k4: its interpolations"):
         check_interpolations(bomb)
     check_interpolations({"a": "runs", "b": "${a}/x", "c": {"d": "${..b}${.e}", "e": "1"}})
+
+
+# --------------------------------------------------------------------------------------- preempted studies
+def sweep_process(path: Path, cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LINFORMER_LAB_HEARTBEAT_GRACE_S": "5"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "experiments.cli", "sweep", str(path), "--workers", "2"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, as a scheduler signals a job
+    )
+
+
+def finished_values(path: Path) -> dict[int, float]:
+    study = load_study(path)
+    trials = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None, create=False)).trials
+    excluded = storage.excluded_numbers(trials)
+    counted = [t for t in trials if t.number not in excluded]
+    assert [t.state for t in counted if t.state != optuna.trial.TrialState.COMPLETE] == []  # nothing failed
+    assert storage.budget_state(trials, study).finished == study.n_trials
+    return {t.params["seed"]: t.value for t in counted}
+
+
+def preempted_study_ends_as_an_uninterrupted_one(tmp_path: Path, tiny, moments: list[float], seeds: int) -> None:
+    settings = {"trainer.deterministic": True, "trainer.cpu_threads": 1, "trainer.max_steps": 6}
+    straight = study_file(tmp_path, tiny, "straight", **settings)
+    text = yaml.safe_load(straight.read_text())
+    text["space"]["seed"]["choices"] = list(range(seeds))
+    straight.write_text(yaml.safe_dump(text))
+    preempted = tmp_path / "preempted.yaml"
+    preempted.write_text(yaml.safe_dump({**text, "study": "preempted"}))
+
+    started = time.monotonic()
+    first = sweep_process(straight, tmp_path)
+    assert first.wait(timeout=600) == 0, first.stderr.read().decode()[-3000:]
+    first.stderr.close()
+    took = time.monotonic() - started
+    for moment in moments:  # SIGTERM to the whole group at a moment of the study, then the same command again
+        proc = sweep_process(preempted, tmp_path)
+        time.sleep(moment * took)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=300)
+        err = proc.stderr.read().decode()
+        proc.stderr.close()
+        assert code in (0, 143, -signal.SIGTERM), err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+    last = sweep_process(preempted, tmp_path)
+    assert last.wait(timeout=600) == 0, last.stderr.read().decode()[-3000:]
+    last.stderr.close()
+    assert finished_values(preempted) == pytest.approx(finished_values(straight), abs=1e-6)
+
+
+@pytest.mark.slow  # about a minute: three sweep commands of two workers
+def test_a_study_preempted_by_sigterm_ends_with_its_budget_and_the_uninterrupted_numbers(tmp_path, tiny):
+    preempted_study_ends_as_an_uninterrupted_one(tmp_path, tiny, [0.5], seeds=2)
+
+
+@pytest.mark.slow  # two to four minutes: five interruptions at random moments
+def test_a_study_preempted_many_times_at_random_moments_ends_as_an_uninterrupted_one(tmp_path, tiny):
+    draw = random.Random(int(os.environ.get("PREEMPT_SEED", "38")))
+    moments = [draw.uniform(0.05, 0.9) for _ in range(5)]
+    preempted_study_ends_as_an_uninterrupted_one(tmp_path, tiny, moments, seeds=4)
+
+
+def test_a_trial_asked_to_stop_before_it_trains_is_put_back_uncounted(tmp_path, tiny_overrides, monkeypatch):
+    from sweeps import objective, trials
+
+    path = study_file(tmp_path, tiny_overrides, "stopped")
+    study = load_study(path)
+    ostudy = open_study(study, None)
+    ostudy.enqueue_trial({"seed": 0})
+    monkeypatch.setattr(objective.STOP_ASKED, "is_set", lambda: True)  # the worker's SIGTERM handler ran
+    with pytest.raises(trials.Terminated, match="stopped by SIGTERM before it trained"):
+        ostudy.optimize(lambda trial: trials.run_trial(study, trial, None), n_trials=1)
+    stored = ostudy.get_trials(deepcopy=False)
+    assert storage.budget_state(stored, study).finished == 0  # not counted as failed
+    waiting = [t for t in stored if t.state == optuna.trial.TrialState.WAITING]
+    assert [t.system_attrs["fixed_params"] for t in waiting] == [{"seed": 0}]  # the next sweep trains it
