@@ -12,8 +12,10 @@ fail stale trials; stop when ``n_trials`` trials are finished (or the timeout ha
 the remaining budget is taken by running trials (one of them may yet die); else run one trial.
 The same command on another machine, against the same ``--storage`` RDB URL, joins the study.
 A trial that fails on an input error is put back uncounted and stops its worker: the command then ends with one
-``error:`` line and exit 2. SIGTERM is passed on to the workers, whose running trials save a checkpoint and are
-put back; the command exits 143.
+``error:`` line and exit 2. SIGTERM (and Ctrl-C) is passed on to the workers as SIGTERM, which a worker only notes:
+at its next safe point (never inside a journal write) its running trial saves a checkpoint and is put back; the
+command exits 143 (130 for Ctrl-C). Before anything is written, a journal study's folder is checked for links and
+wrong-type names (:func:`sweeps.storage.check_study_folder`).
 
 GPUs: the N GPUs this process may use (``CUDA_VISIBLE_DEVICES`` if set, else all; counted through NVML
 without initialising CUDA here) are dealt out as whole blocks of g = N // W per worker: worker i gets GPUs
