@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import csv
 import glob
+import hashlib
 import os
+import sys
 import sysconfig
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 from datasets import Dataset, DatasetDict, load_dataset
 from datasets.exceptions import DatasetGenerationError
 
-from datamodules.cache import rule_kwargs, unit_hash
-from datamodules.embedded import load_embedded
+from datamodules.cache import cache_key, rule_kwargs, unit_hash
+from datamodules.embedded import csv_path, load_embedded
 from foundation.errors import ConfigError
 
 FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -130,6 +132,57 @@ def load_hub(source: str, subset: str | None) -> DatasetDict:
         what = f"{source!r}" + (f" (subset {subset!r})" if subset else "")
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ConfigError(f"data.source: cannot load {what}: {reason}") from err
+
+
+# ------------------------------------------------------------------------------------- fingerprint
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}  # (path, size, mtime) -> digest: a file is read once per process
+
+
+def files_digest(paths: Iterable[str]) -> str:
+    """SHA-1 over the names and contents of ``paths`` (sorted): what a corpus of local files holds."""
+    parts = []
+    for path in sorted(paths):
+        stat = os.stat(path)
+        key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+        if key not in _DIGESTS:
+            _DIGESTS[key] = _file_digest(path)
+        parts.append([os.path.basename(path), _DIGESTS[key]])
+    return cache_key(parts)
+
+
+def data_fingerprint(data_cfg) -> str:
+    """A short digest of what ``data.source`` (and ``data.tokenizer.path``) hold, to tell that a corpus was edited:
+    the contents of local files (a file, a glob, a folder laid out like a hub repository; the embedded corpus'
+    CSV), the Python version for ``stdlib-code``, the id and subset of a hub dataset (its revision is the
+    ``datasets`` cache's business)."""
+    source = data_cfg.source
+    if source == "embedded":
+        what: Any = ["embedded", files_digest([str(csv_path())])]
+    elif source == "stdlib-code":
+        what = ["stdlib-code", sys.version.split()[0]]
+    elif is_file_spec(source):
+        pattern = os.path.expanduser(source)
+        files = [f for f in glob.glob(pattern, recursive=True) if os.path.isfile(f)] if glob.has_magic(pattern) else []
+        what = ["files", files_digest(files or ([pattern] if os.path.isfile(pattern) else []))]
+    elif os.path.isdir(source):
+        files = [str(p) for p in Path(source).rglob("*") if p.is_file() and not p.name.startswith(".")]
+        what = ["folder", files_digest(files)]
+    else:
+        what = ["hub", source, data_cfg.subset]
+    tokenizer = data_cfg.tokenizer.path
+    if tokenizer and os.path.isfile(tokenizer):
+        what.append(files_digest([tokenizer]))
+    return cache_key(what)
 
 
 # ------------------------------------------------------------------------------------- shaping

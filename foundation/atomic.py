@@ -15,15 +15,21 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator, Optional
+
+from foundation.confined import check_inside
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], None], inside: Optional[Path] = None) -> None:
     """Write ``path`` through ``write(binary_file)`` via a temporary sibling, fsync and ``os.replace``.
 
-    Other writers' temporaries are left alone: several workers may fill a shared cache at once.
+    Other writers' temporaries are left alone: several workers may fill a shared cache at once. ``inside``: the
+    run or study folder ``path`` belongs to, whose resolved parent must stay inside it
+    (:func:`foundation.confined.check_inside`), and ``path`` itself is no link.
     """
     path = Path(path)
+    if inside is not None:
+        check_inside(inside, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -38,9 +44,9 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
         raise
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+def atomic_write_text(path: Path, text: str, inside: Optional[Path] = None) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (``inside``: see :func:`atomic_write`)."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")), inside)
 
 
 @contextlib.contextmanager
@@ -69,6 +75,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def write_json(path: Path, data: dict) -> None:
-    """``data`` as indented, key-sorted JSON, atomically (non-finite floats as strings)."""
-    atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
+def write_json(path: Path, data: dict, inside: Optional[Path] = None) -> None:
+    """``data`` as indented, key-sorted JSON, atomically (non-finite floats as strings; ``inside``: see
+    :func:`atomic_write`)."""
+    atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n", inside)

@@ -23,6 +23,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from foundation.atomic import atomic_write
 from foundation.configfile import flatten
+from foundation.confined import check_inside
 from foundation.errors import ConfigError
 
 
@@ -71,22 +72,29 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def _atomic_torch_save(obj: Any, path: Path) -> None:
+def _atomic_torch_save(obj: Any, path: Path, inside: Optional[Path] = None) -> None:
     # One writer per run directory (rank 0): temporaries beside the checkpoint were left by a killed save.
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)
-    atomic_write(path, lambda f: torch.save(obj, f))
+    atomic_write(path, lambda f: torch.save(obj, f), inside)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints saved by write-sync-rename in the target's folder and loaded with ``weights_only=True``."""
+    """Checkpoints saved by write-sync-rename in the target's folder and loaded with ``weights_only=True``;
+    ``inside``: the run directory, which a checkpoint's folder, links resolved, must not leave."""
+
+    def __init__(self, inside: Optional[Path] = None) -> None:
+        super().__init__()
+        self.inside = inside
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         path = Path(path)
+        if self.inside is not None:
+            check_inside(self.inside, path)  # before the folder is made: never one through a link
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_torch_save(checkpoint, path)
+        _atomic_torch_save(checkpoint, path, self.inside)
 
     def load_checkpoint(self, path, map_location: Optional[Callable] = None, weights_only: Optional[bool] = None):
         return _load(path)

@@ -11,12 +11,16 @@ not carry Linformer's options over. Overrides apply left to right, each one a la
 Bounds: a YAML file or override is refused in one line, before anything is built from it, when it is larger
 than ``MAX_FILE_BYTES`` or would expand to more than ``MAX_VALUES`` values. YAML aliases share one object, so
 a few hundred bytes of nested aliases (``a: &a [1, 1]``, ``b: &b [*a, *a]``, …) describe billions of values
-that a merge would copy one by one; :func:`expanded_size` counts them without expanding anything.
+that a merge would copy one by one; :func:`expanded_size` counts them without expanding anything. In the same
+way, interpolations repeated inside one another (``b: ${a}${a}``, ``c: ${b}${b}``, …) describe strings of billions
+of characters that resolving would build: :func:`check_interpolations` measures every interpolated string from
+the lengths of what it names, without building it, and refuses one longer than ``MAX_STRING`` characters.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -30,6 +34,8 @@ from foundation.errors import ConfigError
 Misplaced = Callable[[str], Optional[str]]
 MAX_FILE_BYTES = 1 << 20  # a config or study file
 MAX_VALUES = 100_000  # values a file or an override may expand to (every config here has a few hundred)
+MAX_STRING = 100_000  # characters an interpolated string may resolve to (a path is at most 4,096 bytes)
+_REFERENCE = re.compile(r"\$\{([^${}]*)\}")  # an innermost ${...}
 
 
 def expanded_size(data: Any, limit: int = MAX_VALUES) -> int:
@@ -55,6 +61,49 @@ def expanded_size(data: Any, limit: int = MAX_VALUES) -> int:
         return memo[id(node)]
 
     return size(data, 0)
+
+
+def check_interpolations(cfg: Any, limit: int = MAX_STRING) -> None:
+    """Refuse, in one ConfigError line naming the key, a string whose interpolations would resolve to more than
+    ``limit`` characters; measured from the lengths of the values they name (memoised: linear in the config's
+    size), nothing is resolved. A resolver's own output (``${oc.env:…}``) counts as its text."""
+    flat = flatten(OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg)
+    if not any(isinstance(v, str) and "${" in v for v in flat.values()):
+        return
+    memo: dict[str, int] = {}
+
+    def target(key: str, name: str) -> str:
+        if not name.startswith("."):
+            return name.replace("[", ".").replace("]", "")
+        dots = len(name) - len(name.lstrip("."))
+        parent = key.split(".")[:-dots]
+        return ".".join([*parent, name.lstrip(".")])
+
+    def length(key: str) -> int:
+        if key in memo:
+            return memo[key]
+        memo[key] = 0  # a circular interpolation: OmegaConf names it when it resolves
+        if key in flat:
+            value = flat[key]
+            if not isinstance(value, str):
+                total = len(str(value))
+            else:
+                refs = _REFERENCE.findall(value)
+                total = len(_REFERENCE.sub("", value))
+                for ref in refs:
+                    total += len(ref) if ":" in ref else length(target(key, ref))
+                    if total > limit:
+                        break
+        else:  # a mapping, shown whole
+            total = sum(length(k) + len(k) for k in flat if k.startswith(f"{key}."))
+        memo[key] = min(total, limit + 1)
+        return memo[key]
+
+    for key, value in flat.items():
+        if isinstance(value, str) and "${" in value and length(key) > limit:
+            raise ConfigError(
+                f"{key}: its interpolations (${{...}}) would resolve to more than {limit:,} characters; refused"
+            )
 
 
 class _UniqueKeys(yaml.SafeLoader):
@@ -210,6 +259,7 @@ def merge(schema: Any, layers: list[Any], misplaced: Optional[Misplaced] = None)
             except (TypeError, ValueError) as err:  # e.g. a list given where a mapping is: OmegaConf names no key
                 before = merge(schema, layers[:i], misplaced)  # the config this layer failed on
                 raise ConfigError(f"{_blame(before, layer)}: {str(err).splitlines()[0]}") from None
+        check_interpolations(cfg)  # before resolving: nested interpolations can describe gigabytes
         OmegaConf.resolve(cfg)  # interpolations (${...}) now, while an error is still one line
     except OmegaConfBaseException as err:
         raise ConfigError(one_line(err, schema, misplaced)) from None

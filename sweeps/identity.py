@@ -1,10 +1,17 @@
-"""A study's identity: the search space and the objective it was started with.
+"""A study's identity: everything that decides its trials' results.
 
-Both are stored on the study when it is created (user attr ``identity``). A study file whose space or objective
-changed since is refused in one line listing what changed: its old trials answer another question, and a grid
-with a param added would count them toward points they never ran. The ``seed`` param's values are not part of the
-identity (``--add-seeds`` grows them; a grid's budget counts its points, so new seeds' points run). ``sweep
---new-study`` starts the study afresh, the earlier one kept aside.
+Stored on the study when it is created (user attr ``identity``): the search space (the ``seed`` param's values
+aside), the objective, the preset, the config every trial starts from (the base experiment resolved with the
+study's ``overrides``, flattened; where files go, thread and loader counts aside: the keys a resumed run may
+change) and the data's identity (a fingerprint of the corpus files, :func:`training.resume.data_identity`).
+Together with a trial's params they decide its config, so two trials of one study always answer one question.
+
+A study file whose identity changed since is refused in one line listing what changed: its old trials answer
+another question, and a grid with a param added would count them toward points they never ran. The ``seed``
+param's values are not part of the identity (``--add-seeds`` grows them; a grid's budget counts its points, so
+new seeds' points run). ``sweep --new-study`` starts the study afresh, the earlier one kept aside. A study of
+the same name that carries no identity was not created by this suite (another program's, in a shared storage):
+it is refused, never adopted.
 """
 
 from __future__ import annotations
@@ -17,22 +24,40 @@ from omegaconf import OmegaConf
 from foundation.configfile import flatten
 from sweeps.schema import SEED_PARAM
 from sweeps.study import Study
+from training import config as run_config
+from training.resume import MAY_CHANGE_ON_RESUME, data_identity
 
 IDENTITY = "identity"  # user attr of a stored study
+# Config keys that do not decide a trial's result: where files go, and those a resumed run may change
+NOT_IDENTITY = (*MAY_CHANGE_ON_RESUME, "experiment")
 
 
 def identity_of(study: Study) -> dict[str, Any]:
-    """What a stored study must keep: its space (the seed param's values aside) and its objective, as JSON."""
+    """What a stored study must keep, as JSON: its space (the seed param's values aside), its objective, its
+    preset, its trials' shared config and its data's fingerprint."""
     space = OmegaConf.to_container(study.spec.space, resolve=True)
     if SEED_PARAM in space:
         space[SEED_PARAM] = {"type": space[SEED_PARAM].get("type")}
     objective = [{"metric": m, "direction": d} for m, d in zip(study.metrics, study.directions)]
-    return json.loads(json.dumps({"space": space, "objective": objective}))
+    shared = run_config.flatten(run_config.to_container(study.shared))
+    config = {k: v for k, v in shared.items() if k not in NOT_IDENTITY}
+    return json.loads(
+        json.dumps(
+            {
+                "space": space,
+                "objective": objective,
+                "preset": study.preset,
+                "config": config,
+                "data": data_identity(study.shared),
+            },
+            default=str,
+        )
+    )
 
 
 def changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """What differs between two identities, one phrase per param or setting, e.g. ``space.k.choices: [8, 16]
-    there, [8] here`` or ``space.lr: added here``."""
+    there, [8] here``, ``space.lr: added here`` or ``config.optim.lr: 0.001 there, 0.002 here``."""
     out = []
     there_space, here_space = stored.get("space", {}), current.get("space", {})
     for name in [*there_space, *(n for n in here_space if n not in there_space)]:
@@ -41,15 +66,25 @@ def changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
         elif name not in there_space:
             out.append(f"space.{name}: added here")
         else:
-            there, here = flatten(there_space[name] or {}), flatten(here_space[name] or {})
-            out += [
-                f"space.{name}.{key}: {there.get(key)!r} there, {here.get(key)!r} here"
-                for key in sorted(set(there) | set(here))
-                if there.get(key) != here.get(key)
-            ]
+            out += _differ(f"space.{name}.", flatten(there_space[name] or {}), flatten(here_space[name] or {}))
     if stored.get("objective") != current.get("objective"):
         out.append(f"objective: {stored.get('objective')!r} there, {current.get('objective')!r} here")
+    if "config" not in stored:
+        out.append("config: not recorded there (a study started without its config in its identity)")
+    else:
+        out += _differ("config.", stored["config"], current.get("config", {}))
+    for key in ("preset", "data"):
+        if stored.get(key) != current.get(key):
+            out.append(f"{key}: {stored.get(key)!r} there, {current.get(key)!r} here")
     return out
+
+
+def _differ(prefix: str, there: dict, here: dict) -> list[str]:
+    return [
+        f"{prefix}{key}: {there.get(key)!r} there, {here.get(key)!r} here"
+        for key in sorted(set(there) | set(here))
+        if there.get(key) != here.get(key)
+    ]
 
 
 def changed(stored: dict[str, Any], study: Study) -> list[str]:

@@ -9,6 +9,7 @@ around a trial (budget, retries of dead workers, failure bookkeeping) lives in :
 from __future__ import annotations
 
 import math
+import threading
 import types
 from typing import Any, Optional
 
@@ -70,6 +71,24 @@ class DivergenceGuard(L.Callback):
             raise Diverged(f"diverged: train/loss={float(self._first[1])} at step {int(self._first[0])}")
 
 
+# Set by a sweep worker's SIGTERM handler, which only notes the signal: the worker stops at the next safe point
+# (a journal write is never cut by it), see sweeps/sweep.py.
+STOP_ASKED = threading.Event()
+
+
+def note_stop(signum: int, frame: Any) -> None:
+    STOP_ASKED.set()
+
+
+class StopWhenAsked(L.Callback):
+    """A stop asked before training started (while the data was prepared) stops the run after its first step, as
+    Lightning's own SIGTERM handler does during ``fit``: the step is saved and the trial put back."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if STOP_ASKED.is_set():
+            trainer._signal_connector.received_sigterm = True  # Lightning's flag: it stops after this step
+
+
 class StepPruning(PyTorchLightningPruningCallback):
     """Optuna's Lightning pruning callback, reporting at the training step instead of the epoch.
 
@@ -95,7 +114,9 @@ def objective(study: Study, trial: optuna.Trial, run: dict[str, Any]) -> float |
         "sweep/objective": ",".join(study.metrics),
     }
     metrics = train(
-        study.config(params, run), callbacks=[DivergenceGuard(), *([pruning] if pruning else [])], hparams=hparams
+        study.config(params, run),
+        callbacks=[DivergenceGuard(), StopWhenAsked(), *([pruning] if pruning else [])],
+        hparams=hparams,
     )
     if pruning is not None:
         pruning.check_pruned()  # a decision taken in a spawned rank (ddp_spawn) surfaces here

@@ -17,10 +17,13 @@ which the next free worker runs, continuing from the dead attempt's last checkpo
 Owner and journal. A journal study is owned by the ``sweep`` command that launched its workers
 (:func:`own_study`: an advisory lock on ``<study dir>/.lock``, see :mod:`foundation.lock`; a second ``sweep`` of
 the same study gets one line naming the owner); RDB studies are shared by design (launchers on several machines
-join one). Optuna appends to the journal in whole lines, fsynced, under its lock; a write killed half-way leaves a
-torn last line. :func:`check_journal` reads every line on open: a torn last line is cut off by the owner before its
+join one). Optuna appends to the journal in whole lines, fsynced, under the journal's lock (:class:`WholeLines`: a
+``flock``, released by the operating system when its holder dies); a write killed half-way leaves a torn last
+line. :func:`check_journal` reads every line on open: a torn last line is cut off by the owner before its
 workers start (saying so) and under Optuna's lock before every append (:class:`WholeLines`), so no record is
-ever appended after half a line; a line before the last that is not a record is refused in one line.
+ever appended after half a line; a line before the last that is not a record is refused in one line. Before
+anything is written, :func:`check_study_folder` refuses a link anywhere in the study's folder, and a known name of
+the wrong type; every file written there is opened without following a link (:mod:`foundation.confined`).
 
 Budget. ``n_trials`` counts finished trials (complete, pruned, failed), except failed trials that were
 retried (their copy counts instead: trials that failed on an input error, interrupted ones and those of dead
@@ -31,6 +34,7 @@ started the last one (see :func:`budget_position`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import socket
@@ -46,11 +50,15 @@ from typing import Iterator, Optional
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal._file import BaseJournalFileLock
 from optuna.trial import FrozenTrial, TrialState
 
+from foundation.atomic import atomic_write_text
+from foundation.confined import check_inside, check_tree, open_inside
 from foundation.errors import ConfigError
-from foundation.lock import Owner
+from foundation.lock import LOCK, Owner
+from foundation.paths import check_folder
 from foundation.redact import redact
 from sweeps.study import Study
 
@@ -61,6 +69,7 @@ GRACE_S = int(os.environ.get("LINFORMER_LAB_HEARTBEAT_GRACE_S", "60"))
 MAX_RETRIES = 2  # a trial that kills its worker every time (out of memory) is given up after this
 DISCARDED = "discarded"  # user attr of a trial started after the budget was met by other workers
 JOURNAL = "journal.log"
+JOURNAL_LOCK = "journal.lock"  # the journal's flock (see WholeLines)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -83,11 +92,7 @@ def _heartbeat_file(study: Study, number: int) -> Path:
 
 def record_heartbeat(study: Study, number: int) -> None:
     """Write ``heartbeats/<number>``: this host and pid, now."""
-    path = _heartbeat_file(study, number)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{number}.{os.getpid()}"
-    tmp.write_text(f"{socket.gethostname()} {os.getpid()}\n")
-    os.replace(tmp, path)
+    atomic_write_text(_heartbeat_file(study, number), f"{socket.gethostname()} {os.getpid()}\n", study.root)
 
 
 def heartbeat_owner(study: Study, number: int) -> Optional[tuple[str, int]]:
@@ -173,7 +178,9 @@ def open_storage(study: Study, url: Optional[str], workers: int = 1, create: boo
             journal = study.root / JOURNAL
             check_journal(journal)
             journal.parent.mkdir(parents=True, exist_ok=True)
-            return JournalStorage(JournalFileBackend(str(journal), lock_obj=WholeLines(journal)))
+            check_inside(study.root, journal)
+            # an absolute path: Optuna's file opens do not depend on the working directory
+            return JournalStorage(JournalFileBackend(str(journal.absolute()), lock_obj=WholeLines(journal)))
         if not create:
             _check_database_exists(url)
         try:
@@ -215,15 +222,46 @@ def own_study(study: Study, url: Optional[str]) -> Optional[Owner]:
     owner = Owner(study.root, f"study {study.name} ({study.root})")
     owner.record()
     check_journal(study.root / JOURNAL, repair=True)
+    optuna_lock = study.root / f"{JOURNAL}.lock"  # Optuna's own symlink lock, which a process that died left
+    if optuna_lock.is_symlink():
+        optuna_lock.unlink()
+        print(f"{optuna_lock}: removed Optuna's journal lock, left by a process that died", file=sys.stderr)
     return owner
 
 
-def set_aside(study: Study) -> Optional[Path]:
-    """Move the study's folder (journal, trial runs, report) to ``<folder>.<UTC time>``, its owner's lock with it;
-    None when there is nothing to move."""
+def check_study_folder(study: Study) -> None:
+    """Before anything is written: the study's folder (and its control's, inside it) holds no link and no known
+    name of the wrong type (:func:`foundation.confined.check_tree`); the folder it lies in is a folder."""
+    check_folder("output_dir", str(study.root.parent))
+    check_tree(
+        study.root,
+        f"study {study.name}",
+        files=(JOURNAL, LOCK, JOURNAL_LOCK, "control/" + JOURNAL, "control/" + LOCK, "control/" + JOURNAL_LOCK),
+        folders=("logs", "heartbeats", "control", "control/heartbeats"),
+    )
+
+
+def aside_path(study: Study) -> Optional[Path]:
+    """Where ``sweep --new-study`` moves the study's folder: ``<folder>.<UTC time>``; None when there is nothing
+    to move. A name already taken is one line (nothing is moved onto it)."""
     if not (study.root / JOURNAL).exists():
         return None
     aside = study.root.with_name(f"{study.root.name}.{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    if os.path.lexists(aside):
+        raise ConfigError(
+            f"--new-study: {aside} already exists, where the earlier study would be moved; move it away or wait a "
+            "second"
+        )
+    return aside
+
+
+def set_aside(study: Study, aside: Optional[Path]) -> Optional[Path]:
+    """Move the study's folder (journal, trial runs, report) to ``aside`` (:func:`aside_path`), its owner's lock
+    with it."""
+    if aside is None:
+        return None
+    if os.path.lexists(aside):
+        raise ConfigError(f"--new-study: {aside} already exists, where the earlier study would be moved")
     study.root.rename(aside)
     return aside
 
@@ -257,7 +295,7 @@ def check_journal(path: Path, repair: bool = False) -> None:
 
 def cut_torn_tail(path: Path) -> None:
     """Cut ``path`` back to its last newline when a write killed half-way left a partial line after it."""
-    with open(path, "rb+") as f:
+    with os.fdopen(open_inside(path.parent, path, os.O_RDWR), "rb+") as f:
         size = f.seek(0, os.SEEK_END)
         end = size
         while end > 0:  # the last newline, read backwards in blocks
@@ -276,18 +314,28 @@ def cut_torn_tail(path: Path) -> None:
     print(f"{path}: removed a torn last line ({size - end} bytes) left by a write killed half-way", file=sys.stderr)
 
 
-class WholeLines(JournalFileSymlinkLock):
-    """Optuna's journal lock (the symlink lock every Optuna process takes by default) that, once acquired and
-    before Optuna appends, cuts off a torn last line: no record is ever appended after half a line."""
+class WholeLines(BaseJournalFileLock):
+    """The journal's lock: ``flock`` on ``journal.lock`` beside it, which the operating system releases when its
+    holder dies, however it dies (Optuna's own symlink lock outlives a killed holder: with a relative path its
+    link dangles and every later process waits on it for good). Acquiring blocks in the kernel, without polling.
+    Once acquired and before Optuna appends, a torn last line is cut off: no record is ever appended after half
+    a line."""
 
     def __init__(self, path: Path) -> None:
-        super().__init__(str(path))
         self.path = Path(path)
+        self._fd: Optional[int] = None
 
     def acquire(self) -> bool:
-        acquired = super().acquire()
+        fd = open_inside(self.path.parent, self.path.parent / JOURNAL_LOCK, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._fd = fd
         cut_torn_tail(self.path)
-        return acquired
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None
 
 
 def storage_display(study: Study, url: Optional[str]) -> str:

@@ -12,8 +12,10 @@ fail stale trials; stop when ``n_trials`` trials are finished (or the timeout ha
 the remaining budget is taken by running trials (one of them may yet die); else run one trial.
 The same command on another machine, against the same ``--storage`` RDB URL, joins the study.
 A trial that fails on an input error is put back uncounted and stops its worker: the command then ends with one
-``error:`` line and exit 2. SIGTERM is passed on to the workers, whose running trials save a checkpoint and are
-put back; the command exits 143.
+``error:`` line and exit 2. SIGTERM (and Ctrl-C) is passed on to the workers as SIGTERM, which a worker only notes:
+at its next safe point (never inside a journal write) its running trial saves a checkpoint and is put back; the
+command exits 143 (130 for Ctrl-C). Before anything is written, a journal study's folder is checked for links and
+wrong-type names (:func:`sweeps.storage.check_study_folder`).
 
 GPUs: the N GPUs this process may use (``CUDA_VISIBLE_DEVICES`` if set, else all; counted through NVML
 without initialising CUDA here) are dealt out as whole blocks of g = N // W per worker: worker i gets GPUs
@@ -41,11 +43,13 @@ import signal
 import sys
 import time
 from multiprocessing.connection import wait
+from pathlib import Path
 from typing import Optional
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from foundation.confined import open_inside
 from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
 from sweeps import identity, storage
 from sweeps.study import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM, Study, load_study, requested_devices, seed_is_categorical
@@ -94,23 +98,35 @@ def check_optuna_arguments(study: Study) -> None:
 
 
 def open_study(study: Study, url: Optional[str], workers: int = 1) -> optuna.Study:
-    """Create the study, or load it: then its stored objective must be the file's (Optuna would silently
-    keep the stored directions, and a changed metric would mix two objectives in one study)."""
+    """Create the study, storing its identity (:mod:`sweeps.identity`), or load it: then its stored identity must
+    be the file's (Optuna would silently keep the stored directions, and a changed config would pool trials of
+    two questions in one study), and a study without one (not created by this suite) is refused."""
     opened = storage.open_storage(study, url, workers)
-    ostudy = optuna.create_study(
-        study_name=study.name,
-        storage=opened,
-        pruner=make_pruner(study),
-        sampler=make_sampler(study, study.spec.sampler.seed),
-        directions=study.directions,
-        load_if_exists=True,
-    )
-    if "objective" not in ostudy.user_attrs:
-        ostudy.set_user_attr("objective", objective_of(study))
-    if identity.IDENTITY not in ostudy.user_attrs:
-        ostudy.set_user_attr(identity.IDENTITY, identity.identity_of(study))
+    options = dict(study_name=study.name, storage=opened, pruner=make_pruner(study))
+    sampler = make_sampler(study, study.spec.sampler.seed)
+    try:
+        ostudy = optuna.load_study(**options, sampler=sampler)
+    except KeyError:  # not there yet: created here, its identity stored at once
+        try:
+            ostudy = optuna.create_study(**options, sampler=sampler, directions=study.directions)
+        except optuna.exceptions.DuplicatedStudyError:  # another launcher created it meanwhile
+            ostudy = _created_elsewhere(study, opened, options, sampler)
+        else:
+            ostudy.set_user_attr("objective", objective_of(study))
+            ostudy.set_user_attr(identity.IDENTITY, identity.identity_of(study))
     check_objective(study, ostudy, url)
     return ostudy
+
+
+def _created_elsewhere(study: Study, opened: object, options: dict, sampler: object) -> optuna.Study:
+    """A study another launcher has just created: loaded once that launcher has stored its identity (a few
+    seconds at most; check_objective refuses it after that)."""
+    deadline = time.monotonic() + 10
+    while True:
+        ostudy = optuna.load_study(**options, sampler=sampler)
+        if identity.IDENTITY in ostudy.user_attrs or time.monotonic() > deadline:
+            return ostudy
+        time.sleep(0.5)
 
 
 def objective_of(study: Study) -> list[str]:
@@ -118,20 +134,26 @@ def objective_of(study: Study) -> list[str]:
 
 
 def check_objective(study: Study, ostudy: optuna.Study, url: Optional[str]) -> None:
-    """The stored study's objective and search space are the file's (see :mod:`sweeps.identity`)."""
+    """The stored study was created by this suite and its identity is the file's (see :mod:`sweeps.identity`)."""
     stored = ostudy.user_attrs.get("objective")
     where = f"{study.path}: study {study.name} in {storage.storage_display(study, url)}"
     again = "run `sweep --new-study` to start it afresh (the earlier study is kept aside) or rename the study"
+    recorded = ostudy.user_attrs.get(identity.IDENTITY)
+    if recorded is None:
+        raise ConfigError(
+            f"{where} was not created by linformer-lab (it carries no identity of ours: another program's study "
+            "of the same name?); refused, its trials are not ours: rename the study or use another storage"
+        )
     if stored is not None and stored != objective_of(study):
         raise ConfigError(
             f"{where} has objective {', '.join(stored)}, the file now says {', '.join(objective_of(study))}: {again}"
         )
-    recorded = ostudy.user_attrs.get(identity.IDENTITY)
-    differ = identity.changed(recorded, study) if recorded is not None else []
+    differ = identity.changed(recorded, study)
     if differ:
         more = f"; and {len(differ) - 4} more" if len(differ) > 4 else ""
+        what = "search space" if all(d.startswith("space.") for d in differ) else "identity"
         raise ConfigError(
-            f"{where} was started with another search space: {'; '.join(differ[:4])}{more}; its trials answer "
+            f"{where} was started with another {what}: {'; '.join(differ[:4])}{more}; its trials answer "
             f"another question: {again}"
         )
 
@@ -233,7 +255,7 @@ def work(
     """One worker process: run the control's trials, then the study's, until each budget is met.
     ``gpus``: its ``CUDA_VISIBLE_DEVICES`` (set before anything here initialises CUDA). Returns an exit code."""
     if log_path is not None:  # lightning, torch and optuna write to fd 1/2: send them all to the log
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = open_inside(Path(log_path).parents[1], Path(log_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
     if gpus is not None:
@@ -257,6 +279,7 @@ def work(
 def _work_on(
     study: Study, url: Optional[str], workers: int, index: int, deadline: Optional[float], wait_for_running: bool
 ) -> None:
+    from sweeps.objective import STOP_ASKED
     from sweeps.trials import run_trial
 
     ostudy = open_study(study, url, workers)
@@ -269,6 +292,8 @@ def _work_on(
         n = study.n_trials
         if (n is not None and state.finished >= n) or (deadline is not None and time.time() > deadline):
             return
+        if STOP_ASKED.is_set():
+            raise Terminated("SIGTERM")
         taken = n is not None and state.finished + state.running >= n
         # a grid study runs its enqueued points only: none waiting means nothing to start
         grid_empty = study.is_grid and not any(t.state == TrialState.WAITING for t in trials)
@@ -286,6 +311,12 @@ def _work_on(
 
 
 def _work_entry(**kwargs) -> None:
+    from sweeps.objective import note_stop
+
+    # A signal never cuts a journal write or a trial's bookkeeping: SIGTERM is only noted (the worker stops at the
+    # next safe point, see sweeps.trials) and Ctrl-C reaches the workers as SIGTERM from the command.
+    signal.signal(signal.SIGTERM, note_stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _optuna_quiet()
     try:
         code = work(**kwargs)
@@ -373,11 +404,12 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     on_sigterm = signal.signal(signal.SIGTERM, _terminated)
     try:
         follow(study, ostudies, procs)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # passed on as SIGTERM: each worker puts its trial back at a safe point
         for p in procs:
-            p.join(timeout=30)
             if p.is_alive():
                 p.terminate()
+        for p in procs:
+            p.join(timeout=120)
         print("interrupted: run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Terminated:  # a scheduler's preemption: each worker saves its trial's checkpoint and puts it back
@@ -601,11 +633,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"study OK: {study.name}, {trials}{control}; nothing written")
         return 0
     _optuna_quiet()
+    if args.storage is None:
+        storage.check_study_folder(study)
     if not args.new_study:
         check_stored(study, args.storage)
     if args.new_study:
+        aside = storage.aside_path(study)
         with storage.own_study(study, None):  # no other sweep runs it
-            aside = storage.set_aside(study)
+            aside = storage.set_aside(study, aside)
         if aside is not None:
             print(f"study {study.name}: the earlier study moved to {aside}; starting afresh", flush=True)
     with storage.own_study(study, args.storage) or contextlib.nullcontext():  # one sweep command per study

@@ -10,6 +10,9 @@
   copied into the new one (TensorBoard events, checkpoint with its RNG states) and the run resumes there, so it
   ends exactly as an uninterrupted run would; the attempt's intermediate values up to that step are reported
   again, so pruners see the whole curve (user attr ``resumed_from``: ``{trial, step}``);
+* a SIGTERM (or Ctrl-C, which the ``sweep`` command passes on as SIGTERM) is noted by the worker, never kills it
+  mid-write: a trial asked to stop before it trains, or while it trains (its step saved), is put back; one that
+  has finished training is recorded; the worker then exits 143 (``sweeps.objective.STOP_ASKED``);
 * :func:`record_failure`: a failed trial keeps its reason (user attr ``fail_reason``); an interrupted or
   terminated one is re-enqueued for the resumed study; one that failed on an input error (a ``ConfigError``: the
   same for every process, e.g. a data file that is missing or an accelerator this machine lacks) is re-enqueued
@@ -33,7 +36,7 @@ from foundation.checkpoint import read_checkpoint
 from foundation.errors import ConfigError, Terminated
 from foundation.rundir import CHECKPOINT
 from sweeps import storage
-from sweeps.objective import Diverged, objective
+from sweeps.objective import STOP_ASKED, Diverged, objective
 from sweeps.study import Study
 
 INPUT_ERROR = "input_error"  # user attr of a trial that failed on an input error (put back, not counted)
@@ -52,12 +55,14 @@ def run_trial(study: Study, trial: optuna.Trial, url: Optional[str]) -> float | 
         discard_over_budget(study, trial, trials, frozen)
         run_dir = study.root / f"trial_{trial.number}"
         trial.set_user_attr("run_dir", str(run_dir))
-        run = {
-            "experiment": study.name,
-            "run_dir": str(run_dir),
-            **continue_dead_attempt(trial, trials, frozen, run_dir),
-        }
         try:
+            run = {
+                "experiment": study.name,
+                "run_dir": str(run_dir),
+                **continue_dead_attempt(trial, trials, frozen, run_dir),
+            }
+            if STOP_ASKED.is_set():  # asked to stop before training: put back untouched
+                raise Terminated(f"trial {trial.number}: stopped by SIGTERM before it trained")
             return objective(study, trial, run)
         except optuna.TrialPruned:
             raise

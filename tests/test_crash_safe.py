@@ -632,7 +632,7 @@ def test_a_study_whose_space_changed_is_refused_and_new_study_sets_the_earlier_a
     with pytest.raises(ConfigError, match=r"was started with another search space: space\.optim\.lr: added here"):
         check_stored(changed, None)
     journal = (started.root / storage.JOURNAL).read_bytes()
-    aside = storage.set_aside(changed)
+    aside = storage.set_aside(changed, storage.aside_path(changed))
     assert not started.root.exists() and (aside / storage.JOURNAL).read_bytes() == journal  # nothing lost
     check_stored(changed, None)  # a new study
     capsys.readouterr()

@@ -187,6 +187,128 @@ def zero_inside(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def linked(w, name: str, inside: str) -> Path:
+    """A copy of the trained run in which ``inside`` (a file or folder of it) is a link to a file outside it."""
+    run = w.root / name
+    if not run.exists():
+        outside = w.files / f"{name}.outside"
+        outside.write_text("not the run's\n")
+        shutil.copytree(w.trained, run)
+        target = run / inside.rstrip("/")
+        remove(target)
+        target.symlink_to(w.files if inside.endswith("/") else outside)
+    return run
+
+
+def remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def wrong_type(w, name: str, inside: str, folder: bool) -> Path:
+    """A copy of the trained run in which ``inside`` is a folder (``folder``) or a file where the other belongs."""
+    run = w.root / name
+    if not run.exists():
+        shutil.copytree(w.trained, run)
+        target = run / inside
+        remove(target)
+        if folder:
+            target.mkdir()
+        else:
+            target.write_text("x\n")
+    return run
+
+
+def study_folder(w, name: str, build: Callable[[Path], None]) -> Path:
+    """A study file whose folder ``build`` prepares (a link, a wrong type)."""
+    root = w.root / "runs" / name
+    if not os.path.lexists(root):
+        root.parent.mkdir(parents=True, exist_ok=True)
+        build(root)
+    return w.study(f"s_{name}.yaml", study=name)
+
+
+def journal_with_a_link(root: Path) -> None:
+    root.mkdir()
+    (root / "journal.log").symlink_to(root.parent.parent / "files" / "victim.txt")
+    (root.parent.parent / "files" / "victim.txt").write_text("someone else's file\n")
+
+
+def lock_folder(root: Path) -> None:
+    root.mkdir()
+    (root / ".lock").mkdir()
+
+
+def new_study_target_taken(w) -> Path:
+    """A started study whose --new-study target names (this second and the next ones) already exist."""
+    import time
+
+    from sweeps.study import load_study
+    from sweeps.sweep import open_study
+
+    path = w.study("s_aside.yaml", study="aside")
+    study = load_study(path)
+    if not (study.root / "journal.log").exists():
+        open_study(study, None)
+    now = time.time()
+    for ahead in range(0, 30):
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now + ahead))
+        study.root.with_name(f"aside.{stamp}").mkdir(exist_ok=True)
+    return path
+
+
+def overrides_changed(w) -> Path:
+    """A study started with one shared config, and its file's overrides now another."""
+    from sweeps.study import load_study
+    from sweeps.sweep import open_study
+
+    first = w.study("s_ovr_started.yaml", study="overrides")
+    if not (w.root / "runs" / "overrides" / "journal.log").exists():
+        open_study(load_study(first), None)
+    changed = yaml.safe_load(first.read_text())
+    changed["overrides"]["optim.lr"] = 0.002
+    return w.write("s_ovr_changed.yaml", yaml.safe_dump(changed))
+
+
+def foreign_study(w) -> Path:
+    """A journal holding a study of the same name that another program created (no identity of ours)."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    journal = w.root / "runs" / "foreign" / "journal.log"
+    if not journal.exists():
+        journal.parent.mkdir(parents=True)
+        theirs = optuna.create_study(study_name="foreign", storage=JournalStorage(JournalFileBackend(str(journal))))
+        theirs.add_trial(
+            optuna.trial.create_trial(
+                params={"seed": 0}, distributions={"seed": optuna.distributions.IntDistribution(0, 1)}, value=0.1
+            )
+        )
+        for leftover in journal.parent.glob("journal.log.lock"):
+            leftover.unlink()
+    return w.study("s_foreign.yaml", study="foreign")
+
+
+# Strings that double at every level: 110 characters become 10^10 once resolved.
+INTERPOLATION_BOMB = (
+    "data:\n  subset: "
+    + "x" * 100
+    + "\n"
+    + "".join(
+        f"  {key}: {('${data.' + previous + '}') * 10}\n"
+        for previous, key in zip(
+            ("subset", "text_pair_column", "source", "cache_dir", "text_column"),
+            ("text_pair_column", "source", "cache_dir", "text_column", "label_column"),
+        )
+    )
+    + "experiment: "
+    + "${data.label_column}" * 100
+    + "\n"
+)
+
 STRING_LABELS = "text,label\n" + "".join(f"review {i},positive\n" for i in range(20))
 
 
@@ -225,7 +347,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     # metrics.json is replaced at the end: a resumed run that would train 2 steps and only then fail to write it
     "train/resume with metrics.json a folder": (
         lambda w: train(w, f"run_dir={spoiled_run(w, 'r_mdir', metrics_folder)}", "resume=true", "trainer.max_steps=4"),
-        "metrics.json: not a file; the resumed run would replace it",
+        "metrics.json is a folder where a file belongs",
     ),
     "train/resume with a truncated metrics.json": (
         lambda w: train(
@@ -322,6 +444,36 @@ CASES: dict[str, tuple[Callable, str]] = {
     "train/yaml file too large": (
         lambda w: ["train", str(w.write("big.yaml", "# " + "x" * (1 << 20) + "\n"))],
         "more than the",
+    ),
+    "train/yaml interpolation bomb": (
+        lambda w: ["train", str(w.write("ibomb.yaml", INTERPOLATION_BOMB))],
+        "would resolve to more than 100,000 characters",
+    ),
+    # links and wrong types in a run directory: found before anything is written
+    "train/resume with its lock a link": (
+        lambda w: train(w, f"run_dir={linked(w, 'l_lock', '.lock')}", "resume=true", "trainer.max_steps=4"),
+        ".lock is a symbolic link",
+    ),
+    "train/resume with its checkpoints folder a link": (
+        lambda w: train(w, f"run_dir={linked(w, 'l_ckpt', 'checkpoints/')}", "resume=true", "trainer.max_steps=4"),
+        "checkpoints is a symbolic link",
+    ),
+    "train/resume with metrics.json a link": (
+        lambda w: train(w, f"run_dir={linked(w, 'l_metrics', 'metrics.json')}", "resume=true", "trainer.max_steps=4"),
+        "metrics.json is a symbolic link",
+    ),
+    "train/resume with its lock a folder": (
+        lambda w: train(w, f"run_dir={wrong_type(w, 'w_lock', '.lock', True)}", "resume=true"),
+        ".lock is a folder where a file belongs",
+    ),
+    # a resume that could not save its checkpoint: refused before it trains, not at its first save
+    "train/resume with checkpoints a file": (
+        lambda w: train(w, f"run_dir={wrong_type(w, 'w_ckdir', 'checkpoints', False)}", "resume=true"),
+        "checkpoints is a file where a folder belongs",
+    ),
+    "train/resume with last.ckpt a folder": (
+        lambda w: train(w, f"run_dir={wrong_type(w, 'w_last', str(CHECKPOINT), True)}", "resume=true"),
+        "last.ckpt is a folder where a file belongs",
     ),
     # silent corruption
     "train/resume zeroed checkpoint": (
@@ -440,6 +592,34 @@ CASES: dict[str, tuple[Callable, str]] = {
         "was started with another search space: space.optim.lr: added here",
     ),
     "sweep/journal with a garbage line": (lambda w: ["sweep", str(garbled(w))], "line 2 of 3 is not a journal record"),
+    "sweep/a link in the study folder": (
+        lambda w: ["sweep", str(study_folder(w, "linked", journal_with_a_link))],
+        "journal.log is a symbolic link",
+    ),
+    "sweep/its lock a folder": (
+        lambda w: ["sweep", str(study_folder(w, "lockdir", lock_folder))],
+        ".lock is a folder where a file belongs",
+    ),
+    "sweep/the study folder a file": (
+        lambda w: ["sweep", str(study_folder(w, "afile", lambda root: root.write_text("x\n")))],
+        "is a file, not a folder",
+    ),
+    "sweep/--new-study onto a name that exists": (
+        lambda w: ["sweep", str(new_study_target_taken(w)), "--new-study"],
+        "already exists, where the earlier study would be moved",
+    ),
+    "sweep/a study whose overrides changed since it started": (
+        lambda w: ["sweep", str(overrides_changed(w))],
+        "was started with another identity: config.optim.lr: 0.001 there, 0.002 here",
+    ),
+    "sweep/a study of the same name that another program created": (
+        lambda w: ["sweep", str(foreign_study(w))],
+        "was not created by linformer-lab",
+    ),
+    "report/a study of the same name that another program created": (
+        lambda w: ["report", str(foreign_study(w))],
+        "was not created by linformer-lab",
+    ),
     "report/journal with a garbage line": (
         lambda w: ["report", str(garbled(w))],
         "line 2 of 3 is not a journal record",

@@ -15,7 +15,9 @@ checkpoint files of :mod:`foundation.checkpoint`:
 - :func:`check_same_config`: a resumed run continues the run that was started, so its config must equal the
   stored ``config.yaml`` except the keys of :data:`MAY_CHANGE_ON_RESUME` (where files go, how long it trains, how
   often it logs, threads and loader processes); any other difference is one line listing the keys, before any
-  file of the run is touched.
+  file of the run is touched;
+- :func:`check_same_data`: and its data must be the data it started with: the fingerprint of its corpus files
+  (:func:`data_identity`, kept in ``data.json``) and its ``tokenizer.json``, which is never replaced by another.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import lightning as L
 import numpy as np
@@ -39,9 +41,12 @@ from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
+from foundation.checked import read_json
 from foundation.checkpoint import read_checkpoint
 from foundation.configfile import flatten, read_yaml, to_container
+from foundation.confined import open_inside
 from foundation.errors import ConfigError
+from foundation.rundir import TOKENIZER
 from training import config as run_config
 
 _STATE_KEY = "resume_state"
@@ -243,7 +248,11 @@ def rollback_events(run_dir: Path, state: dict[str, Any]) -> None:
         if size is None:
             path.unlink()
         elif path.stat().st_size > size:
-            os.truncate(path, size)
+            fd = open_inside(run_dir, path, os.O_WRONLY)  # never the target of a link planted here
+            try:
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
 
 
 # --------------------------------------------------------------------------------------- same config
@@ -280,3 +289,40 @@ def check_same_config(cfg: DictConfig, run_dir: Path) -> None:
         f"resume: {Path(run_dir) / CONFIG} differs at {shown}{more}; a resumed run may change only "
         f"{', '.join(MAY_CHANGE_ON_RESUME[1:])} (start a new run for another config)"
     )
+
+
+# --------------------------------------------------------------------------------------- same data
+DATA = "data.json"
+SYNTHETIC_TASKS = ("recall", "listops")  # data drawn from the config itself: the config is its identity
+
+
+def data_identity(cfg: DictConfig) -> str:
+    """A short digest of the data a run trains on: the fingerprint of ``data.source``'s files (or of the hub id)
+    and of ``data.tokenizer.path`` (:func:`datamodules.corpus.data_fingerprint`); ``synthetic`` for tasks whose
+    data the config draws."""
+    if cfg.task in SYNTHETIC_TASKS:
+        return "synthetic"
+    from datamodules.corpus import data_fingerprint
+
+    return data_fingerprint(cfg.data)
+
+
+def check_same_data(cfg: DictConfig, run_dir: Path, tokenizer: Optional[str]) -> None:
+    """Refuse to resume ``run_dir`` on data other than its own: the fingerprint its ``data.json`` records, and its
+    ``tokenizer.json`` against ``tokenizer`` (the one the data gives now, as JSON; None without one). One line."""
+    run_dir = Path(run_dir)
+    recorded = run_dir / DATA
+    if recorded.exists():
+        there, here = read_json(recorded).get("fingerprint"), data_identity(cfg)
+        if there != here:
+            raise ConfigError(
+                f"resume: the data of {run_dir} changed since it started (fingerprint {there} in {recorded}, "
+                f"{here} now: {cfg.data.source} edited or replaced?); a resumed run trains on the data it started "
+                "with: restore it, or start a new run"
+            )
+    saved = run_dir / TOKENIZER
+    if tokenizer is not None and saved.is_file() and saved.read_text(encoding="utf-8") != tokenizer:
+        raise ConfigError(
+            f"resume: {saved} differs from the tokenizer the data gives now (the corpus changed?); it is never "
+            "replaced: restore the data, or start a new run"
+        )

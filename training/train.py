@@ -34,19 +34,32 @@ from omegaconf import DictConfig, OmegaConf
 from foundation.atomic import atomic_write_text, write_json
 from foundation.checked import read_json
 from foundation.checkpoint import AtomicCheckpointIO, check_architecture, read_checkpoint
+from foundation.confined import check_tree
 from foundation.errors import ConfigError, Terminated
-from foundation.lock import Owner
+from foundation.lock import LOCK, Owner
+from foundation.paths import check_folder
 from foundation.rundir import CHECKPOINT, TOKENIZER, choose_run_dir, shared_with_ranks
 from lightning_modules.callbacks import RunMetrics, SpectrumMonitor, TrainingFlops
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.language_model import EXAMPLES
 from lightning_modules.optim import fuse_checkpoint
 from training import config as run_config
-from training.resume import LastCheckpoint, StopTogether, adopt_final_state, check_same_config, rollback_events
+from training.resume import (
+    DATA,
+    LastCheckpoint,
+    StopTogether,
+    adopt_final_state,
+    check_same_config,
+    check_same_data,
+    data_identity,
+    rollback_events,
+)
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
 FORKING_STRATEGIES = ("ddp_fork", "ddp_notebook")
 METRICS = "metrics.json"
+# What a run directory holds as files (a resume refuses a folder or a link in their place)
+RUN_FILES = (LOCK, "config.yaml", DATA, str(TOKENIZER), METRICS, str(CHECKPOINT))
 
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
@@ -139,10 +152,16 @@ def check_resume(cfg: DictConfig) -> None:
     """A resumed run continues the run that was started and can write its end: its config equals the stored
     ``config.yaml`` (keys of ``MAY_CHANGE_ON_RESUME`` aside), and the ``metrics.json`` it will replace (or move to
     ``metrics.step_<N>.json``) is a readable JSON file. Checked before the data is prepared, anything written or
-    a step trained; a problem is one ConfigError line. Nothing to check for a new run."""
+    a step trained; a problem is one ConfigError line. Nothing to check for a new run.
+
+    The run directory holds no link and no known name of the wrong type (a folder where ``.lock`` or
+    ``last.ckpt`` belongs, a file where ``checkpoints/`` belongs: :func:`foundation.confined.check_tree`), and its
+    checkpoint folder takes a new file: a resume that could not save fails here, not at its first save."""
     if not cfg.resume:
         return
     run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, True, rank_zero_only.rank)
+    check_tree(run_dir, "resume", files=RUN_FILES, folders=(str(CHECKPOINT.parent),))
+    check_folder("resume: checkpoints", str(run_dir / CHECKPOINT.parent))
     check_same_config(cfg, run_dir)
     try:
         kept = _earlier_metrics(run_dir)
@@ -205,9 +224,10 @@ def _open_run_dir(
             owner.record()
             if resume_state is not None:
                 rollback_events(run_dir, resume_state)
-            atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+            atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True), run_dir)
+            write_json(run_dir / DATA, {"fingerprint": data_identity(cfg)}, run_dir)  # a resume checks it
             if getattr(datamodule, "tokenizer", None) is not None:  # fine-tuning from this run encodes text with it
-                atomic_write_text(run_dir / TOKENIZER, datamodule.tokenizer.to_str())
+                atomic_write_text(run_dir / TOKENIZER, datamodule.tokenizer.to_str(), run_dir)
             if resume_state is not None:
                 _keep_earlier_metrics(run_dir)
     except BaseException:
@@ -260,7 +280,7 @@ def _trainer(cfg: DictConfig, run_dir: Path, logger: TensorBoardLogger, callback
         enable_model_summary=False,
         default_root_dir=str(run_dir),
         logger=logger,
-        plugins=[AtomicCheckpointIO()],
+        plugins=[AtomicCheckpointIO(inside=run_dir)],
         callbacks=[*callbacks, bar],
     )
 
@@ -429,6 +449,10 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
     datamodule = build_datamodule(cfg)
     datamodule.prepare_data()
     datamodule.setup("fit")
+    if cfg.resume:  # the data it started with, before anything is written
+        tokenizer = getattr(datamodule, "tokenizer", None)
+        run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, True, rank_zero_only.rank)
+        check_same_data(cfg, run_dir, tokenizer.to_str() if tokenizer is not None else None)
     module = build_module_or_refuse(cfg, datamodule)
     run_dir, resume_from, done, owner = _open_run_dir(cfg, datamodule, module)  # the first write
     if done is not None:
@@ -490,7 +514,7 @@ def _fit(
             global_step = adopt_final_state(trainer, run_dir / CHECKPOINT)
         metrics = run_metrics_of(trainer, module, datamodule, best, run, flops, global_step, started, run_dir)
     if trainer.is_global_zero:
-        write_json(run_dir / METRICS, metrics)
+        write_json(run_dir / METRICS, metrics, run_dir)
     return metrics
 
 
