@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 import zipfile
@@ -79,9 +80,17 @@ def _atomic_torch_save(obj: Any, path: Path, inside: Optional[Path] = None) -> N
     atomic_write(path, lambda f: torch.save(obj, f), inside)
 
 
+def _named_inside(root: Path, path: Path) -> bool:
+    """``path`` is named inside ``root``, as written (no link resolved)."""
+    root, path = Path(os.path.abspath(root)), Path(os.path.abspath(path))
+    return root == path or root in path.parents
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints saved by write-sync-rename in the target's folder and loaded with ``weights_only=True``;
-    ``inside``: the run directory, which a checkpoint's folder, links resolved, must not leave."""
+    ``inside``: the run directory, which a checkpoint named inside it must not leave, links resolved. A path named
+    outside it is Lightning's own (spawn strategies hand the trained weights back through a checkpoint in a fresh
+    temporary folder) and is written as it is."""
 
     def __init__(self, inside: Optional[Path] = None) -> None:
         super().__init__()
@@ -91,10 +100,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         path = Path(path)
-        if self.inside is not None:
-            check_inside(self.inside, path)  # before the folder is made: never one through a link
+        inside = self.inside if self.inside is not None and _named_inside(self.inside, path) else None
+        if inside is not None:
+            check_inside(inside, path)  # before the folder is made: never one through a link
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_torch_save(checkpoint, path, self.inside)
+        _atomic_torch_save(checkpoint, path, inside)
 
     def load_checkpoint(self, path, map_location: Optional[Callable] = None, weights_only: Optional[bool] = None):
         return _load(path)

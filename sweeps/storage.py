@@ -51,7 +51,6 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
-from optuna.storages.journal._file import BaseJournalFileLock
 from optuna.trial import FrozenTrial, TrialState
 
 from foundation.atomic import atomic_write_text
@@ -314,12 +313,13 @@ def cut_torn_tail(path: Path) -> None:
     print(f"{path}: removed a torn last line ({size - end} bytes) left by a write killed half-way", file=sys.stderr)
 
 
-class WholeLines(BaseJournalFileLock):
-    """The journal's lock: ``flock`` on ``journal.lock`` beside it, which the operating system releases when its
-    holder dies, however it dies (Optuna's own symlink lock outlives a killed holder: with a relative path its
-    link dangles and every later process waits on it for good). Acquiring blocks in the kernel, without polling.
-    Once acquired and before Optuna appends, a torn last line is cut off: no record is ever appended after half
-    a line."""
+class WholeLines:
+    """The journal's lock (what ``JournalFileBackend(lock_obj=…)`` calls, ``acquire`` and ``release``: the interface
+    of Optuna's file locks, whose base class is private): ``flock`` on ``journal.lock`` beside it, which the operating
+    system releases when its holder dies, however it dies (Optuna's own symlink lock outlives a killed holder: with a
+    relative path its link dangles and every later process waits on it for good). Acquiring blocks in the kernel,
+    without polling. Once acquired and before Optuna appends, a torn last line is cut off: no record is ever appended
+    after half a line."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
