@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, Optional
 import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -42,6 +42,8 @@ from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.language_model import EXAMPLES
 from lightning_modules.optim import fuse_checkpoint
 from training import config as run_config
+from training.answer import Objective, ObjectiveMetrics, ending_lines, objective_of
+from training.console import progress, quiet_third_parties
 from training.resume import LastCheckpoint, StopTogether, adopt_final_state, check_same_config, rollback_events
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
@@ -101,10 +103,39 @@ def _capability_in_a_child() -> tuple[int, int]:
         return tuple(pool.apply(torch.cuda.get_device_capability))
 
 
+# The HPARAMS columns: what tells runs apart (the attention kind and all its options, size, lr, seed, steps), not
+# every config key; a sweep adds its trial's parameters (train's ``hparams``).
+HP_KEYS = (
+    "experiment",
+    "task",
+    "seed",
+    "init_from",
+    "model.max_len",
+    "model.d_model",
+    "model.n_heads",
+    "model.n_layers",
+    "model.d_ff",
+    "model.norm",
+    "model.init_std",
+    "data.source",
+    "data.tokenizer.kind",
+    "data.batch_size",
+    "optim.lr",
+    "optim.warmup_steps",
+    "trainer.max_steps",
+)
+HP_BY_TASK = {"mlm": ("data.mask_prob",), "recall": ("data.mqar.",), "listops": ("data.listops.",)}
+
+
 def _hparams(cfg: DictConfig) -> dict[str, Any]:
-    """Flat scalar hyper-parameters for TensorBoard's HPARAMS tab (lists become strings)."""
+    """The flat scalar hyper-parameters of the HPARAMS tab (lists become strings): :data:`HP_KEYS`,
+    ``model.attention.*`` and the task's own data keys (:data:`HP_BY_TASK`)."""
     flat = run_config.flatten(run_config.to_container(cfg))
-    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in flat.items()}
+    wanted = (*HP_BY_TASK.get(cfg.task, ()), "model.attention.")
+    if cfg.data.tokenizer.kind == "bpe":
+        wanted += ("data.tokenizer.vocab_size",)
+    kept = {k: v for k, v in flat.items() if k in HP_KEYS or k.startswith(wanted)}
+    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in kept.items()}
 
 
 def finished_metrics(run_dir: Path, saved_step: int, max_steps: int) -> Optional[dict[str, Any]]:
@@ -216,12 +247,18 @@ def _open_run_dir(
 
 
 def _logger(
-    cfg: DictConfig, module: L.LightningModule, run_dir: Path, resumed: bool, hparams: Optional[dict]
+    cfg: DictConfig,
+    module: L.LightningModule,
+    run_dir: Path,
+    resumed: bool,
+    hparams: Optional[dict],
+    answer: ObjectiveMetrics,
 ) -> TensorBoardLogger:
-    """TensorBoard logger of the run; a new run first records its HPARAMS (a resumed one has them)."""
+    """TensorBoard logger of the run; a new run first records its HPARAMS (a resumed one has them): the module's
+    metrics, the objective and its context gain (``answer``)."""
     logger = TensorBoardLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name, default_hp_metric=False)
     if not resumed:
-        hp_metrics = getattr(module, "hp_metrics", HP_METRICS)  # a module may declare its own
+        hp_metrics = dict.fromkeys([*answer.tags(), *getattr(module, "hp_metrics", HP_METRICS)])  # a module's own
         logger.log_hyperparams({**_hparams(cfg), **(hparams or {})}, metrics={m: math.nan for m in hp_metrics})
         # Flushed and closed: the writer reopens on next use, in the process that uses it (its thread would
         # not survive into the ranks that strategy=ddp_fork forks, which would then hang on their first flush).
@@ -250,8 +287,7 @@ def trainer_arguments(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _trainer(cfg: DictConfig, run_dir: Path, logger: TensorBoardLogger, callbacks: list[L.Callback]) -> L.Trainer:
-    # The bar reads its metrics (train/loss) back from the device when it refreshes: as often as the loggers.
-    bar = TQDMProgressBar(refresh_rate=max(1, cfg.trainer.log_every_n_steps))
+    bar = progress(cfg.trainer.log_every_n_steps)
     return L.Trainer(
         **trainer_arguments(cfg),
         num_sanity_val_steps=0,
@@ -345,6 +381,14 @@ def _final_scores(
     return final
 
 
+def run_objective(cfg: DictConfig, datamodule: Optional[L.LightningDataModule] = None) -> Objective:
+    """The number this run answers with (training/answer.py); a masked LM splits its targets by BERT's rule."""
+    from datamodules.language_model import MLMDataModule
+
+    groups = getattr(datamodule, "target_groups", MLMDataModule.target_groups if cfg.task == "mlm" else ())
+    return objective_of(cfg.task, groups)
+
+
 def build_module_or_refuse(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.LightningModule:
     """The run's LightningModule; a failed allocation of its weights is one config line, before any write."""
     try:
@@ -418,6 +462,7 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         hparams: extra entries for the HPARAMS tab (e.g. a sweep trial's parameters).
     """
     started = time.time()
+    quiet_third_parties()
     check_machine(cfg)
     preflight(cfg)
     check_resume(cfg)
@@ -450,7 +495,9 @@ def _fit(
     started: float,
 ) -> dict[str, Any]:
     """Train in the opened run directory and write its ``metrics.json``."""
-    logger = _logger(cfg, module, run_dir, resume_from is not None, hparams)
+    study_metrics = str((hparams or {}).get("sweep/objective", "")).split(",")
+    answer = ObjectiveMetrics(run_objective(cfg, datamodule), [m for m in study_metrics if m.startswith("val/")])
+    logger = _logger(cfg, module, run_dir, resume_from is not None, hparams, answer)
     run, flops = RunMetrics(), TrainingFlops()
     # Modules with a checkpoint_monitor (classifiers) also keep their best validation step, which is tested.
     monitor, mode = getattr(module, "checkpoint_monitor", (None, "min"))
@@ -475,6 +522,7 @@ def _fit(
             run,
             flops,
             *callbacks,
+            answer,
             *([SpectrumMonitor(every)] if every > 0 else []),
             *([best] if best else []),
             StopTogether(),
@@ -521,6 +569,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def gpu_note(cfg: DictConfig) -> Optional[str]:
+    """For a config that answers its question only on a GPU (``answers_on: gpu``), run on a machine without one:
+    the sentence that says so; else None."""
+    on_gpu = cfg.trainer.accelerator in ("gpu", "cuda") or (
+        cfg.trainer.accelerator == "auto" and torch.cuda.device_count() > 0
+    )
+    if cfg.answers_on != "gpu" or on_gpu:
+        return None
+    return (
+        f"{cfg.experiment} needs a GPU to answer its question (the header of its config file says why); on a CPU "
+        "expect it to stay near the no-context level. experiments/configs/bytes_mlm.yaml and the Linformer "
+        "ablations on it learn on a CPU in minutes."
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     cfg = run_config.load(args.config, args.overrides)
     if args.check:
@@ -530,6 +593,8 @@ def main(args: argparse.Namespace) -> int:
             "nothing written"
         )
         return 0
+    if (note := gpu_note(cfg)) is not None:
+        print(f"note: {note}", flush=True)
     metrics = train(cfg)
     if metrics["global_step"] < cfg.trainer.max_steps:  # a run that did not finish never exits 0
         print(
@@ -538,13 +603,5 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"run directory: {metrics['run_dir']}")
-    shown = [f"{k} {metrics[k]:.4g}" for k in ("val/ppl", "val/loss", "val/accuracy") if k in metrics]
-    print("  ".join(shown + [f"{metrics['tokens_per_sec']:.0f} tokens/s"]))
-    if "test/accuracy" in metrics:
-        print(
-            f"test/accuracy {metrics['test/accuracy']:.4f}  test/f1 {metrics['test/f1']:.4f} "
-            f"(best validation checkpoint)"
-        )
-    print(f"tensorboard --logdir {Path(metrics['run_dir']).parent} --host 127.0.0.1")
+    print("\n".join(ending_lines(run_objective(cfg), metrics, gpu_note(cfg))))
     return 0
