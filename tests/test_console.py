@@ -93,12 +93,16 @@ def test_a_run_ends_with_its_objective_and_shows_a_bar_in_a_zero_width_terminal_
 
 
 def test_without_a_terminal_progress_is_plain_lines_and_hparams_carry_the_objective_and_gain(tmp_path, capsys):
+    assert cli.main(["train", *tiny_bytes(tmp_path), "--check"]) == 0
+    checked = capsys.readouterr().out
     assert cli.main(["train", *tiny_bytes(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^step 6/6 \(100%\)  validated  train/loss [\d.]+  elapsed \d+:\d\d  left 0:00$", out, re.M)
     assert "it/s" not in out and "v_num" not in out
     run = tmp_path / "runs" / "bytes_mlm" / "version_0"
     metrics = json.loads((run / "metrics.json").read_text())
+    # --check counts the model the run builds: the byte vocabulary (261), not the BPE size of base.yaml
+    assert f"mlm, linformer attention, {metrics['parameters']:,} parameters; nothing written" in checked
     acc = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     content = acc.PluginTagToContent("hparams")
@@ -153,3 +157,16 @@ def test_a_sweep_progress_line_counts_trials_and_projects_the_time_left_at_this_
     assert progress_line(5, 12, 2, 360.0) == "progress: 5/12 trials, 6:00 elapsed, about 14:00 left"
     assert progress_line(2, 12, 2, 30.0) == "progress: 2/12 trials, 0:30 elapsed"  # no pace yet
     assert progress_line(4, None, 0, 3700.0) == "progress: 4/∞ trials, 1:01:40 elapsed"
+
+
+def test_check_counts_the_parameters_of_the_recall_model_it_will_build(tmp_path):
+    from training import config as run_config
+    from training.train import build_datamodule, build_module, check_parameters
+
+    cfg = run_config.load(
+        REPO / "experiments" / "configs" / "mqar.yaml", ["data.mqar.n_train=64", "data.mqar.n_val=32"]
+    )
+    datamodule = build_datamodule(cfg)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    assert check_parameters(cfg) == (build_module(cfg, datamodule).n_parameters, True)

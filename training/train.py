@@ -358,6 +358,39 @@ def model_parameters(cfg: DictConfig, vocab_size: Optional[int] = None) -> int:
     return count_parameters(encoder)
 
 
+def check_parameters(cfg: DictConfig) -> tuple[int, bool]:
+    """What ``train --check`` reports: the trainable parameters of the run's LightningModule (encoder and head),
+    built on the meta device with the vocabulary and classes its data will have, and whether that is exact. It is
+    exact for bytes, MQAR and ListOps; a BPE's trained vocabulary can stay below data.tokenizer.vocab_size (then it
+    is an upper bound) and a classification task without data.classify.num_labels learns its classes from the data
+    (2 assumed)."""
+    import types
+
+    from datamodules.language_model import MLMDataModule
+    from datamodules.listops import ListOpsDataModule
+    from datamodules.tokenizer import NUM_SPECIAL
+
+    exact = True
+    if cfg.task == "recall":
+        vocab = 1 + cfg.data.mqar.vocab_size  # [PAD] + keys + values (datamodules/mqar.py)
+    elif cfg.task == "listops":
+        vocab = ListOpsDataModule.vocab_size
+    elif cfg.data.tokenizer.kind == "byte" and cfg.data.tokenizer.path is None:
+        vocab = 256 + NUM_SPECIAL
+    else:
+        vocab, exact = cfg.data.tokenizer.vocab_size, False
+    labels = ListOpsDataModule.num_labels if cfg.task == "listops" else cfg.data.classify.num_labels
+    if cfg.task == "classify" and labels is None:
+        labels, exact = 2, False
+    data = types.SimpleNamespace(
+        vocab_size=vocab, num_labels=labels, target_groups=MLMDataModule.target_groups if cfg.task == "mlm" else ()
+    )
+    built = cfg.copy()
+    built.init_from = None  # the count does not depend on the weights a classifier starts from
+    with torch.device("meta"):
+        return build_module(built, data).n_parameters, exact
+
+
 def _final_scores(
     trainer: L.Trainer,
     module: L.LightningModule,
@@ -588,9 +621,11 @@ def main(args: argparse.Namespace) -> int:
     cfg = run_config.load(args.config, args.overrides)
     if args.check:
         check_resume(cfg)
+        preflight(cfg)
+        n, exact = check_parameters(cfg)
         print(
-            f"config OK: {cfg.task}, {cfg.model.attention.kind} attention, about {preflight(cfg):,} parameters; "
-            "nothing written"
+            f"config OK: {cfg.task}, {cfg.model.attention.kind} attention, {'' if exact else 'at most '}{n:,} "
+            "parameters; nothing written"
         )
         return 0
     if (note := gpu_note(cfg)) is not None:
