@@ -183,3 +183,23 @@ def test_a_report_advises_the_gpu_preset_only_where_the_study_file_has_one(tmp_p
     assert advice_of(SimpleNamespace(path=with_gpu, preset="cpu")) == "run the GPU preset (--preset gpu)"
     assert advice_of(SimpleNamespace(path=with_gpu, preset="gpu")) == "add seeds or training steps"
     assert advice_of(SimpleNamespace(path=without, preset=None)) == "add seeds or training steps"
+
+
+CONFIG_FILES = sorted((REPO / "experiments" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=[p.stem for p in CONFIG_FILES])
+def test_every_shipped_config_answers_on_a_cpu_in_minutes_or_says_at_its_top_that_it_needs_a_gpu(path):
+    """A CPU config is the size of the bases measured to learn in about a minute a run (bytes_mlm: n = 32, d = 64,
+    600 steps; mqar: n = 24, d = 32, 1,500 steps); a GPU one opens with "Needs a GPU" and says so in its run."""
+    from training import config as run_config
+    from training.train import check_parameters, gpu_note
+
+    cfg = run_config.load(path, ["trainer.accelerator=cpu"])
+    if cfg.answers_on == "gpu":
+        assert path.read_text().startswith("# Needs a GPU:"), path.name
+        assert "needs a GPU" in gpu_note(cfg)
+    else:
+        assert gpu_note(cfg) is None
+        assert cfg.model.max_len <= 32 and cfg.model.d_model <= 64 and cfg.trainer.max_steps <= 1500, path.name
+        assert check_parameters(cfg)[0] < 200_000, path.name
