@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from foundation.atomic import write_figure
 from sweeps import efficiency, scale, stats
-from sweeps.findings import Row
+from sweeps.findings import Row, no_context_key, run_baselines
 from sweeps.study import Study
 from sweeps.words import fmt, signed, signed_interval
 
@@ -25,15 +25,15 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-CURVE_TAG = "val/loss"
+CURVE_TAG = "val/loss"  # the curve of a study whose objective is not a validation metric (tokens_per_sec)
 GAP_FIGURE, RANK_FIGURE, TIME_FIGURE = "gap_vs_size.png", "rank_vs_size.png", "time_to_target_vs_size.png"
 # the verdict of a rung as the marker of its point: (marker, filled)
 MARKERS = {stats.BETTER: ("o", True), stats.ON_PAR: ("s", False), stats.UNDECIDED: ("X", True)}
 
 
 # --------------------------------------------------------------------------------------- the study's plots
-def _curves(rows: list[Row]) -> dict[str, list[tuple[list[int], list[float]]]]:
-    """val/loss against step of each trial from its TensorBoard events, grouped by arm.
+def _curves(rows: list[Row], tag: str = CURVE_TAG) -> dict[str, list[tuple[list[int], list[float]]]]:
+    """``tag`` (val/loss) against step of each trial from its TensorBoard events, grouped by arm.
 
     A resumed run has one events file per process, read in the order of their names, which need not be the order
     they were written in (``….9`` after ``….10``): points are put in step order, and a step written twice (trained
@@ -47,17 +47,30 @@ def _curves(rows: list[Row]) -> dict[str, list[tuple[list[int], list[float]]]]:
             continue
         ea = EventAccumulator(run_dir, size_guidance={"scalars": 0}, purge_orphaned_data=False)
         ea.Reload()
-        if CURVE_TAG in ea.Tags().get("scalars", []):
-            latest = {e.step: e.value for e in sorted(ea.Scalars(CURVE_TAG), key=lambda e: e.wall_time)}
+        if tag in ea.Tags().get("scalars", []):
+            latest = {e.step: e.value for e in sorted(ea.Scalars(tag), key=lambda e: e.wall_time)}
             steps = sorted(latest)
             out.setdefault(r.arm or f"trial {r.trial.number}", []).append((steps, [latest[s] for s in steps]))
     return out
 
 
-def plot_learning_curves(rows: list[Row], path: Path) -> bool:
+def _no_context_level(rows: list[Row], metric: str) -> Optional[float]:
+    """The mean over the complete trials of what a model without context reaches on ``metric`` (the unigram on the
+    same targets, else the trivial baseline: :func:`sweeps.findings.no_context_key`), as summary.md reads it."""
+    levels = []
+    for r in rows:
+        metrics = {**r.metrics, **run_baselines(r)}
+        if r.complete and (key := no_context_key(metric, metrics)) in metrics:
+            levels.append(float(metrics[key]))
+    return sum(levels) / len(levels) if levels else None
+
+
+def plot_learning_curves(rows: list[Row], path: Path, metric: str = CURVE_TAG) -> bool:
+    """``metric`` (the study's objective) of every trial against step, by arm, with the no-context level dashed."""
     import matplotlib.pyplot as plt
 
-    curves = _curves(rows)
+    metric = metric if metric.startswith("val/") else CURVE_TAG
+    curves = _curves(rows, metric)
     if not curves:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -72,12 +85,11 @@ def plot_learning_curves(rows: list[Row], path: Path) -> bool:
                 marker=".",
                 label=arm if j == 0 and len(curves) <= 12 else None,
             )
-    trivial = [r.metrics["trivial_loss"] for r in rows if "trivial_loss" in r.metrics]
-    if trivial:
-        ax.axhline(sum(trivial) / len(trivial), color="black", linestyle="--", linewidth=1, label="trivial baseline")
+    if (level := _no_context_level(rows, metric)) is not None:
+        ax.axhline(level, color="black", linestyle="--", linewidth=1, label="no context (unigram, same targets)")
     ax.set_xlabel("training step")
-    ax.set_ylabel(CURVE_TAG)
-    ax.set_title("validation loss of every trial, by arm")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} of every trial, by arm")
     if len(curves) <= 12:
         ax.legend(fontsize="small")
     fig.tight_layout()
@@ -124,7 +136,7 @@ def write_plots(study: Study, ostudy: optuna.Study, rows: list[Row], out: Path) 
             skipped.append(f"{name} ({str(err).splitlines()[0] if str(err) else type(err).__name__})")
         finally:
             plt.close("all")
-    if plot_learning_curves(rows, out / "learning_curves.png"):
+    if plot_learning_curves(rows, out / "learning_curves.png", study.metrics[0]):
         written.append("learning_curves.png")
     else:
         skipped.append("learning_curves.png (no trial run directory with TensorBoard events here)")

@@ -40,6 +40,7 @@ import optuna
 from optuna.trial import TrialState
 
 from foundation.atomic import atomic_text, atomic_write_text
+from foundation.configfile import read_yaml
 from foundation.errors import ConfigError
 from sweeps import efficiency, figures, scale, stats, storage, words
 from sweeps.findings import (
@@ -464,7 +465,12 @@ def failed_section(rows: list[Row]) -> list[str]:
 
 
 def advice_of(study: Study) -> str:
-    return "add seeds or training steps" if study.preset == "gpu" else "run the GPU preset"
+    """What to do when the study cannot answer: its GPU preset where its file has one it is not run at, else more
+    seeds or steps."""
+    presets = read_yaml(study.path).get("presets") or {}
+    if study.preset != "gpu" and isinstance(presets, dict) and "gpu" in presets:
+        return "run the GPU preset (--preset gpu)"
+    return "add seeds or training steps"
 
 
 def summary_md(report: "Report", plots: list[str], skipped: list[str], scale_lines: list[str] = ()) -> str:

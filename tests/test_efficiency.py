@@ -172,3 +172,38 @@ def test_time_to_target_is_measured_among_the_arms_that_learned(tmp_path):
     assert "| full | 1 | 2.4 ± nan | 1,000 | yes | 15.6 s (1/1) |" in text
     assert "| nystrom | 1 | 2.7 ± nan | 1,100 | yes | 20.0 s (1/1) |" in text
     assert "| linformer | 1 | 3.08 ± nan | 1,300 | yes | — (ends at the no-context level) |" in text
+
+
+def test_learning_curves_plot_the_studys_objective_with_the_no_context_level_of_its_runs(tmp_path, monkeypatch):
+    """The figure reads the objective's tag (val/masked_loss, not val/loss) and draws the unigram level on the same
+    targets from each run's metrics.json, as summary.md does."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.trial import TrialState
+    from torch.utils.tensorboard import SummaryWriter
+
+    rows = []
+    for i, level in enumerate((3.0, 3.2)):
+        run = tmp_path / f"trial_{i}"
+        writer = SummaryWriter(str(run))
+        for step, (masked, overall) in enumerate([(3.125, 2.875), (2.625, 2.375)]):  # exact in float32
+            writer.add_scalar("val/masked_loss", masked, step)
+            writer.add_scalar("val/loss", overall, step)
+        writer.close()
+        (run / "metrics.json").write_text(json.dumps({"baselines": {"unigram/masked_loss": level}}))
+        r = row("full", 2.6, 1.0, str(run))
+        r.trial.state, r.complete = TrialState.COMPLETE, True
+        rows.append(r)
+    assert figures._curves(rows, "val/masked_loss") == {"full": [([0, 1], [3.125, 2.625])] * 2}
+    assert figures._no_context_level(rows, "val/masked_loss") == pytest.approx(3.1)
+    drawn = []
+    monkeypatch.setattr(figures, "write_figure", lambda path, fig, dpi: drawn.append(fig.axes[0]))
+    monkeypatch.setattr(plt, "close", lambda fig: None)
+    assert figures.plot_learning_curves(rows, tmp_path / "curves.png", "val/masked_loss")
+    (ax,) = drawn
+    assert ax.get_ylabel() == "val/masked_loss"
+    dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert len(dashed) == 1 and list(dashed[0].get_ydata()) == pytest.approx([3.1, 3.1])
+    assert [list(line.get_ydata()) for line in ax.get_lines() if line.get_linestyle() != "--"] == [[3.125, 2.625]] * 2

@@ -853,11 +853,15 @@ SOURCES = [
 
 
 def test_checkpoints_load_weights_only_and_yaml_loads_safely():
-    """Every torch.load passes weights_only=True; YAML is only read with safe_load; nothing unpickles."""
+    """Every torch.load and every Lightning checkpoint load passes weights_only=True; YAML is only read with safe_load; nothing unpickles."""
     for path in SOURCES:
         text = path.read_text()
         for call in re.findall(r"torch\.load\((?:[^()]|\([^()]*\))*\)", text):
             assert "weights_only=True" in call, f"{path}: {call}"
+        # Lightning's loads: fit/validate/test/predict(ckpt_path=...) and load_from_checkpoint pickle unless told
+        for call in re.findall(r"\.(?:fit|validate|test|predict|load_from_checkpoint)\((?:[^()]|\([^()]*\))*\)", text):
+            if "ckpt_path=" in call or "load_from_checkpoint" in call:
+                assert "weights_only=True" in call, f"{path}: {call}"
         assert not re.search(r"yaml\.(load|unsafe_load|full_load)\(", text), path
         assert not re.search(r"pickle\.loads?\(", text), path
 

@@ -76,6 +76,9 @@ class RunConfig:
     # task classify: a pretraining run directory (or a .ckpt file) whose encoder weights and tokenizer are
     # loaded; its architecture must equal model.*. null: train from scratch.
     init_from: Optional[str] = None
+    # Where the config answers its question in minutes: cpu, or gpu (a run on a CPU then says, at its start and
+    # end, that it needs a GPU; nothing else changes).
+    answers_on: Literal["cpu", "gpu"] = "cpu"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

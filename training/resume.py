@@ -122,7 +122,10 @@ class LastCheckpoint(Checkpoint):
         self._saved_step = -1
 
     def _save(self, trainer: L.Trainer) -> None:
-        trainer.save_checkpoint(self.path)  # every rank calls it; rank 0 writes
+        # every rank calls it; rank 0 writes. weights_only=False: the full state (optimiser, loops, callbacks) that
+        # exact resumption needs; said explicitly, since Lightning otherwise logs that it chose it. (Saving: the
+        # file is read back with weights_only=True, foundation/checkpoint.py.)
+        trainer.save_checkpoint(self.path, weights_only=False)
         self._saved_step = trainer.global_step
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, Optional
 import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -44,6 +44,8 @@ from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.language_model import EXAMPLES
 from lightning_modules.optim import fuse_checkpoint
 from training import config as run_config
+from training.answer import Objective, ObjectiveMetrics, ending_lines, objective_of
+from training.console import progress, quiet_third_parties
 from training.resume import (
     DATA,
     LastCheckpoint,
@@ -116,10 +118,39 @@ def _capability_in_a_child() -> tuple[int, int]:
         return tuple(pool.apply(torch.cuda.get_device_capability))
 
 
+# The HPARAMS columns: what tells runs apart (the attention kind and all its options, size, lr, seed, steps), not
+# every config key; a sweep adds its trial's parameters (train's ``hparams``).
+HP_KEYS = (
+    "experiment",
+    "task",
+    "seed",
+    "init_from",
+    "model.max_len",
+    "model.d_model",
+    "model.n_heads",
+    "model.n_layers",
+    "model.d_ff",
+    "model.norm",
+    "model.init_std",
+    "data.source",
+    "data.tokenizer.kind",
+    "data.batch_size",
+    "optim.lr",
+    "optim.warmup_steps",
+    "trainer.max_steps",
+)
+HP_BY_TASK = {"mlm": ("data.mask_prob",), "recall": ("data.mqar.",), "listops": ("data.listops.",)}
+
+
 def _hparams(cfg: DictConfig) -> dict[str, Any]:
-    """Flat scalar hyper-parameters for TensorBoard's HPARAMS tab (lists become strings)."""
+    """The flat scalar hyper-parameters of the HPARAMS tab (lists become strings): :data:`HP_KEYS`,
+    ``model.attention.*`` and the task's own data keys (:data:`HP_BY_TASK`)."""
     flat = run_config.flatten(run_config.to_container(cfg))
-    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in flat.items()}
+    wanted = (*HP_BY_TASK.get(cfg.task, ()), "model.attention.")
+    if cfg.data.tokenizer.kind == "bpe":
+        wanted += ("data.tokenizer.vocab_size",)
+    kept = {k: v for k, v in flat.items() if k in HP_KEYS or k.startswith(wanted)}
+    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in kept.items()}
 
 
 def finished_metrics(run_dir: Path, saved_step: int, max_steps: int) -> Optional[dict[str, Any]]:
@@ -238,12 +269,18 @@ def _open_run_dir(
 
 
 def _logger(
-    cfg: DictConfig, module: L.LightningModule, run_dir: Path, resumed: bool, hparams: Optional[dict]
+    cfg: DictConfig,
+    module: L.LightningModule,
+    run_dir: Path,
+    resumed: bool,
+    hparams: Optional[dict],
+    answer: ObjectiveMetrics,
 ) -> TensorBoardLogger:
-    """TensorBoard logger of the run; a new run first records its HPARAMS (a resumed one has them)."""
+    """TensorBoard logger of the run; a new run first records its HPARAMS (a resumed one has them): the module's
+    metrics, the objective and its context gain (``answer``)."""
     logger = TensorBoardLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name, default_hp_metric=False)
     if not resumed:
-        hp_metrics = getattr(module, "hp_metrics", HP_METRICS)  # a module may declare its own
+        hp_metrics = dict.fromkeys([*answer.tags(), *getattr(module, "hp_metrics", HP_METRICS)])  # a module's own
         logger.log_hyperparams({**_hparams(cfg), **(hparams or {})}, metrics={m: math.nan for m in hp_metrics})
         # Flushed and closed: the writer reopens on next use, in the process that uses it (its thread would
         # not survive into the ranks that strategy=ddp_fork forks, which would then hang on their first flush).
@@ -272,8 +309,7 @@ def trainer_arguments(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _trainer(cfg: DictConfig, run_dir: Path, logger: TensorBoardLogger, callbacks: list[L.Callback]) -> L.Trainer:
-    # The bar reads its metrics (train/loss) back from the device when it refreshes: as often as the loggers.
-    bar = TQDMProgressBar(refresh_rate=max(1, cfg.trainer.log_every_n_steps))
+    bar = progress(cfg.trainer.log_every_n_steps)
     return L.Trainer(
         **trainer_arguments(cfg),
         num_sanity_val_steps=0,
@@ -344,6 +380,39 @@ def model_parameters(cfg: DictConfig, vocab_size: Optional[int] = None) -> int:
     return count_parameters(encoder)
 
 
+def check_parameters(cfg: DictConfig) -> tuple[int, bool]:
+    """What ``train --check`` reports: the trainable parameters of the run's LightningModule (encoder and head),
+    built on the meta device with the vocabulary and classes its data will have, and whether that is exact. It is
+    exact for bytes, MQAR and ListOps; a BPE's trained vocabulary can stay below data.tokenizer.vocab_size (then it
+    is an upper bound) and a classification task without data.classify.num_labels learns its classes from the data
+    (2 assumed)."""
+    import types
+
+    from datamodules.language_model import MLMDataModule
+    from datamodules.listops import ListOpsDataModule
+    from datamodules.tokenizer import NUM_SPECIAL
+
+    exact = True
+    if cfg.task == "recall":
+        vocab = 1 + cfg.data.mqar.vocab_size  # [PAD] + keys + values (datamodules/mqar.py)
+    elif cfg.task == "listops":
+        vocab = ListOpsDataModule.vocab_size
+    elif cfg.data.tokenizer.kind == "byte" and cfg.data.tokenizer.path is None:
+        vocab = 256 + NUM_SPECIAL
+    else:
+        vocab, exact = cfg.data.tokenizer.vocab_size, False
+    labels = ListOpsDataModule.num_labels if cfg.task == "listops" else cfg.data.classify.num_labels
+    if cfg.task == "classify" and labels is None:
+        labels, exact = 2, False
+    data = types.SimpleNamespace(
+        vocab_size=vocab, num_labels=labels, target_groups=MLMDataModule.target_groups if cfg.task == "mlm" else ()
+    )
+    built = cfg.copy()
+    built.init_from = None  # the count does not depend on the weights a classifier starts from
+    with torch.device("meta"):
+        return build_module(built, data).n_parameters, exact
+
+
 def _final_scores(
     trainer: L.Trainer,
     module: L.LightningModule,
@@ -365,6 +434,16 @@ def _final_scores(
         if best_path is not None:
             final.update({"best_checkpoint": best_path, f"best_{best.monitor}": float(best.best_model_score)})
     return final
+
+
+def run_objective(cfg: DictConfig, datamodule: Optional[L.LightningDataModule] = None) -> Objective:
+    """The number this run answers with (training/answer.py); a masked LM splits its targets by BERT's rule."""
+    from datamodules.language_model import MLMDataModule
+
+    if cfg.task == "classify":  # a GLUE task's first official metric (val/matthews, val/pearson, ...)
+        return Objective(f"val/{cfg.data.classify.metrics[0]}")
+    groups = getattr(datamodule, "target_groups", MLMDataModule.target_groups if cfg.task == "mlm" else ())
+    return objective_of(cfg.task, groups)
 
 
 def build_module_or_refuse(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.LightningModule:
@@ -440,6 +519,7 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         hparams: extra entries for the HPARAMS tab (e.g. a sweep trial's parameters).
     """
     started = time.time()
+    quiet_third_parties()
     check_machine(cfg)
     preflight(cfg)
     check_resume(cfg)
@@ -476,7 +556,9 @@ def _fit(
     started: float,
 ) -> dict[str, Any]:
     """Train in the opened run directory and write its ``metrics.json``."""
-    logger = _logger(cfg, module, run_dir, resume_from is not None, hparams)
+    study_metrics = str((hparams or {}).get("sweep/objective", "")).split(",")
+    answer = ObjectiveMetrics(run_objective(cfg, datamodule), [m for m in study_metrics if m.startswith("val/")])
+    logger = _logger(cfg, module, run_dir, resume_from is not None, hparams, answer)
     run, flops = RunMetrics(), TrainingFlops()
     # Modules with a checkpoint_monitor (classifiers) also keep their best validation step, which is tested.
     monitor, mode = getattr(module, "checkpoint_monitor", (None, "min"))
@@ -501,6 +583,7 @@ def _fit(
             run,
             flops,
             *callbacks,
+            answer,
             *([SpectrumMonitor(every)] if every > 0 else []),
             *([best] if best else []),
             StopTogether(),
@@ -547,15 +630,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def gpu_note(cfg: DictConfig) -> Optional[str]:
+    """For a config that answers its question only on a GPU (``answers_on: gpu``), run on a machine without one:
+    the sentence that says so; else None."""
+    on_gpu = cfg.trainer.accelerator in ("gpu", "cuda") or (
+        cfg.trainer.accelerator == "auto" and torch.cuda.device_count() > 0
+    )
+    if cfg.answers_on != "gpu" or on_gpu:
+        return None
+    return (
+        f"{cfg.experiment} needs a GPU to answer its question (the header of its config file says why); on a CPU "
+        "expect it to stay near the no-context level. experiments/configs/bytes_mlm.yaml and the Linformer "
+        "ablations on it learn on a CPU in minutes."
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     cfg = run_config.load(args.config, args.overrides)
     if args.check:
         check_resume(cfg)
+        preflight(cfg)
+        n, exact = check_parameters(cfg)
         print(
-            f"config OK: {cfg.task}, {cfg.model.attention.kind} attention, about {preflight(cfg):,} parameters; "
-            "nothing written"
+            f"config OK: {cfg.task}, {cfg.model.attention.kind} attention, {'' if exact else 'at most '}{n:,} "
+            "parameters; nothing written"
         )
         return 0
+    if (note := gpu_note(cfg)) is not None:
+        print(f"note: {note}", flush=True)
     metrics = train(cfg)
     if metrics["global_step"] < cfg.trainer.max_steps:  # a run that did not finish never exits 0
         print(
@@ -564,11 +666,5 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"run directory: {metrics['run_dir']}")
-    shown = [f"{k} {metrics[k]:.4g}" for k in ("val/ppl", "val/loss", "val/accuracy") if k in metrics]
-    print("  ".join(shown + [f"{metrics['tokens_per_sec']:.0f} tokens/s"]))
-    tested = [k for k in metrics if k.startswith("test/") and not k.endswith("/loss")]
-    if tested:
-        print("  ".join(f"{k} {metrics[k]:.4f}" for k in sorted(tested)) + " (best validation checkpoint)")
-    print(f"tensorboard --logdir {Path(metrics['run_dir']).parent} --host 127.0.0.1")
+    print("\n".join(ending_lines(run_objective(cfg), metrics, gpu_note(cfg))))
     return 0

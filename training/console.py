@@ -1,0 +1,132 @@
+"""What a run prints while it trains: a progress bar in a terminal, plain periodic lines elsewhere, and no
+third-party noise.
+
+Each filter names one message at its source, so every other warning still shows:
+
+- Lightning's advert for its cloud logger ("💡 Tip: ... litlogger"), logged at INFO by its rank-zero logger;
+- torch's ``FutureWarning`` that ``isinstance(treespec, LeafSpec)`` is deprecated, raised by Lightning's own
+  ``utilities/_pytree.py`` (Lightning's code, not ours, uses the old name).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import warnings
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
+
+ADVERT = "💡 Tip:"
+PYTREE = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+# Lightning's rank-zero helpers log through whichever of these modules was imported last.
+RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+FALLBACK_COLUMNS = 100  # a terminal that reports zero columns gets a bar of this width
+
+
+class _NoAdvert(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(ADVERT)
+
+
+_NO_ADVERT = _NoAdvert()
+
+
+def quiet_third_parties() -> None:
+    """Install the filters above (idempotent): process-wide, each for exactly one message."""
+    warnings.filterwarnings("ignore", message=PYTREE, category=FutureWarning, module=r"lightning\..*_pytree")
+    for name in RANK_ZERO_LOGGERS:
+        logger = logging.getLogger(name)
+        if _NO_ADVERT not in logger.filters:
+            logger.addFilter(_NO_ADVERT)
+
+
+def _without_version(items: dict[str, Any]) -> dict[str, Any]:
+    items.pop("v_num", None)  # the logger's version: the run directory, printed at the start and the end
+    return items
+
+
+class Bar(TQDMProgressBar):
+    """Lightning's tqdm bar without ``v_num``, drawn at :data:`FALLBACK_COLUMNS` when the terminal reports a
+    width of zero (tqdm then prints nothing at all)."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        return _without_version(super().get_metrics(trainer, pl_module))
+
+    @staticmethod
+    def _sized(bar: Any) -> Any:
+        width = bar.dynamic_ncols(bar.fp)[0] if callable(bar.dynamic_ncols) else bar.ncols
+        if width is None or width <= 0:  # tqdm reads a zero-column terminal as -1
+            bar.dynamic_ncols, bar.ncols, bar.nrows = False, FALLBACK_COLUMNS, None  # rows -1 would hide it too
+        return bar
+
+    def init_train_tqdm(self) -> Any:
+        return self._sized(super().init_train_tqdm())
+
+    def init_validation_tqdm(self) -> Any:
+        return self._sized(super().init_validation_tqdm())
+
+    def init_test_tqdm(self) -> Any:
+        return self._sized(super().init_test_tqdm())
+
+
+class Lines(ProgressBar):
+    """Progress without a terminal (a log file, a pipe, CI): one plain line every ``every`` steps and after each
+    validation, ``step 300/600 (50%)  train/loss 2.9  elapsed 0:21  left 0:21``."""
+
+    def __init__(self, every: int) -> None:
+        super().__init__()
+        self.every = max(1, every)
+        self._enabled = True
+        self._started = 0.0
+        self._first_step = 0
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        return _without_version(super().get_metrics(trainer, pl_module))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._started, self._first_step = time.monotonic(), trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if trainer.global_step % self.every == 0:
+            self._line(trainer, pl_module, "")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._line(trainer, pl_module, "validated")
+
+    def _line(self, trainer: L.Trainer, pl_module: L.LightningModule, what: str) -> None:
+        if not (self._enabled and trainer.is_global_zero):
+            return
+        step, total = trainer.global_step, trainer.max_steps
+        elapsed = time.monotonic() - self._started
+        done = step - self._first_step
+        left = elapsed / done * (total - step) if done > 0 and total > 0 else None
+        shown = self.get_metrics(trainer, pl_module)
+        metrics = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items())
+        pct = f" ({100 * step / total:.0f}%)" if total > 0 else ""
+        timing = f"elapsed {clock(elapsed)}" + (f"  left {clock(left)}" if left is not None else "")
+        print("  ".join(p for p in (f"step {step}/{total}{pct}", what, metrics, timing) if p), flush=True)
+
+
+def clock(seconds: float) -> str:
+    """``1:02:03`` or ``2:03``."""
+    s = int(round(seconds))
+    h, rest = divmod(s, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def progress(log_every_n_steps: int, tty: bool | None = None) -> ProgressBar:
+    """The bar for a terminal, plain lines (every 10 logging intervals) when stdout is not one."""
+    if sys.stdout.isatty() if tty is None else tty:
+        # The bar reads its metrics (train/loss) back from the device when it refreshes: as often as the loggers.
+        return Bar(refresh_rate=max(1, log_every_n_steps))
+    return Lines(every=10 * max(1, log_every_n_steps))
