@@ -271,7 +271,7 @@ def test_a_training_step_logs_no_python_number_and_the_bar_refreshes_with_the_lo
         tiny_overrides.config, [*tiny_overrides.args, "trainer.max_steps=2", "trainer.log_every_n_steps=2"]
     )
     trainer = _trainer(cfg, Path(cfg.output_dir), None, [spy])
-    assert trainer.progress_bar_callback.refresh_rate == 2
+    assert trainer.progress_bar_callback.refresh_rate % 2 == 0  # the bar (2) or plain lines (20), at log steps
     train(cfg, callbacks=[spy])
     assert {"train/loss", "train/lr"} <= set(spy.types)
     assert set(spy.types.values()) == {"Tensor"}, spy.types

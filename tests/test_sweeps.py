@@ -567,7 +567,8 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
     }
     check = stats.power_check(by_role["reference"], by_role["degraded"], trivial, "minimize")
     assert summary.index("## Power check") < summary.index("## Arms")
-    assert all(f"- {line}" in summary for line in words.power(check))
+    # the advice a study file without a GPU preset gets (sweeps.report.advice_of)
+    assert all(f"- {line}" in summary for line in words.power(check, "add seeds or training steps"))
     assert ("The power check failed" in summary) == (not check.has_power)
     # the control's arms sit in the table beside the study's own arms, and in none of the comparisons
     assert "| control reference (kind=full) | 2 |" in summary

@@ -485,7 +485,7 @@ def test_combinations_that_work_pass_the_config_check_and_build(overrides):
 
 VARIANT_FILES = {  # file → (task, what it sets under model.attention)
     "random_projection": ("mlm", {"projection": "random"}),
-    "nonuniform_k": ("mlm", {"k_schedule": {"kind": "linear", "first": 48, "last": 16}}),
+    "nonuniform_k": ("mlm", {"k_schedule": {"kind": "linear", "first": 12, "last": 4}}),
     "key_only": ("mlm", {"compress": "keys"}),
     "value_only": ("mlm", {"compress": "values"}),
     "conv_projection": ("mlm", {"projection": "conv"}),

@@ -83,6 +83,11 @@ class Lines(ProgressBar):
         self._started = 0.0
         self._first_step = 0
 
+    @property
+    def refresh_rate(self) -> int:
+        """Steps between two reads of the metrics (a line): a multiple of the loggers' interval, like the bar's."""
+        return self.every
+
     def disable(self) -> None:
         self._enabled = False
 
