@@ -202,13 +202,14 @@ def _check_parity(args: argparse.Namespace) -> None:
 
     bad = [k for k in args.kinds or [] if k not in parity.WRAPPERS]
     if bad or args.kinds == []:
-        raise ConfigError(
-            f"--kinds: {','.join(bad) or 'empty'} not allowed (choose from {','.join(parity.WRAPPERS)})"
-        )
+        raise ConfigError(f"--kinds: {','.join(bad) or 'empty'} not allowed (choose from {','.join(parity.WRAPPERS)})")
     if args.steps is not None:
         check_number("--steps", args.steps, 1, 10**7, integer=True)
     if args.parity_config is not None:
         check_path("--parity-config", args.parity_config)
+    from training import config as run_config
+
+    run_config.load(args.parity_config or parity.DEFAULT_CONFIG)  # a bad config: one line, before anything is written
 
 
 def _check_fits(args: argparse.Namespace) -> None:

@@ -41,6 +41,7 @@ gain over the no-context level (``baselines/unigram/masked_loss`` of ``metrics.j
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import math
 import time
