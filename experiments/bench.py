@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+import yaml
 
 from experiments.benchmarks import cases, report
 from experiments.benchmarks.measure import (
@@ -64,6 +65,16 @@ def _ints(text: str) -> list[int]:
 
 def _names(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def _settings(text: str) -> dict:
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise argparse.ArgumentTypeError(f"expected a YAML mapping of kind to keywords, got {text!r}")
+    return value
 
 
 def _seeds(text: str) -> list[int]:
@@ -138,6 +149,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=_seeds, default=[0, 1, 2], help="parity: seeds per side (default 0,1,2)")
     parser.add_argument("--steps", type=int, default=None, help="parity: training steps (default the config's)")
     parser.add_argument(
+        "--settings",
+        type=_settings,
+        default={},
+        help="parity: per kind, library constructor keywords overriding its defaults (an ablation), as YAML, "
+        "e.g. '{nystrom: {residual: false}}'",
+    )
+    parser.add_argument(
+        "--parity-runs",
+        default=None,
+        help="parity: the folder of its runs (default <out>/<timestamp>/parity_runs); finished runs found there are "
+        "read back, interrupted ones continued",
+    )
+    parser.add_argument(
         "--parity-config",
         default=None,
         help="parity: the run config both sides train with (default experiments/configs/bytes_mlm.yaml)",
@@ -199,16 +223,21 @@ def _check(args: argparse.Namespace) -> None:
 
 def _check_parity(args: argparse.Namespace) -> None:
     from experiments.benchmarks import parity
+    from training import config as run_config
 
+    allowed = ",".join(parity.WRAPPERS)
     bad = [k for k in args.kinds or [] if k not in parity.WRAPPERS]
     if bad or args.kinds == []:
-        raise ConfigError(f"--kinds: {','.join(bad) or 'empty'} not allowed (choose from {','.join(parity.WRAPPERS)})")
+        raise ConfigError(f"--kinds: {','.join(bad) or 'empty'} not allowed (choose from {allowed})")
+    stray = [k for k in args.settings if k not in (args.kinds or parity.WRAPPERS)]
+    if stray:
+        raise ConfigError(f"--settings: {','.join(stray)} is not a kind this run trains (--kinds; from {allowed})")
     if args.steps is not None:
         check_number("--steps", args.steps, 1, 10**7, integer=True)
     if args.parity_config is not None:
         check_path("--parity-config", args.parity_config)
-    from training import config as run_config
-
+    if args.parity_runs is not None:
+        check_folder("--parity-runs", args.parity_runs)
     run_config.load(args.parity_config or parity.DEFAULT_CONFIG)  # a bad config: one line, before anything is written
 
 
@@ -589,13 +618,15 @@ def _parity(args: argparse.Namespace, out: Path) -> None:
         if kind not in ready:
             print(f"  parity: {kind} skipped, {parity.library_of(kind)[0]} is not installed", flush=True)
     config = Path(args.parity_config) if args.parity_config else parity.DEFAULT_CONFIG
-    rows = parity.run(ready, args.seeds, out / "parity_runs", config, args.steps, args.threads)
+    runs = Path(args.parity_runs) if args.parity_runs else out / "parity_runs"
+    rows = parity.run(ready, args.seeds, runs, config, args.steps, args.threads, args.settings)
     entries = parity.summary(rows)
     command = "linformer-lab " + " ".join(sys.argv[1:]) if sys.argv[1:] else "linformer-lab bench --levels parity"
     header = [
         f"- command: `{command}`; config {config.name}"
         + (f", {args.steps} steps" if args.steps else "")
-        + f"; seeds {','.join(map(str, args.seeds))}; {args.threads or torch.get_num_threads()} threads",
+        + f"; seeds {','.join(map(str, args.seeds))}; {args.threads or torch.get_num_threads()} threads"
+        + (f"; library settings {args.settings}" if args.settings else ""),
         f"- machine: {_machine(torch.device('cpu'))}; torch {torch.__version__}; load average (1 min) before / "
         f"after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f}; wall time {time.time() - started:.0f} s",
     ]

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from experiments import cli
 from experiments.benchmarks import parity
@@ -141,20 +142,45 @@ def test_the_summary_is_each_sides_mean_and_gain_and_the_paired_difference():
     assert "| linformer | linformer | 3 | 3.090 | 2.900 ± 0.100 | 3.050 ± 0.080 | 0.190 | 0.040 | +0.150 [" in table
 
 
-def test_the_parity_level_writes_its_table_and_json_beside_the_bench_tables(tmp_path):
+def test_the_parity_level_writes_its_table_and_json_and_reads_finished_runs_back(tmp_path):
     needs("local")
-    config = tiny_config(tmp_path)
-    argv = ["bench", "--levels", "parity", "--kinds", "local", "--seeds", "0,1", "--n", "32", "--k", "8"]
-    assert cli.main([*argv, "--threads", "1", "--parity-config", config, "--out", str(tmp_path / "out")]) == 0
+    config, runs = tiny_config(tmp_path), tmp_path / "runs"
+    argv = ["bench", "--levels", "parity", "--kinds", "local", "--n", "32", "--k", "8", "--threads", "1"]
+    argv += ["--parity-config", config, "--parity-runs", str(runs)]
+    assert cli.main([*argv, "--seeds", "0", "--out", str(tmp_path / "first")]) == 0
+    (first,) = (tmp_path / "first").iterdir()
+    assert "| local | local-attention | 1 |" in (first / "parity.md").read_text()
+    trained = json.loads((first / "parity.json").read_text())["runs"]
+    assert cli.main([*argv, "--seeds", "0,1", "--out", str(tmp_path / "second")]) == 0  # seed 0 read back
+    (second,) = (tmp_path / "second").iterdir()
+    assert "| local | local-attention | 2 |" in (second / "parity.md").read_text()
+    rows = json.loads((second / "parity.json").read_text())["runs"]
+    assert [(r["side"], r["seed"]) for r in rows] == [("project", 0), ("library", 0), ("project", 1), ("library", 1)]
+    assert rows[:2] == trained  # the same runs, the same numbers
+
+
+def test_library_settings_from_the_command_line_reach_the_library_side_only(tmp_path):
+    needs("nystrom")
+    argv = ["bench", "--levels", "parity", "--kinds", "nystrom", "--seeds", "0", "--n", "32", "--k", "8"]
+    argv += ["--threads", "1", "--parity-config", tiny_config(tmp_path), "--out", str(tmp_path / "out")]
+    assert cli.main([*argv, "--settings", "{nystrom: {residual: false}}"]) == 0
     (out,) = (tmp_path / "out").iterdir()
-    assert "| local | local-attention | 2 |" in (out / "parity.md").read_text()
-    runs = json.loads((out / "parity.json").read_text())["runs"]
-    assert [(r["side"], r["seed"]) for r in runs] == [("project", 0), ("library", 0), ("project", 1), ("library", 1)]
+    runs = {r["side"]: r for r in json.loads((out / "parity.json").read_text())["runs"]}
+    library = OmegaConf.load(out / "parity_runs" / "nystrom" / "library" / "seed_0" / "config.yaml")
+    assert library.model.attention.options.settings == {"residual": False}
+    assert "library settings {'nystrom': {'residual': False}}" in (out / "parity.md").read_text()
+    assert runs.keys() == {"project", "library"}
 
 
-def test_an_unknown_parity_kind_is_a_one_line_error_before_anything_is_written(tmp_path, capsys):
-    argv = ["bench", "--levels", "parity", "--kinds", "local,sparse", "--out", str(tmp_path / "out")]
-    assert cli.main(argv) == 2
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--kinds", "local,sparse"], "--kinds: sparse not allowed (choose from linformer,"),
+        (["--kinds", "local", "--settings", "{lsh: {n_hashes: 1}}"], "--settings: lsh is not a kind this run trains"),
+    ],
+)
+def test_a_bad_parity_argument_is_a_one_line_error_before_anything_is_written(tmp_path, capsys, extra, message):
+    assert cli.main(["bench", "--levels", "parity", *extra, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--kinds: sparse not allowed (choose from linformer," in err
+    assert len(err.splitlines()) == 1 and message in err
     assert not (tmp_path / "out").exists()

@@ -44,7 +44,6 @@ import importlib
 import importlib.util
 import inspect
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
@@ -54,6 +53,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from foundation.errors import require
+from foundation.rundir import CHECKPOINT
 from lightning_modules.attention import ATTENTION_KINDS
 from lightning_modules.attention.base import SelfAttention, kind_options, register_attention
 from sweeps.stats import compare, summarize
@@ -201,8 +201,11 @@ def library_attention(kind: str, k: int, settings: Optional[dict] = None) -> dic
 
 def overrides(attention: dict, seed: int, steps: Optional[int], threads: int, run_dir: Path) -> list[str]:
     """key=value overrides of one run: its attention (replacing the base's, options included), seed, steps,
-    threads and run directory."""
+    threads and run directory; ``resume=true`` where the run directory holds a checkpoint (a finished run is
+    read back, an interrupted one continues)."""
     out = [f"seed={seed}", f"run_dir={run_dir}", f"model.attention={_flow(attention)}"]
+    if (run_dir / CHECKPOINT).is_file():
+        out.append("resume=true")
     if steps is not None:
         out.append(f"trainer.max_steps={steps}")
     if threads > 0:
@@ -224,13 +227,12 @@ def run_one(config: Path, attention: dict, seed: int, steps: Optional[int], thre
     from training import config as run_config
     from training.train import train
 
-    started = time.time()
     metrics = train(run_config.load(config, overrides(attention, seed, steps, threads, run_dir)))
     return {
         "loss": float(metrics[METRIC]),
         "baseline": float(metrics["baselines"][BASELINE]),
         "steps": int(metrics["global_step"]),
-        "seconds": time.time() - started,
+        "seconds": float(metrics["wall_time_s"]),
         "run_dir": str(run_dir),
     }
 
@@ -242,9 +244,12 @@ def run(
     config: Path = DEFAULT_CONFIG,
     steps: Optional[int] = None,
     threads: int = 1,
+    settings: Optional[dict[str, dict]] = None,
     log: Callable[[str], None] = print,
 ) -> list[dict]:
-    """Every (kind, seed, side), sequentially, seed by seed (so a stopped run still has pairs); one row each."""
+    """Every (kind, seed, side), sequentially, seed by seed (so a stopped run still has pairs); one row each.
+    ``settings``: per kind, constructor keywords overriding its library's defaults (an ablation). Runs found
+    finished under ``out`` are read back, not trained again."""
     from training import config as run_config
 
     base = run_config.load(config)
@@ -255,7 +260,7 @@ def run(
         for kind in kinds:
             for side, attention in (
                 ("project", project_attention(kind, n, k)),
-                ("library", library_attention(kind, k)),
+                ("library", library_attention(kind, k, (settings or {}).get(kind))),
             ):
                 result = run_one(config, attention, seed, steps, threads, out / kind / side / f"seed_{seed}")
                 rows.append({"kind": kind, "side": side, "seed": seed, "k": k, **result})
