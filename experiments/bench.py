@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+import yaml
 
 from experiments.benchmarks import cases, report
 from experiments.benchmarks.measure import (
@@ -43,10 +44,10 @@ from experiments.benchmarks.measure import (
 )
 from foundation.atomic import atomic_write_text, write_figure
 from foundation.errors import ConfigError, check_number
-from foundation.paths import check_folder
+from foundation.paths import check_folder, check_path
 from lightning_modules.flops import count_flops
 
-LEVELS = ("layer", "model", "decode", "loop", "libraries")
+LEVELS = ("layer", "model", "decode", "loop", "libraries", "parity")
 DEFAULT_LEVELS = ("layer", "model", "decode", "loop")
 MODES = ("fwd", "fwdbwd")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -64,6 +65,26 @@ def _ints(text: str) -> list[int]:
 
 def _names(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def _settings(text: str) -> dict:
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise argparse.ArgumentTypeError(f"expected a YAML mapping of kind to keywords, got {text!r}")
+    return value
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
+    return list(dict.fromkeys(values))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,8 +110,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--levels",
         type=_names,
         default=list(DEFAULT_LEVELS),
-        help="layer,model,decode,loop,libraries (default all but libraries: the race against each kind's "
-        "library, extra refs)",
+        help="layer,model,decode,loop,libraries,parity (default all but libraries, the race against each kind's "
+        "library, and parity, training beside it; both need the extra refs)",
     )
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument(
@@ -119,6 +140,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loop-batch", type=int, default=8)
     parser.add_argument("--loop-steps", type=int, default=12)
     parser.add_argument("--loop-rounds", type=int, default=3)
+    parser.add_argument(
+        "--kinds",
+        type=_names,
+        default=None,
+        help="parity: the kinds trained beside their reference library (default every kind that has one)",
+    )
+    parser.add_argument("--seeds", type=_seeds, default=[0, 1, 2], help="parity: seeds per side (default 0,1,2)")
+    parser.add_argument("--steps", type=int, default=None, help="parity: training steps (default the config's)")
+    parser.add_argument(
+        "--settings",
+        type=_settings,
+        default={},
+        help="parity: per kind, library constructor keywords overriding its defaults (an ablation), as YAML, "
+        "e.g. '{nystrom: {residual: false}}'",
+    )
+    parser.add_argument(
+        "--parity-runs",
+        default=None,
+        help="parity: the folder of its runs (default <out>/<timestamp>/parity_runs); finished runs found there are "
+        "read back, interrupted ones continued",
+    )
+    parser.add_argument(
+        "--parity-config",
+        default=None,
+        help="parity: the run config both sides train with (default experiments/configs/bytes_mlm.yaml)",
+    )
     parser.add_argument("--out", default="bench", help="parent folder of the timestamped result folder")
 
 
@@ -169,7 +216,29 @@ def _check(args: argparse.Namespace) -> None:
     check_number("--min-time", args.min_time, 0, 60, low_open=True)
     check_number("--memory-limit-mb", args.memory_limit_mb, 0, 2**40)
     _check_fits(args)
+    if "parity" in args.levels:
+        _check_parity(args)
     check_folder("--out", args.out)
+
+
+def _check_parity(args: argparse.Namespace) -> None:
+    from experiments.benchmarks import parity
+    from training import config as run_config
+
+    allowed = ",".join(parity.WRAPPERS)
+    bad = [k for k in args.kinds or [] if k not in parity.WRAPPERS]
+    if bad or args.kinds == []:
+        raise ConfigError(f"--kinds: {','.join(bad) or 'empty'} not allowed (choose from {allowed})")
+    stray = [k for k in args.settings if k not in (args.kinds or parity.WRAPPERS)]
+    if stray:
+        raise ConfigError(f"--settings: {','.join(stray)} is not a kind this run trains (--kinds; from {allowed})")
+    if args.steps is not None:
+        check_number("--steps", args.steps, 1, 10**7, integer=True)
+    if args.parity_config is not None:
+        check_path("--parity-config", args.parity_config)
+    if args.parity_runs is not None:
+        check_folder("--parity-runs", args.parity_runs)
+    run_config.load(args.parity_config or parity.DEFAULT_CONFIG)  # a bad config: one line, before anything is written
 
 
 def _check_fits(args: argparse.Namespace) -> None:
@@ -537,6 +606,39 @@ def _libraries(args: argparse.Namespace, shape: cases.Shape, out: Path) -> None:
     print(f"library race: {out}/libraries.md")
 
 
+def _parity(args: argparse.Namespace, out: Path) -> None:
+    """Each kind and its library trained through the project's loop (``experiments.benchmarks.parity``):
+    parity.md, parity.json, and the runs under parity_runs/."""
+    from experiments.benchmarks import parity
+
+    load_before, started = os.getloadavg(), time.time()
+    wanted = args.kinds or list(parity.WRAPPERS)
+    ready = [kind for kind in wanted if parity.available(kind)]
+    for kind in wanted:
+        if kind not in ready:
+            print(f"  parity: {kind} skipped, {parity.library_of(kind)[0]} is not installed", flush=True)
+    config = Path(args.parity_config) if args.parity_config else parity.DEFAULT_CONFIG
+    runs = Path(args.parity_runs) if args.parity_runs else out / "parity_runs"
+    rows = parity.run(ready, args.seeds, runs, config, args.steps, args.threads, args.settings)
+    entries = parity.summary(rows)
+    command = "linformer-lab " + " ".join(sys.argv[1:]) if sys.argv[1:] else "linformer-lab bench --levels parity"
+    header = [
+        f"- command: `{command}`; config {config.name}"
+        + (f", {args.steps} steps" if args.steps else "")
+        + f"; seeds {','.join(map(str, args.seeds))}; {args.threads or torch.get_num_threads()} threads"
+        + (f"; library settings {args.settings}" if args.settings else ""),
+        f"- machine: {_machine(torch.device('cpu'))}; torch {torch.__version__}; load average (1 min) before / "
+        f"after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f}; wall time {time.time() - started:.0f} s",
+    ]
+    skipped = [f"{kind} ({parity.library_of(kind)[0]})" for kind in wanted if kind not in ready]
+    if skipped:
+        header.append(f"- not installed, skipped: {', '.join(skipped)} (`pip install -e '.[refs]'`)")
+    atomic_write_text(out / "parity.md", parity.markdown(entries, header))
+    payload = {"header": header, "config": str(config), "summary": entries, "runs": rows}
+    atomic_write_text(out / "parity.json", json.dumps(payload, indent=1) + "\n")
+    print(f"library parity: {out}/parity.md")
+
+
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -630,6 +732,8 @@ def _run(args: argparse.Namespace) -> int:
         bench.loop()
     if "libraries" in args.levels:
         _libraries(args, shape, out)
+    if "parity" in args.levels:
+        _parity(args, out)
     header = [
         f"- machine: {_machine(device)}; torch {torch.__version__}; {bench.threads} threads; dtype "
         f"{str(dtype).removeprefix('torch.')}; batch {args.batch}",
