@@ -23,6 +23,22 @@ from training.train import train
 KINDS = list(parity.WRAPPERS)
 
 
+@pytest.fixture(autouse=True)
+def library_kind():
+    """The kind ``library`` exists only while the parity bench trains: these tests build it directly."""
+    with parity.library_kind():
+        yield
+
+
+def test_the_library_kind_is_registered_only_while_the_parity_bench_trains():
+    from lightning_modules.attention import ATTENTION_KINDS
+
+    assert parity.LIBRARY in ATTENTION_KINDS  # inside this module's fixture
+    with parity.library_kind():  # entered again: still there afterwards
+        pass
+    assert parity.LIBRARY in ATTENTION_KINDS
+
+
 def needs(kind: str) -> None:
     if not parity.available(kind):
         pytest.skip(f"{parity.library_of(kind)[0]} is not installed (extra refs)")

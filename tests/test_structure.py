@@ -196,8 +196,9 @@ def test_full_attention_without_a_mask_equals_it_with_an_all_true_mask():
     torch.testing.assert_close(layer(x), layer(x, torch.ones(2, 8, dtype=torch.bool)), atol=1e-6, rtol=1e-6)
 
 
-# The one file outside lightning_modules/attention/ that names a kind: the schema's default kind.
-NAMES_KINDS = {"lightning_modules/config.py"}
+# The files outside lightning_modules/attention/ that name a kind: the schema's default kind, and the parity bench's
+# table of how each kind's reference library builds its own layer (third-party code, kept beside the bench).
+NAMES_KINDS = {"lightning_modules/config.py", "experiments/benchmarks/parity.py"}
 
 
 def _string_constants(tree: ast.AST) -> list[ast.Constant]:
@@ -230,3 +231,14 @@ def test_no_code_outside_the_attention_plug_ins_names_an_attention_kind():
             if node.value in ATTENTION_KINDS:  # a kind's name as a value: a switch or a table on kinds
                 found.append(f"{rel}:{node.lineno}: {node.value!r}")
     assert not found, "attention kinds named outside the plug-ins:\n" + "\n".join(found)
+
+
+def test_the_parity_benchs_library_kind_exists_only_while_it_trains():
+    """Importing the parity bench registers nothing: the registry lists the suite's kinds alone."""
+    from experiments.benchmarks import parity
+    from lightning_modules.attention import ATTENTION_KINDS
+
+    assert parity.LIBRARY not in ATTENTION_KINDS
+    with parity.library_kind():
+        assert ATTENTION_KINDS[parity.LIBRARY] is parity.LibraryAttention
+    assert parity.LIBRARY not in ATTENTION_KINDS

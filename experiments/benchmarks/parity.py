@@ -7,9 +7,9 @@ context path, how many keys a query reaches). This level trains both through the
 compares the objective ``val/masked_loss``:
 
 * ``project``: the kind's layer that races its library (``SelfAttention.reference_attention(n, k)``);
-* ``library``: the attention kind ``library`` registered here, options ``{of: <kind>, k: <budget>}``: the
-  library's own self-attention layer with its own defaults for everything kind-specific, given only the shape
-  (d, heads, n) and the kind's matched budget k, as in the race:
+* ``library``: the attention kind ``library`` (registered only while the bench trains, :func:`library_kind`),
+  options ``{of: <kind>, k: <budget>}``: the library's own self-attention layer with its own defaults for
+  everything kind-specific, given only the shape (d, heads, n) and the kind's matched budget k, as in the race:
 
   ==========  ====================================================================================================
   linformer   ``linformer.LinformerSelfAttention(dim, seq_len=n, k=k, heads)``: its E/F (``proj_k``, ``proj_v``,
@@ -40,13 +40,14 @@ gain over the no-context level (``baselines/unigram/masked_loss`` of ``metrics.j
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -141,7 +142,6 @@ class LibraryOptions:
     settings: Dict[str, Any] = field(default_factory=dict)
 
 
-@register_attention("library")
 class LibraryAttention(SelfAttention):
     """A reference library's self-attention layer (:data:`WRAPPERS`) as an attention kind: x (B, T, d) → (B, T, d),
     its own Q/K/V/O, no padding mask. For the parity bench and its tests; not a kind for studies."""
@@ -189,6 +189,22 @@ class LibraryAttention(SelfAttention):
         return self.inner(x)
 
 
+LIBRARY = "library"  # the kind's name while the parity bench trains with it
+
+
+@contextlib.contextmanager
+def library_kind() -> Iterator[None]:
+    """The kind ``library`` (:class:`LibraryAttention`) registered while the parity bench trains, and only then: it
+    is no kind of the suite's studies, its listings or its analysis."""
+    outer = LIBRARY in ATTENTION_KINDS  # entered again inside a block that registered it: leave it registered
+    register_attention(LIBRARY)(LibraryAttention)
+    try:
+        yield
+    finally:
+        if not outer:
+            ATTENTION_KINDS.pop(LIBRARY, None)
+
+
 # ------------------------------------------------------------------------------ the parity runs
 def project_attention(kind: str, n: int, k: int) -> dict:
     """The project's side: the kind's layer that races its library."""
@@ -196,7 +212,7 @@ def project_attention(kind: str, n: int, k: int) -> dict:
 
 
 def library_attention(kind: str, k: int, settings: Optional[dict] = None) -> dict:
-    return {"kind": "library", "options": {"of": kind, "k": k, "settings": dict(settings or {})}}
+    return {"kind": LIBRARY, "options": {"of": kind, "k": k, "settings": dict(settings or {})}}
 
 
 def overrides(attention: dict, seed: int, steps: Optional[int], threads: int, run_dir: Path) -> list[str]:
@@ -227,7 +243,8 @@ def run_one(config: Path, attention: dict, seed: int, steps: Optional[int], thre
     from training import config as run_config
     from training.train import train
 
-    metrics = train(run_config.load(config, overrides(attention, seed, steps, threads, run_dir)))
+    with library_kind():
+        metrics = train(run_config.load(config, overrides(attention, seed, steps, threads, run_dir)))
     return {
         "loss": float(metrics[METRIC]),
         "baseline": float(metrics["baselines"][BASELINE]),
@@ -254,7 +271,9 @@ def run(
 
     base = run_config.load(config)
     n = int(base.model.max_len)
-    k = int(kind_options(base.model.attention).k) if base.model.attention.kind == "linformer" else n // 4
+    # The base's own budget where its kind compresses to a fixed length (Linformer's k), else n/4.
+    lengths = ATTENTION_KINDS[base.model.attention.kind].compressed_lengths(base.model)
+    k = lengths[0] if lengths else n // 4
     rows = []
     for seed in seeds:
         for kind in kinds:
