@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_modules.attention import InputProjections, fuse_projections
+from lightning_modules.attention import InputProjections, SelfAttention, fuse_projections
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
@@ -23,12 +23,15 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
 
 
 def parameter_groups(model: nn.Module) -> tuple[list[str], list[str]]:
-    """The names of the trainable parameters AdamW decays, and of those it does not (biases, LayerNorm weights
-    and E/F: 1-d or projection tensors), each in ``named_parameters`` order: the optimiser's order."""
+    """The names of the trainable parameters AdamW decays, and of those it does not (1-d tensors: biases and
+    LayerNorm weights; and what each attention layer's kind exempts, e.g. Linformer's E/F:
+    :meth:`~lightning_modules.attention.base.SelfAttention.no_decay_parameters`), each in ``named_parameters``
+    order: the optimiser's order."""
+    exempt = {id(p) for m in model.modules() if isinstance(m, SelfAttention) for p in m.no_decay_parameters()}
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (no_decay if p.ndim < 2 or ".bank." in f".{name}" else decay).append(name)
+            (no_decay if p.ndim < 2 or id(p) in exempt else decay).append(name)
     return decay, no_decay
 
 

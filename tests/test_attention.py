@@ -7,8 +7,8 @@ import tiny
 import torch
 
 from lightning_modules.attention import build_attention
+from lightning_modules.attention.linformer.projections import ProjectionBank
 from lightning_modules.encoder import TransformerEncoder, count_parameters
-from lightning_modules.projections import ProjectionBank
 
 D, H, N = 32, 4, 16
 
@@ -125,7 +125,7 @@ def test_projection_parameter_counts_match_the_paper(share, expected):
         },
         vocab_size=20,
     )
-    assert count_parameters(enc.bank) == expected(L_, H, n, k)
+    assert count_parameters(enc.shared) == expected(L_, H, n, k)
     full = TransformerEncoder(
         {"max_len": n, "d_model": D, "n_heads": H, "n_layers": L_, "d_ff": 64, "attention": {"kind": "full"}},
         vocab_size=20,
@@ -166,7 +166,7 @@ def test_a_standalone_layer_moves_its_projections_with_it_and_computes_eq_7_in_f
     layer = build_attention(
         {"max_len": N, "d_model": D, "n_heads": H, "attention": tiny.attention(k=k, order="project_first")}
     )
-    assert {name for name, _ in layer.named_parameters()} >= {"bank.weight_0", "bank.weight_1"}
+    assert {name for name, _ in layer.named_parameters()} >= {"shared.weight_0", "shared.weight_1"}
     layer = layer.double().eval()
     assert all(p.dtype == torch.float64 for p in [*layer.parameters(), *layer.buffers()])
     x = torch.randn(2, t, D, dtype=torch.float64)

@@ -31,8 +31,8 @@ from torch.nn.parallel import DistributedDataParallel
 from foundation.checkpoint import read_checkpoint
 from foundation.rundir import CHECKPOINT, RUN_DIR_ENV, choose_run_dir, shared_with_ranks
 from lightning_modules.attention.linformer import LinformerOptions
+from lightning_modules.attention.linformer.projections import PROJECTION_KINDS
 from lightning_modules.language_model import TokenPredictionModule
-from lightning_modules.projections import PROJECTION_KINDS
 from training import config as run_config
 from training.train import build_datamodule, build_module, train
 

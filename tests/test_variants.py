@@ -14,8 +14,8 @@ from torch import nn
 
 from foundation.errors import ConfigError
 from lightning_modules.attention import build_attention
+from lightning_modules.attention.linformer.projections import ProjectionBank
 from lightning_modules.encoder import TransformerEncoder, count_parameters
-from lightning_modules.projections import ProjectionBank
 from training import config as run_config
 
 N, D, H, L, V = 16, 16, 2, 2, 40
@@ -113,7 +113,7 @@ def test_padding_never_changes_real_token_outputs(name):
 
 # ----------------------------------------------------------------------------- random vs learned
 def test_random_projection_draws_what_learned_draws_and_is_frozen():
-    learned, frozen = encoder({"k": 4}).bank, encoder({"k": 4, "projection": "random"}).bank
+    learned, frozen = encoder({"k": 4}).shared, encoder({"k": 4, "projection": "random"}).shared
     assert torch.equal(learned.weight_0, frozen.weight_0)  # same distribution, same draw
     assert count_parameters(frozen) == 0
     assert {n for n, _ in frozen.named_buffers()} == {f"weight_{i}" for i in range(L)}
@@ -123,9 +123,9 @@ def test_random_projection_is_restored_from_a_checkpoint_not_redrawn(tmp_path):
     saved = encoder({"k": 4, "projection": "random"}, seed=0)
     torch.save(saved.state_dict(), tmp_path / "ckpt.pt")
     reloaded = encoder({"k": 4, "projection": "random"}, seed=7)
-    assert not torch.equal(reloaded.bank.weight_0, saved.bank.weight_0)
+    assert not torch.equal(reloaded.shared.weight_0, saved.shared.weight_0)
     reloaded.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=True))
-    assert torch.equal(reloaded.bank.weight_0, saved.bank.weight_0)
+    assert torch.equal(reloaded.shared.weight_0, saved.shared.weight_0)
 
 
 @pytest.mark.parametrize("projection", ["learned", "random"])
@@ -319,7 +319,7 @@ def _count(attention):
         },
         vocab_size=V,
     )
-    return count_parameters(enc.bank), sum(b.numel() for b in enc.bank.buffers())
+    return count_parameters(enc.shared), sum(b.numel() for b in enc.shared.buffers())
 
 
 def _windows(ks):
@@ -376,10 +376,10 @@ def test_random_projections_are_buffers_with_the_learned_count(share):
 def test_nonuniform_k_gives_each_layer_its_k(share):
     enc = encoder({"k": [6, 3], "share": share})
     for layer, k in enumerate([6, 3]):
-        e, f = enc.bank.matrices(layer, N)
+        e, f = enc.shared.matrices(layer, N)
         assert e.shape[-2:] == f.shape[-2:] == (k, N)
     if share == "layerwise":  # the first k_l rows of one matrix
-        torch.testing.assert_close(enc.bank.matrices(1, N)[0], enc.bank.weight_0[0, :, :3])
+        torch.testing.assert_close(enc.shared.matrices(1, N)[0], enc.shared.weight_0[0, :, :3])
     assert enc(torch.randint(0, V, (2, N))).shape == (2, N, D)
 
 

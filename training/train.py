@@ -496,7 +496,7 @@ def run_metrics_of(
         **validation_examples(trainer.callback_metrics),
         "global_step": global_step,
         "parameters": module.n_parameters,
-        "projection_parameters": count_parameters(module.encoder.bank) if module.encoder.bank is not None else 0,
+        "projection_parameters": module.encoder.attention_class.projection_parameters(module.encoder.shared),
         "wall_time_s": time.time() - started,
         "train_time_s": run.train_seconds,
         "tokens": run.tokens,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import fields
-from typing import Any, Callable, ClassVar, NamedTuple, Optional
+from typing import Any, Callable, ClassVar, Iterable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -173,8 +173,8 @@ class SelfAttention(nn.Module):
     * ``Options``: a dataclass of the kind's own options (``model.attention.options``), or None;
     * ``has_causal_form``: False refuses ``causal: true`` in the config check;
     * :meth:`check`: the kind's config rules; :meth:`select`: the class that implements the given options
-      (a kind may have several forms); :meth:`shared`: one module the whole model shares (built once by the
-      encoder, registered there, handed to every layer).
+      (a kind may have several forms); :meth:`build_shared`: one module the whole model shares (built once by the
+      encoder, registered there as ``shared``, handed to every layer as its ``shared``).
     """
 
     kind: ClassVar[str] = ""
@@ -191,7 +191,7 @@ class SelfAttention(nn.Module):
         self.in_proj, self.out_proj = InputProjections(d, self.projections), nn.Linear(d, d)
         # A shared module belongs to the encoder: keep it out of this module's children so it is registered
         # (and counted, and synchronised by DDP) exactly once.
-        self.__dict__["bank"] = shared
+        self.__dict__["shared"] = shared
 
     @property
     def q_proj(self) -> Optional[Linear]:
@@ -220,8 +220,8 @@ class SelfAttention(nn.Module):
     def own(self, shared: nn.Module) -> None:
         """Make ``shared`` this layer's child: a standalone layer (no encoder to hold it) moves, converts, saves
         and trains its shared module with itself (``.to()``, ``.double()``, ``state_dict``, ``parameters``)."""
-        del self.__dict__["bank"]
-        self.bank = shared
+        del self.__dict__["shared"]
+        self.shared = shared
 
     # ------------------------------------------------------------------------------ plug-in interface
     @classmethod
@@ -234,9 +234,20 @@ class SelfAttention(nn.Module):
         return cls
 
     @classmethod
-    def shared(cls, model: DictConfig) -> Optional[nn.Module]:
+    def build_shared(cls, model: DictConfig) -> Optional[nn.Module]:
         """A module shared by every layer of the model (None: nothing shared)."""
         return None
+
+    def no_decay_parameters(self) -> Iterable[nn.Parameter]:
+        """Parameters of this layer (or of its shared module) that AdamW must not decay, beyond the biases and
+        norms that no kind decays (``lightning_modules.optim``); none by default."""
+        return ()
+
+    @classmethod
+    def projection_parameters(cls, shared: Optional[nn.Module]) -> int:
+        """The trainable parameters of the kind's sequence projections, held by the model's ``shared`` module
+        (``metrics.json``'s ``projection_parameters``); 0 for a kind without."""
+        return 0
 
     # What analysis calls the layer's context-mapping matrix (``analyze``'s figure titles).
     context_label: ClassVar[str] = "P = softmax(QKᵀ/√d)"
@@ -294,6 +305,35 @@ class SelfAttention(nn.Module):
         """Per layer, the number of slots a query attends to when the kind compresses the sequence to a fixed
         length (Linformer's k); None for a kind that does not."""
         return None
+
+    @classmethod
+    def analyze_shared(
+        cls, shared: Optional[nn.Module], reference_grams: Optional[list[Tensor]], seed: int
+    ) -> tuple[dict, dict]:
+        """What the model's ``shared`` module learned (``linformer-lab analyze``): summary entries and figures (name →
+        matplotlib Figure). ``reference_grams``: per layer Σ PᵀP of a full-attention run on the same sequences (with
+        ``--reference``), ``seed`` the run's. Nothing by default."""
+        return {}, {}
+
+    @classmethod
+    def report_shared(cls, summary: dict) -> list[str]:
+        """The lines of ``analyze``'s text report for the entries :meth:`analyze_shared` put into ``summary``."""
+        return []
+
+    @classmethod
+    def spectrum_suggestions(
+        cls, ks: list[int], run_dir: Any, step: int, energy: float, samples: int
+    ) -> dict[str, str]:
+        """Config layers (file name → YAML text) that give this kind the compressed length ``ks[l]`` in layer l: the
+        smallest length keeping ``energy`` of every head's cumulative singular value in the attention spectrum of
+        the run ``run_dir`` at ``step`` on ``samples`` sequences. ``analyze`` writes every registered kind's into the
+        run's ``analysis/``, whatever the analysed run's kind. None by default."""
+        return {}
+
+    @classmethod
+    def spectrum_report(cls, ks: list[int]) -> list[str]:
+        """The lines of ``analyze``'s text report that name :meth:`spectrum_suggestions`' lengths ``ks``."""
+        return []
 
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         """The heads' outputs: x (B, T, d), q (B, h, T, d_h), mask (B, T) or None → (B, h, T, d_h), for a kind that
