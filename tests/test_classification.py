@@ -21,6 +21,8 @@ from datamodules.corpus import iter_texts, load_text_corpus
 from datamodules.embedded import load_embedded
 from datamodules.tokenizer import CLS_ID, SEP_ID, build_tokenizer
 from experiments import cli, pipeline
+from foundation.configfile import to_container
+from foundation.errors import ConfigError
 from lightning_modules.classifier import SequenceClassifierModule
 from training import config as run_config
 from training.train import build_datamodule, build_module
@@ -173,9 +175,7 @@ def test_local_directory_laid_out_like_the_hub_repo_goes_through_the_hub_branch(
     assert num_labels == 2  # from the ClassLabel feature
     assert got["test"] == as_triples(splits["validation"])
     assert got["validation"] == held_out(splits["train"], 0.0, 0.2)
-    with pytest.raises(
-        run_config.ConfigError, match=r"^data\.classify\.num_labels: 3, but the label feature has 2 classes"
-    ):
+    with pytest.raises(ConfigError, match=r"^data\.classify\.num_labels: 3, but the label feature has 2 classes"):
         loaded(OmegaConf.merge(cfg, {"classify": {"num_labels": 3}}))
 
 
@@ -340,7 +340,7 @@ LABEL_ERRORS = {
 def test_label_problems_are_one_line_errors_naming_the_key(tmp_path, case):
     name, content, overrides, message = LABEL_ERRORS[case]
     cfg = data_cfg(tmp_path, source=write(tmp_path / name, content), **overrides)
-    with pytest.raises(run_config.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         loaded(cfg)
     assert str(err.value) == message
 
@@ -357,7 +357,7 @@ def test_an_empty_split_is_an_error_and_the_cli_exits_2_writing_nothing(tmp_path
     assert not (tmp_path / "runs").exists()
     header_only = write(tmp_path / "d" / "dev.csv", "text,label\n")
     write(tmp_path / "d" / "train.csv", "text,label\nhello,1\n")
-    with pytest.raises(run_config.ConfigError, match=f"^data.source: cannot read '{header_only}': "):
+    with pytest.raises(ConfigError, match=f"^data.source: cannot read '{header_only}': "):
         loaded(data_cfg(tmp_path, source=str(tmp_path / "d")))
 
 
@@ -487,9 +487,7 @@ def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tin
     encoder = {k.removeprefix("encoder."): v for k, v in pretrained.items() if k.startswith("encoder.")}
     assert encoder.keys() == loaded_module.encoder.state_dict().keys()
     assert all(torch.equal(v, encoder[k]) for k, v in loaded_module.encoder.state_dict().items())
-    fresh = SequenceClassifierModule(
-        run_config.to_container(OmegaConf.merge(cfg, {"init_from": None})), dm.vocab_size, 2
-    )
+    fresh = SequenceClassifierModule(to_container(OmegaConf.merge(cfg, {"init_from": None})), dm.vocab_size, 2)
     assert not torch.equal(fresh.encoder.tok.weight, encoder["tok.weight"])
     assert math.isfinite(json.loads((ft_dir / "metrics.json").read_text())["best_val/accuracy"])
     ft_events = EventAccumulator(str(ft_dir), size_guidance={"scalars": 0})

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from experiments import cli
 from foundation.errors import ConfigError
-from lightning_modules.attention import ATTENTION_KINDS, build_attention, fuse_projections
+from lightning_modules.attention import ATTENTION_KINDS, build_attention
 from lightning_modules.attention.lsh import SELF_SCORE
 from lightning_modules.attention.performer import orthogonal_features
 from lightning_modules.encoder import TransformerEncoder
@@ -115,27 +115,6 @@ def test_state_dict_round_trip_reproduces_outputs_exactly(name, tmp_path):
     ids = torch.randint(0, V, (2, N))
     with torch.no_grad():
         assert torch.equal(source(ids), target(ids))
-
-
-@pytest.mark.parametrize("name", ["lsh", "no_context", "sparse_fixed", "nystrom"])
-def test_a_state_dict_with_separate_q_k_v_projections_loads_with_the_same_outputs(name):
-    source, target = encoder(name, seed=0), encoder(name, seed=1)
-    layers = {f"blocks.{i}.attn.": block.attn for i, block in enumerate(source.blocks)}
-    old = {}
-    for key, value in source.state_dict().items():
-        prefix, fused, what = key.rpartition("in_proj.")
-        if not fused:
-            old[key] = value
-            continue
-        names = layers[prefix].in_proj.names  # the row order of the fused weight, e.g. "qvk"
-        for n, rows in zip(names, value.chunk(len(names))):
-            old[f"{prefix}{n}_proj.{what}"] = rows.clone()
-    assert "blocks.0.attn.v_proj.weight" in old and not any("in_proj" in key for key in old)
-    target.load_state_dict(old)
-    ids = torch.randint(0, V, (2, N))
-    with torch.no_grad():
-        assert torch.equal(source(ids), target(ids))
-    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), fuse_projections(old).values()))
 
 
 @pytest.mark.parametrize("name", CAUSAL)

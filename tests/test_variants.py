@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from foundation.configfile import to_container
 from foundation.errors import ConfigError
 from lightning_modules.attention import build_attention
 from lightning_modules.attention.linformer.projections import ProjectionBank
@@ -480,7 +481,7 @@ def test_combinations_that_cannot_work_fail_at_config_time_with_one_line(overrid
 )
 def test_combinations_that_work_pass_the_config_check_and_build(overrides):
     cfg = run_config.load(run_config.CONFIG_DIR / "base.yaml", overrides + ["model.max_len=64"])
-    assert TransformerEncoder(run_config.to_container(cfg.model), V)(torch.randint(0, V, (1, 64))).shape == (1, 64, 128)
+    assert TransformerEncoder(to_container(cfg.model), V)(torch.randint(0, V, (1, 64))).shape == (1, 64, 128)
 
 
 VARIANT_FILES = {  # file → (task, what it sets under model.attention)
@@ -497,7 +498,7 @@ VARIANT_FILES = {  # file → (task, what it sets under model.attention)
 
 @pytest.mark.parametrize("name", VARIANT_FILES)
 def test_each_variant_has_an_experiment_file_that_selects_it(name):
-    cfg = run_config.to_container(run_config.load(run_config.CONFIG_DIR / f"{name}.yaml"))
+    cfg = to_container(run_config.load(run_config.CONFIG_DIR / f"{name}.yaml"))
     task, attention = VARIANT_FILES[name]
     assert (cfg["experiment"], cfg["task"]) == (name, task)
     att = cfg["model"]["attention"]

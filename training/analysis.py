@@ -31,10 +31,11 @@ from omegaconf import DictConfig
 
 from foundation.atomic import atomic_write, atomic_write_text, write_json
 from foundation.checkpoint import check_architecture, read_checkpoint
+from foundation.configfile import flatten, to_container
 from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT
 from lightning_modules import analysis
-from lightning_modules.attention import ATTENTION_KINDS, attention_class, fuse_projections
+from lightning_modules.attention import ATTENTION_KINDS, attention_class
 from lightning_modules.figures import figure_to_array
 from training import config as run_config
 from training.train import build_datamodule, build_module
@@ -72,8 +73,7 @@ def read_run(path: Path) -> Run:
         raise ConfigError(f"{ckpt_path}: not a linformer-lab checkpoint (no config/vocab_size hyper-parameters)")
     cfg = run_config.merge_run([hparams["config"]])
     run_config.check(cfg)
-    weights = fuse_projections(ckpt["state_dict"])  # a checkpoint with separate Q/K/V projections too
-    return Run(run_dir, ckpt_path, cfg, int(ckpt.get("global_step", 0)), hparams["vocab_size"], weights)
+    return Run(run_dir, ckpt_path, cfg, int(ckpt.get("global_step", 0)), hparams["vocab_size"], ckpt["state_dict"])
 
 
 def load_module(run: Run, datamodule: L.LightningDataModule) -> L.LightningModule:
@@ -92,7 +92,7 @@ def load_module(run: Run, datamodule: L.LightningDataModule) -> L.LightningModul
 def _same_data(run: DictConfig, reference: DictConfig) -> None:
     """The reference must have seen the same token ids: same task, data (loader knobs aside), n."""
     pairs = [("task", run.task, reference.task), ("model.max_len", run.model.max_len, reference.model.max_len)]
-    mine, theirs = (run_config.flatten(run_config.to_container(c.data)) for c in (run, reference))
+    mine, theirs = (flatten(to_container(c.data)) for c in (run, reference))
     pairs += [(f"data.{key}", mine[key], theirs.get(key)) for key in sorted(mine) if key not in _LOADER_ONLY]
     for key, a, b in pairs:
         if a != b:

@@ -16,7 +16,6 @@ depends on a later position.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import fields
 from typing import Any, Callable, ClassVar, Iterable, NamedTuple, Optional
 
@@ -143,27 +142,6 @@ class InputProjections(nn.Module):
         return tuple(out[self.names.index(name) - first] for name in names)
 
 
-_SEPARATE = re.compile(r"(.*)([qkv])_proj\.(weight|bias)$")
-
-
-def fuse_projections(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A state dict with every layer's separate ``q_proj``, ``k_proj``, ``v_proj`` tensors (checkpoints of the
-    layout before :class:`InputProjections`) replaced by their fused ``in_proj`` rows; other entries as they
-    were, in their order."""
-    fused: dict[str, Tensor] = {}
-    for key, value in state.items():
-        found = _SEPARATE.match(key)
-        if found is None:
-            fused[key] = value
-            continue
-        prefix, _, what = found.groups()
-        name = f"{prefix}in_proj.{what}"
-        if name not in fused:
-            parts = [f"{prefix}{n}_proj.{what}" for n in InputProjections.ROWS]
-            fused[name] = torch.cat([state[part] for part in parts if part in state])
-    return fused
-
-
 class SelfAttention(nn.Module):
     """Multi-head self-attention: x (B, T, d) [+ mask (B, T)] → (B, T, d).
 
@@ -207,15 +185,6 @@ class SelfAttention(nn.Module):
     def v_proj(self) -> Optional[Linear]:
         """W_v, b_v (views of ``in_proj``)."""
         return self.in_proj.part("v")
-
-    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
-        # A state dict with separate q_proj/k_proj/v_proj tensors loads into the fused rows.
-        if any(f"{prefix}{name}_proj.weight" in state_dict for name in "qkv"):
-            own = {key: value for key, value in state_dict.items() if key.startswith(prefix)}
-            for key in own:
-                del state_dict[key]
-            state_dict.update(fuse_projections(own))
-        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def own(self, shared: nn.Module) -> None:
         """Make ``shared`` this layer's child: a standalone layer (no encoder to hold it) moves, converts, saves
