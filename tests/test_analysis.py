@@ -205,7 +205,7 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_recorded_probabilities_are_the_ones_the_layer_attends_with(variant):
     att = VARIANTS[variant]
-    cfg = tiny.small_model(tiny.attention(**att))
+    cfg = tiny.model(tiny.attention(**att))
     torch.manual_seed(0)
     encoder = TransformerEncoder(cfg, 40).eval()
     ids = torch.randint(5, 40, (3, 16))
@@ -269,7 +269,7 @@ def test_causal_linformer_context_matrix_is_causal_row_stochastic_and_is_the_lay
 
 
 def test_causal_linformer_spectrum_has_one_singular_value_per_position():
-    cfg = tiny.small_model(tiny.attention("linformer", causal=True, k=4))
+    cfg = tiny.model(tiny.attention("linformer", causal=True, k=4))
     torch.manual_seed(0)
     mask = torch.ones(3, 16, dtype=torch.bool)
     mask[1, :6] = False  # an all-padding prefix stays finite

@@ -9,6 +9,7 @@ import random
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import tiny
 import torch
 from datasets import ClassLabel, Dataset, Features, Value
 from omegaconf import OmegaConf
@@ -16,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from datamodules.cache import unit_hash
 from datamodules.classification import ClassificationDataModule, encode, label_array, labelled_splits, load_labelled
-from datamodules.config import DataConfig, TokenizerConfig
+from datamodules.config import TokenizerConfig
 from datamodules.corpus import iter_texts, load_text_corpus
 from datamodules.embedded import load_embedded
 from datamodules.tokenizer import CLS_ID, SEP_ID, build_tokenizer
@@ -41,12 +42,6 @@ def rows(n, seed, pair=False):
             {"text": f"{i}-{seed} {text}", "pair": f"is it {i}-{seed}?" if pair else None, "label": rng.randrange(2)}
         )
     return out
-
-
-def data_cfg(tmp_path, **overrides):
-    return OmegaConf.merge(
-        OmegaConf.structured(DataConfig), {"cache_dir": str(tmp_path / "cache"), "val_fraction": 0.2, **overrides}
-    )
 
 
 def loaded(cfg):
@@ -114,8 +109,9 @@ def test_glue_tsv_sentence_pairs_use_dev_as_test_and_hold_out_validation(tmp_pat
     train, dev, test = rows(60, 1, pair=True), rows(15, 2, pair=True), rows(15, 3, pair=True)
     write_glue_tsv(tmp_path / "QNLI", train, dev, test)
     got, num_labels = loaded(
-        data_cfg(
+        tiny.data_cfg(
             tmp_path,
+            val_fraction=0.2,
             source=str(tmp_path / "QNLI"),
             text_column="question",
             text_pair_column="sentence",
@@ -136,7 +132,13 @@ def test_single_csv_file_holds_out_validation_and_test(tmp_path):
         writer.writerow(["review", "sentiment"])
         writer.writerows([e["text"], e["label"]] for e in examples)
     got, _ = loaded(
-        data_cfg(tmp_path, source=str(tmp_path / "reviews.csv"), text_column="review", label_column="sentiment")
+        tiny.data_cfg(
+            tmp_path,
+            val_fraction=0.2,
+            source=str(tmp_path / "reviews.csv"),
+            text_column="review",
+            label_column="sentiment",
+        )
     )
     assert got["validation"] == held_out(examples, 0.0, 0.2) and got["validation"]
     assert got["test"] == held_out(examples, 0.2, 0.4) and got["test"]
@@ -150,7 +152,7 @@ def test_jsonl_files_with_all_three_splits_are_taken_as_they_are(tmp_path):
         (tmp_path / "d" / f"{name}.jsonl").write_text(
             "".join(json.dumps({"text": e["text"], "label": e["label"]}) + "\n" for e in examples)
         )
-    got, _ = loaded(data_cfg(tmp_path, source=str(tmp_path / "d")))
+    got, _ = loaded(tiny.data_cfg(tmp_path, val_fraction=0.2, source=str(tmp_path / "d")))
     assert got == {name: as_triples(examples) for name, examples in splits.items()}
 
 
@@ -162,7 +164,7 @@ def test_parquet_train_and_test_hold_out_only_validation(tmp_path):
             pa.Table.from_pylist([{"text": e["text"], "label": e["label"]} for e in examples]),
             tmp_path / "p" / f"{name}.parquet",
         )
-    got, _ = loaded(data_cfg(tmp_path, source=str(tmp_path / "p")))
+    got, _ = loaded(tiny.data_cfg(tmp_path, val_fraction=0.2, source=str(tmp_path / "p")))
     assert got["test"] == as_triples(test)
     assert got["validation"] == held_out(train, 0.0, 0.2) and got["train"] == held_out(train, 0.2, 1.0)
 
@@ -170,7 +172,9 @@ def test_parquet_train_and_test_hold_out_only_validation(tmp_path):
 def test_local_directory_laid_out_like_the_hub_repo_goes_through_the_hub_branch(tmp_path):
     splits = {"train": rows(50, 10), "validation": rows(12, 11), "test": rows(12, 12)}
     write_hub_repo(tmp_path / "glue", "sst2", splits)
-    cfg = data_cfg(tmp_path, source=str(tmp_path / "glue"), subset="sst2", text_column="sentence")
+    cfg = tiny.data_cfg(
+        tmp_path, val_fraction=0.2, source=str(tmp_path / "glue"), subset="sst2", text_column="sentence"
+    )
     got, num_labels = loaded(cfg)
     assert num_labels == 2  # from the ClassLabel feature
     assert got["test"] == as_triples(splits["validation"])
@@ -181,9 +185,9 @@ def test_local_directory_laid_out_like_the_hub_repo_goes_through_the_hub_branch(
 
 # ------------------------------------------------------------------------------- embedded tasks
 def test_embedded_tasks_use_the_mlm_split_so_pretraining_never_saw_their_evaluation_text(tmp_path):
-    mlm_train = set(iter_texts(load_text_corpus(data_cfg(tmp_path, source="embedded"))["train"]))
+    mlm_train = set(iter_texts(load_text_corpus(tiny.data_cfg(tmp_path, val_fraction=0.2, source="embedded"))["train"]))
     for source, total in (("rotten_tomatoes", 8530), ("imdb", 25000)):
-        got, num_labels = loaded(data_cfg(tmp_path, source=source))
+        got, num_labels = loaded(tiny.data_cfg(tmp_path, val_fraction=0.2, source=source))
         reference = load_embedded(sources=source)
         assert num_labels == 2 and sum(len(v) for v in got.values()) == total
         for split in ("train", "validation", "test"):
@@ -262,8 +266,9 @@ def test_tokenizing_only_the_first_words_gives_the_tokens_of_the_whole_text(tmp_
 def test_data_module_batches_pad_to_the_longest_and_keep_labels(tmp_path):
     train, dev, test = rows(60, 1, pair=True), rows(15, 2, pair=True), rows(15, 3, pair=True)
     write_glue_tsv(tmp_path / "QNLI", train, dev, test)
-    cfg = data_cfg(
+    cfg = tiny.data_cfg(
         tmp_path,
+        val_fraction=0.2,
         source=str(tmp_path / "QNLI"),
         text_column="question",
         text_pair_column="sentence",
@@ -339,7 +344,7 @@ LABEL_ERRORS = {
 @pytest.mark.parametrize("case", sorted(LABEL_ERRORS))
 def test_label_problems_are_one_line_errors_naming_the_key(tmp_path, case):
     name, content, overrides, message = LABEL_ERRORS[case]
-    cfg = data_cfg(tmp_path, source=write(tmp_path / name, content), **overrides)
+    cfg = tiny.data_cfg(tmp_path, val_fraction=0.2, source=write(tmp_path / name, content), **overrides)
     with pytest.raises(ConfigError) as err:
         loaded(cfg)
     assert str(err.value) == message
@@ -358,7 +363,7 @@ def test_an_empty_split_is_an_error_and_the_cli_exits_2_writing_nothing(tmp_path
     header_only = write(tmp_path / "d" / "dev.csv", "text,label\n")
     write(tmp_path / "d" / "train.csv", "text,label\nhello,1\n")
     with pytest.raises(ConfigError, match=f"^data.source: cannot read '{header_only}': "):
-        loaded(data_cfg(tmp_path, source=str(tmp_path / "d")))
+        loaded(tiny.data_cfg(tmp_path, val_fraction=0.2, source=str(tmp_path / "d")))
 
 
 # ------------------------------------------------------------------------------- init_from
