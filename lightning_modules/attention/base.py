@@ -153,6 +153,9 @@ class SelfAttention(nn.Module):
     * :meth:`check`: the kind's config rules; :meth:`select`: the class that implements the given options
       (a kind may have several forms); :meth:`build_shared`: one module the whole model shares (built once by the
       encoder, registered there as ``shared``, handed to every layer as its ``shared``).
+
+    The other hooks are grouped below by who asks: the model, training, analysis and the bench
+    (``docs/extending.md`` lists them all).
     """
 
     kind: ClassVar[str] = ""
@@ -192,7 +195,7 @@ class SelfAttention(nn.Module):
         del self.__dict__["shared"]
         self.shared = shared
 
-    # ------------------------------------------------------------------------------ plug-in interface
+    # ---------------------------------------------- hooks of the model: rules, forms, what is shared, weights
     @classmethod
     def check(cls, model: DictConfig) -> None:
         """The kind's own rules (ConfigError naming key, value and what is allowed)."""
@@ -207,21 +210,6 @@ class SelfAttention(nn.Module):
         """A module shared by every layer of the model (None: nothing shared)."""
         return None
 
-    def no_decay_parameters(self) -> Iterable[nn.Parameter]:
-        """Parameters of this layer (or of its shared module) that AdamW must not decay, beyond the biases and
-        norms that no kind decays (``lightning_modules.optim``); none by default."""
-        return ()
-
-    @classmethod
-    def projection_parameters(cls, shared: Optional[nn.Module]) -> int:
-        """The trainable parameters of the kind's sequence projections, held by the model's ``shared`` module
-        (``metrics.json``'s ``projection_parameters``); 0 for a kind without."""
-        return 0
-
-    # What analysis calls the layer's context-mapping matrix (``analyze``'s figure titles).
-    context_label: ClassVar[str] = "P = softmax(QKᵀ/√d)"
-    # Every query weighs every key by softmax(q·k/√d_h) (full attention): a reference for other kinds' maps.
-    exact: ClassVar[bool] = False
     # Options that no weight depends on (they may differ between pretraining and fine-tuning).
     weight_free_options: ClassVar[tuple[str, ...]] = ()
 
@@ -233,30 +221,35 @@ class SelfAttention(nn.Module):
         return {key: value for key, value in options.items() if key not in cls.weight_free_options}
 
     @classmethod
-    def bench_variants(cls, k: int, n: int) -> dict[str, dict]:
-        """The variants of this kind the bench times at a budget matched to Linformer's k: each query attends to
-        about k slots at sequence length n. Variant name → its ``model.attention`` dict; {}: none."""
-        return {}
-
-    # The public implementation the bench races this kind against (``bench --levels libraries``): the bench
-    # variant that races it, the library's pip name and its import name; None: none.
-    reference: ClassVar[Optional[tuple[str, str, str]]] = None
-
-    @classmethod
-    def reference_attention(cls, n: int, k: int) -> dict:
-        """The ``model.attention`` dict of the layer that races :attr:`reference` at length n and budget k."""
-        raise NotImplementedError
-
-    def reference_layer(self, library: Any, n: int, k: int) -> tuple[Callable[[Tensor], Tensor], bool, tuple]:
-        """The library's layer (imported module ``library``) matched to this one, x (B, n, d) → (B, n, d); whether
-        both compute the same function (their outputs are then compared); the modules holding its parameters."""
-        raise NotImplementedError
-
-    @classmethod
     def extra_parameters(cls, model: DictConfig) -> int:
         """An upper estimate of the parameters and buffers the kind adds to the model beyond each layer's Q/K/V/O
         (the memory preflight's estimate)."""
         return 0
+
+    @classmethod
+    def compressed_lengths(cls, model: DictConfig) -> Optional[list[int]]:
+        """Per layer, the number of slots a query attends to when the kind compresses the sequence to a fixed
+        length (Linformer's k); None for a kind that does not."""
+        return None
+
+    # ---------------------------------------------- hooks of training: the optimiser's groups, metrics.json
+    def no_decay_parameters(self) -> Iterable[nn.Parameter]:
+        """Parameters of this layer (or of its shared module) that AdamW must not decay, beyond the biases and
+        norms that no kind decays (``lightning_modules.optim``); none by default."""
+        return ()
+
+    @classmethod
+    def projection_parameters(cls, shared: Optional[nn.Module]) -> int:
+        """The trainable parameters of the kind's sequence projections, held by the model's ``shared`` module
+        (``metrics.json``'s ``projection_parameters``); 0 for a kind without."""
+        return 0
+
+    # ---------------------------------------------- hooks of analysis: linformer-lab analyze, the spectrum
+    # What analysis calls the layer's context-mapping matrix (``analyze``'s figure titles).
+    context_label: ClassVar[str] = "P = softmax(QKᵀ/√d)"
+    # Every query weighs every key by softmax(q·k/√d_h) (full attention): a reference for other kinds' maps (and the
+    # bench's baseline).
+    exact: ClassVar[bool] = False
 
     def context_matrix(self, calls: list[Tensor], length: int) -> Tensor:
         """The layer's context-mapping matrix (B, h, T, S) from the probabilities of the
@@ -268,12 +261,6 @@ class SelfAttention(nn.Module):
                 "scaled_dot_product_attention calls in one layer): the attention spectrum cannot be shown"
             )
         return calls[0]
-
-    @classmethod
-    def compressed_lengths(cls, model: DictConfig) -> Optional[list[int]]:
-        """Per layer, the number of slots a query attends to when the kind compresses the sequence to a fixed
-        length (Linformer's k); None for a kind that does not."""
-        return None
 
     @classmethod
     def analyze_shared(
@@ -304,6 +291,28 @@ class SelfAttention(nn.Module):
         """The lines of ``analyze``'s text report that name :meth:`spectrum_suggestions`' lengths ``ks``."""
         return []
 
+    # ---------------------------------------------- hooks of the bench: --variants, --levels libraries
+    @classmethod
+    def bench_variants(cls, k: int, n: int) -> dict[str, dict]:
+        """The variants of this kind the bench times at a budget matched to Linformer's k: each query attends to
+        about k slots at sequence length n. Variant name → its ``model.attention`` dict; {}: none."""
+        return {}
+
+    # The public implementation the bench races this kind against (``bench --levels libraries``): the bench
+    # variant that races it, the library's pip name and its import name; None: none.
+    reference: ClassVar[Optional[tuple[str, str, str]]] = None
+
+    @classmethod
+    def reference_attention(cls, n: int, k: int) -> dict:
+        """The ``model.attention`` dict of the layer that races :attr:`reference` at length n and budget k."""
+        raise NotImplementedError
+
+    def reference_layer(self, library: Any, n: int, k: int) -> tuple[Callable[[Tensor], Tensor], bool, tuple]:
+        """The library's layer (imported module ``library``) matched to this one, x (B, n, d) → (B, n, d); whether
+        both compute the same function (their outputs are then compared); the modules holding its parameters."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------ the equation
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         """The heads' outputs: x (B, T, d), q (B, h, T, d_h), mask (B, T) or None → (B, h, T, d_h), for a kind that
         does not read K and V of every position (it makes its own from x); the others implement :meth:`attend_qkv`.
