@@ -33,8 +33,8 @@ from foundation.checkpoint import AtomicCheckpointIO, read_checkpoint
 from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT
 from lightning_modules.optim import parameter_groups
-from sweeps import storage
-from sweeps.study import load_study
+from sweeps.run import storage
+from sweeps.spec.study import load_study
 from training import config as run_config
 from training.resume import LastCheckpoint
 from training.train import train
@@ -616,7 +616,7 @@ def test_a_grid_budget_counts_its_points_not_its_trials(tmp_path, tiny_overrides
 
 
 def test_a_study_whose_space_changed_is_refused_and_new_study_sets_the_earlier_aside(tmp_path, tiny_overrides, capsys):
-    from sweeps.sweep import check_stored, open_study
+    from sweeps.run.command import check_stored, open_study
 
     path = study_file(tmp_path, tiny_overrides, "moving", (0, 1))
     started = load_study(path)

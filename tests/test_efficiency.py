@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from sweeps import efficiency, figures
+from sweeps.report import efficiency, figures
 
 
 def row(arm, quality, speed, run_dir=None):

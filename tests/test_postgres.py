@@ -20,9 +20,9 @@ import yaml
 from optuna.trial import TrialState
 
 from experiments import cli
-from sweeps import storage
-from sweeps.study import load_study
-from sweeps.sweep import usable_workers
+from sweeps.run import storage
+from sweeps.run.command import usable_workers
+from sweeps.spec.study import load_study
 
 pytestmark = pytest.mark.postgres
 

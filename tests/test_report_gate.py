@@ -15,9 +15,10 @@ from test_sweeps import write_study
 
 from experiments import cli
 from foundation.errors import ConfigError
-from sweeps import stats, sweep, words
-from sweeps.report import write_report
-from sweeps.study import load_study
+from sweeps.report import stats, words
+from sweeps.report.command import write_report
+from sweeps.run import command as sweep
+from sweeps.spec.study import load_study
 
 ARMS = {"a": {"optim.lr": 1e-3}, "b": {"optim.lr": 2e-3}}
 CONTROL = {"reference": {"optim.lr": 1e-3}, "degraded": {"optim.lr": 5e-3}}  # reference = arm a

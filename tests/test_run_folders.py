@@ -18,9 +18,9 @@ from foundation.atomic import atomic_write_text
 from foundation.errors import ConfigError
 from foundation.lock import Owner
 from foundation.rundir import TOKENIZER
-from sweeps import storage
-from sweeps.study import load_study
-from sweeps.sweep import check_stored, open_study
+from sweeps.run import storage
+from sweeps.run.command import check_stored, open_study
+from sweeps.spec.study import load_study
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,8 +69,8 @@ def test_a_lock_whose_owner_was_killed_is_taken_over_saying_so_in_one_line(tmp_p
 # and the symlink lock Optuna's own lock leaves behind in that case (its link, relative, dangles).
 DIE_IN_AN_APPEND = """
 import os, signal, sys
-from sweeps import storage
-from sweeps.study import load_study
+from sweeps.run import storage
+from sweeps.spec.study import load_study
 study = load_study(sys.argv[1])
 backend_lock = storage.WholeLines(study.root / storage.JOURNAL)
 backend_lock.acquire()
@@ -81,9 +81,9 @@ os.kill(os.getpid(), signal.SIGKILL)
 THEN_A_SWEEP_OPENS_IT = """
 import sys
 import time
-from sweeps import storage
-from sweeps.study import load_study
-from sweeps.sweep import open_study
+from sweeps.run import storage
+from sweeps.spec.study import load_study
+from sweeps.run.command import open_study
 study = load_study(sys.argv[1])
 with storage.own_study(study, None):
     open_study(study, None).enqueue_trial({"seed": 1})
@@ -287,7 +287,7 @@ def test_a_study_preempted_many_times_at_random_moments_ends_as_an_uninterrupted
 
 
 def test_a_trial_asked_to_stop_before_it_trains_is_put_back_uncounted(tmp_path, tiny_overrides, monkeypatch):
-    from sweeps import objective, trials
+    from sweeps.run import objective, trials
 
     path = study_file(tmp_path, tiny_overrides, "stopped")
     study = load_study(path)

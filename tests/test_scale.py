@@ -18,8 +18,8 @@ from foundation.errors import ConfigError
 from lightning_modules.callbacks import TrainingFlops
 from lightning_modules.flops import count_flops, training_step_flops
 from lightning_modules.language_model import MaskedLMModule
-from sweeps import storage
-from sweeps.study import load_study
+from sweeps.run import storage
+from sweeps.spec.study import load_study
 from training import config as run_config
 from training.train import train
 
@@ -96,7 +96,7 @@ def test_a_run_records_its_training_flops_and_trains_exactly_as_it_would_without
 def test_the_gap_trend_and_its_slope_interval_match_scipy_linregress():
     from scipy import stats as sp
 
-    from sweeps import stats
+    from sweeps.report import stats
 
     x = [4.57, 4.57, 4.57, 5.01, 5.01, 5.01, 5.54, 5.54, 5.54]  # log10 parameters, 3 seeds a rung
     y = [0.021, 0.018, 0.030, 0.034, 0.029, 0.041, 0.052, 0.047, 0.060]  # gaps
@@ -202,9 +202,9 @@ def _add_trial(ostudy, seed: int, rung: str, arm: str, value: float, metrics: di
 def test_the_scale_report_gives_each_rungs_gap_its_verdict_and_the_trend_over_size(tmp_path, tiny_overrides):
     """Stored trials with known numbers (no training): rungs of 10k, 100k and 1M parameters, the Linformer gap
     0.01·(rung + 1) ± 0.002 over two seeds, so the trend is +0.01 per tenfold parameters."""
-    from sweeps import stats
-    from sweeps.report import write_report
-    from sweeps.sweep import open_study
+    from sweeps.report import stats
+    from sweeps.report.command import write_report
+    from sweeps.run.command import open_study
 
     study = load_study(ladder_study(tmp_path, tiny_overrides, name="fake_ladder"))
     ostudy = open_study(study, None)
@@ -349,7 +349,7 @@ def test_the_largest_rung_trains_one_step_at_a_sixteenth_of_its_width(gpu_preset
 
 
 def test_the_time_figure_draws_each_timed_rung_and_leaves_out_the_refused_ones():
-    from sweeps import figures, scale
+    from sweeps.report import figures, scale
 
     sizes = {"s1": 1e4, "s2": 3e4, "s3": 9e4}
     ladder = types.SimpleNamespace(
@@ -370,9 +370,9 @@ def test_a_rung_whose_target_the_trained_model_without_context_reaches_is_not_ti
     """Stored trials with curves: at every rung full ends at val ppl 12 and Linformer at 20, the unigram at 30.
     A model without context trained beside them (the control's degraded arm) at ppl 25 leaves the targets (20)
     timed; one at 18, which copies kept targets as the unigram cannot, reaches them: no rung is timed."""
-    from sweeps import efficiency, scale
-    from sweeps.report import Report
-    from sweeps.sweep import open_study
+    from sweeps.report import efficiency, scale
+    from sweeps.report.command import Report
+    from sweeps.run.command import open_study
 
     study = load_study(ladder_study(tmp_path, tiny_overrides, name="timed_ladder"))
     ostudy = open_study(study, None)

@@ -1,4 +1,4 @@
-"""The report's statistics (sweeps/stats.py) on fixed numbers: intervals, the three verdicts, Holm's
+"""The report's statistics (sweeps/report/stats.py) on fixed numbers: intervals, the three verdicts, Holm's
 correction, seed counts at 80 % power, success rates and the control's power check."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from scipy import stats as sp
 
-from sweeps import stats, words
+from sweeps.report import stats, words
 
 
 class Said:
-    """A verdict with its words (sweeps/words.py)."""
+    """A verdict with its words (sweeps/report/words.py)."""
 
     def __init__(self, verdict: stats.Verdict, text: str) -> None:
         self.verdict, self.text = verdict, text

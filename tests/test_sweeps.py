@@ -19,8 +19,9 @@ import yaml
 from optuna.trial import TrialState
 
 from experiments import cli
-from sweeps import stats, storage, words
-from sweeps.study import load_study, shipped_studies
+from sweeps.report import stats, words
+from sweeps.run import storage
+from sweeps.spec.study import load_study, shipped_studies
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"full": {"model.attention.kind": "full"}, "linformer": {"model.attention.kind": "linformer"}}
@@ -170,7 +171,7 @@ def test_each_sweep_worker_gets_its_own_gpus_counted_without_initialising_cuda(
 ):
     import torch
 
-    from sweeps import sweep
+    from sweeps.run import command as sweep
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
     monkeypatch.setattr(torch.cuda, "_lazy_init", lambda: pytest.fail("the sweep process initialised CUDA"))
@@ -278,7 +279,7 @@ def test_a_sigkilled_workers_trial_is_retried_and_the_study_completes(tmp_path, 
 def test_a_retry_continues_from_its_attempts_checkpoint_only_when_there_is_one(tmp_path):
     import torch
 
-    from sweeps.trials import copy_attempt
+    from sweeps.run.trials import copy_attempt
 
     old = tmp_path / "trial_0"
     dead = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"run_dir": str(old)})
@@ -445,7 +446,7 @@ def test_a_bad_study_file_is_one_line_and_exit_2_before_any_trial(tmp_path, tiny
 
 
 def test_an_existing_study_refuses_a_changed_objective(tmp_path, tiny_overrides, capsys):
-    from sweeps.sweep import open_study
+    from sweeps.run.command import open_study
 
     path = write_study(tmp_path, tiny_overrides, "changed", {"seed": {"type": "categorical", "choices": [0]}})
     open_study(load_study(path), None)  # the study as first run: val/loss, minimize
@@ -567,7 +568,7 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
     }
     check = stats.power_check(by_role["reference"], by_role["degraded"], trivial, "minimize")
     assert summary.index("## Power check") < summary.index("## Arms")
-    # the advice a study file without a GPU preset gets (sweeps.report.advice_of)
+    # the advice a study file without a GPU preset gets (sweeps.report.command.advice_of)
     assert all(f"- {line}" in summary for line in words.power(check, "add seeds or training steps"))
     assert ("The power check failed" in summary) == (not check.has_power)
     # the control's arms sit in the table beside the study's own arms, and in none of the comparisons
@@ -581,8 +582,8 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
 def test_a_report_whose_control_has_not_run_says_the_power_was_not_judged(tmp_path, tiny_overrides):
     from optuna.distributions import CategoricalDistribution
 
-    from sweeps.report import write_report
-    from sweeps.sweep import open_study
+    from sweeps.report.command import write_report
+    from sweeps.run.command import open_study
 
     control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}
     path = write_study(
@@ -701,8 +702,8 @@ def _add(ostudy, params: dict, value: float, metrics: Optional[dict] = None) -> 
     ],
 )
 def test_the_report_opens_with_the_answer_the_delta_and_the_holm_statement(tmp_path, tiny_overrides, a, b, first):
-    from sweeps.report import write_report
-    from sweeps.sweep import open_study
+    from sweeps.report.command import write_report
+    from sweeps.run.command import open_study
 
     arms = {"arm a": {"optim.lr": 1e-3}, "arm b": {"optim.lr": 2e-3}}
     path = write_study(
@@ -725,8 +726,8 @@ def test_the_report_opens_with_the_answer_the_delta_and_the_holm_statement(tmp_p
 
 
 def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tiny_overrides):
-    from sweeps.report import write_report
-    from sweeps.sweep import open_study
+    from sweeps.report.command import write_report
+    from sweeps.run.command import open_study
 
     arms = {"a": {"optim.lr": 1e-3}, "b": {"optim.lr": 2e-3}}
     path = write_study(
@@ -756,8 +757,8 @@ def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tin
 
 # --------------------------------------------------------------------------------------- seeds on demand
 def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp_path, tiny_overrides, capsys):
-    from sweeps.study import ADDED_SEEDS
-    from sweeps.sweep import open_study, with_added_seeds
+    from sweeps.run.command import open_study, with_added_seeds
+    from sweeps.spec.study import ADDED_SEEDS
 
     control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}
     path = write_study(
@@ -856,7 +857,7 @@ def test_add_seeds_is_refused_in_one_line_where_it_cannot_apply(tmp_path, tiny_o
 def test_a_study_stored_with_a_categorical_seed_resumes_but_cannot_grow(tmp_path, tiny_overrides, capsys):
     from optuna.distributions import CategoricalDistribution
 
-    from sweeps.sweep import open_study
+    from sweeps.run.command import open_study
 
     path = write_study(tmp_path, tiny_overrides, "legacy", {"seed": {"type": "categorical", "choices": [0, 1]}})
     study = load_study(path)

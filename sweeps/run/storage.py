@@ -12,7 +12,7 @@ while the trial runs: a trial is stale when its process is gone from this host, 
 ``GRACE_S`` (or it has none and started longer ago than that). :func:`fail_stale_trials` fails stale trials and
 enqueues a copy of each with the same params (``RetryHeartbeatStaleTrialCallback``, grid points included),
 which the next free worker runs, continuing from the dead attempt's last checkpoint
-(:func:`sweeps.trials.continue_dead_attempt`). Only public Optuna API is used.
+(:func:`sweeps.run.trials.continue_dead_attempt`). Only public Optuna API is used.
 
 Owner and journal. A journal study is owned by the ``sweep`` command that launched its workers
 (:func:`own_study`: an advisory lock on ``<study dir>/.lock``, see :mod:`foundation.lock`; a second ``sweep`` of
@@ -59,7 +59,7 @@ from foundation.errors import ConfigError
 from foundation.lock import LOCK, Owner
 from foundation.paths import check_folder
 from foundation.redact import redact
-from sweeps.study import Study
+from sweeps.spec.study import Study
 
 # Seconds between a running trial's heartbeats, and of silence after which it is stale (settable for networks
 # with long pauses, and for tests that kill workers).

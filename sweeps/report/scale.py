@@ -27,7 +27,7 @@ rung (its ``analysis/summary.json`` is reused when newer than its checkpoint and
 sample), and the effective rank of each layer's P at τ = 0.9 against the rung's parameters: does the rank of
 attention grow with the model (the paper's Fig. 1 question, across scale)?
 
-Figures (drawn by :mod:`sweeps.figures`), in the report folder: ``gap_vs_size.png`` (the gap against parameters
+Figures (drawn by :mod:`sweeps.report.figures`), in the report folder: ``gap_vs_size.png`` (the gap against parameters
 and training FLOPs, log axes, one line per compared arm, with its fitted trend, the ±δ band and each rung's
 verdict as its marker), ``rank_vs_size.png`` and ``time_to_target_vs_size.png``.
 """
@@ -44,9 +44,9 @@ from optuna.trial import TrialState
 
 from foundation.checked import read_json, read_run_config
 from lightning_modules.attention import ATTENTION_KINDS
-from sweeps import efficiency, stats, words
-from sweeps.findings import Compared, Findings, Row, run_metrics
-from sweeps.study import Study
+from sweeps.report import efficiency, stats, words
+from sweeps.report.findings import Compared, Findings, Row, run_metrics
+from sweeps.spec.study import Study
 
 ENERGY = 0.9  # τ of the effective rank across sizes
 SAMPLES = 16  # validation sequences the spectrum is measured on

@@ -1,5 +1,5 @@
 """Quality against speed, one point per arm: the time-to-target table of a study's report (its plot, ``pareto.png``, is
-:func:`sweeps.figures.pareto`).
+:func:`sweeps.report.figures.pareto`).
 
 For each arm (every seed of it): the objective's mean (quality at equal steps), the training throughput
 (``tokens_per_sec`` of ``metrics.json``: tokens over training-step seconds) and, for tasks with a perplexity,
@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 from training.curves import reach
 
-KIND_COSTS = Path(__file__).with_name("kind_costs.json")
+KIND_COSTS = Path(__file__).parents[1] / "kind_costs.json"  # sweeps/kind_costs.json
 
 
 @dataclass

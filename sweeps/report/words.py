@@ -1,13 +1,13 @@
-"""Every verdict of a report in words: one place phrases what :mod:`sweeps.stats` and :mod:`sweeps.findings`
-computed (docs/verdicts.md), for the tables, the answer and the control's power check."""
+"""Every verdict of a report in words: one place phrases what :mod:`sweeps.report.stats` and
+:mod:`sweeps.report.findings` computed (docs/verdicts.md), for the tables, the answer and the control's power check."""
 
 from __future__ import annotations
 
 import math
 from typing import Optional, Sequence
 
-from sweeps import stats
-from sweeps.findings import Compared, ContextGain, RatesCompared
+from sweeps.report import stats
+from sweeps.report.findings import Compared, ContextGain, RatesCompared
 
 PCT = f"{stats.POWER * 100:.0f} %"
 

@@ -5,28 +5,28 @@ Writes ``<output_dir>/<study>_<preset>/report/``:
 * ``trials.csv``: one row per trained trial, the control's included (number, state, objective values, params,
   arm, fail reason, duration, every scalar of its metrics.json);
 * ``summary.md``: first the reference's context gain over a model without context (a study with a control,
-  :class:`sweeps.findings.ContextGain`): below the study's ``verdict.context_gain``, or with a CI holding 0, the
+  :class:`sweeps.report.findings.ContextGain`): below the study's ``verdict.context_gain``, or with a CI holding 0, the
   only answer is "uninformative" and no verdict follows. Then the answer to the study's question in one sentence
   per objective (from the study's own arms), the δ used, the multiplicity (Holm) statement and how the
-  validation sampling error is measured; the control's power check (:func:`sweeps.stats.power_check`); per arm
+  validation sampling error is measured; the control's power check (:func:`sweeps.report.stats.power_check`); per arm
   (the control's two arms included), each objective's mean ± std over replicates (seeds), n, the no-context
   baselines beside it (the unigram on the same targets, ``trivial_loss`` / ``trivial_accuracy``) and its success
   rate where the study file sets a threshold; every pair of the study's own arms on every objective with a 95 %
-  CI, one of three verdicts (:mod:`sweeps.stats`, docs/verdicts.md: better, on par within ±δ, or undecided with
+  CI, one of three verdicts (:mod:`sweeps.report.stats`, docs/verdicts.md: better, on par within ±δ, or undecided with
   the seeds that would decide it) and its validation sampling error; quality against speed; failed trials and
   their reasons; the best parameters of open (non-grid) studies;
-* PNG plots (:mod:`sweeps.figures`, with Optuna's): optimisation history, parameter importances (when
+* PNG plots (:mod:`sweeps.report.figures`, with Optuna's): optimisation history, parameter importances (when
   at least 2 params vary), parallel coordinates, the Pareto front (2 objectives), and the validation
   loss against step of every trial, coloured by arm, read from the trials' TensorBoard events.
 * a ladder study (``ladder:`` in the study file, docs/scale.md): arms are compared only within a rung; the
   answer and a scale section give each arm's gap to the reference per rung with its verdict and its trend
   over size, time to target, and the reference's attention rank across sizes, with ``gap_vs_size.png``,
-  ``rank_vs_size.png`` and ``time_to_target_vs_size.png`` (:mod:`sweeps.scale`).
+  ``rank_vs_size.png`` and ``time_to_target_vs_size.png`` (:mod:`sweeps.report.scale`).
 
-The report is built in layers: numbers (:mod:`sweeps.stats`, :mod:`sweeps.findings`, computed once per report),
-the words that phrase every verdict (:mod:`sweeps.words`) and the figures (:mod:`sweeps.figures`); this module
-puts them together. Everything but the learning curves comes from the storage, so a report of a study run on several
-machines needs only the storage URL.
+The report is built in layers: numbers (:mod:`sweeps.report.stats`, :mod:`sweeps.report.findings`, computed once
+per report), the words that phrase every verdict (:mod:`sweeps.report.words`) and the figures
+(:mod:`sweeps.report.figures`); this module puts them together. Everything but the learning curves comes from the
+storage, so a report of a study run on several machines needs only the storage URL.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from optuna.trial import TrialState
 from foundation.atomic import atomic_text, atomic_write_text
 from foundation.configfile import read_yaml
 from foundation.errors import ConfigError
-from sweeps import efficiency, figures, scale, stats, storage, words
-from sweeps.findings import (
+from sweeps.report import efficiency, figures, scale, stats, words
+from sweeps.report.findings import (
     Findings,
     Row,
     control_label,
@@ -55,8 +55,9 @@ from sweeps.findings import (
     trivial_key,
     value,
 )
-from sweeps.study import ADDED_SEEDS, Study, load_study
-from sweeps.sweep import check_objective
+from sweeps.run import storage
+from sweeps.run.command import check_objective
+from sweeps.spec.study import ADDED_SEEDS, Study, load_study
 
 TRIVIAL = {"trivial_loss": "trivial loss", "trivial_accuracy": "trivial accuracy"}
 
@@ -554,7 +555,7 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
     if figures.pareto(speeds, study.metrics[0], study.directions[0] == "maximize", out / "pareto.png"):
         plots.append("pareto.png")
     scale_lines: list[str] = []
-    if report.ladder is not None:  # the gap across sizes, its trend, the spectrum across sizes (sweeps/scale.py)
+    if report.ladder is not None:  # the gap across sizes, its trend, the spectrum across sizes (sweeps/report/scale.py)
         ttt = scale.time_to_target(report.ladder, report.blind)
         spectra = scale.spectrum_across_sizes(report.ladder)
         drawn, not_drawn = figures.write_ladder(report.ladder, ttt, spectra, out)

@@ -1,7 +1,7 @@
 """A study file, loaded: :func:`load_study` reads, merges (file < preset < command line) and validates it, and
-:class:`Study` turns a trial's params into its run config. The file's keys are described in :mod:`sweeps.schema`;
-their checks live in :mod:`sweeps.validation`, the grid in :mod:`sweeps.grids`, the control in
-:mod:`sweeps.controls` and the model-size ladder in :mod:`sweeps.ladders`.
+:class:`Study` turns a trial's params into its run config. The file's keys are described in :mod:`sweeps.spec.schema`;
+their checks live in :mod:`sweeps.spec.validation`, the grid in :mod:`sweeps.spec.grids`, the control in
+:mod:`sweeps.spec.controls` and the model-size ladder in :mod:`sweeps.spec.ladders`.
 
 A trial's config is
 
@@ -25,11 +25,11 @@ from omegaconf import DictConfig, OmegaConf
 from foundation.configfile import merge, read_yaml
 from foundation.errors import ConfigError, check_number
 from foundation.paths import check_name
-from sweeps import grids, validation
-from sweeps.controls import control_spec
-from sweeps.grids import seed_is_categorical
-from sweeps.ladders import check_ladder
-from sweeps.schema import (
+from sweeps.spec import grids, validation
+from sweeps.spec.controls import control_spec
+from sweeps.spec.grids import seed_is_categorical
+from sweeps.spec.ladders import check_ladder
+from sweeps.spec.schema import (
     ADDED_SEEDS,
     CONTROL_PARAM,
     DEFAULT_CONTEXT_GAIN,
@@ -41,7 +41,7 @@ from sweeps.schema import (
     StudySpec,
     metric_kind,
 )
-from sweeps.validation import check_trial_devices, nested, requested_devices
+from sweeps.spec.validation import check_trial_devices, nested, requested_devices
 from training import config as run_config
 
 # Names the sweep command and the tests take from here.
@@ -368,7 +368,7 @@ def _samples(study: Study, added_seeds: tuple[int, ...]) -> list[dict]:
 
 
 def _control_study(study: Study, study_points: dict[str, dict]) -> Study:
-    """The control's grid study (:mod:`sweeps.controls`), every point's config checked; a point whose config is
+    """The control's grid study (:mod:`sweeps.spec.controls`), every point's config checked; a point whose config is
     one of ``study_points`` (config identity -> the study's params) is reused, not run (``reused``)."""
     control = Study(
         path=study.path,

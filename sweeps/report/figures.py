@@ -1,7 +1,7 @@
-"""Every figure of a study's report, drawn from the numbers of :mod:`sweeps.findings`, :mod:`sweeps.efficiency` and
-:mod:`sweeps.scale`: Optuna's plots (optimisation history, parallel coordinates, parameter importances, the
-Pareto front of two objectives), the learning curves by arm, quality against speed (``pareto.png``) and a
-ladder's ``gap_vs_size.png``, ``rank_vs_size.png`` and ``time_to_target_vs_size.png``."""
+"""Every figure of a study's report, drawn from the numbers of :mod:`sweeps.report.findings`,
+:mod:`sweeps.report.efficiency` and :mod:`sweeps.report.scale`: Optuna's plots (optimisation history, parallel
+coordinates, parameter importances, the Pareto front of two objectives), the learning curves by arm, quality against
+speed (``pareto.png``) and a ladder's ``gap_vs_size.png``, ``rank_vs_size.png`` and ``time_to_target_vs_size.png``."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import optuna
 from optuna.trial import TrialState
 
 from foundation.atomic import write_figure
-from sweeps import efficiency, scale, stats
-from sweeps.findings import Row, no_context_key, run_baselines
-from sweeps.study import Study
-from sweeps.words import fmt, signed, signed_interval
+from sweeps.report import efficiency, scale, stats
+from sweeps.report.findings import Row, no_context_key, run_baselines
+from sweeps.report.words import fmt, signed, signed_interval
+from sweeps.spec.study import Study
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -56,7 +56,7 @@ def _curves(rows: list[Row], tag: str = CURVE_TAG) -> dict[str, list[tuple[list[
 
 def _no_context_level(rows: list[Row], metric: str) -> Optional[float]:
     """The mean over the complete trials of what a model without context reaches on ``metric`` (the unigram on the
-    same targets, else the trivial baseline: :func:`sweeps.findings.no_context_key`), as summary.md reads it."""
+    same targets, else the trivial baseline: :func:`sweeps.report.findings.no_context_key`), as summary.md reads it."""
     levels = []
     for r in rows:
         metrics = {**r.metrics, **run_baselines(r)}

@@ -4,7 +4,7 @@
 Launches, or resumes, an Optuna study. The command validates the study file, the sampler's and pruner's
 arguments and the storage URL (exit 2 before any trial; ``--check`` stops there, writing nothing), takes
 ownership of a journal study (a second ``sweep`` of it gets one line naming the owner), refuses a stored
-study whose search space or objective the file has changed (:mod:`sweeps.identity`; ``--new-study`` sets the
+study whose search space or objective the file has changed (:mod:`sweeps.spec.identity`; ``--new-study`` sets the
 earlier one aside), opens the study, fails and re-enqueues trials left running by dead workers, enqueues the
 grid points not yet run, then starts W worker processes on this machine (each with cores/W torch threads,
 its output in ``<study dir>/logs/``) and prints one line per finished trial. Every worker repeats:
@@ -15,7 +15,7 @@ A trial that fails on an input error is put back uncounted and stops its worker:
 ``error:`` line and exit 2. SIGTERM (and Ctrl-C) is passed on to the workers as SIGTERM, which a worker only notes:
 at its next safe point (never inside a journal write) its running trial saves a checkpoint and is put back; the
 command exits 143 (130 for Ctrl-C). Before anything is written, a journal study's folder is checked for links and
-wrong-type names (:func:`sweeps.storage.check_study_folder`).
+wrong-type names (:func:`sweeps.run.storage.check_study_folder`).
 
 GPUs: the N GPUs this process may use (``CUDA_VISIBLE_DEVICES`` if set, else all; counted through NVML
 without initialising CUDA here) are dealt out as whole blocks of g = N // W per worker: worker i gets GPUs
@@ -51,8 +51,17 @@ from optuna.trial import FrozenTrial, TrialState
 
 from foundation.confined import open_inside
 from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
-from sweeps import identity, storage
-from sweeps.study import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM, Study, load_study, requested_devices, seed_is_categorical
+from sweeps.run import storage
+from sweeps.spec import identity
+from sweeps.spec.study import (
+    ADDED_SEEDS,
+    MAX_TRIALS,
+    SEED_PARAM,
+    Study,
+    load_study,
+    requested_devices,
+    seed_is_categorical,
+)
 from training.config import MAX_STEPS
 from training.console import clock
 
@@ -99,7 +108,7 @@ def check_optuna_arguments(study: Study) -> None:
 
 
 def open_study(study: Study, url: Optional[str], workers: int = 1) -> optuna.Study:
-    """Create the study, storing its identity (:mod:`sweeps.identity`), or load it: then its stored identity must
+    """Create the study, storing its identity (:mod:`sweeps.spec.identity`), or load it: then its stored identity must
     be the file's (Optuna would silently keep the stored directions, and a changed config would pool trials of
     two questions in one study), and a study without one (not created by this suite) is refused."""
     opened = storage.open_storage(study, url, workers)
@@ -135,7 +144,7 @@ def objective_of(study: Study) -> list[str]:
 
 
 def check_objective(study: Study, ostudy: optuna.Study, url: Optional[str]) -> None:
-    """The stored study was created by this suite and its identity is the file's (see :mod:`sweeps.identity`)."""
+    """The stored study was created by this suite and its identity is the file's (see :mod:`sweeps.spec.identity`)."""
     stored = ostudy.user_attrs.get("objective")
     where = f"{study.path}: study {study.name} in {storage.storage_display(study, url)}"
     again = "run `sweep --new-study` to start it afresh (the earlier study is kept aside) or rename the study"
@@ -280,8 +289,8 @@ def work(
 def _work_on(
     study: Study, url: Optional[str], workers: int, index: int, deadline: Optional[float], wait_for_running: bool
 ) -> None:
-    from sweeps.objective import STOP_ASKED
-    from sweeps.trials import run_trial
+    from sweeps.run.objective import STOP_ASKED
+    from sweeps.run.trials import run_trial
 
     ostudy = open_study(study, url, workers)
     # A distinct sampler seed per worker and per resumption: identical seeds would propose identical params.
@@ -312,10 +321,10 @@ def _work_on(
 
 
 def _work_entry(**kwargs) -> None:
-    from sweeps.objective import note_stop
+    from sweeps.run.objective import note_stop
 
     # A signal never cuts a journal write or a trial's bookkeeping: SIGTERM is only noted (the worker stops at the
-    # next safe point, see sweeps.trials) and Ctrl-C reaches the workers as SIGTERM from the command.
+    # next safe point, see sweeps.run.trials) and Ctrl-C reaches the workers as SIGTERM from the command.
     signal.signal(signal.SIGTERM, note_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _optuna_quiet()
@@ -439,7 +448,7 @@ def _terminated(signum: int, frame: object) -> None:
 def input_error(study: Study, ostudies: dict[str, optuna.Study], before: set[tuple[str, int]]) -> Optional[str]:
     """The line that says why the sweep stopped, when trials of this run failed on an input error (put back,
     uncounted), else None."""
-    from sweeps.trials import INPUT_ERROR
+    from sweeps.run.trials import INPUT_ERROR
 
     failed = [
         (s, t)

@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from foundation.errors import ConfigError
-from sweeps.schema import SEED_PARAM, ParamSpec
+from sweeps.spec.schema import SEED_PARAM, ParamSpec
 
 MAX_GRID_POINTS = 10_000  # the largest shipped grid has 75; each point is a trained run
 
@@ -94,7 +94,7 @@ def seed_is_categorical(trials: Sequence[Any]) -> bool:
 
 
 def add_seeds(spec: DictConfig, added_seeds: Sequence[int]) -> None:
-    """Extend the ``seed`` choices of a grid study by ``added_seeds`` (see :mod:`sweeps.schema`)."""
+    """Extend the ``seed`` choices of a grid study by ``added_seeds`` (see :mod:`sweeps.spec.schema`)."""
     if spec.sampler.kind != "grid":
         raise ConfigError(
             f"--add-seeds: an open study (sampler.kind={spec.sampler.kind}) has no grid to add "

@@ -22,8 +22,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from foundation.configfile import flatten
-from sweeps.schema import SEED_PARAM
-from sweeps.study import Study
+from sweeps.spec.schema import SEED_PARAM
+from sweeps.spec.study import Study
 from training import config as run_config
 from training.resume import MAY_CHANGE_ON_RESUME, data_identity
 

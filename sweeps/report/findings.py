@@ -1,6 +1,7 @@
 """What a study found, as numbers: its trials as report rows, every comparison of arms with its verdict, the
 success rates, and the control's power check. Computed once per report (:func:`findings`); the renderers
-(:mod:`sweeps.report`, :mod:`sweeps.scale`) and :mod:`sweeps.words` read it, and nothing here is prose."""
+(:mod:`sweeps.report.command`, :mod:`sweeps.report.scale`) and :mod:`sweeps.report.words` read it, and nothing here
+is prose."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from typing import Any, Optional
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeps import stats, storage
-from sweeps.schema import CONTROL_PARAM
-from sweeps.study import Study
+from sweeps.report import stats
+from sweeps.run import storage
+from sweeps.spec.schema import CONTROL_PARAM
+from sweeps.spec.study import Study
 
 ROLES = ("reference", "degraded")  # the control's two arms
 
@@ -379,7 +381,7 @@ def _no_context(study: Study, rows: list[Row], control_rows: list[Row]) -> dict:
 
 
 def context_of(study: Study, control_rows: list[Row]) -> Optional[ContextGain]:
-    """The reference's context gain on the first objective (see :mod:`sweeps.schema`); None while there are
+    """The reference's context gain on the first objective (see :mod:`sweeps.spec.schema`); None while there are
     fewer than 2 replicates to judge it by."""
     reference = [r for r in control_rows if r.role == "reference"]
     return _gain(
