@@ -18,7 +18,7 @@ from foundation.errors import ConfigError
 from lightning_modules.callbacks import TrainingFlops
 from lightning_modules.flops import count_flops, training_step_flops
 from lightning_modules.language_model import MaskedLMModule
-from sweeps.run import storage
+from sweeps import stored
 from sweeps.spec.study import load_study
 from training import config as run_config
 from training.train import train
@@ -250,7 +250,7 @@ def test_a_tiny_ladder_swept_and_reported_end_to_end_writes_the_gap_rank_and_tim
     path = ladder_study(tmp_path, tiny, name="tiny_ladder")
     assert cli.main(["sweep", str(path), "--workers", "2"]) == 0
     study = load_study(path)
-    trials = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).get_trials()
+    trials = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None)).get_trials()
     flops = {t.params["rung"]: t.user_attrs["metrics"]["train_flops"] for t in trials if t.params["arm"] == "full"}
     assert flops["s1"] < flops["s2"] < flops["s3"]
     assert cli.main(["report", str(path)]) == 0

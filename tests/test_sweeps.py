@@ -19,6 +19,7 @@ import yaml
 from optuna.trial import TrialState
 
 from experiments import cli
+from sweeps import stored
 from sweeps.report import stats, words
 from sweeps.run import storage
 from sweeps.spec.study import load_study, shipped_studies
@@ -47,13 +48,13 @@ def write_study(tmp_path: Path, tiny, name: str, space: dict, overrides: dict = 
 def trials_of(path: Path) -> list[optuna.trial.FrozenTrial]:
     study = load_study(path)
     try:
-        return optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).get_trials()
+        return optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None)).get_trials()
     except KeyError:  # not created yet
         return []
 
 
 def counted(trials):
-    excluded = storage.excluded_numbers(trials)
+    excluded = stored.excluded_numbers(trials)
     return [t for t in trials if t.number not in excluded]
 
 
@@ -238,7 +239,7 @@ def test_rerunning_after_the_sweep_was_killed_completes_exactly_the_budget(tmp_p
     assert len(mine) == 3 and all(t.state == TrialState.COMPLETE for t in mine)
     assert sorted(t.params["seed"] for t in mine) == [0, 1, 2]  # every grid point once, none repeated
     dead = next(t for t in trials if t.number == interrupted[0].number)
-    assert dead.state == TrialState.FAIL and dead.number in storage.excluded_numbers(trials)
+    assert dead.state == TrialState.FAIL and dead.number in stored.excluded_numbers(trials)
     # the retry continued from the dead attempt's checkpoint: one curve, every validation step once
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -508,7 +509,7 @@ def test_the_budget_counts_finished_trials_but_not_retried_or_discarded_ones():
         _trial(1, TrialState.FAIL),
         _trial(2, TrialState.PRUNED),
         _trial(3, TrialState.COMPLETE, system_attrs={"retry_history": [1]}),
-        _trial(4, TrialState.PRUNED, user_attrs={storage.DISCARDED: "budget met"}),
+        _trial(4, TrialState.PRUNED, user_attrs={stored.DISCARDED: "budget met"}),
         _trial(5, TrialState.RUNNING),
     ]
     trials = []
@@ -540,7 +541,7 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
     main = counted(trials_of(path))
     root = tmp_path / "runs" / "powered"
     cstudy = load_study(path).control
-    ctrials = optuna.load_study(study_name="powered_control", storage=storage.open_storage(cstudy, None)).get_trials()
+    ctrials = optuna.load_study(study_name="powered_control", storage=stored.open_storage(cstudy, None)).get_trials()
     # the control is its own study: the main study's sampler and budget never see it
     assert len(main) == 4 and all("control" not in t.params for t in main)
     assert sorted((t.params["control"], t.params["seed"]) for t in ctrials) == [
@@ -802,7 +803,7 @@ def test_add_seeds_runs_only_the_new_seeds_points_and_the_report_counts_them(tmp
     cstudy = load_study(path).control
 
     def control_trials():
-        return optuna.load_study(study_name="grown_control", storage=storage.open_storage(cstudy, None)).get_trials()
+        return optuna.load_study(study_name="grown_control", storage=stored.open_storage(cstudy, None)).get_trials()
 
     before = {t.number: t for t in trials_of(path)}
     assert len(before) == 2 and len(control_trials()) == 4
@@ -952,4 +953,4 @@ def test_two_workers_share_a_postgresql_study_and_the_report_reads_it(tmp_path, 
     assert sorted(t.params["seed"] for t in mine) == [0, 1, 2]
     assert cli.main(["report", str(path), "--storage", postgres_url]) == 0
     assert (tmp_path / "runs" / "rdb" / "report" / "summary.md").is_file()
-    assert not (tmp_path / "runs" / "rdb" / storage.JOURNAL).exists()
+    assert not (tmp_path / "runs" / "rdb" / stored.JOURNAL).exists()

@@ -42,6 +42,7 @@ from optuna.trial import TrialState
 from foundation.atomic import atomic_text, atomic_write_text
 from foundation.configfile import read_yaml
 from foundation.errors import ConfigError
+from sweeps import stored
 from sweeps.report import efficiency, figures, scale, stats, words
 from sweeps.report.findings import (
     Findings,
@@ -55,9 +56,8 @@ from sweeps.report.findings import (
     trivial_key,
     value,
 )
-from sweeps.run import storage
-from sweeps.run.command import check_objective
 from sweeps.spec.study import ADDED_SEEDS, Study, load_study
+from sweeps.stored import check_objective
 
 TRIVIAL = {"trivial_loss": "trivial loss", "trivial_accuracy": "trivial accuracy"}
 
@@ -424,10 +424,10 @@ def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_row
     counts = {
         s: sum(r.trial.state == s for r in rows) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     }
-    retried = sorted(storage.retried_numbers(ostudy.get_trials(deepcopy=False)))
+    retried = sorted(stored.retried_numbers(ostudy.get_trials(deepcopy=False)))
     out = [
         f"- study file: `{study.path}`" + (f", preset `{study.preset}`" if study.preset else ""),
-        f"- storage: `{storage.storage_display(study, url)}`",
+        f"- storage: `{stored.storage_display(study, url)}`",
         f"- trials: {len(rows)} finished of {study.n_trials if study.n_trials is not None else 'an open budget'} "
         f"({', '.join(f'{v} {s.name.lower()}' for s, v in counts.items())})",
     ]
@@ -435,7 +435,7 @@ def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_row
         reused = sum(r.reused for r in control_rows)
         out.append(
             f"- control: {len(control_rows) - reused} finished of {study.control.n_trials} "
-            f"(study `{study.control.name}`, storage `{storage.storage_display(study.control, url)}`)"
+            f"(study `{study.control.name}`, storage `{stored.storage_display(study.control, url)}`)"
             + (f"; {reused} more are the study's own trials, reused" if reused else "")
         )
     out.append("- objective: " + ", ".join(f"{m} ({d})" for m, d in zip(study.metrics, study.directions)))
@@ -503,15 +503,15 @@ def speeds_of(study: Study, rows: list[Row]) -> list[efficiency.ArmSpeed]:
 
 # --------------------------------------------------------------------------------------- command
 def load(study: Study, url: Optional[str]) -> optuna.Study:
-    if url is None and not (study.root / storage.JOURNAL).is_file():
+    if url is None and not (study.root / stored.JOURNAL).is_file():
         raise ConfigError(
-            f"{study.root / storage.JOURNAL}: no study journal here; run `linformer-lab sweep {study.path}` first"
+            f"{study.root / stored.JOURNAL}: no study journal here; run `linformer-lab sweep {study.path}` first"
         )
     try:
-        ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, url, create=False))
+        ostudy = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, url, create=False))
     except KeyError:
         raise ConfigError(
-            f"study {study.name}: not in {storage.storage_display(study, url)}; run the sweep first"
+            f"study {study.name}: not in {stored.storage_display(study, url)}; run the sweep first"
         ) from None
     check_objective(study, ostudy, url)
     return ostudy
@@ -557,7 +557,7 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
     scale_lines: list[str] = []
     if report.ladder is not None:  # the gap across sizes, its trend, the spectrum across sizes (sweeps/report/scale.py)
         ttt = scale.time_to_target(report.ladder, report.blind)
-        spectra = scale.spectrum_across_sizes(report.ladder)
+        spectra = scale.spectrum_across_sizes(report.ladder, out / "spectra")
         drawn, not_drawn = figures.write_ladder(report.ladder, ttt, spectra, out)
         scale_lines = scale.section(report.ladder, ttt, spectra, drawn)
         plots, skipped = plots + drawn, skipped + not_drawn

@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 from optuna.trial import FrozenTrial, TrialState
 
+from sweeps import stored
 from sweeps.report import stats
-from sweeps.run import storage
 from sweeps.spec.schema import CONTROL_PARAM
 from sweeps.spec.study import Study
 
@@ -51,7 +51,7 @@ def control_label(study: Study, role: str) -> str:
 
 def rows_of(study: Study, trials: list[FrozenTrial]) -> list[Row]:
     """Trials that count (retried and discarded ones left out), with their arm and replicate."""
-    excluded = storage.excluded_numbers(trials)
+    excluded = stored.excluded_numbers(trials)
     rows = []
     for t in trials:
         if t.number in excluded or t.state in (TrialState.WAITING, TrialState.RUNNING):

@@ -22,9 +22,10 @@ reaches it on average; each run's training seconds to reach it (:func:`training.
 over the reference's is exp(mean_s [ln t(A, r, s) − ln t(R, r, s)]), with the 95 % CI of that paired mean
 exponentiated, over the seeds where both reached it.
 
-Spectrum across sizes: :func:`training.analysis.analyze` on the reference run of the lowest seed of every
-rung (its ``analysis/summary.json`` is reused when newer than its checkpoint and measured at the same τ and
-sample), and the effective rank of each layer's P at τ = 0.9 against the rung's parameters: does the rank of
+Spectrum across sizes: the spectrum :func:`training.analysis.analyze` measures, of the reference run of the lowest
+seed of every rung (its ``analysis/summary.json`` is reused when newer than its checkpoint and measured at the same τ
+and sample; else it is measured here, nothing written into the run's folder, and kept in the report's ``spectra/``),
+and the effective rank of each layer's P at τ = 0.9 against the rung's parameters: does the rank of
 attention grow with the model (the paper's Fig. 1 question, across scale)?
 
 Figures (drawn by :mod:`sweeps.report.figures`), in the report folder: ``gap_vs_size.png`` (the gap against parameters
@@ -42,7 +43,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from optuna.trial import TrialState
 
+from foundation.atomic import write_json
 from foundation.checked import read_json, read_run_config
+from foundation.errors import ConfigError
 from lightning_modules.attention import ATTENTION_KINDS
 from sweeps.report import efficiency, stats, words
 from sweeps.report.findings import Compared, Findings, Row, run_metrics
@@ -278,22 +281,50 @@ class RungSpectrum:
     length: int  # n, the sequence length P is over
 
 
-def _analysis(run_dir: Path) -> dict[str, Any]:
-    """``analyze`` of a run at τ = ENERGY on SAMPLES sequences, reusing its summary.json when up to date."""
+def _measured(run_dir: Path) -> dict[str, Any]:
+    """The spectrum's summary entries ``linformer-lab analyze`` gives a run at τ = ENERGY on SAMPLES validation
+    sequences (the effective rank per layer), measured here without writing anything into the run's folder."""
+    from lightning_modules.analysis import measure_spectrum, validation_sample
+    from training.analysis import load_module, read_run
+    from training.train import build_datamodule
+
+    run = read_run(run_dir)
+    datamodule = build_datamodule(run.cfg)
+    datamodule.setup("validate")
+    module = load_module(run, datamodule)
+    sample = validation_sample(datamodule.val_dataloader(), SAMPLES)
+    try:
+        spectrum = measure_spectrum(module.encoder, sample)
+    except ValueError as err:  # a kind that forms no softmax matrix (SelfAttention.context_matrix)
+        raise ConfigError(f"analyze {run.run_dir}: {err}") from None
+    return {
+        "run_dir": str(run.run_dir),
+        "samples": sum(len(b["input_ids"]) for b in sample),
+        "energy": ENERGY,
+        "spectrum": {"effective_rank": spectrum.effective_ranks(ENERGY)},
+    }
+
+
+def _analysis(run_dir: Path, cache: Path) -> dict[str, Any]:
+    """The spectrum of a run at τ = ENERGY on SAMPLES sequences: the run's own ``analysis/summary.json``
+    (``linformer-lab analyze``) or the report's ``cache`` file when up to date, else measured and kept in ``cache``
+    (the report writes only into its own folder, never into a run's)."""
     from foundation.rundir import CHECKPOINT
-    from training.analysis import analyze
 
-    cached = run_dir / "analysis" / "summary.json"
-    if cached.is_file() and cached.stat().st_mtime >= (run_dir / CHECKPOINT).stat().st_mtime:
-        summary = read_json(cached)
-        if summary.get("energy") == ENERGY and summary.get("samples") == SAMPLES:
-            return summary
-    return analyze(run_dir, samples=SAMPLES, energy=ENERGY)
+    for kept in (run_dir / "analysis" / "summary.json", cache):
+        if kept.is_file() and kept.stat().st_mtime >= (run_dir / CHECKPOINT).stat().st_mtime:
+            summary = read_json(kept)
+            if summary.get("energy") == ENERGY and summary.get("samples") == SAMPLES:
+                return summary
+    summary = _measured(run_dir)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    write_json(cache, summary)
+    return summary
 
 
-def spectrum_across_sizes(ladder: Ladder) -> list[RungSpectrum]:
+def spectrum_across_sizes(ladder: Ladder, cache: Path) -> list[RungSpectrum]:
     """The effective rank per layer of the reference arm's P at every rung (its lowest seed's run that has
-    a checkpoint here)."""
+    a checkpoint here); each run's spectrum kept in ``cache/<run folder>.json``."""
     from foundation.rundir import CHECKPOINT
 
     out = []
@@ -306,7 +337,7 @@ def spectrum_across_sizes(ladder: Ladder) -> list[RungSpectrum]:
         )
         if run_dir is None:
             continue
-        summary = _analysis(run_dir)
+        summary = _analysis(run_dir, cache / f"{run_dir.name}.json")
         out.append(
             RungSpectrum(
                 rung,

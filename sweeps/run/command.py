@@ -51,6 +51,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from foundation.confined import open_inside
 from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
+from sweeps import stored
 from sweeps.run import storage
 from sweeps.spec import identity
 from sweeps.spec.study import (
@@ -62,6 +63,7 @@ from sweeps.spec.study import (
     requested_devices,
     seed_is_categorical,
 )
+from sweeps.stored import check_objective, objective_of
 from training.config import MAX_STEPS
 from training.console import clock
 
@@ -111,7 +113,7 @@ def open_study(study: Study, url: Optional[str], workers: int = 1) -> optuna.Stu
     """Create the study, storing its identity (:mod:`sweeps.spec.identity`), or load it: then its stored identity must
     be the file's (Optuna would silently keep the stored directions, and a changed config would pool trials of
     two questions in one study), and a study without one (not created by this suite) is refused."""
-    opened = storage.open_storage(study, url, workers)
+    opened = stored.open_storage(study, url, workers)
     options = dict(study_name=study.name, storage=opened, pruner=make_pruner(study))
     sampler = make_sampler(study, study.spec.sampler.seed)
     try:
@@ -139,47 +141,18 @@ def _created_elsewhere(study: Study, opened: object, options: dict, sampler: obj
         time.sleep(0.5)
 
 
-def objective_of(study: Study) -> list[str]:
-    return [f"{m} ({d})" for m, d in zip(study.metrics, study.directions)]
-
-
-def check_objective(study: Study, ostudy: optuna.Study, url: Optional[str]) -> None:
-    """The stored study was created by this suite and its identity is the file's (see :mod:`sweeps.spec.identity`)."""
-    stored = ostudy.user_attrs.get("objective")
-    where = f"{study.path}: study {study.name} in {storage.storage_display(study, url)}"
-    again = "run `sweep --new-study` to start it afresh (the earlier study is kept aside) or rename the study"
-    recorded = ostudy.user_attrs.get(identity.IDENTITY)
-    if recorded is None:
-        raise ConfigError(
-            f"{where} was not created by linformer-lab (it carries no identity of ours: another program's study "
-            "of the same name?); refused, its trials are not ours: rename the study or use another storage"
-        )
-    if stored is not None and stored != objective_of(study):
-        raise ConfigError(
-            f"{where} has objective {', '.join(stored)}, the file now says {', '.join(objective_of(study))}: {again}"
-        )
-    differ = identity.changed(recorded, study)
-    if differ:
-        more = f"; and {len(differ) - 4} more" if len(differ) > 4 else ""
-        what = "search space" if all(d.startswith("space.") for d in differ) else "identity"
-        raise ConfigError(
-            f"{where} was started with another {what}: {'; '.join(differ[:4])}{more}; its trials answer "
-            f"another question: {again}"
-        )
-
-
 def check_stored(study: Study, url: Optional[str]) -> None:
     """A journal study already started must have the file's objective and space: checked before the command
     writes anything (an RDB study is checked when it is opened)."""
     if url is not None:
         return
     for one in study.studies:
-        if (one.root / storage.JOURNAL).is_file():
+        if (one.root / stored.JOURNAL).is_file():
             try:
-                stored = optuna.load_study(study_name=one.name, storage=storage.open_storage(one, None, create=False))
+                ostudy = optuna.load_study(study_name=one.name, storage=stored.open_storage(one, None, create=False))
             except KeyError:  # the journal does not hold it yet
                 continue
-            check_objective(one, stored, None)
+            check_objective(one, ostudy, None)
 
 
 # --------------------------------------------------------------------------------------- GPUs
@@ -364,12 +337,12 @@ def prepare(study: Study, url: Optional[str], workers: int) -> optuna.Study:
 
 def footer(study: Study, url: Optional[str]) -> str:
     preset = f" --preset {study.preset}" if study.preset else ""
-    where = f" --storage {storage.storage_display(study, url)}" if url else ""
+    where = f" --storage {stored.storage_display(study, url)}" if url else ""
     return "\n".join(
         [
             f"report:      linformer-lab report {study.path}{preset}{where}",
             f"tensorboard: tensorboard --logdir {study.root} --host {HOST}",
-            f"dashboard:   optuna-dashboard {storage.storage_display(study, url)} --host {HOST}",
+            f"dashboard:   optuna-dashboard {stored.storage_display(study, url)} --host {HOST}",
         ]
     )
 
@@ -401,7 +374,7 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     for s in study.studies:
         print(
             f"study {s.name}: {_progress(s, ostudies[s.name].trials)} trials finished; "
-            f"storage {storage.storage_display(s, url)}",
+            f"storage {stored.storage_display(s, url)}",
             flush=True,
         )
     if all(_met(s, ostudies[s.name].trials) for s in study.studies):
@@ -541,7 +514,7 @@ def follow(study: Study, ostudies: dict[str, optuna.Study], procs: list[mp.Proce
                 print(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}: see {study.root / 'logs'}/", flush=True)
         for s in study.studies:
             for t in ostudies[s.name].get_trials(deepcopy=False):
-                if t.state.is_finished() and (s.name, t.number) not in seen and storage.DISCARDED not in t.user_attrs:
+                if t.state.is_finished() and (s.name, t.number) not in seen and stored.DISCARDED not in t.user_attrs:
                     seen.add((s.name, t.number))
                     print(("control " if s.parent is not None else "") + _describe(t, s), flush=True)
                     print(progress_line(*_finished(study, ostudies), done_before, time.time() - started), flush=True)
@@ -552,7 +525,7 @@ def summarise(study: Study, ostudies: dict[str, optuna.Study], started: float, d
     met = True
     for s in study.studies:
         trials = ostudies[s.name].get_trials(deepcopy=False)
-        excluded = storage.excluded_numbers(trials)
+        excluded = stored.excluded_numbers(trials)
         counts = ", ".join(
             f"{sum(t.state == st and t.number not in excluded for t in trials)} {st.name.lower()}"
             for st in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -590,7 +563,7 @@ def with_added_seeds(
             trials += open_study(study.control, url, workers).get_trials(deepcopy=False)
         if seed_is_categorical(trials):
             raise ConfigError(
-                f"--add-seeds: study {study.name} in {storage.storage_display(study, url)} stores its seeds "
+                f"--add-seeds: study {study.name} in {stored.storage_display(study, url)} stores its seeds "
                 "as a fixed list, which Optuna cannot extend; run the study afresh (delete its storage) to add seeds"
             )
         used = set(added) | {t.params[SEED_PARAM] for t in trials if isinstance(t.params.get(SEED_PARAM), int)}
@@ -651,7 +624,7 @@ def main(args: argparse.Namespace) -> int:
         check_number("--add-seeds", args.add_seeds, 1, 10_000, integer=True)
     study = load_study(args.study, args.preset, args.n_trials, args.timeout_s)
     check_optuna_arguments(study)
-    storage.check_url(args.storage, args.workers)
+    stored.check_url(args.storage, args.workers)
     study_gpus(study, args.workers)  # before any storage is touched: trials the GPUs cannot hold are refused
     if args.add_seeds:  # before any storage is touched: a study that cannot grow is refused first
         load_study(args.study, args.preset, args.n_trials, args.timeout_s, [max(study.seeds, default=0) + 1])

@@ -35,6 +35,7 @@ from optuna.trial import FrozenTrial
 from foundation.checkpoint import read_checkpoint
 from foundation.errors import ConfigError, Terminated
 from foundation.rundir import CHECKPOINT
+from sweeps import stored
 from sweeps.run import storage
 from sweeps.run.objective import STOP_ASKED, Diverged, objective
 from sweeps.spec.study import Study
@@ -84,7 +85,7 @@ def discard_over_budget(study: Study, trial: optuna.Trial, trials: list[FrozenTr
             return
     elif study.n_trials is None or storage.budget_position(trials, trial.number) < study.n_trials:
         return
-    trial.set_user_attr(storage.DISCARDED, "the budget was met by concurrent workers")
+    trial.set_user_attr(stored.DISCARDED, "the budget was met by concurrent workers")
     if put_back:
         storage.requeue(trial.study, frozen)
     raise optuna.TrialPruned("discarded: budget already met")
