@@ -759,7 +759,7 @@ def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tin
 # --------------------------------------------------------------------------------------- seeds on demand
 def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp_path, tiny_overrides, capsys):
     from sweeps.run.command import open_study, with_added_seeds
-    from sweeps.spec.study import ADDED_SEEDS
+    from sweeps.spec.schema import ADDED_SEEDS
 
     control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}
     path = write_study(
@@ -855,51 +855,6 @@ def test_add_seeds_is_refused_in_one_line_where_it_cannot_apply(tmp_path, tiny_o
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_study_stored_with_a_categorical_seed_resumes_but_cannot_grow(tmp_path, tiny_overrides, capsys):
-    from optuna.distributions import CategoricalDistribution
-
-    from sweeps.run.command import open_study
-
-    path = write_study(tmp_path, tiny_overrides, "legacy", {"seed": {"type": "categorical", "choices": [0, 1]}})
-    study = load_study(path)
-    open_study(study, None).add_trial(
-        optuna.trial.create_trial(
-            params={"seed": 0}, distributions={"seed": CategoricalDistribution([0, 1])}, value=3.0
-        )
-    )
-    assert cli.main(["sweep", str(path), "--add-seeds", "1"]) == 2
-    err = capsys.readouterr().err
-    assert "stores its seeds as a fixed list, which Optuna cannot extend" in err
-
-    class Asked:  # what Study.suggest asks of an Optuna trial
-        def __init__(self, ostudy):
-            self.study, self.asked = ostudy, []
-
-        def suggest_categorical(self, name, choices):
-            self.asked.append(("categorical", name, choices))
-            return choices[0]
-
-        def suggest_int(self, name, low, high):
-            self.asked.append(("int", name, low, high))
-            return low
-
-    legacy = Asked(open_study(study, None))
-    study.suggest(legacy)
-    assert legacy.asked == [("categorical", "seed", [0, 1])]  # the stored study's own distribution
-    fresh = Asked(
-        open_study(
-            load_study(
-                write_study(tmp_path, tiny_overrides, "fresh", {"seed": {"type": "categorical", "choices": [0, 1]}})
-            ),
-            None,
-        )
-    )
-    load_study(tmp_path / "fresh.yaml").suggest(fresh)
-    assert fresh.asked == [("int", "seed", 0, 1)]
-
-
-# --------------------------------------------------------------------------------------- RDB storage
-@pytest.fixture
 def postgres_url():
     """A throwaway PostgreSQL cluster on 127.0.0.1 (Debian's server binaries; run as root)."""
     import pwd

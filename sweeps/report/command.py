@@ -56,7 +56,8 @@ from sweeps.report.findings import (
     trivial_key,
     value,
 )
-from sweeps.spec.study import ADDED_SEEDS, Study, load_study
+from sweeps.spec.schema import ADDED_SEEDS
+from sweeps.spec.study import Study, load_study
 from sweeps.stored import check_objective
 
 TRIVIAL = {"trivial_loss": "trivial loss", "trivial_accuracy": "trivial accuracy"}

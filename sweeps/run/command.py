@@ -54,15 +54,9 @@ from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Te
 from sweeps import stored
 from sweeps.run import storage
 from sweeps.spec import identity
-from sweeps.spec.study import (
-    ADDED_SEEDS,
-    MAX_TRIALS,
-    SEED_PARAM,
-    Study,
-    load_study,
-    requested_devices,
-    seed_is_categorical,
-)
+from sweeps.spec.schema import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM
+from sweeps.spec.study import Study, load_study
+from sweeps.spec.validation import requested_devices
 from sweeps.stored import check_objective, objective_of
 from training.config import MAX_STEPS
 from training.console import clock
@@ -561,11 +555,6 @@ def with_added_seeds(
         trials = ostudy.get_trials(deepcopy=False)
         if study.control is not None:
             trials += open_study(study.control, url, workers).get_trials(deepcopy=False)
-        if seed_is_categorical(trials):
-            raise ConfigError(
-                f"--add-seeds: study {study.name} in {stored.storage_display(study, url)} stores its seeds "
-                "as a fixed list, which Optuna cannot extend; run the study afresh (delete its storage) to add seeds"
-            )
         used = set(added) | {t.params[SEED_PARAM] for t in trials if isinstance(t.params.get(SEED_PARAM), int)}
         for s in [study, study.control] if study.control is not None else [study]:
             used |= set(s.seeds)

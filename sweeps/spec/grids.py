@@ -84,15 +84,6 @@ def integer_seeds(p: Any) -> bool:
     )
 
 
-def seed_is_categorical(trials: Sequence[Any]) -> bool:
-    """Whether stored trials hold the seed as a categorical param: Optuna checks every trial's param against
-    the first one's, so such a study keeps it (and cannot grow its seeds)."""
-    from optuna.distributions import CategoricalDistribution
-
-    first = next((t for t in trials if SEED_PARAM in t.distributions), None)
-    return first is not None and isinstance(first.distributions[SEED_PARAM], CategoricalDistribution)
-
-
 def add_seeds(spec: DictConfig, added_seeds: Sequence[int]) -> None:
     """Extend the ``seed`` choices of a grid study by ``added_seeds`` (see :mod:`sweeps.spec.schema`)."""
     if spec.sampler.kind != "grid":

@@ -27,37 +27,19 @@ from foundation.errors import ConfigError, check_number
 from foundation.paths import check_name
 from sweeps.spec import grids, validation
 from sweeps.spec.controls import control_spec
-from sweeps.spec.grids import seed_is_categorical
 from sweeps.spec.ladders import check_ladder
 from sweeps.spec.schema import (
-    ADDED_SEEDS,
     CONTROL_PARAM,
     DEFAULT_CONTEXT_GAIN,
     DEFAULT_DELTA,
     MAX_TRIALS,
-    REPO_ROOT,
     SEED_PARAM,
     SWEEPS_DIR,
     StudySpec,
     metric_kind,
 )
-from sweeps.spec.validation import check_trial_devices, nested, requested_devices
+from sweeps.spec.validation import check_trial_devices, nested
 from training import config as run_config
-
-# Names the sweep command and the tests take from here.
-__all__ = [
-    "ADDED_SEEDS",
-    "CONTROL_PARAM",
-    "MAX_TRIALS",
-    "REPO_ROOT",
-    "SEED_PARAM",
-    "SWEEPS_DIR",
-    "Study",
-    "load_study",
-    "requested_devices",
-    "seed_is_categorical",
-    "shipped_studies",
-]
 
 
 @dataclass
@@ -214,13 +196,12 @@ class Study:
 
         A grid's integer seeds are asked as an int range: every grid point is enqueued, and a range keeps
         the param's Optuna distribution compatible when ``--add-seeds`` extends the seeds (Optuna refuses a
-        categorical whose choices change within a study). Studies stored with a categorical seed keep it."""
+        categorical whose choices change within a study)."""
         params: dict = {}
         for name, p in self.spec.space.items():
             if not self._active(name, params):
                 continue
-            stored = trial.study.get_trials(deepcopy=False) if name == SEED_PARAM and self.int_seeds else None
-            if stored is not None and not grids.seed_is_categorical(stored):
+            if name == SEED_PARAM and self.int_seeds:
                 params[name] = trial.suggest_int(name, min(p.choices), max(p.choices))
             elif p.type == "categorical":
                 params[name] = trial.suggest_categorical(name, list(p.choices))
