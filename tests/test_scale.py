@@ -349,7 +349,7 @@ def test_the_largest_rung_trains_one_step_at_a_sixteenth_of_its_width(gpu_preset
 
 
 def test_the_time_figure_draws_each_timed_rung_and_leaves_out_the_refused_ones():
-    from sweeps.report import figures, scale
+    from sweeps.report import scale
 
     sizes = {"s1": 1e4, "s2": 3e4, "s3": 9e4}
     ladder = types.SimpleNamespace(
@@ -360,10 +360,10 @@ def test_the_time_figure_draws_each_timed_rung_and_leaves_out_the_refused_ones()
     ttt = scale.TimeToTarget({"s1": 40.0, "s2": 30.0, "s3": 90.0}, seconds, {}, refused={"s3": 60.0})
     assert ttt.ratio("s1", "linformer", "full").value == pytest.approx(0.5)  # exp(mean(ln 5/10, ln 6/12))
     assert ttt.ratio("s3", "linformer", "full") is None
-    fig = figures.figure_time(ladder, ttt)
+    fig = scale.figure_time(ladder, ttt)
     (line,) = [c for c in fig.axes[0].containers]  # one errorbar series: the linformer arm
     assert list(line.lines[0].get_xdata()) == [1e4, 3e4]
-    assert figures.figure_time(types.SimpleNamespace(**{**vars(ladder), "lines": []}), ttt) is None
+    assert scale.figure_time(types.SimpleNamespace(**{**vars(ladder), "lines": []}), ttt) is None
 
 
 def test_a_rung_whose_target_the_trained_model_without_context_reaches_is_not_timed(tmp_path, tiny_overrides):

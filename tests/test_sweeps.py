@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 
 from experiments import cli
 from sweeps import stored
-from sweeps.report import stats, words
+from sweeps.report import markdown, power, stats
 from sweeps.run import storage
 from sweeps.spec.study import load_study, shipped_studies
 
@@ -570,7 +570,7 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
     check = stats.power_check(by_role["reference"], by_role["degraded"], trivial, "minimize")
     assert summary.index("## Power check") < summary.index("## Arms")
     # the advice a study file without a GPU preset gets (sweeps.report.command.advice_of)
-    assert all(f"- {line}" in summary for line in words.power(check, "add seeds or training steps"))
+    assert all(f"- {line}" in summary for line in power.phrase(check, "add seeds or training steps"))
     assert ("The power check failed" in summary) == (not check.has_power)
     # the control's arms sit in the table beside the study's own arms, and in none of the comparisons
     assert "| control reference (kind=full) | 2 |" in summary
@@ -650,7 +650,7 @@ def test_a_diverging_trial_is_recorded_with_its_reason_and_the_report_holds_ever
     full = [t.value for t in trials.values() if t.params["arm"] == "full"]
     mean = sum(full) / 2
     std = math.sqrt(sum((v - mean) ** 2 for v in full))
-    assert f"| full | 2 | {words.fmt(mean)} ± {words.fmt(std)} |" in summary
+    assert f"| full | 2 | {markdown.fmt(mean)} ± {markdown.fmt(std)} |" in summary
     assert "trivial loss" in summary
     assert summary.count("| full | linformer |") == 1 and "paired t (n=2)" in summary
     assert "| diverges | 0 |" in summary and "## Failed trials" in summary

@@ -1,7 +1,7 @@
 """What a study found, as numbers: its trials as report rows, every comparison of arms with its verdict, the
 success rates, and the control's power check. Computed once per report (:func:`findings`); the renderers
-(:mod:`sweeps.report.command`, :mod:`sweeps.report.scale`) and :mod:`sweeps.report.words` read it, and nothing here
-is prose."""
+(:mod:`sweeps.report.command` and the sections: :mod:`sweeps.report.power`, :mod:`sweeps.report.comparisons`,
+:mod:`sweeps.report.context`, :mod:`sweeps.report.scale`) read it, and nothing here is prose."""
 
 from __future__ import annotations
 
