@@ -213,7 +213,7 @@ def test_the_reused_control_trial_is_trained_once(tmp_path, tiny_overrides, monk
     study = load_study(path)
     for one in study.studies:
         sweep.prepare(one, None, 1)
-    assert sweep.work(str(path), None, None, None, None, 1, 0, 1, None, None) == 0
+    assert sweep.work(study, None, 1, 0, 1, None, None) == 0
     # arms a and b at 2 seeds, the control's degraded arm at 2 seeds; the control's reference is arm a
     assert sorted(trained) == sorted([(1e-3, 0), (1e-3, 1), (2e-3, 0), (2e-3, 1), (5e-3, 0), (5e-3, 1)])
     out = write_report(study)

@@ -216,20 +216,17 @@ def _optuna_quiet() -> None:
 
 # --------------------------------------------------------------------------------------- worker
 def work(
-    study_file: str,
-    preset: Optional[str],
-    n_trials: Optional[int],
-    timeout_s: Optional[float],
+    study: Study,
     url: Optional[str],
     workers: int,
     index: int,
     threads: int,
     deadline: Optional[float],
     log_path: Optional[str],
-    added_seeds: tuple[int, ...] = (),
     gpus: Optional[str] = None,
 ) -> int:
-    """One worker process: run the control's trials, then the study's, until each budget is met.
+    """One worker process: run the control's trials, then the study's, until each budget is met. ``study``: the
+    study the command loaded and checked (its points resolved, added seeds included), not loaded again here.
     ``gpus``: its ``CUDA_VISIBLE_DEVICES`` (set before anything here initialises CUDA). Returns an exit code."""
     if log_path is not None:  # lightning, torch and optuna write to fd 1/2: send them all to the log
         fd = open_inside(Path(log_path).parents[1], Path(log_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -241,7 +238,6 @@ def work(
     import torch
 
     torch.set_num_threads(threads)
-    study = load_study(study_file, preset, n_trials, timeout_s, added_seeds)
     try:
         for one in study.studies:
             # The control never waits for its last running trials: the workers go on to the study itself
@@ -456,17 +452,13 @@ def start_workers(
     procs = []
     for i in range(workers):
         kwargs = dict(
-            study_file=str(study.path),
-            preset=study.preset,
-            n_trials=study.spec.budget.n_trials,
-            timeout_s=study.spec.budget.timeout_s,
+            study=study,  # loaded and checked once, here: a worker gets it whole (pickled), its points resolved
             url=url,
             workers=workers,
             index=i,
             threads=threads,
             deadline=deadline,
             log_path=str(logs / f"worker_{i}.log"),
-            added_seeds=study.added_seeds,
             gpus=gpus[i],
         )
         procs.append(ctx.Process(target=_work_entry, kwargs=kwargs, name=f"sweep-worker-{i}"))
