@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from training.analysis import analyze, read_run, report
+from training.analysis import analyze, report
 
-__all__ = ["analyze", "read_run", "report", "add_arguments", "main"]
+__all__ = ["add_arguments", "main"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

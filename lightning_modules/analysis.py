@@ -1,5 +1,5 @@
-"""What attention and E/F learned: the spectrum of context-mapping matrices (paper Fig. 1) and the
-structure of the sequence projections E, F.
+"""What attention learned: the spectrum of context-mapping matrices (paper Fig. 1), for every kind. What a kind's
+shared module learned (Linformer's E/F) is the kind's own analysis (``SelfAttention.analyze_shared``).
 
 Notation: N sequences of length T (= n = max_len for packed blocks), h heads, L layers; a layer's
 context-mapping matrix is P = softmax(QKᵀ/√d_h) ∈ R^{T×T} (full attention) or
@@ -15,20 +15,10 @@ Spectrum
     smallest r with c_r ≥ τ; a layer's suggested k is the largest such r over its heads (all heads of
     a layer share k).
 
-Projections (each row w ∈ R^n of E, over key positions t = 0 … n-1)
-    locality   = share of |w|'s mass within ⌈n/k⌉ positions centred on its centre of mass
-                 μ = Σ_t t|w_t| / Σ_t|w_t|: 1 for a pooling row, ≈ 1/k for a dense random one;
-    spread     = √(Σ_t |w_t| (t-μ)² / Σ_t |w_t|), in positions;
-    smoothness = share of w's energy in the lower half of DCT-II frequencies (f < n/2): 1 for a
-                 constant row, 0 for a row of upper-half frequencies only, ≈ 0.5 for white noise;
-    alignment  = mean cos² of the principal angles between E's row space and a reference subspace
-                 (= ‖Q₁ᵀQ₂‖²_F / min(k₁, k₂) with Q₁, Q₂ orthonormal bases); a random k-dimensional
-                 subspace of R^n gives ≈ k₂/n. References: the k lowest DCT-II frequencies (a real
-                 Fourier basis) and the top-k right singular vectors of a full-attention model's P.
-
 Attention probabilities are captured by :func:`recorded_attention` while the model runs unchanged:
 every variant runs its softmax through ``scaled_dot_product_attention``, so all are covered without
-a second copy of their maths. Figures are matplotlib ``Figure`` objects rendered without pyplot.
+a second copy of their maths. Figures are matplotlib ``Figure`` objects rendered without pyplot
+(:mod:`lightning_modules.figures`).
 """
 
 from __future__ import annotations
@@ -36,7 +26,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -45,7 +35,7 @@ from torch import Tensor, nn
 
 from lightning_modules.attention import SelfAttention, attention_class
 from lightning_modules.config import model_config
-from lightning_modules.projections import ProjectionBank
+from lightning_modules.figures import figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -240,183 +230,10 @@ def validation_sample(loader: Iterable[dict], sequences: int) -> list[dict]:
     return out
 
 
-# ------------------------------------------------------------------------------ projections
-class Projection(NamedTuple):
-    """One distinct projection: its name, the layers it serves and its dense form (C, k', n) —
-    C = 1, or d_h for a conv projection (one matrix per channel)."""
-
-    name: str
-    layers: tuple[int, ...]
-    matrix: Tensor
-
-
-def projection_operator(bank: ProjectionBank, layer: int, side: int) -> Tensor:
-    """The dense matrices the bank applies to one side (0: keys, 1: values) of a layer, (G, C, k', n).
-
-    Obtained by compressing the identity with the bank's own operator (column t = E e_t), so every
-    kind (dense, conv, pool) and the causal block-diagonal form come out the same way. Causal banks
-    only ever compress their ``slots·w`` completed positions; the remaining columns are zero.
-    """
-    n = bank.max_len
-    length = bank.slots(layer) * bank.window(layer) if bank.causal else n
-    stored = next(iter(bank.state_dict().values()), None)  # pool stores nothing
-    eye = torch.eye(length, device=None if stored is None else stored.device)[
-        :, None, :, None
-    ]  # (length, 1, length, 1)
-    with torch.no_grad():  # in chunks of unit vectors: a conv's per-channel product is (chunk, G, n, C)
-        out = torch.cat([bank.compress(layer, side, chunk) for chunk in eye.split(32)])  # (length, G, k', C)
-    return F.pad(out.permute(1, 3, 2, 0).double().cpu(), (0, n - length))
-
-
-def distinct_projections(bank: ProjectionBank) -> list[Projection]:
-    """Every distinct E/F of the bank, once (see projections.py for the sharing modes): named
-    ``layer{l}/{E|F|E=F}[/head{g}]``, or ``all/…`` for the one matrix of ``layerwise`` (its k_max
-    rows, which every layer slices). A side is ``E=F`` when its matrix equals the other's (``kv``,
-    ``layerwise``, parameter-free ``pool``); ``compress: keys`` / ``values`` store only E / F."""
-    n_layers = len(bank.ks)
-    layerwise = bank.share == "layerwise"
-    layers = [max(range(n_layers), key=lambda l: bank.ks[l])] if layerwise else range(n_layers)
-    one_side = {"both": "E=F", "keys": "E", "values": "F"}[bank.compressed_side]
-    out = []
-    for layer in layers:
-        sides = [projection_operator(bank, layer, side) for side in range(bank.sides)]
-        if len(sides) == 2 and torch.equal(sides[0], sides[1]):
-            sides = sides[:1]
-        names = ["E", "F"] if len(sides) == 2 else [one_side]
-        serves = tuple(range(n_layers)) if layerwise else (layer,)
-        for name, e in zip(names, sides):
-            for g in range(e.shape[0]):
-                head = f"/head{g}" if e.shape[0] > 1 else ""
-                out.append(Projection(f"{'all' if layerwise else f'layer{layer}'}/{name}{head}", serves, e[g]))
-    return out
-
-
-def dct_matrix(n: int) -> Tensor:
-    """Orthonormal DCT-II, (n, n): row f is cos(π(2t+1)f / 2n) over t, scaled so D Dᵀ = I."""
-    t = torch.arange(n, dtype=torch.float64)
-    d = torch.cos(math.pi * (2 * t[None, :] + 1) * t[:, None] / (2 * n)) * math.sqrt(2.0 / n)
-    d[0] /= math.sqrt(2.0)
-    return d
-
-
-def _mass(e: Tensor) -> Tensor:
-    a = e.double().abs()
-    return a / a.sum(-1, keepdim=True).clamp_min(1e-30)
-
-
-def locality(e: Tensor) -> Tensor:
-    """(…, k, n) → (…, k): share of each row's |weight| within w = ⌈n/k⌉ positions around its centre
-    of mass (|t − μ| ≤ w/2): 1 for a pooling window (or a point), ≈ 1/k for a dense random row."""
-    k, n = e.shape[-2:]
-    a, t = _mass(e), torch.arange(n, dtype=torch.float64)
-    mu = (a * t).sum(-1, keepdim=True)
-    return (a * ((t - mu).abs() <= math.ceil(n / k) / 2)).sum(-1)
-
-
-def spread(e: Tensor) -> Tensor:
-    """(…, k, n) → (…, k): standard deviation of position under each row's |weight| distribution."""
-    a, t = _mass(e), torch.arange(e.shape[-1], dtype=torch.float64)
-    mu = (a * t).sum(-1, keepdim=True)
-    return (a * (t - mu) ** 2).sum(-1).sqrt()
-
-
-def smoothness(e: Tensor) -> Tensor:
-    """(…, k, n) → (…, k): share of each row's energy at DCT-II frequencies f < n/2."""
-    n = e.shape[-1]
-    c2 = (e.double() @ dct_matrix(n).T) ** 2  # (…, k, n)
-    return c2[..., : (n + 1) // 2].sum(-1) / c2.sum(-1).clamp_min(1e-30)
-
-
-def _row_basis(a: Tensor) -> Tensor:
-    """Orthonormal basis of a's row space, (n, r), r = numerical rank."""
-    u, s, _ = torch.linalg.svd(a.double().T, full_matrices=False)
-    keep = s > s.max() * max(a.shape) * torch.finfo(torch.float64).eps
-    return u[:, keep]
-
-
-def principal_cosines(a: Tensor, b: Tensor) -> Tensor:
-    """Cosines of the principal angles between the row spaces of a (k₁, n) and b (k₂, n), descending:
-    the singular values of Q₁ᵀQ₂."""
-    return torch.linalg.svdvals(_row_basis(a).T @ _row_basis(b)).clamp(max=1.0)
-
-
-def subspace_alignment(a: Tensor, b: Tensor) -> float:
-    """Mean cos² of the principal angles: 1 when one row space contains the other, ≈ k₂/n at random."""
-    cos = principal_cosines(a, b)
-    return float((cos**2).sum() / min(_row_basis(a).shape[1], _row_basis(b).shape[1]))
-
-
-def attention_subspace(gram: Tensor, k: int) -> Tensor:
-    """Top-k right singular vectors of the stacked P's, i.e. top-k eigenvectors of Σ PᵀP: (k, S)."""
-    _, vectors = torch.linalg.eigh(gram.double())  # ascending
-    return vectors[:, -k:].flip(-1).T
-
-
-def projection_metrics(e: Tensor, attention: Optional[Tensor] = None) -> dict[str, float]:
-    """For matrices e (C, k, n): means over rows (and channels) of locality, spread and smoothness,
-    and the mean over channels of the alignment of each row space with the k lowest DCT frequencies
-    and (when given) a full model's attention subspace (k, n)."""
-    k, n = e.shape[-2:]
-    fourier = dct_matrix(n)[:k]
-    out = {
-        "locality": float(locality(e).mean()),
-        "spread": float(spread(e).mean()),
-        "smoothness": float(smoothness(e).mean()),
-        "fourier_alignment": float(np.mean([subspace_alignment(c, fourier) for c in e])),
-    }
-    if attention is not None:
-        out["attention_alignment"] = float(np.mean([subspace_alignment(c, attention) for c in e]))
-    return out
-
-
-def projection_report(
-    projections: Sequence[Projection], reference: Optional[Spectrum] = None, seed: int = 0
-) -> dict[str, dict]:
-    """Per distinct matrix: its metrics (``model``) and those of a Gaussian matrix of the same shape
-    (``gaussian``, drawn from a seeded generator), plus shape and layers. With ``reference`` (a full
-    model's spectrum with grams on the same sequences), the attention subspace of an entry is that of
-    Σ PᵀP over the layers it serves and all their heads (heads do not correspond across models)."""
-    generator = torch.Generator().manual_seed(seed)
-    report = {}
-    for p in projections:
-        channels, k, n = p.matrix.shape
-        attention = None
-        if reference is not None:
-            if max(p.layers) >= len(reference.grams):
-                raise ValueError(f"{p.name}: the reference model has only {len(reference.grams)} layers")
-            gram = sum(reference.grams[l] for l in p.layers)
-            if gram.shape[-1] != n:
-                raise ValueError(f"{p.name}: reference attention is over {gram.shape[-1]} positions, E over {n}")
-            attention = attention_subspace(gram, k)
-        gaussian = torch.randn(channels, k, n, generator=generator, dtype=torch.float64)
-        report[p.name] = {
-            "shape": [channels, k, n],
-            "layers": list(p.layers),
-            "model": projection_metrics(p.matrix, attention),
-            "gaussian": projection_metrics(gaussian, attention),
-        }
-    return report
-
-
 # ------------------------------------------------------------------------------ figures
-def _figure(width: float, height: float) -> "Figure":
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), dpi=100, layout="constrained")
-
-
-def figure_to_array(fig: "Figure") -> np.ndarray:
-    """Render without pyplot: (H, W, 3) uint8, for ``SummaryWriter.add_image(…, dataformats="HWC")``."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
-
-
 def figure_cumulative(spectrum: Spectrum, indices: Sequence[int], title: str) -> "Figure":
     """Fig. 1 (left): normalised cumulative singular value per layer; dots at each layer's index."""
-    fig = _figure(6, 4)
+    fig = figure(6, 4)
     ax = fig.add_subplot()
     for layer, (curve, index) in enumerate(zip(spectrum.layer_curves, indices)):
         x = np.arange(1, curve.shape[0] + 1)
@@ -432,7 +249,7 @@ def figure_cumulative(spectrum: Spectrum, indices: Sequence[int], title: str) ->
 def figure_heatmap(values: Tensor, indices: Sequence[int], title: str) -> "Figure":
     """Fig. 1 (right): layer × head heatmap of the cumulative value at each layer's index."""
     n_layers, n_heads = values.shape
-    fig = _figure(max(4.5, 2.0 + 0.6 * n_heads), max(3.0, 1.2 + 0.45 * n_layers))
+    fig = figure(max(4.5, 2.0 + 0.6 * n_heads), max(3.0, 1.2 + 0.45 * n_layers))
     ax = fig.add_subplot()
     image = ax.imshow(values.numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
     if n_layers * n_heads <= 256:
@@ -449,46 +266,4 @@ def figure_heatmap(values: Tensor, indices: Sequence[int], title: str) -> "Figur
         yticklabels=[f"{l} (k={i})" for l, i in enumerate(indices)],
     )
     fig.colorbar(image, ax=ax)
-    return fig
-
-
-def figure_projection_rows(projections: Sequence[Projection], title: str) -> "Figure":
-    """Heatmaps of matrices' rows (slots) over positions, one panel per matrix (its first channel when
-    it has several), shared colour scale."""
-    cols = min(4, len(projections))
-    rows = math.ceil(len(projections) / cols)
-    fig = _figure(3.2 * cols + 0.8, 2.4 * rows + 0.5)
-    lim = max(float(p.matrix.abs().max()) for p in projections) or 1.0
-    axes = fig.subplots(rows, cols, squeeze=False)
-    for ax, p in zip(axes.flat, projections):
-        image = ax.imshow(
-            p.matrix[0].numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest"
-        )
-        channels = f" (channel 0 of {p.matrix.shape[0]})" if p.matrix.shape[0] > 1 else ""
-        ax.set(title=p.name + channels, xlabel="position", ylabel="slot")
-    for ax in axes.flat[len(projections) :]:
-        ax.set_axis_off()
-    fig.colorbar(image, ax=axes.ravel().tolist())
-    fig.suptitle(title)
-    return fig
-
-
-def figure_projection_metrics(report: dict[str, dict]) -> "Figure":
-    """Each metric per distinct matrix, the model's against a Gaussian matrix of the same shape."""
-    names = list(report)
-    metrics = [
-        m
-        for m in ("locality", "smoothness", "fourier_alignment", "attention_alignment")
-        if m in report[names[0]]["model"]
-    ]
-    fig = _figure(max(6.0, 0.35 * len(names) + 2), 2.2 * len(metrics) + 0.6)
-    axes = fig.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
-    x = np.arange(len(names))
-    for ax, metric in zip(axes, metrics):
-        ax.plot(x, [report[n]["model"][metric] for n in names], "o", label="model")
-        ax.plot(x, [report[n]["gaussian"][metric] for n in names], "x", color="grey", label="gaussian")
-        ax.set(ylabel=metric.replace("_", "\n"), ylim=(0, 1.05))
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize="small")
-    axes[-1].set_xticks(x, names, rotation=90, fontsize=7)
     return fig

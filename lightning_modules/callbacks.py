@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_modules import analysis
+from lightning_modules.figures import figure_to_array
 from lightning_modules.flops import training_step_flops
 
 
@@ -227,7 +228,7 @@ class SpectrumMonitor(L.Callback):
             return
         indices = analysis.heatmap_indices(pl_module.config["model"], spectrum)
         step = trainer.global_step
-        image = analysis.figure_to_array(
+        image = figure_to_array(
             analysis.figure_heatmap(spectrum.at_index(indices), indices, f"cumulative singular value at k, step {step}")
         )
         for logger in loggers:

@@ -59,7 +59,7 @@ from foundation.rundir import init_from_checkpoint
 from lightning_modules.attention import ATTENTION_KINDS, misplaced_option
 from lightning_modules.config import model_config
 from lightning_modules.encoder import TransformerEncoder, count_parameters
-from lightning_modules.optim import build_optimizer, fuse_checkpoint
+from lightning_modules.optim import build_optimizer
 from lightning_modules.step_logs import log_training_step
 
 FROM_SCRATCH = "note: no init_from: the encoder is trained from scratch here, no pretrained encoder was loaded"
@@ -196,9 +196,6 @@ class SequenceClassifierModule(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         return build_optimizer(self, self.config["optim"], self.config["trainer"]["max_steps"])
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        fuse_checkpoint(self, checkpoint)  # a checkpoint saved with separate Q/K/V projections resumes
 
 
 # ------------------------------------------------------------------------------------- init_from

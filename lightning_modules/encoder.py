@@ -8,9 +8,9 @@ s·√2 so that its entries have rms s (s = ``model.position_scale``). A block i
 * ``pre``  (default): x ← x + Attn(LN(x));  x ← x + FFN(LN(x))   — trains without LR tricks;
 * ``post`` (BERT/RoBERTa, the paper's setting): x ← LN(x + Attn(x));  x ← LN(x + FFN(x)).
 
-FFN(x) = W₂ GELU(W₁ x + b₁) + b₂ with W₁ ∈ R^{d_ff×d}. What a kind shares across layers (Linformer: all
-projections of the model in one :class:`~lightning_modules.projections.ProjectionBank`, whatever the sharing mode
-or variant) is built once and registered here as ``bank``.
+FFN(x) = W₂ GELU(W₁ x + b₁) + b₂ with W₁ ∈ R^{d_ff×d}. What a kind shares across layers (its
+:meth:`~lightning_modules.attention.base.SelfAttention.build_shared`, e.g. Linformer's E/F) is built once and
+registered here as ``shared``; ``attention_class`` is the class of every layer (whose hooks callers ask).
 
 Incremental decoding (causal attention only), for generation and for timing the causal variants::
 
@@ -77,10 +77,10 @@ class TransformerEncoder(nn.Module):
         self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
         self.pos.weight.requires_grad_(cfg.position == "learned")
         self.drop = nn.Dropout(cfg.dropout)
-        attention = attention_class(cfg)
-        self.bank = attention.shared(cfg)  # None, or one module every layer shares (registered here, once)
+        self.attention_class = attention = attention_class(cfg)
+        self.shared = attention.build_shared(cfg)  # None, or one module every layer shares (registered here, once)
         self.blocks = nn.ModuleList(
-            Block(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.norm, attention(cfg, i, self.bank))
+            Block(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.norm, attention(cfg, i, self.shared))
             for i in range(cfg.n_layers)
         )
         self.ln_f = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()

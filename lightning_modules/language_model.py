@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from lightning_modules.config import model_config
 from lightning_modules.encoder import TransformerEncoder, count_parameters
-from lightning_modules.optim import build_optimizer, fuse_checkpoint
+from lightning_modules.optim import build_optimizer
 from lightning_modules.per_example import PerExampleSums, column_names, example_sums
 from lightning_modules.step_logs import log_training_step
 
@@ -124,9 +124,6 @@ class TokenPredictionModule(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         return build_optimizer(self, self.config["optim"], self.config["trainer"]["max_steps"])
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        fuse_checkpoint(self, checkpoint)  # a checkpoint saved with separate Q/K/V projections resumes
 
 
 class MaskedLMModule(TokenPredictionModule):

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_modules.attention import InputProjections, fuse_projections
+from lightning_modules.attention import SelfAttention
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
@@ -23,12 +23,15 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
 
 
 def parameter_groups(model: nn.Module) -> tuple[list[str], list[str]]:
-    """The names of the trainable parameters AdamW decays, and of those it does not (biases, LayerNorm weights
-    and E/F: 1-d or projection tensors), each in ``named_parameters`` order: the optimiser's order."""
+    """The names of the trainable parameters AdamW decays, and of those it does not (1-d tensors: biases and
+    LayerNorm weights; and what each attention layer's kind exempts, e.g. Linformer's E/F:
+    :meth:`~lightning_modules.attention.base.SelfAttention.no_decay_parameters`), each in ``named_parameters``
+    order: the optimiser's order."""
+    exempt = {id(p) for m in model.modules() if isinstance(m, SelfAttention) for p in m.no_decay_parameters()}
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (no_decay if p.ndim < 2 or ".bank." in f".{name}" else decay).append(name)
+            (no_decay if p.ndim < 2 or id(p) in exempt else decay).append(name)
     return decay, no_decay
 
 
@@ -49,39 +52,3 @@ def build_optimizer(model: nn.Module, optim: dict, max_steps: int) -> dict[str, 
         opt, lambda s: lr_factor(s, optim["warmup_steps"], max_steps, optim["schedule"])
     )
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-
-def fuse_checkpoint(model: nn.Module, checkpoint: dict) -> None:
-    """A Lightning checkpoint of ``model`` saved with separate ``q_proj``, ``k_proj``, ``v_proj`` per layer (each its
-    own optimiser entry) turned, in place, into one of the fused layout (:class:`InputProjections`): weights and
-    AdamW moments concatenated in ``in_proj``'s row order, so a run resumes where it stopped. Any other checkpoint
-    is left as it is."""
-    old = checkpoint["state_dict"]
-    fused = fuse_projections(old)
-    if fused.keys() == old.keys():
-        return
-    for state in checkpoint.get("optimizer_states", []):
-        _fuse_moments(parameter_groups(model), list(old), state)
-    checkpoint["state_dict"] = fused
-
-
-def _fuse_moments(groups: tuple[list[str], ...], old_keys: list[str], state: dict) -> None:
-    def parts(name: str) -> list[str]:  # the separate tensors that make up ``name``, in its row order
-        prefix, fused, what = name.rpartition("in_proj.")
-        return [f"{prefix}{n}_proj.{what}" for n in InputProjections.ROWS] if fused else [name]
-
-    # The old optimiser listed each group's tensors in the old module's order: its state dict's.
-    old_groups = [[key for key in old_keys if key in {p for name in group for p in parts(name)}] for group in groups]
-    if [len(group["params"]) for group in state["param_groups"]] != [len(group) for group in old_groups]:
-        return  # another model: the architecture check names what differs
-    at = {name: i for i, name in enumerate(name for group in old_groups for name in group)}
-    moments, start = {}, 0
-    for j, name in enumerate(name for group in groups for name in group):
-        entries = [state["state"][at[p]] for p in parts(name) if at.get(p) in state["state"]]
-        if entries:  # a parameter's moments are its parts' stacked; its step count is theirs
-            moments[j] = {
-                key: torch.cat([e[key] for e in entries]) if value.ndim else value for key, value in entries[0].items()
-            }
-    for group, names in zip(state["param_groups"], groups):
-        group["params"], start = list(range(start, start + len(names))), start + len(names)
-    state["state"] = moments

@@ -6,26 +6,18 @@ import pytest
 import tiny
 import torch
 
-from lightning_modules.attention import build_attention
+from lightning_modules.attention.linformer.projections import ProjectionBank
 from lightning_modules.encoder import TransformerEncoder, count_parameters
-from lightning_modules.projections import ProjectionBank
 
 D, H, N = 32, 4, 16
-
-
-def layer(d=D, h=H, n=N, shared=None, **attention):
-    """One attention layer of width d, h heads, n positions; ``attention`` the model.attention keys."""
-    return build_attention(
-        {"max_len": n, "d_model": d, "n_heads": h, "attention": tiny.attention(**attention)}, shared=shared
-    )
 
 
 def _pair(k=N, share="none", order="project_first", groups_identity=True):
     """A full-attention layer and a Linformer layer with the same Q/K/V/O weights."""
     torch.manual_seed(0)
-    full = layer(kind="full")
+    full = tiny.layer(tiny.attention("full"), N, D, H)
     bank = ProjectionBank([k], N, H, share)
-    lin = layer(kind="linformer", k=k, share=share, order=order, shared=bank)
+    lin = tiny.layer(tiny.attention(k=k, share=share, order=order), N, D, H, shared=bank)
     lin.load_state_dict(full.state_dict())
     return full, lin, bank
 
@@ -43,7 +35,7 @@ def test_identity_projection_with_k_equal_n_is_full_attention(share, order):
 @pytest.mark.parametrize("share", ["none", "headwise", "kv", "layerwise"])
 def test_compress_first_equals_project_first(share):
     _, projected, bank = _pair(k=5, share=share, order="project_first")
-    first = layer(kind="linformer", k=5, share=share, order="compress_first", shared=bank)
+    first = tiny.layer(tiny.attention(k=5, share=share, order="compress_first"), N, D, H, shared=bank)
     first.load_state_dict(projected.state_dict())
     with torch.no_grad():
         for lin in (projected, first):
@@ -55,34 +47,6 @@ def test_compress_first_equals_project_first(share):
     mask[1, 7:] = False
     torch.testing.assert_close(first(x, mask), projected(x, mask), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(first(x), projected(x), atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("kind", ["full", "linformer"])
-@pytest.mark.parametrize("order", ["project_first", "compress_first"])
-def test_padding_never_changes_real_token_outputs(kind, order):
-    torch.manual_seed(1)
-    enc = TransformerEncoder(
-        {
-            "max_len": N,
-            "d_model": D,
-            "n_heads": H,
-            "n_layers": 2,
-            "d_ff": 64,
-            "dropout": 0.0,
-            "attention": tiny.attention(kind, **({"k": 4, "order": order} if kind == "linformer" else {})),
-        },
-        vocab_size=50,
-    ).eval()
-    with torch.no_grad():
-        for name, p in enc.named_parameters():
-            if name.endswith("bias"):
-                p.normal_()
-    ids = torch.randint(5, 50, (2, 9))
-    base = enc(ids, torch.ones(2, 9, dtype=torch.bool))
-    padded = torch.cat([ids, torch.randint(5, 50, (2, 5))], dim=1)  # arbitrary ids under the padding
-    mask = torch.zeros(2, 14, dtype=torch.bool)
-    mask[:, :9] = True
-    torch.testing.assert_close(enc(padded, mask)[:, :9], base, atol=1e-5, rtol=1e-5)
 
 
 def test_short_sequence_uses_first_columns_of_e():
@@ -125,7 +89,7 @@ def test_projection_parameter_counts_match_the_paper(share, expected):
         },
         vocab_size=20,
     )
-    assert count_parameters(enc.bank) == expected(L_, H, n, k)
+    assert count_parameters(enc.shared) == expected(L_, H, n, k)
     full = TransformerEncoder(
         {"max_len": n, "d_model": D, "n_heads": H, "n_layers": L_, "d_ff": 64, "attention": {"kind": "full"}},
         vocab_size=20,
@@ -134,39 +98,18 @@ def test_projection_parameter_counts_match_the_paper(share, expected):
     assert count_parameters(enc) == count_parameters(full) + expected(L_, H, n, k)
 
 
-@pytest.mark.parametrize("share", ["none", "headwise", "kv", "layerwise"])
-def test_every_parameter_gets_a_gradient(share):
-    enc = TransformerEncoder(
-        {
-            "max_len": N,
-            "d_model": D,
-            "n_heads": H,
-            "n_layers": 2,
-            "d_ff": 64,
-            "attention": tiny.attention(k=4, share=share),
-        },
-        vocab_size=20,
-    )
-    # A random readout: the sum of a LayerNorm output has zero gradient and would hide missing ones.
-    (enc(torch.randint(0, 20, (2, N))) * torch.randn(2, N, D)).sum().backward()
-    missing = [name for name, p in enc.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert missing == []
-
-
 def test_auto_order_compresses_first_when_heads_share_e():
     bank_shared = ProjectionBank([16], 512, 4, "headwise")
     bank_per_head = ProjectionBank([256], 512, 4, "none")
-    assert layer(64, 4, 512, kind="linformer", k=16, share="headwise", shared=bank_shared).order == "compress_first"
-    assert layer(64, 4, 512, kind="linformer", k=256, shared=bank_per_head).order == "project_first"
+    assert tiny.layer(tiny.attention(k=16, share="headwise"), 512, 64, 4, bank_shared).order == "compress_first"
+    assert tiny.layer(tiny.attention(k=256), 512, 64, 4, bank_per_head).order == "project_first"
 
 
 def test_a_standalone_layer_moves_its_projections_with_it_and_computes_eq_7_in_float64():
     torch.manual_seed(0)
     t, k = 12, 4
-    layer = build_attention(
-        {"max_len": N, "d_model": D, "n_heads": H, "attention": tiny.attention(k=k, order="project_first")}
-    )
-    assert {name for name, _ in layer.named_parameters()} >= {"bank.weight_0", "bank.weight_1"}
+    layer = tiny.layer(tiny.attention(k=k, order="project_first"), N, D, H)
+    assert {name for name, _ in layer.named_parameters()} >= {"shared.weight_0", "shared.weight_1"}
     layer = layer.double().eval()
     assert all(p.dtype == torch.float64 for p in [*layer.parameters(), *layer.buffers()])
     x = torch.randn(2, t, D, dtype=torch.float64)

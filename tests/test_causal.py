@@ -1,5 +1,6 @@
-"""Causal attention: no output sees a later token, incremental decoding equals the parallel forward,
-the decoding state has a fixed size, and a causal LM learns on the embedded corpus."""
+"""Causal Linformer beyond the contract every kind keeps (no output sees a later token, incremental decoding equals
+the parallel forward: ``test_contract.py``): its decoding state has a fixed size, its block mask is built once, its
+chunked rows equal the written-out form, and a causal LM learns on the embedded corpus."""
 
 import json
 import math
@@ -10,97 +11,32 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from experiments import cli
-from lightning_modules.encoder import TransformerEncoder
 
 N, D, H, V = 14, 16, 2, 30
 
 CAUSAL = {
-    "full": {"kind": "full"},
     "learned": {"k": 4},  # w = 4: blocks 4,4,4,2 (T = 14 is not a multiple)
-    "random_kv": {"k": 5, "projection": "random", "share": "kv"},  # w = 3
     "conv": {"k": 4, "projection": "conv"},
-    "pool_headwise": {"k": 7, "projection": "pool", "share": "headwise"},  # w = 2
     "nonuniform_k": {"k": [7, 4, 2], "share": "none"},  # w = 2, 4, 7 per layer
-    "layerwise": {"k": 3, "share": "layerwise"},
-    "k_equal_n": {"k": N},  # w = 1: every earlier token its own slot
 }
-
-
-def causal_encoder(attention, n_layers=3, norm="pre"):
-    torch.manual_seed(0)
-    enc = TransformerEncoder(
-        {
-            "max_len": N,
-            "d_model": D,
-            "n_heads": H,
-            "n_layers": n_layers,
-            "d_ff": 32,
-            "dropout": 0.0,
-            "norm": norm,
-            "attention": tiny.attention(**{**attention, "causal": True}),
-        },
-        vocab_size=V,
-    )
-    with torch.no_grad():
-        for name, p in enc.named_parameters():
-            if name.endswith("bias"):
-                p.normal_()
-    return enc.eval()
-
-
-@pytest.mark.parametrize("name", CAUSAL)
-def test_changing_token_t_leaves_every_earlier_output_unchanged(name):
-    enc = causal_encoder(CAUSAL[name])
-    ids = torch.randint(0, V, (2, N))
-    with torch.no_grad():
-        base = enc(ids)
-        for t in range(N):
-            changed = ids.clone()
-            changed[:, t] = (changed[:, t] + 1) % V
-            out = enc(changed)
-            assert torch.equal(out[:, :t], base[:, :t]), f"position < {t} saw token {t}"
-            assert not torch.allclose(out[:, t], base[:, t]), f"token {t} did not reach its own output"
 
 
 def test_the_check_catches_a_dense_e_that_mixes_the_future():
     """The same check on bidirectional Linformer: a dense E puts token t into every slot."""
     torch.manual_seed(0)
-    enc = TransformerEncoder(
-        {
-            "max_len": N,
-            "d_model": D,
-            "n_heads": H,
-            "n_layers": 1,
-            "d_ff": 32,
-            "dropout": 0.0,
-            "attention": tiny.attention(k=4),
-        },
-        vocab_size=V,
-    ).eval()
+    enc = tiny.encoder(tiny.attention(k=4), vocab=V, n=N, d=D, h=H, layers=1).eval()
     ids = torch.randint(0, V, (1, N))
     changed = ids.clone()
     changed[:, -1] = (changed[:, -1] + 1) % V
     assert not torch.allclose(enc(changed)[:, 0], enc(ids)[:, 0])
 
 
-@pytest.mark.parametrize("norm", ["pre", "post"])
-@pytest.mark.parametrize("name", CAUSAL)
-def test_incremental_decoding_equals_the_parallel_forward(name, norm):
-    enc = causal_encoder(CAUSAL[name], norm=norm)
-    ids = torch.randint(0, V, (3, N))
-    state = enc.init_decode_state(3)
-    steps = []
-    for t in range(N):
-        hidden, state = enc.decode_step(ids[:, t], state)
-        steps.append(hidden)
-    with torch.no_grad():
-        torch.testing.assert_close(torch.stack(steps, 1), enc(ids), atol=1e-5, rtol=1e-5)
-
-
 @pytest.mark.parametrize("name", ["learned", "conv", "nonuniform_k"])
 def test_linformer_decoding_state_has_a_fixed_size(name):
     """Per layer and head: the completed slots (≤ k) and the current block (w rows), whatever t."""
-    enc = causal_encoder(CAUSAL[name])
+    enc = tiny.encoder(
+        tiny.attention(causal=True, **CAUSAL[name]), vocab=V, random_biases=True, n=N, d=D, h=H, layers=3
+    ).eval()
     state = enc.init_decode_state(2)
 
     def shapes():
@@ -119,7 +55,9 @@ def test_linformer_decoding_state_has_a_fixed_size(name):
 def test_the_block_mask_is_built_once_per_shape_not_in_every_layer_and_step(monkeypatch):
     """Without padding, causal Linformer's visibility mask depends on (B, T, w) only: the layers and steps
     after the first reuse it (the same outputs as with an all-True mask, which builds it)."""
-    enc = causal_encoder(CAUSAL["learned"], n_layers=3)
+    enc = tiny.encoder(
+        tiny.attention(causal=True, **CAUSAL["learned"]), vocab=V, random_biases=True, n=N, d=D, h=H, layers=3
+    ).eval()
     ids = torch.randint(5, V, (2, N))
     with torch.no_grad():
         first = enc(ids)
@@ -170,22 +108,7 @@ def test_chunked_rows_equal_the_written_out_causal_linformer(rows_per_call, padd
     monkeypatch.setattr(CausalLinformer, "rows_per_call", staticmethod(lambda t, u, nb: rows_per_call))
     torch.manual_seed(0)
     n, d = 45, 16
-    layer = (
-        TransformerEncoder(
-            {
-                "max_len": n,
-                "d_model": d,
-                "n_heads": 4,
-                "n_layers": 1,
-                "d_ff": 32,
-                "dropout": 0.0,
-                "attention": tiny.attention(causal=True, k=12),
-            },
-            vocab_size=V,
-        )
-        .blocks[0]
-        .attn
-    )
+    layer = tiny.layer(tiny.attention(causal=True, k=12), n, d, 4)
     x = torch.randn(2, n, d, requires_grad=True)
     mask = None
     if padded:  # sequence 1: 29 real tokens, then padding
@@ -203,29 +126,19 @@ def test_chunked_rows_equal_the_written_out_causal_linformer(rows_per_call, padd
 
 
 def test_full_attention_decodes_with_a_kv_cache():
-    enc = causal_encoder({"kind": "full"})
+    enc = tiny.encoder(tiny.attention("full", causal=True), vocab=V, random_biases=True, n=N, d=D, h=H, layers=3).eval()
     state = enc.init_decode_state(2)
     assert all(layer["k"].shape == (2, H, N, D // H) for layer in state["layers"])
 
 
 def test_decoding_past_max_len_or_without_causal_attention_is_an_error():
-    enc = causal_encoder({"k": 4}, n_layers=1)
+    enc = tiny.encoder(tiny.attention(causal=True, k=4), vocab=V, random_biases=True, n=N, d=D, h=H, layers=1).eval()
     state = enc.init_decode_state(1)
     for _ in range(N):
         enc.decode_step(torch.zeros(1, dtype=torch.long), state)
     with pytest.raises(ValueError, match=f"decoding position {N} exceeds model.max_len={N}"):
         enc.decode_step(torch.zeros(1, dtype=torch.long), state)
-    bidirectional = TransformerEncoder(
-        {
-            "max_len": N,
-            "d_model": D,
-            "n_heads": H,
-            "n_layers": 1,
-            "d_ff": 32,
-            "attention": tiny.attention(k=4),
-        },
-        vocab_size=V,
-    )
+    bidirectional = tiny.encoder(tiny.attention(k=4), vocab=V, n=N, d=D, h=H, layers=1)
     with pytest.raises(ValueError, match="incremental decoding needs causal attention"):
         bidirectional.init_decode_state(1)
 

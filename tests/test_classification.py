@@ -9,6 +9,7 @@ import random
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import tiny
 import torch
 from datasets import ClassLabel, Dataset, Features, Value
 from omegaconf import OmegaConf
@@ -16,11 +17,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from datamodules.cache import unit_hash
 from datamodules.classification import ClassificationDataModule, encode, label_array, labelled_splits, load_labelled
-from datamodules.config import DataConfig, TokenizerConfig
+from datamodules.config import TokenizerConfig
 from datamodules.corpus import iter_texts, load_text_corpus
 from datamodules.embedded import load_embedded
 from datamodules.tokenizer import CLS_ID, SEP_ID, build_tokenizer
 from experiments import cli, pipeline
+from foundation.configfile import to_container
+from foundation.errors import ConfigError
 from lightning_modules.classifier import SequenceClassifierModule
 from training import config as run_config
 from training.train import build_datamodule, build_module
@@ -39,12 +42,6 @@ def rows(n, seed, pair=False):
             {"text": f"{i}-{seed} {text}", "pair": f"is it {i}-{seed}?" if pair else None, "label": rng.randrange(2)}
         )
     return out
-
-
-def data_cfg(tmp_path, **overrides):
-    return OmegaConf.merge(
-        OmegaConf.structured(DataConfig), {"cache_dir": str(tmp_path / "cache"), "val_fraction": 0.2, **overrides}
-    )
 
 
 def loaded(cfg):
@@ -112,8 +109,9 @@ def test_glue_tsv_sentence_pairs_use_dev_as_test_and_hold_out_validation(tmp_pat
     train, dev, test = rows(60, 1, pair=True), rows(15, 2, pair=True), rows(15, 3, pair=True)
     write_glue_tsv(tmp_path / "QNLI", train, dev, test)
     got, num_labels = loaded(
-        data_cfg(
+        tiny.data_cfg(
             tmp_path,
+            val_fraction=0.2,
             source=str(tmp_path / "QNLI"),
             text_column="question",
             text_pair_column="sentence",
@@ -134,7 +132,13 @@ def test_single_csv_file_holds_out_validation_and_test(tmp_path):
         writer.writerow(["review", "sentiment"])
         writer.writerows([e["text"], e["label"]] for e in examples)
     got, _ = loaded(
-        data_cfg(tmp_path, source=str(tmp_path / "reviews.csv"), text_column="review", label_column="sentiment")
+        tiny.data_cfg(
+            tmp_path,
+            val_fraction=0.2,
+            source=str(tmp_path / "reviews.csv"),
+            text_column="review",
+            label_column="sentiment",
+        )
     )
     assert got["validation"] == held_out(examples, 0.0, 0.2) and got["validation"]
     assert got["test"] == held_out(examples, 0.2, 0.4) and got["test"]
@@ -148,7 +152,7 @@ def test_jsonl_files_with_all_three_splits_are_taken_as_they_are(tmp_path):
         (tmp_path / "d" / f"{name}.jsonl").write_text(
             "".join(json.dumps({"text": e["text"], "label": e["label"]}) + "\n" for e in examples)
         )
-    got, _ = loaded(data_cfg(tmp_path, source=str(tmp_path / "d")))
+    got, _ = loaded(tiny.data_cfg(tmp_path, val_fraction=0.2, source=str(tmp_path / "d")))
     assert got == {name: as_triples(examples) for name, examples in splits.items()}
 
 
@@ -160,7 +164,7 @@ def test_parquet_train_and_test_hold_out_only_validation(tmp_path):
             pa.Table.from_pylist([{"text": e["text"], "label": e["label"]} for e in examples]),
             tmp_path / "p" / f"{name}.parquet",
         )
-    got, _ = loaded(data_cfg(tmp_path, source=str(tmp_path / "p")))
+    got, _ = loaded(tiny.data_cfg(tmp_path, val_fraction=0.2, source=str(tmp_path / "p")))
     assert got["test"] == as_triples(test)
     assert got["validation"] == held_out(train, 0.0, 0.2) and got["train"] == held_out(train, 0.2, 1.0)
 
@@ -168,22 +172,22 @@ def test_parquet_train_and_test_hold_out_only_validation(tmp_path):
 def test_local_directory_laid_out_like_the_hub_repo_goes_through_the_hub_branch(tmp_path):
     splits = {"train": rows(50, 10), "validation": rows(12, 11), "test": rows(12, 12)}
     write_hub_repo(tmp_path / "glue", "sst2", splits)
-    cfg = data_cfg(tmp_path, source=str(tmp_path / "glue"), subset="sst2", text_column="sentence")
+    cfg = tiny.data_cfg(
+        tmp_path, val_fraction=0.2, source=str(tmp_path / "glue"), subset="sst2", text_column="sentence"
+    )
     got, num_labels = loaded(cfg)
     assert num_labels == 2  # from the ClassLabel feature
     assert got["test"] == as_triples(splits["validation"])
     assert got["validation"] == held_out(splits["train"], 0.0, 0.2)
-    with pytest.raises(
-        run_config.ConfigError, match=r"^data\.classify\.num_labels: 3, but the label feature has 2 classes"
-    ):
+    with pytest.raises(ConfigError, match=r"^data\.classify\.num_labels: 3, but the label feature has 2 classes"):
         loaded(OmegaConf.merge(cfg, {"classify": {"num_labels": 3}}))
 
 
 # ------------------------------------------------------------------------------- embedded tasks
 def test_embedded_tasks_use_the_mlm_split_so_pretraining_never_saw_their_evaluation_text(tmp_path):
-    mlm_train = set(iter_texts(load_text_corpus(data_cfg(tmp_path, source="embedded"))["train"]))
+    mlm_train = set(iter_texts(load_text_corpus(tiny.data_cfg(tmp_path, val_fraction=0.2, source="embedded"))["train"]))
     for source, total in (("rotten_tomatoes", 8530), ("imdb", 25000)):
-        got, num_labels = loaded(data_cfg(tmp_path, source=source))
+        got, num_labels = loaded(tiny.data_cfg(tmp_path, val_fraction=0.2, source=source))
         reference = load_embedded(sources=source)
         assert num_labels == 2 and sum(len(v) for v in got.values()) == total
         for split in ("train", "validation", "test"):
@@ -262,8 +266,9 @@ def test_tokenizing_only_the_first_words_gives_the_tokens_of_the_whole_text(tmp_
 def test_data_module_batches_pad_to_the_longest_and_keep_labels(tmp_path):
     train, dev, test = rows(60, 1, pair=True), rows(15, 2, pair=True), rows(15, 3, pair=True)
     write_glue_tsv(tmp_path / "QNLI", train, dev, test)
-    cfg = data_cfg(
+    cfg = tiny.data_cfg(
         tmp_path,
+        val_fraction=0.2,
         source=str(tmp_path / "QNLI"),
         text_column="question",
         text_pair_column="sentence",
@@ -339,8 +344,8 @@ LABEL_ERRORS = {
 @pytest.mark.parametrize("case", sorted(LABEL_ERRORS))
 def test_label_problems_are_one_line_errors_naming_the_key(tmp_path, case):
     name, content, overrides, message = LABEL_ERRORS[case]
-    cfg = data_cfg(tmp_path, source=write(tmp_path / name, content), **overrides)
-    with pytest.raises(run_config.ConfigError) as err:
+    cfg = tiny.data_cfg(tmp_path, val_fraction=0.2, source=write(tmp_path / name, content), **overrides)
+    with pytest.raises(ConfigError) as err:
         loaded(cfg)
     assert str(err.value) == message
 
@@ -357,8 +362,8 @@ def test_an_empty_split_is_an_error_and_the_cli_exits_2_writing_nothing(tmp_path
     assert not (tmp_path / "runs").exists()
     header_only = write(tmp_path / "d" / "dev.csv", "text,label\n")
     write(tmp_path / "d" / "train.csv", "text,label\nhello,1\n")
-    with pytest.raises(run_config.ConfigError, match=f"^data.source: cannot read '{header_only}': "):
-        loaded(data_cfg(tmp_path, source=str(tmp_path / "d")))
+    with pytest.raises(ConfigError, match=f"^data.source: cannot read '{header_only}': "):
+        loaded(tiny.data_cfg(tmp_path, val_fraction=0.2, source=str(tmp_path / "d")))
 
 
 # ------------------------------------------------------------------------------- init_from
@@ -487,9 +492,7 @@ def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tin
     encoder = {k.removeprefix("encoder."): v for k, v in pretrained.items() if k.startswith("encoder.")}
     assert encoder.keys() == loaded_module.encoder.state_dict().keys()
     assert all(torch.equal(v, encoder[k]) for k, v in loaded_module.encoder.state_dict().items())
-    fresh = SequenceClassifierModule(
-        run_config.to_container(OmegaConf.merge(cfg, {"init_from": None})), dm.vocab_size, 2
-    )
+    fresh = SequenceClassifierModule(to_container(OmegaConf.merge(cfg, {"init_from": None})), dm.vocab_size, 2)
     assert not torch.equal(fresh.encoder.tok.weight, encoder["tok.weight"])
     assert math.isfinite(json.loads((ft_dir / "metrics.json").read_text())["best_val/accuracy"])
     ft_events = EventAccumulator(str(ft_dir), size_guidance={"scalars": 0})

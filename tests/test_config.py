@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from experiments import cli
+from foundation.errors import ConfigError
 from lightning_modules.attention.linformer import layer_ks
 from lightning_modules.config import ModelConfig
 from training import config as run_config
@@ -41,7 +42,7 @@ def test_merge_order_defaults_then_yaml_then_overrides(tmp_path):
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(override, message):
-    with pytest.raises(run_config.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         run_config.load(CONFIGS / "base.yaml", [override])
     assert message in str(err.value)
     assert "\n" not in str(err.value)

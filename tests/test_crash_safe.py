@@ -32,7 +32,6 @@ from experiments import cli
 from foundation.checkpoint import AtomicCheckpointIO, read_checkpoint
 from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT
-from lightning_modules.optim import parameter_groups
 from sweeps import stored
 from sweeps.run import storage
 from sweeps.spec.study import load_study
@@ -210,69 +209,6 @@ def test_a_run_resumed_with_loader_workers_draws_the_masks_of_the_uninterrupted_
     for step, labels in resumed.labels.items():
         assert torch.equal(labels, reference.labels[step]), f"the masks of step {step} differ after the resume"
     ours, theirs = (read_checkpoint(d / CHECKPOINT)["state_dict"] for d in (killed, straight))
-    error = max((ours[k] - theirs[k]).abs().max().item() for k in theirs)
-    assert error <= TOLERANCE, f"max |resumed - uninterrupted| weight difference {error:.3g}"
-
-
-def separate_projections(checkpoint: dict, module: torch.nn.Module) -> dict:
-    """``checkpoint`` as the layout before fused Q/K/V projections wrote it: each layer's W_q, W_k, W_v and
-    biases separate tensors, each its own AdamW entry with its rows of the moments."""
-
-    def split(name: str, value: torch.Tensor) -> dict[str, torch.Tensor]:  # in_proj rows [q; v; k]
-        prefix, fused, what = name.rpartition("in_proj.")
-        if not fused or value.ndim == 0:
-            return {name: value}
-        q, v, k = value.chunk(3)
-        return {
-            f"{prefix}q_proj.{what}": q.clone(),
-            f"{prefix}k_proj.{what}": k.clone(),
-            f"{prefix}v_proj.{what}": v.clone(),
-        }
-
-    old = {**checkpoint, "state_dict": {}}
-    for name, value in checkpoint["state_dict"].items():
-        old["state_dict"].update(split(name, value))
-    groups = parameter_groups(module)
-    names = [name for group in groups for name in group]
-    fused = checkpoint["optimizer_states"][0]
-    state, param_groups = {}, []
-    for group, group_names in zip(fused["param_groups"], groups):
-        params = []
-        for name in group_names:
-            moments = fused["state"][names.index(name)]
-            pieces = {key: list(split(name, value).values()) for key, value in moments.items()}
-            for p in range(len(split(name, module.get_parameter(name)))):
-                params.append(len(state))
-                state[len(state)] = {key: values[min(p, len(values) - 1)] for key, values in pieces.items()}
-        param_groups.append({**group, "params": params})
-    old["optimizer_states"] = [{"state": state, "param_groups": param_groups}]
-    return old
-
-
-class KeepModule(L.Callback):
-    def on_train_start(self, trainer, pl_module):
-        self.module = pl_module
-
-
-@pytest.mark.slow  # about 40 s: three short runs
-def test_a_checkpoint_with_separate_q_k_v_projections_resumes_like_the_uninterrupted_run(
-    tiny_overrides, tmp_path, one_thread
-):
-    """A run checkpointed by the layout with separate W_q, W_k, W_v (weights and AdamW moments) resumes with
-    the fused projections and ends where the uninterrupted run ends."""
-    args = [*tiny_overrides.args, "trainer.max_steps=8", "trainer.val_check_interval=4", "trainer.deterministic=true"]
-    config = lambda *more: run_config.load(tiny_overrides.config, [*args, *more])  # noqa: E731
-    killed, straight, kept = tmp_path / "killed", tmp_path / "straight", KeepModule()
-    train(config(f"run_dir={straight}"))
-    with pytest.raises(Crash):
-        train(config(f"run_dir={killed}"), callbacks=[CrashAt(6), kept])
-    saved = read_checkpoint(killed / CHECKPOINT)
-    old = separate_projections(saved, kept.module)
-    assert "encoder.blocks.0.attn.q_proj.weight" in old["state_dict"]
-    AtomicCheckpointIO().save_checkpoint(old, killed / CHECKPOINT)
-    train(config(f"run_dir={killed}", "resume=true"))
-    ours, theirs = (read_checkpoint(d / CHECKPOINT)["state_dict"] for d in (killed, straight))
-    assert ours.keys() == theirs.keys()
     error = max((ours[k] - theirs[k]).abs().max().item() for k in theirs)
     assert error <= TOLERANCE, f"max |resumed - uninterrupted| weight difference {error:.3g}"
 

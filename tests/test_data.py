@@ -7,12 +7,11 @@ import random
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import tiny
 import torch
-from omegaconf import OmegaConf
 
 from datamodules import language_model
 from datamodules import tokenizer as tokenizer_mod
-from datamodules.config import DataConfig
 from datamodules.corpus import iter_texts, load_text_corpus
 from datamodules.embedded import clean_text, load_embedded, split_of
 from datamodules.language_model import CausalLMDataModule, MLMDataModule
@@ -28,10 +27,6 @@ def sentences(n, seed=0):
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 15))) + "." for _ in range(n)]
 
 
-def data_cfg(tmp_path, **overrides):
-    return OmegaConf.merge(OmegaConf.structured(DataConfig), {"cache_dir": str(tmp_path / "cache"), **overrides})
-
-
 @pytest.fixture
 def txt_corpus(tmp_path):
     path = tmp_path / "corpus.txt"
@@ -40,7 +35,7 @@ def txt_corpus(tmp_path):
 
 
 def byte_cfg(tmp_path, source, **overrides):
-    return data_cfg(
+    return tiny.data_cfg(
         tmp_path, source=str(source), val_fraction=0.1, batch_size=8, tokenizer={"kind": "byte"}, **overrides
     )
 
@@ -86,14 +81,14 @@ def test_embedded_split_is_80_10_10_per_source_and_deterministic(reviews):
 
 
 def test_mlm_corpus_on_embedded_never_sees_validation_or_test_texts(tmp_path, reviews):
-    corpus = load_text_corpus(data_cfg(tmp_path, source="embedded"))
+    corpus = load_text_corpus(tiny.data_cfg(tmp_path, source="embedded"))
     assert corpus["train"].column_names == ["text"]
     train, val = set(iter_texts(corpus["train"])), set(iter_texts(corpus["validation"]))
     held_out = set(reviews["validation"]["text"]) | set(reviews["test"]["text"])
     assert train and not train & held_out
     assert val == set(reviews["validation"]["text"]) - {""}
     assert {split_of(t) for t in train} == {"train"}
-    capped = load_text_corpus(data_cfg(tmp_path, source="embedded", max_texts=500))
+    capped = load_text_corpus(tiny.data_cfg(tmp_path, source="embedded", max_texts=500))
     capped_texts = list(iter_texts(capped["train"]))
     assert len(capped_texts) == 500 and set(capped_texts) <= train
     source_of = dict(zip(reviews["train"]["text"], reviews["train"]["source"]))
@@ -111,7 +106,7 @@ def test_local_files_in_every_format_load_alike(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet")
     loaded = {}
     for name, column in (("c.txt", "text"), ("c.csv", "body"), ("c.jsonl", "body"), ("c.parquet", "body")):
-        corpus = load_text_corpus(data_cfg(tmp_path, source=str(tmp_path / name), text_column=column))
+        corpus = load_text_corpus(tiny.data_cfg(tmp_path, source=str(tmp_path / name), text_column=column))
         assert set(corpus) == {"train", "validation"} and corpus["train"].column_names == ["text"]
         loaded[name] = (list(iter_texts(corpus["train"])), list(iter_texts(corpus["validation"])))
     first = loaded["c.txt"]
@@ -120,7 +115,7 @@ def test_local_files_in_every_format_load_alike(tmp_path):
     (tmp_path / "d").mkdir()
     for i in range(2):
         (tmp_path / "d" / f"part{i}.txt").write_text("\n".join(lines[i * 200 : (i + 1) * 200]))
-    globbed = load_text_corpus(data_cfg(tmp_path, source=str(tmp_path / "d" / "*.txt")))
+    globbed = load_text_corpus(tiny.data_cfg(tmp_path, source=str(tmp_path / "d" / "*.txt")))
     assert list(iter_texts(globbed["train"])) == first[0]
 
 
@@ -141,21 +136,21 @@ def test_local_directory_laid_out_like_the_hub_repo_loads_by_subset(tmp_path):
         + "".join(f"  - split: {s}\n    path: {subset}/{s}-*\n" for s in texts)
         + "---\n"
     )
-    corpus = load_text_corpus(data_cfg(tmp_path, source=str(repo), subset=subset))
+    corpus = load_text_corpus(tiny.data_cfg(tmp_path, source=str(repo), subset=subset))
     assert list(iter_texts(corpus["train"])) == texts["train"][1:]
     assert list(iter_texts(corpus["validation"])) == texts["validation"][1:]  # its own split, not a hold-out
     with pytest.raises(ConfigError, match=r"^data\.source: cannot load .*'nope'.*BuilderConfig 'nope' not found"):
-        load_text_corpus(data_cfg(tmp_path, source=str(repo), subset="nope"))
+        load_text_corpus(tiny.data_cfg(tmp_path, source=str(repo), subset="nope"))
 
 
 def test_unreachable_hub_id_is_a_one_line_config_error(tmp_path):
     with pytest.raises(ConfigError) as err:
-        load_text_corpus(data_cfg(tmp_path, source="Salesforce/wikitext", subset="wikitext-2-raw-v1"))
+        load_text_corpus(tiny.data_cfg(tmp_path, source="Salesforce/wikitext", subset="wikitext-2-raw-v1"))
     assert str(err.value).startswith("data.source: cannot load 'Salesforce/wikitext'") and "\n" not in str(err.value)
 
 
 def test_stdlib_code_is_one_document_per_file_split_by_path(tmp_path):
-    corpus = load_text_corpus(data_cfg(tmp_path, source="stdlib-code", max_texts=50))
+    corpus = load_text_corpus(tiny.data_cfg(tmp_path, source="stdlib-code", max_texts=50))
     docs = list(iter_texts(corpus["train"]))
     assert len(docs) == 50 and all("\n" in d for d in docs)
     assert len(corpus["validation"]) > 10
@@ -165,20 +160,20 @@ def test_stdlib_code_is_one_document_per_file_split_by_path(tmp_path):
 @pytest.mark.parametrize("case", ["missing_file", "empty", "missing_column", "tokenizer_path"])
 def test_input_errors_are_one_line_and_name_the_key(tmp_path, case):
     if case == "missing_file":
-        cfg, message = data_cfg(tmp_path, source="x.txt"), "data.source: file 'x.txt' not found"
+        cfg, message = tiny.data_cfg(tmp_path, source="x.txt"), "data.source: file 'x.txt' not found"
         assert_config_error(message, load_text_corpus, cfg)
     elif case == "empty":
         (tmp_path / "e.txt").write_text("\n  \n\t\n")
-        cfg = data_cfg(tmp_path, source=str(tmp_path / "e.txt"))
+        cfg = tiny.data_cfg(tmp_path, source=str(tmp_path / "e.txt"))
         assert_config_error(
             f"data.source: '{tmp_path / 'e.txt'}' has no non-empty texts in its training split", load_text_corpus, cfg
         )
     elif case == "missing_column":
         (tmp_path / "t.csv").write_text("a,b\nhello,1\n")
-        cfg = data_cfg(tmp_path, source=str(tmp_path / "t.csv"), text_column="foo")
+        cfg = tiny.data_cfg(tmp_path, source=str(tmp_path / "t.csv"), text_column="foo")
         assert_config_error("data.text_column: 'foo' not in columns [a, b]", load_text_corpus, cfg)
     else:
-        cfg = data_cfg(tmp_path, tokenizer={"path": "nope.json"})
+        cfg = tiny.data_cfg(tmp_path, tokenizer={"path": "nope.json"})
         assert_config_error(
             "data.tokenizer.path: file 'nope.json' not found", build_tokenizer, cfg.tokenizer, ["text"], tmp_path
         )
@@ -188,7 +183,7 @@ def test_input_errors_are_one_line_and_name_the_key(tmp_path, case):
 def test_tokenizers_have_fixed_special_ids_and_round_trip(tmp_path):
     texts = sentences(300) + ["def f(x):\n    return x  # café [MASK]"]
     for kind in ("bpe", "byte"):
-        cfg = data_cfg(tmp_path, tokenizer={"kind": kind, "vocab_size": 300})
+        cfg = tiny.data_cfg(tmp_path, tokenizer={"kind": kind, "vocab_size": 300})
         tok = build_tokenizer(cfg.tokenizer, texts, tmp_path)
         assert [tok.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")] == [
             PAD_ID,
@@ -205,7 +200,7 @@ def test_tokenizers_have_fixed_special_ids_and_round_trip(tmp_path):
 
 def test_tokenizer_cache_reuses_and_rebuilds(tmp_path, monkeypatch):
     texts = sentences(500)
-    cfg = data_cfg(tmp_path, tokenizer={"vocab_size": 300}).tokenizer
+    cfg = tiny.data_cfg(tmp_path, tokenizer={"vocab_size": 300}).tokenizer
     calls = []
     train = tokenizer_mod._train_bpe
     monkeypatch.setattr(tokenizer_mod, "_train_bpe", lambda *a: calls.append(1) or train(*a))
@@ -216,7 +211,7 @@ def test_tokenizer_cache_reuses_and_rebuilds(tmp_path, monkeypatch):
     again = build_tokenizer(cfg, list(texts), tmp_path)
     assert len(calls) == 1 and files[0].stat().st_mtime_ns == mtime
     assert again.to_str() == first.to_str()
-    build_tokenizer(data_cfg(tmp_path, tokenizer={"vocab_size": 320}).tokenizer, texts, tmp_path)
+    build_tokenizer(tiny.data_cfg(tmp_path, tokenizer={"vocab_size": 320}).tokenizer, texts, tmp_path)
     build_tokenizer(cfg, texts[:-1] + ["a changed review"], tmp_path)  # same count, new text
     assert len(calls) == 3 and len(list((tmp_path / "tokenizers").glob("*.json"))) == 3
     assert not list((tmp_path / "tokenizers").glob(".*"))  # no temporary files left behind

@@ -29,10 +29,12 @@ from tiny import TINY_MODEL
 from torch.nn.parallel import DistributedDataParallel
 
 from foundation.checkpoint import read_checkpoint
+from foundation.configfile import to_container
+from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT, RUN_DIR_ENV, choose_run_dir, shared_with_ranks
 from lightning_modules.attention.linformer import LinformerOptions
+from lightning_modules.attention.linformer.projections import PROJECTION_KINDS
 from lightning_modules.language_model import TokenPredictionModule
-from lightning_modules.projections import PROJECTION_KINDS
 from training import config as run_config
 from training.train import build_datamodule, build_module, train
 
@@ -167,9 +169,9 @@ def accepted_configs(variants: list[dict]) -> list[dict]:
         cfg = OmegaConf.merge(base, {"task": "clm" if attention["causal"] else "mlm", "model": model})
         try:
             run_config.check(cfg)
-        except run_config.ConfigError:
+        except ConfigError:
             continue
-        out.append(run_config.to_container(cfg))
+        out.append(to_container(cfg))
     return out
 
 
@@ -422,7 +424,7 @@ def test_every_rank_writes_to_the_run_directory_rank_0_chose(tmp_path, monkeypat
     # Ranks that torchrun or srun start side by side cannot agree on "the next free version".
     monkeypatch.setenv("WORLD_SIZE", "2")
     for rank in (0, 1):
-        with pytest.raises(run_config.ConfigError, match="needs run_dir="):
+        with pytest.raises(ConfigError, match="needs run_dir="):
             choose_run_dir(str(tmp_path), "exp", None, False, rank=rank)
     assert choose_run_dir(str(tmp_path), "exp", str(tmp_path / "job"), False, rank=1) == tmp_path / "job"
     assert choose_run_dir(str(tmp_path), "exp", str(tmp_path / "job"), False, rank=0) == tmp_path / "job"

@@ -6,23 +6,16 @@ import functools
 import math
 
 import pytest
+import tiny
 import torch
 from torch import nn
 
 from foundation.errors import ConfigError
 from lightning_modules.attention import build_attention
-from lightning_modules.encoder import TransformerEncoder, init_weights, sinusoidal_positions
+from lightning_modules.encoder import init_weights, sinusoidal_positions
 from training import config as run_config
 
 N, D = 32, 16
-
-
-def encoder(position, scale, kind="full", init_std=0.02, **options):
-    torch.manual_seed(0)
-    attention = {"kind": kind, "options": options}
-    model = {"max_len": N, "d_model": D, "n_heads": 2, "n_layers": 1, "d_ff": 32, "attention": attention}
-    settings = {"position": position, "position_scale": scale, "init_std": init_std}
-    return TransformerEncoder({**model, **settings}, vocab_size=20)
 
 
 def test_sinusoidal_table_is_vaswanis_sines_and_cosines():
@@ -36,7 +29,9 @@ def test_sinusoidal_table_is_vaswanis_sines_and_cosines():
 
 @pytest.mark.parametrize("scale", [0.02, 0.5])
 def test_sinusoidal_positions_are_fixed_at_rms_scale(scale):
-    enc = encoder("sinusoidal", scale)
+    enc = tiny.encoder(
+        tiny.attention("full"), vocab=20, n=N, d=D, layers=1, position="sinusoidal", position_scale=scale, init_std=0.02
+    )
     assert torch.allclose(enc.pos.weight, sinusoidal_positions(N, D) * scale * math.sqrt(2))
     assert enc.pos.weight.pow(2).mean().sqrt().item() == pytest.approx(scale, rel=0.05)
     assert not enc.pos.weight.requires_grad  # fixed: the optimiser never moves it
@@ -44,14 +39,25 @@ def test_sinusoidal_positions_are_fixed_at_rms_scale(scale):
 
 @pytest.mark.parametrize("scale", [0.02, 0.5])
 def test_learned_positions_train_from_a_normal_of_standard_deviation_scale(scale):
-    enc = encoder("learned", scale)
+    enc = tiny.encoder(
+        tiny.attention("full"), vocab=20, n=N, d=D, layers=1, position="learned", position_scale=scale, init_std=0.02
+    )
     assert enc.pos.weight.requires_grad
     assert enc.pos.weight.std().item() == pytest.approx(scale, rel=0.1)
 
 
 @pytest.mark.parametrize("kind, options", [("full", {}), ("nystrom", {"n_landmarks": 4}), ("no_context", {})])
 def test_the_same_token_at_two_positions_reaches_the_first_block_as_two_inputs(kind, options):
-    enc = encoder("sinusoidal", 1.0, kind, **options).eval()
+    enc = tiny.encoder(
+        tiny.attention(kind, **options),
+        vocab=20,
+        n=N,
+        d=D,
+        layers=1,
+        position="sinusoidal",
+        position_scale=1.0,
+        init_std=0.02,
+    ).eval()
     seen = []
     enc.blocks[0].attn.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
     with torch.no_grad():
@@ -66,7 +72,16 @@ def test_a_position_scale_out_of_range_is_one_line():
 
 @pytest.mark.parametrize("init_std", [0.02, 0.125])
 def test_linear_and_token_weights_start_from_a_normal_of_standard_deviation_init_std_and_biases_at_zero(init_std):
-    enc = encoder("sinusoidal", 0.02, init_std=init_std)
+    enc = tiny.encoder(
+        tiny.attention("full"),
+        vocab=20,
+        n=N,
+        d=D,
+        layers=1,
+        position="sinusoidal",
+        position_scale=0.02,
+        init_std=init_std,
+    )
     weights = torch.cat(
         [enc.tok.weight.flatten(), *(m.weight.flatten() for m in enc.modules() if isinstance(m, nn.Linear))]
     )

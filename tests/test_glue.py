@@ -16,6 +16,8 @@ from datamodules.classification import eval_set_names, label_array, labelled_spl
 from experiments import cli, pipeline
 from experiments.glue import GLUE_TASKS, task_config
 from experiments.glue_standin import STAND_IN_LINE, write_standin
+from foundation.configfile import to_container
+from foundation.errors import ConfigError
 from lightning_modules.classifier import FROM_SCRATCH, SequenceClassifierModule
 from training import config as run_config
 
@@ -114,7 +116,7 @@ def scored(task, tmp_path, outputs, labels):
     """The metrics the task's module computes (its val/ collection) for given model outputs and labels."""
     cfg = cfg_of(task, tmp_path)
     num_labels = 1 if cfg.data.classify.regression else cfg.data.classify.num_labels
-    module = SequenceClassifierModule(run_config.to_container(cfg), 300, num_labels, eval_set_names(cfg.data))
+    module = SequenceClassifierModule(to_container(cfg), 300, num_labels, eval_set_names(cfg.data))
     module.forward = lambda ids, mask: outputs  # the model's outputs, fixed
     batch = {"input_ids": torch.zeros(len(labels), 3, dtype=torch.long), "attention_mask": None, "labels": labels}
     module._evaluate(batch, module.val_loss, module.val_scores)
@@ -168,7 +170,7 @@ def test_a_hub_layout_copy_of_mnli_scores_both_validation_sets_and_never_its_tes
     scored_texts = {t for ds in splits.values() for t in ds["text"]}
     assert not hidden & scored_texts  # GLUE's unlabelled test splits are read by nothing
     bad = cfg_of("mnli", tmp_path, f"data.source={standin / 'mnli'}", "data.classify.test_splits={m: test_matched}")
-    with pytest.raises(run_config.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         labelled_splits(load_labelled(bad.data), bad.data)
     assert str(err.value) == (
         f"data.classify.test_splits.m: split 'test_matched' of '{standin / 'mnli'}' is unlabelled (no labels, or all "
@@ -178,7 +180,7 @@ def test_a_hub_layout_copy_of_mnli_scores_both_validation_sets_and_never_its_tes
 
 def test_mnli_without_test_splits_is_refused_rather_than_ignoring_its_validation_sets(standin, tmp_path):
     cfg = cfg_of("mnli", tmp_path, f"data.source={standin / 'mnli'}", "data.classify.test_splits=null")
-    with pytest.raises(run_config.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         labelled_splits(load_labelled(cfg.data), cfg.data)
     assert str(err.value).startswith(
         f"data.source: '{standin / 'mnli'}' has labelled split(s) validation_matched, validation_mismatched that this "
@@ -213,7 +215,7 @@ def test_glues_original_tsv_layout_is_read_by_its_file_names(tmp_path):
     assert list(splits["test/matched"]["text"]) == [f"dev_matched premise {i}" for i in range(6)]
     assert label_array(splits["test/mismatched"]).tolist() == [0, 1, 2, 0, 1]
     (tmp_path / "MNLI" / "diagnostic.tsv").write_text("index\tsentence1\n0\tx\n")
-    with pytest.raises(run_config.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         load_labelled(cfg.data)
     assert str(err.value).startswith(
         f"data.source: '{tmp_path / 'MNLI'}' holds diagnostic.tsv, which names no split (a file per split, named train, "
@@ -230,7 +232,7 @@ def test_stsb_float_labels_are_regression_targets_and_classification_refuses_the
     assert num_labels == 1
     assert label_array(splits["test"]).tolist() == pytest.approx([r["label"] for r in rows[:5]])
     as_classes = cfg_of("mrpc", tmp_path, f"data.source={tmp_path / 'stsb'}")
-    with pytest.raises(run_config.ConfigError, match="holds float64 values, not integer class ids .a regression"):
+    with pytest.raises(ConfigError, match="holds float64 values, not integer class ids .a regression"):
         labelled_splits(load_labelled(as_classes.data), as_classes.data)
 
 

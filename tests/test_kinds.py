@@ -1,69 +1,31 @@
-"""The attention kinds beyond Linformer (sparse, local, lsh, performer, nystrom, no_context) as specifications: the mask and
-causal contracts every kind keeps, each kind's exact limit, decoding, checkpoints, FLOP counts, config errors,
-and cross-checks against the field's reference libraries (skipped when ``.[refs]`` is not installed)."""
+"""The attention kinds beyond Linformer (sparse, local, lsh, performer, nystrom, no_context) as specifications: each
+kind's exact limit, decoding state, checkpoints, FLOP counts, config errors, and cross-checks against the field's
+reference libraries (skipped when ``.[refs]`` is not installed). The contract every kind keeps (masks, causality,
+gradients, checkpoints, decoding) is ``test_contract.py``'s."""
 
 import functools
 import math
 
 import pytest
+import tiny
 import torch
 import torch.nn.functional as F
 
 from experiments import cli
 from foundation.errors import ConfigError
-from lightning_modules.attention import ATTENTION_KINDS, build_attention, fuse_projections
 from lightning_modules.attention.lsh import SELF_SCORE
 from lightning_modules.attention.performer import orthogonal_features
-from lightning_modules.encoder import TransformerEncoder
 from lightning_modules.flops import count_flops
 from training import config as run_config
 from training.train import train
 
 N, D, H, V = 16, 16, 2, 30
 
-# name → (kind, options at N = 16): each a real restriction of full attention, not its limit.
-CASES = {
-    "local": ("local", {"window": 5, "n_global": 1}),
-    "local_no_global": ("local", {"window": 4}),
-    "sparse_fixed": ("sparse", {"pattern": "fixed", "block": 4, "summary": 1}),
-    "sparse_strided": ("sparse", {"pattern": "strided", "block": 3, "stride": 5}),
-    "lsh": ("lsh", {"bucket_size": 4, "n_hashes": 2}),
-    "performer": ("performer", {"n_features": 8}),
-    "nystrom": ("nystrom", {"n_landmarks": 4}),
-    "no_context": ("no_context", {}),
-}
-CAUSAL = [name for name, (kind, _) in CASES.items() if ATTENTION_KINDS[kind].has_causal_form]
-STREAMING = ["local", "local_no_global", "sparse_fixed", "sparse_strided", "performer", "no_context"]
-
 
 def attention(name, causal=False, **extra):
-    kind, options = CASES[name]
-    return {"kind": kind, "causal": causal, "options": {**options, **extra}}
-
-
-def encoder(name, causal=False, seed=0, n_layers=2, **extra):
-    torch.manual_seed(seed)
-    enc = TransformerEncoder(
-        {
-            "max_len": N,
-            "d_model": D,
-            "n_heads": H,
-            "n_layers": n_layers,
-            "d_ff": 32,
-            "dropout": 0.0,
-            "attention": attention(name, causal, **extra),
-        },
-        vocab_size=V,
-    )
-    with torch.no_grad():
-        for param_name, p in enc.named_parameters():
-            if param_name.endswith("bias"):
-                p.normal_()  # non-zero biases: a padded position then carries a value unless it is kept out
-    return enc.eval()
-
-
-def layer(attention_cfg, n=N, d=D, h=H):
-    return build_attention({"max_len": n, "d_model": d, "n_heads": h, "attention": attention_cfg})
+    """The ``model.attention`` node of case ``name`` of ``tiny.KINDS``, its options updated by ``extra``."""
+    kind, options = tiny.KINDS[name]
+    return tiny.attention(kind, causal, **{**options, **extra})
 
 
 def same_weights(source, *targets):
@@ -77,102 +39,10 @@ def same_weights(source, *targets):
                     theirs.bias.copy_(mine.bias)
 
 
-# ----------------------------------------------------------------------------- every kind's contract
-@pytest.mark.parametrize("name", CASES)
-def test_output_shape_at_full_and_short_length(name):
-    enc = encoder(name)
-    for t in (N, 11):
-        assert enc(torch.randint(0, V, (3, t))).shape == (3, t, D)
-
-
-@pytest.mark.parametrize("name,causal", [(name, False) for name in CASES] + [(name, True) for name in CAUSAL])
-def test_appending_padding_never_changes_real_outputs(name, causal):
-    enc = encoder(name, causal)
-    ids = torch.randint(5, V, (2, 9))
-    padded = torch.cat([ids, torch.randint(5, V, (2, 5))], dim=1)  # arbitrary ids under the padding
-    mask = torch.zeros(2, 14, dtype=torch.bool)
-    mask[:, :9] = True
-    with torch.no_grad():
-        torch.testing.assert_close(enc(padded, mask)[:, :9], enc(ids), atol=1e-5, rtol=1e-5)
-        assert torch.isfinite(enc(padded, mask)).all()  # nothing NaN at padded positions either
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_gradients_reach_every_parameter_and_no_buffer(name):
-    enc = encoder(name).train()
-    out = enc(torch.randint(0, V, (2, N)))
-    (out * torch.randn_like(out)).sum().backward()  # a random readout: a LayerNorm's plain sum has zero gradient
-    missing = [n for n, p in enc.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert missing == []
-    assert all(not b.requires_grad and b.grad is None for b in enc.buffers())
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_state_dict_round_trip_reproduces_outputs_exactly(name, tmp_path):
-    source, target = encoder(name, seed=0), encoder(name, seed=1)
-    torch.save(source.state_dict(), tmp_path / "ckpt.pt")
-    target.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=True))
-    ids = torch.randint(0, V, (2, N))
-    with torch.no_grad():
-        assert torch.equal(source(ids), target(ids))
-
-
-@pytest.mark.parametrize("name", ["lsh", "no_context", "sparse_fixed", "nystrom"])
-def test_a_state_dict_with_separate_q_k_v_projections_loads_with_the_same_outputs(name):
-    source, target = encoder(name, seed=0), encoder(name, seed=1)
-    layers = {f"blocks.{i}.attn.": block.attn for i, block in enumerate(source.blocks)}
-    old = {}
-    for key, value in source.state_dict().items():
-        prefix, fused, what = key.rpartition("in_proj.")
-        if not fused:
-            old[key] = value
-            continue
-        names = layers[prefix].in_proj.names  # the row order of the fused weight, e.g. "qvk"
-        for n, rows in zip(names, value.chunk(len(names))):
-            old[f"{prefix}{n}_proj.{what}"] = rows.clone()
-    assert "blocks.0.attn.v_proj.weight" in old and not any("in_proj" in key for key in old)
-    target.load_state_dict(old)
-    ids = torch.randint(0, V, (2, N))
-    with torch.no_grad():
-        assert torch.equal(source(ids), target(ids))
-    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), fuse_projections(old).values()))
-
-
-@pytest.mark.parametrize("name", CAUSAL)
-def test_changing_a_later_token_leaves_every_earlier_output_unchanged(name):
-    enc = encoder(name, causal=True, n_layers=2)
-    ids = torch.randint(0, V, (2, N))
-    with torch.no_grad():
-        base = enc(ids)
-        for t in range(N):
-            changed = ids.clone()
-            changed[:, t] = (changed[:, t] + 1) % V
-            out = enc(changed)
-            if CASES[name][0] == "lsh":
-                # The key sets are exactly causal; a later token's hash may still move where earlier keys sit in
-                # the sorted layout, which reorders float sums (~1e-7), never which keys or scores enter.
-                torch.testing.assert_close(out[:, :t], base[:, :t], atol=1e-6, rtol=0)
-            else:
-                assert torch.equal(out[:, :t], base[:, :t]), f"position < {t} saw token {t}"
-            assert not torch.allclose(out[:, t], base[:, t]), f"token {t} did not reach its own output"
-
-
-@pytest.mark.parametrize("name", STREAMING)
-def test_incremental_decoding_equals_the_parallel_forward(name):
-    enc = encoder(name, causal=True, n_layers=2)
-    ids = torch.randint(0, V, (3, N))
-    state = enc.init_decode_state(3)
-    steps = []
-    for t in range(N):
-        hidden, state = enc.decode_step(ids[:, t], state)
-        steps.append(hidden)
-    with torch.no_grad():
-        torch.testing.assert_close(torch.stack(steps, 1), enc(ids), atol=1e-5, rtol=1e-5)
-
-
+# ----------------------------------------------------------------------------- decoding states and dropout
 @pytest.mark.parametrize("name", ["local", "performer"])
 def test_local_and_performer_decoding_states_have_a_fixed_size(name):
-    enc = encoder(name, causal=True)
+    enc = tiny.encoder(attention(name, causal=True), vocab=V, random_biases=True).eval()
     state = enc.init_decode_state(2)
 
     def shapes():
@@ -190,16 +60,16 @@ def test_local_and_performer_decoding_states_have_a_fixed_size(name):
 
 def test_kinds_without_a_streaming_form_say_so_in_one_line():
     with pytest.raises(ValueError, match="^attention kind 'lsh' has no streaming form"):
-        encoder("lsh", causal=True).init_decode_state(1)
+        tiny.encoder(attention("lsh", causal=True), vocab=V).init_decode_state(1)
     with pytest.raises(ValueError, match="^incremental decoding needs causal attention"):
-        encoder("nystrom").init_decode_state(1)
+        tiny.encoder(attention("nystrom"), vocab=V).init_decode_state(1)
 
 
 @pytest.mark.parametrize("name", ["local", "sparse_fixed", "lsh"])
 def test_attention_dropout_drops_probabilities_in_training_only(name):
     torch.manual_seed(0)
-    dropped = layer({**attention(name), "dropout": 0.5})
-    plain = layer(attention(name))
+    dropped = tiny.layer({**attention(name), "dropout": 0.5})
+    plain = tiny.layer(attention(name))
     plain.load_state_dict(dropped.state_dict())
     x = torch.randn(2, N, D)
     with torch.no_grad():
@@ -220,7 +90,7 @@ def test_attention_dropout_drops_probabilities_in_training_only(name):
     ],
 )
 def test_every_kind_trains_two_steps_through_train(name, task, tiny_overrides):
-    kind, options = CASES[name]
+    kind, options = tiny.KINDS[name]
     chosen = [f"model.attention.options.{key}={value}" for key, value in options.items()]
     if kind == "performer":
         chosen.append("model.attention.options.redraw=every_step")
@@ -243,7 +113,7 @@ def test_every_kind_trains_two_steps_through_train(name, task, tiny_overrides):
 # ----------------------------------------------------------------------------- exact limits
 @pytest.mark.parametrize("causal", [False, True])
 def test_no_context_output_at_a_position_is_blind_to_every_other_token_exactly(causal):
-    enc = encoder("no_context", causal)  # two layers, non-zero biases
+    enc = tiny.encoder(attention("no_context", causal), vocab=V, random_biases=True).eval()  # two layers
     ids = torch.randint(5, V, (3, N))
     mask = _padding_mask()  # the last row: 10 real tokens, then padding
     with torch.no_grad():
@@ -259,8 +129,8 @@ def test_no_context_output_at_a_position_is_blind_to_every_other_token_exactly(c
 
 def _full_and(cfg, n=N, h=H):
     torch.manual_seed(0)
-    full = layer({"kind": "full", "causal": cfg.get("causal", False)}, n=n, h=h)
-    other = layer(cfg, n=n, h=h)
+    full = tiny.layer({"kind": "full", "causal": cfg.get("causal", False)}, n=n, h=h)
+    other = tiny.layer(cfg, n=n, h=h)
     same_weights(full, other)
     return full, other
 
@@ -282,14 +152,14 @@ def test_local_with_a_window_of_n_is_full_attention(causal, n_global):
 
 
 def test_local_sees_exactly_window_positions_centred_and_shifted_inside_the_grid():
-    local = layer({"kind": "local", "options": {"window": 4}})
+    local = tiny.layer({"kind": "local", "options": {"window": 4}})
     i = torch.arange(N)
     seen = local.visible(i[:, None], i[None, :])
     assert (seen.sum(1) == 4).all()
     assert seen[0].nonzero().flatten().tolist() == [0, 1, 2, 3]  # shifted right at the start
     assert seen[8].nonzero().flatten().tolist() == [6, 7, 8, 9]  # i − ⌊w/2⌋ … i + ⌈w/2⌉ − 1
     assert seen[N - 1].nonzero().flatten().tolist() == [12, 13, 14, 15]  # shifted left at the end
-    causal = layer({"kind": "local", "causal": True, "options": {"window": 4, "n_global": 2}})
+    causal = tiny.layer({"kind": "local", "causal": True, "options": {"window": 4, "n_global": 2}})
     assert causal.visible(torch.tensor(9), i).nonzero().flatten().tolist() == [0, 1, 6, 7, 8, 9]
 
 
@@ -313,11 +183,11 @@ def test_sparse_pattern_covering_every_pair_is_full_attention(options, causal):
 
 def test_sparse_patterns_are_the_papers_sets():
     i = torch.arange(N)
-    fixed = layer({"kind": "sparse", "causal": True, "options": {"pattern": "fixed", "block": 4, "summary": 1}})
+    fixed = tiny.layer({"kind": "sparse", "causal": True, "options": {"pattern": "fixed", "block": 4, "summary": 1}})
     assert fixed.visible(torch.tensor(10), i).nonzero().flatten().tolist() == [3, 7, 8, 9, 10]  # block 8-11, summaries
-    strided = layer({"kind": "sparse", "causal": True, "options": {"pattern": "strided", "block": 3, "stride": 4}})
+    strided = tiny.layer({"kind": "sparse", "causal": True, "options": {"pattern": "strided", "block": 3, "stride": 4}})
     assert strided.visible(torch.tensor(10), i).nonzero().flatten().tolist() == [2, 6, 8, 9, 10]  # last 3, every 4th
-    both_ways = layer({"kind": "sparse", "options": {"pattern": "strided", "block": 2, "stride": 5}})
+    both_ways = tiny.layer({"kind": "sparse", "options": {"pattern": "strided", "block": 2, "stride": 5}})
     assert both_ways.visible(torch.tensor(7), i).nonzero().flatten().tolist() == [2, 6, 7, 8, 12]
 
 
@@ -337,7 +207,7 @@ def shared_qk_attention(lsh, x, causal):
 @pytest.mark.parametrize("n_hashes", [1, 3])
 def test_lsh_with_one_bucket_is_full_shared_qk_attention(causal, n_hashes):
     torch.manual_seed(0)
-    lsh = layer({"kind": "lsh", "causal": causal, "options": {"bucket_size": N, "n_hashes": n_hashes}})
+    lsh = tiny.layer({"kind": "lsh", "causal": causal, "options": {"bucket_size": N, "n_hashes": n_hashes}})
     assert lsh.n_buckets == 1 and lsh.k_proj is None
     x = torch.randn(3, N, D)
     with torch.no_grad():
@@ -347,8 +217,8 @@ def test_lsh_with_one_bucket_is_full_shared_qk_attention(causal, n_hashes):
 def test_lsh_identical_rounds_count_each_pair_once():
     """With every round's rotation the same, the union is one round's set: r rounds equal one."""
     torch.manual_seed(0)
-    one = layer({"kind": "lsh", "options": {"bucket_size": 4, "n_hashes": 1}})
-    three = layer({"kind": "lsh", "options": {"bucket_size": 4, "n_hashes": 3}})
+    one = tiny.layer({"kind": "lsh", "options": {"bucket_size": 4, "n_hashes": 1}})
+    three = tiny.layer({"kind": "lsh", "options": {"bucket_size": 4, "n_hashes": 3}})
     three.load_state_dict({**one.state_dict(), "rotations": one.rotations.expand(3, -1, -1).clone()})
     x = torch.randn(2, N, D)
     with torch.no_grad():
@@ -358,7 +228,7 @@ def test_lsh_identical_rounds_count_each_pair_once():
 @pytest.mark.parametrize("causal", [False, True])
 def test_performer_error_against_full_attention_shrinks_as_features_grow(causal):
     torch.manual_seed(0)
-    full = layer({"kind": "full", "causal": causal})
+    full = tiny.layer({"kind": "full", "causal": causal})
     x = torch.randn(2, N, D)
     with torch.no_grad():
         reference = full(x)
@@ -367,7 +237,7 @@ def test_performer_error_against_full_attention_shrinks_as_features_grow(causal)
             per_seed = []
             for seed in range(4):
                 torch.manual_seed(seed)
-                performer = layer({"kind": "performer", "causal": causal, "options": {"n_features": m}})
+                performer = tiny.layer({"kind": "performer", "causal": causal, "options": {"n_features": m}})
                 same_weights(full, performer)
                 per_seed.append((performer(x) - reference).abs().mean() / reference.abs().mean())
             errors.append(float(torch.stack(per_seed).mean()))
@@ -378,7 +248,7 @@ def test_performer_error_against_full_attention_shrinks_as_features_grow(causal)
 def test_causal_favor_equals_the_quadratic_form_at_every_length(t):
     """Σ_{j ≤ i} φ(q_i)·φ(k_j) v_j / Σ_{j ≤ i} φ(q_i)·φ(k_j), written out as a masked T × T product."""
     torch.manual_seed(0)
-    performer = layer({"kind": "performer", "causal": True, "options": {"n_features": 8}}, n=160)
+    performer = tiny.layer({"kind": "performer", "causal": True, "options": {"n_features": 8}}, n=160)
     q, k, v = (torch.randn(2, H, t, D // H) for _ in range(3))
     qf, kf = performer.feature_map(q, True), performer.feature_map(k, False)  # (B, h, T, m), float32
     scores = (qf.double() @ kf.double().transpose(-1, -2)).tril()  # (B, h, T, T)
@@ -398,12 +268,12 @@ def test_orthogonal_features_are_orthogonal_in_blocks_with_gaussian_norms():
 
 def test_nystrom_with_n_landmarks_is_full_attention_and_converges_with_iterations():
     torch.manual_seed(0)
-    full = layer({"kind": "full"})
+    full = tiny.layer({"kind": "full"})
     x, mask = torch.randn(3, N, D), _padding_mask()
     errors = []
     with torch.no_grad():
         for iterations in (6, 10, 15):
-            nystrom = layer({"kind": "nystrom", "options": {"n_landmarks": N, "pinv_iterations": iterations}})
+            nystrom = tiny.layer({"kind": "nystrom", "options": {"n_landmarks": N, "pinv_iterations": iterations}})
             same_weights(full, nystrom)
             errors.append((nystrom(x) - full(x)).abs().max().item())
         torch.testing.assert_close(nystrom(x), full(x), atol=1e-4, rtol=1e-4)
@@ -413,12 +283,14 @@ def test_nystrom_with_n_landmarks_is_full_attention_and_converges_with_iteration
 
 def test_nystrom_iterates_in_float64_for_float64_inputs_down_to_its_rounding():
     torch.manual_seed(0)
-    full = layer({"kind": "full"}).double()
+    full = tiny.layer({"kind": "full"}).double()
     x = torch.randn(3, N, D, dtype=torch.float64)
     errors = []
     with torch.no_grad():
         for iterations in (6, 10, 20, 40):
-            nystrom = layer({"kind": "nystrom", "options": {"n_landmarks": N, "pinv_iterations": iterations}}).double()
+            nystrom = tiny.layer(
+                {"kind": "nystrom", "options": {"n_landmarks": N, "pinv_iterations": iterations}}
+            ).double()
             same_weights(full, nystrom)
             errors.append((nystrom(x) - full(x)).abs().max().item())
     # each step down until float64's rounding of this layer (~1e-13), where the error no longer orders; float32
@@ -429,7 +301,7 @@ def test_nystrom_iterates_in_float64_for_float64_inputs_down_to_its_rounding():
 
 # ----------------------------------------------------------------------------- performer's random features
 def test_performer_features_are_a_buffer_restored_not_redrawn(tmp_path):
-    saved, fresh = encoder("performer", seed=0), encoder("performer", seed=7)
+    saved, fresh = (tiny.encoder(attention("performer"), seed, V, random_biases=True).eval() for seed in (0, 7))
     names = {n for n, _ in saved.named_buffers()}
     assert {"blocks.0.attn.features", "blocks.0.attn.seed", "blocks.0.attn.steps"} <= names
     assert not torch.equal(fresh.blocks[0].attn.features, saved.blocks[0].attn.features)
@@ -443,7 +315,7 @@ def test_performer_features_are_a_buffer_restored_not_redrawn(tmp_path):
 )
 def test_performer_redraws_by_its_policy_in_training_only(policy, every, redrawn_after):
     extra = {"redraw": policy} if every is None else {"redraw": policy, "redraw_every": every}
-    enc = encoder("performer", **extra)
+    enc = tiny.encoder(attention("performer", **extra), vocab=V, random_biases=True).eval()
     attn = enc.blocks[0].attn
     ids = torch.randint(0, V, (1, N))
     with torch.no_grad():
@@ -462,7 +334,9 @@ def test_performer_redraws_by_its_policy_in_training_only(policy, every, redrawn
 
 def test_performer_redraws_the_same_features_on_every_process():
     """Redraws are seeded by the saved seed and the draw count: two ranks holding the same buffers agree."""
-    a, b = encoder("performer", seed=0, redraw="every_step"), encoder("performer", seed=1, redraw="every_step")
+    a, b = (
+        tiny.encoder(attention("performer", redraw="every_step"), seed, V, random_biases=True).eval() for seed in (0, 1)
+    )
     b.load_state_dict(a.state_dict())
     ids = torch.randint(0, V, (1, N))
     with torch.no_grad():
@@ -474,7 +348,7 @@ def test_performer_redraws_the_same_features_on_every_process():
 # ----------------------------------------------------------------------------- FLOP counts
 def _layer_flops(attention_cfg, n, mode, d=32, h=4, batch=2):
     torch.manual_seed(0)
-    attn = layer(attention_cfg, n=n, d=d, h=h).train(mode == "fwdbwd")
+    attn = tiny.layer(attention_cfg, n=n, d=d, h=h).train(mode == "fwdbwd")
     x = torch.randn(batch, n, d, requires_grad=mode == "fwdbwd")
 
     def run():
@@ -497,7 +371,7 @@ def test_local_flop_count_is_4_b_h_n_w_dh_and_full_attentions_at_w_ge_n(mode, pe
 
 def test_counting_flops_changes_no_output_and_no_gradient():
     torch.manual_seed(0)
-    local = layer(attention("local"))
+    local = tiny.layer(attention("local"))
     x = torch.randn(2, N, D, requires_grad=True)
     plain = local(x)
     (plain * plain).sum().backward()
@@ -635,7 +509,10 @@ def test_an_option_of_another_kind_exits_2_through_the_cli(capsys):
 @pytest.mark.parametrize("causal", [False, True])
 def test_flex_attention_engine_equals_the_dense_engine(name, causal):
     torch.manual_seed(0)
-    flex, dense = layer(attention(name, causal, engine="flex")), layer(attention(name, causal, engine="dense"))
+    flex, dense = (
+        tiny.layer(attention(name, causal, engine="flex")),
+        tiny.layer(attention(name, causal, engine="dense")),
+    )
     dense.load_state_dict(flex.state_dict())
     x, mask = torch.randn(2, 13, D), _padding_mask(2, 13, 9)
     with torch.no_grad():
@@ -645,10 +522,10 @@ def test_flex_attention_engine_equals_the_dense_engine(name, causal):
 
 
 def test_auto_engine_is_blocked_on_cpu_and_where_flex_cannot_run():
-    local = layer(attention("local"))
+    local = tiny.layer(attention("local"))
     q = torch.randn(1, H, N, D // H, requires_grad=True)
     assert local.engine_for(q, 0.0) == "blocked"
-    flex = layer(attention("local", engine="flex"))
+    flex = tiny.layer(attention("local", engine="flex"))
     assert flex.engine_for(q, 0.0) == "blocked"  # torch has no CPU FlexAttention backward
     assert flex.engine_for(q.detach(), 0.5) == "blocked"  # Flex applies no attention dropout
     assert flex.engine_for(q.detach(), 0.0) == "flex"
@@ -663,7 +540,9 @@ nystrom_lib = functools.partial(pytest.importorskip, "nystrom_attention")
 def _lsh_pair(n=32, bucket_size=4, n_hashes=2, causal=False, **library_options):
     """Our lsh layer and reformer-pytorch's LSHAttention drawing the same rotations (its draw is replayed)."""
     LSHAttention = reformer().LSHAttention
-    ours = layer({"kind": "lsh", "causal": causal, "options": {"bucket_size": bucket_size, "n_hashes": n_hashes}}, n=n)
+    ours = tiny.layer(
+        {"kind": "lsh", "causal": causal, "options": {"bucket_size": bucket_size, "n_hashes": n_hashes}}, n=n
+    )
     theirs = LSHAttention(bucket_size=bucket_size, n_hashes=n_hashes, causal=causal, **library_options).eval()
     torch.manual_seed(5)  # what its hash_vectors draws: randn(1, d_h, n_hashes, n_buckets / 2)
     drawn = torch.randn(1, D // H, n_hashes, ours.n_buckets // 2)
@@ -720,7 +599,7 @@ def test_performer_matches_performer_pytorch_with_the_same_features(causal, monk
     module = __import__("performer_pytorch.performer_pytorch", fromlist=["softmax_kernel"])
     monkeypatch.setattr(module, "softmax_kernel", functools.partial(module.softmax_kernel, eps=0.0))
     torch.manual_seed(0)
-    ours = layer({"kind": "performer", "causal": causal, "options": {"n_features": 16}})
+    ours = tiny.layer({"kind": "performer", "causal": causal, "options": {"n_features": 16}})
     theirs = library.FastAttention(dim_heads=D // H, nb_features=16, causal=causal)
     theirs.projection_matrix.copy_(ours.features)
     if causal:
@@ -737,7 +616,7 @@ def test_nystrom_matches_nystrom_attention_with_the_same_weights():
     its pseudo-inverse's starting scale is a maximum over the whole batch and all heads, ours per matrix."""
     library = nystrom_lib()
     torch.manual_seed(0)
-    ours = layer({"kind": "nystrom", "options": {"n_landmarks": 4, "pinv_iterations": 6}}, h=1)
+    ours = tiny.layer({"kind": "nystrom", "options": {"n_landmarks": 4, "pinv_iterations": 6}}, h=1)
     theirs = library.NystromAttention(dim=D, dim_head=D, heads=1, num_landmarks=4, pinv_iterations=6, residual=False)
     with torch.no_grad():
         for proj in (ours.q_proj, ours.k_proj, ours.v_proj):

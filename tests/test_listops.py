@@ -7,11 +7,12 @@ import statistics
 from pathlib import Path
 
 import pytest
+import tiny
 import torch
 from omegaconf import OmegaConf
 
 from datamodules import listops
-from datamodules.config import DataConfig, ListOpsConfig
+from datamodules.config import ListOpsConfig
 from datamodules.listops import VOCAB, ListOpsDataModule, decode, generate
 from experiments import cli
 from foundation.errors import ConfigError
@@ -102,28 +103,26 @@ def test_generation_is_seeded_and_uses_the_whole_vocabulary():
 
 
 # ------------------------------------------------------------------------------- data module
-def data_cfg(tmp_path, **listops_cfg):
-    return OmegaConf.merge(
-        OmegaConf.structured(DataConfig),
-        {
-            "cache_dir": str(tmp_path),
-            "batch_size": 4,
-            "listops": {
-                "n_train": 40,
-                "n_val": 12,
-                "n_test": 12,
-                "min_length": 10,
-                "max_length": 60,
-                "max_depth": 3,
-                "max_args": 4,
-                **listops_cfg,
-            },
+def listops_data(tmp_path, **listops_cfg):
+    """A small ListOps ``data`` config (tiny.data_cfg) with ``listops_cfg`` over its generator settings."""
+    return tiny.data_cfg(
+        tmp_path,
+        batch_size=4,
+        listops={
+            "n_train": 40,
+            "n_val": 12,
+            "n_test": 12,
+            "min_length": 10,
+            "max_length": 60,
+            "max_depth": 3,
+            "max_args": 4,
+            **listops_cfg,
         },
     )
 
 
 def test_data_module_batches_splits_and_cache(tmp_path, monkeypatch):
-    dm = ListOpsDataModule(data_cfg(tmp_path), max_len=60, seed=3)
+    dm = ListOpsDataModule(listops_data(tmp_path), max_len=60, seed=3)
     dm.prepare_data()
     dm.setup("fit")
     assert (dm.vocab_size, dm.num_labels) == (16, 10)
@@ -137,11 +136,11 @@ def test_data_module_batches_splits_and_cache(tmp_path, monkeypatch):
     assert not texts["train"] & texts["validation"] and not texts["validation"] & texts["test"]
     # Another seed changes the training set, never validation or test; a second module reads the cache.
     monkeypatch.setattr(listops, "generate", lambda *a: pytest.fail("regenerated a cached split"))
-    same = ListOpsDataModule(data_cfg(tmp_path), max_len=60, seed=3)
+    same = ListOpsDataModule(listops_data(tmp_path), max_len=60, seed=3)
     same.setup()
     assert [decode(i) for i in same.datasets["train"].ids] == [decode(i) for i in dm.datasets["train"].ids]
     monkeypatch.undo()
-    other = ListOpsDataModule(data_cfg(tmp_path), max_len=60, seed=4)
+    other = ListOpsDataModule(listops_data(tmp_path), max_len=60, seed=4)
     other.setup()
     assert {decode(i) for i in other.datasets["validation"].ids} == texts["validation"]
     assert {decode(i) for i in other.datasets["train"].ids} != texts["train"]

@@ -13,6 +13,7 @@ import torch
 from datamodules.language_model import CausalLMDataModule, MLMDataModule, unigram_baseline
 from datamodules.mqar import MQARDataModule
 from experiments import cli
+from foundation.errors import ConfigError
 from training import config as run_config
 from training.train import build_module
 
@@ -165,7 +166,7 @@ def test_recall_trivial_baseline_is_a_uniform_guess_among_the_values():
     ],
 )
 def test_impossible_recall_settings_are_refused_naming_the_key(override, key):
-    with pytest.raises(run_config.ConfigError, match=rf"^{key}: "):
+    with pytest.raises(ConfigError, match=rf"^{key}: "):
         _cfg(override)
 
 

@@ -14,6 +14,7 @@ import torch
 import yaml
 
 from experiments import cli
+from foundation.configfile import to_container
 from foundation.errors import ConfigError
 from lightning_modules.callbacks import TrainingFlops
 from lightning_modules.flops import count_flops, training_step_flops
@@ -40,7 +41,7 @@ def _tiny_mlm(layers: int = 2, d: int = 32, heads: int = 2, d_ff: int = 64, n: i
             "model.attention.kind=full",
         ],
     )
-    return MaskedLMModule(run_config.to_container(cfg), vocab)
+    return MaskedLMModule(to_container(cfg), vocab)
 
 
 def test_one_training_step_counts_the_hand_computed_flops_of_a_tiny_transformer():

@@ -14,7 +14,7 @@ import torch
 
 from foundation.errors import ConfigError
 from lightning_modules.attention import ATTENTION_KINDS, SelfAttention, register_attention
-from lightning_modules.projections import PROJECTION_KINDS, ProjectionKind, register_projection
+from lightning_modules.attention.linformer.projections import PROJECTION_KINDS, ProjectionKind, register_projection
 from training import config as run_config
 from training.train import train
 
@@ -83,7 +83,7 @@ def test_a_projection_kind_registered_in_a_test_trains_one_step_through_train(dc
     assert metrics["global_step"] == 1 and math.isfinite(metrics["val/loss"])
     assert metrics["projection_parameters"] == 0  # fixed: nothing to learn
     state = torch.load(Path(metrics["run_dir"]) / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    stored = [v for k, v in state.items() if k.startswith("encoder.bank.weight_")]
+    stored = [v for k, v in state.items() if k.startswith("encoder.shared.weight_")]
     assert stored and all(torch.equal(w[0, 0], dct_rows(8, 32)) for w in stored)  # saved, never redrawn
 
 
@@ -231,6 +231,34 @@ def test_no_code_outside_the_attention_plug_ins_names_an_attention_kind():
             if node.value in ATTENTION_KINDS:  # a kind's name as a value: a switch or a table on kinds
                 found.append(f"{rel}:{node.lineno}: {node.value!r}")
     assert not found, "attention kinds named outside the plug-ins:\n" + "\n".join(found)
+
+
+# Linformer's E/F machinery by name: the layer's and the bank's attributes, the projection-kind registry and the E/F
+# analysis. Code outside its plug-in reaches them through kind hooks only (build_shared, no_decay_parameters,
+# projection_parameters, analyze_shared, spectrum_suggestions, ...), never by these names.
+LINFORMER_NAMES = re.compile(
+    r"\b(bank|ProjectionBank|ProjectionKind|PROJECTION_KINDS|register_projection|compressed_side|nonempty_slots"
+    r"|block_weights|compress_block|distinct_projections|projection_operator|projection_report)\b"
+)
+LINFORMER_PLUG_IN = "lightning_modules/attention/linformer/"
+
+
+def test_no_code_outside_the_linformer_plug_in_names_its_e_f_machinery():
+    found = [
+        f"{rel}:{lineno}: {m.group(0)}"
+        for path in sorted(ROOT.glob("[a-z]*/**/*.py"))
+        if not (rel := path.relative_to(ROOT).as_posix()).startswith((LINFORMER_PLUG_IN, "tests/"))
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        for m in LINFORMER_NAMES.finditer(line)
+    ]
+    assert not found, "Linformer's names outside its plug-in:\n" + "\n".join(found)
+    assert not (ROOT / "lightning_modules" / "projections.py").exists()
+
+
+def test_the_linformer_name_check_would_catch_one():
+    assert LINFORMER_NAMES.search('(no_decay if ".bank." in f".{name}" else decay)')
+    assert LINFORMER_NAMES.search("from lightning_modules.projections import ProjectionBank")
+    assert not LINFORMER_NAMES.search("self.shared = attention.build_shared(cfg)  # banked")
 
 
 def test_the_parity_benchs_library_kind_exists_only_while_it_trains():

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 from datamodules.language_model import IGNORE_INDEX, MLMDataModule, spread, unigram_baseline
 from datamodules.tokenizer import MASK_ID, NUM_SPECIAL
+from foundation.configfile import to_container
+from foundation.errors import ConfigError
 from lightning_modules.language_model import MaskedLMModule
 from training import config as run_config
 from training.train import train
@@ -26,7 +28,7 @@ def _module(vocab=12):
         None, ["model.max_len=6", "model.d_model=8", "model.n_heads=2", "model.d_ff=16", "model.attention.kind=full"]
     )
     torch.manual_seed(0)
-    return MaskedLMModule(run_config.to_container(cfg), vocab, GROUPS).eval()
+    return MaskedLMModule(to_container(cfg), vocab, GROUPS).eval()
 
 
 def _batch(example_index, labels, group, vocab=12, seed=0):
@@ -161,5 +163,5 @@ def test_validation_set_and_masks_are_the_same_for_every_seed(tiny_overrides):
 
 
 def test_a_validation_pass_shorter_than_the_validation_set_is_refused(tiny_overrides):
-    with pytest.raises(run_config.ConfigError, match=r"^trainer.limit_val_batches: 2 batches .* validate 16 of"):
+    with pytest.raises(ConfigError, match=r"^trainer.limit_val_batches: 2 batches .* validate 16 of"):
         run_config.load(tiny_overrides.config, [*tiny_overrides.args, "data.max_val_blocks=40"])

@@ -12,120 +12,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from foundation.configfile import to_container
 from foundation.errors import ConfigError
-from lightning_modules.attention import build_attention
+from lightning_modules.attention.linformer.projections import ProjectionBank
 from lightning_modules.encoder import TransformerEncoder, count_parameters
-from lightning_modules.projections import ProjectionBank
 from training import config as run_config
 
 N, D, H, L, V = 16, 16, 2, 2, 40
 
-VARIANTS = {
-    "full": {"kind": "full"},
-    "learned": {"k": 4},
-    "random": {"k": 4, "projection": "random"},
-    "theorem2": {"k": 4, "init": "theorem2"},
-    "conv": {"k": 5, "projection": "conv"},  # w = 4: 4 slots
-    "pool": {"k": 6, "projection": "pool"},  # w = 3: 6 slots, the last one partly padding
-    "nonuniform_k": {"k": [6, 3]},
-    "nonuniform_k_layerwise": {"k": [6, 3], "share": "layerwise"},
-    "key_only": {"k": 4, "compress": "keys"},
-    "value_only": {"k": 4, "compress": "values"},
-    "key_only_pool": {"k": 4, "compress": "keys", "projection": "pool"},
-    "value_only_conv": {"k": 4, "compress": "values", "projection": "conv"},
-    "causal_full": {"kind": "full", "causal": True},
-    "causal": {"k": 5, "causal": True},
-    "causal_random": {"k": 4, "causal": True, "projection": "random", "share": "kv"},
-    "causal_conv": {"k": 5, "causal": True, "projection": "conv"},
-    "causal_pool": {"k": 6, "causal": True, "projection": "pool"},
-}
-
-
-def encoder(attention, seed=0, **model):
-    torch.manual_seed(seed)
-    cfg = {
-        "max_len": N,
-        "d_model": D,
-        "n_heads": H,
-        "n_layers": L,
-        "d_ff": 32,
-        "dropout": 0.0,
-        "attention": tiny.attention(**attention),
-        **model,
-    }
-    return TransformerEncoder(cfg, vocab_size=V)
-
-
-def layer(d=D, h=H, n=N, shared=None, **attention):
-    """One attention layer of width d, h heads, n positions; ``attention`` the model.attention keys."""
-    return build_attention(
-        {"max_len": n, "d_model": d, "n_heads": h, "attention": tiny.attention(**attention)}, shared=shared
-    )
-
-
-def randomise_biases(module):
-    """Non-zero biases: padded positions then carry a value unless they are zeroed before E/F."""
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if name.endswith("bias"):
-                p.normal_()
-
-
-@pytest.mark.parametrize("name", VARIANTS)
-def test_output_shape_at_full_and_short_length(name):
-    enc = encoder(VARIANTS[name])
-    for t in (N, 11):
-        assert enc(torch.randint(0, V, (3, t))).shape == (3, t, D)
-
-
-@pytest.mark.parametrize("name", VARIANTS)
-def test_gradients_reach_every_trainable_parameter_and_no_frozen_tensor(name):
-    enc = encoder(VARIANTS[name])
-    randomise_biases(enc)
-    out = enc(torch.randint(0, V, (2, N)))
-    # A random readout: the sum of a LayerNorm's output has zero gradient by construction.
-    (out * torch.randn_like(out)).sum().backward()
-    missing = [n for n, p in enc.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert missing == []
-    for name_, buf in enc.named_buffers():
-        assert not buf.requires_grad and buf.grad is None, name_
-
-
-@pytest.mark.parametrize("name", VARIANTS)
-def test_state_dict_round_trip_reproduces_outputs_exactly(name, tmp_path):
-    source, target = encoder(VARIANTS[name], seed=0).eval(), encoder(VARIANTS[name], seed=1).eval()
-    torch.save(source.state_dict(), tmp_path / "ckpt.pt")
-    target.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=True))
-    ids = torch.randint(0, V, (2, N))
-    assert torch.equal(source(ids), target(ids))
-
-
-@pytest.mark.parametrize("name", VARIANTS)
-def test_padding_never_changes_real_token_outputs(name):
-    enc = encoder(VARIANTS[name]).eval()
-    randomise_biases(enc)
-    ids = torch.randint(5, V, (2, 9))
-    padded = torch.cat([ids, torch.randint(5, V, (2, 5))], dim=1)  # arbitrary ids under the padding
-    mask = torch.zeros(2, 14, dtype=torch.bool)
-    mask[:, :9] = True
-    torch.testing.assert_close(enc(padded, mask)[:, :9], enc(ids), atol=1e-5, rtol=1e-5)
-
 
 # ----------------------------------------------------------------------------- random vs learned
 def test_random_projection_draws_what_learned_draws_and_is_frozen():
-    learned, frozen = encoder({"k": 4}).bank, encoder({"k": 4, "projection": "random"}).bank
+    learned, frozen = (
+        tiny.encoder(tiny.attention(**options), vocab=V).shared
+        for options in ({"k": 4}, {"k": 4, "projection": "random"})
+    )
     assert torch.equal(learned.weight_0, frozen.weight_0)  # same distribution, same draw
     assert count_parameters(frozen) == 0
     assert {n for n, _ in frozen.named_buffers()} == {f"weight_{i}" for i in range(L)}
 
 
 def test_random_projection_is_restored_from_a_checkpoint_not_redrawn(tmp_path):
-    saved = encoder({"k": 4, "projection": "random"}, seed=0)
+    saved = tiny.encoder(tiny.attention(k=4, projection="random"), seed=0, vocab=V)
     torch.save(saved.state_dict(), tmp_path / "ckpt.pt")
-    reloaded = encoder({"k": 4, "projection": "random"}, seed=7)
-    assert not torch.equal(reloaded.bank.weight_0, saved.bank.weight_0)
+    reloaded = tiny.encoder(tiny.attention(k=4, projection="random"), seed=7, vocab=V)
+    assert not torch.equal(reloaded.shared.weight_0, saved.shared.weight_0)
     reloaded.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=True))
-    assert torch.equal(reloaded.bank.weight_0, saved.bank.weight_0)
+    assert torch.equal(reloaded.shared.weight_0, saved.shared.weight_0)
 
 
 @pytest.mark.parametrize("projection", ["learned", "random"])
@@ -193,19 +106,19 @@ def test_a_window_of_padding_only_is_masked_out():
 def test_auto_order_projects_first_for_conv_and_compress_first_is_refused():
     conv = ProjectionBank([4], 64, 4, "headwise", "conv", d_head=8)
     conv_layer = {"kind": "linformer", "k": 4, "share": "headwise", "projection": "conv"}
-    assert layer(32, 4, 64, shared=conv, **conv_layer).order == "project_first"
+    assert tiny.layer(tiny.attention(**conv_layer), n=64, d=32, h=4, shared=conv).order == "project_first"
     with pytest.raises(ConfigError, match="order: 'compress_first'"):
-        layer(32, 4, 64, shared=conv, order="compress_first", **conv_layer)
+        tiny.layer(tiny.attention(**conv_layer, order="compress_first"), n=64, d=32, h=4, shared=conv)
     pool = ProjectionBank([4], 64, 4, "none", "pool")
-    assert layer(32, 4, 64, kind="linformer", k=4, projection="pool", shared=pool).order == "compress_first"
+    assert tiny.layer(tiny.attention(k=4, projection="pool"), n=64, d=32, h=4, shared=pool).order == "compress_first"
 
 
 def test_pool_compress_first_equals_project_first():
     bank = ProjectionBank([5], N, H, "none", "pool")
     torch.manual_seed(0)
-    projected = layer(kind="linformer", k=5, projection="pool", order="project_first", shared=bank)
-    first = layer(kind="linformer", k=5, projection="pool", order="compress_first", shared=bank)
-    randomise_biases(projected)
+    projected = tiny.layer(tiny.attention(k=5, projection="pool", order="project_first"), shared=bank)
+    first = tiny.layer(tiny.attention(k=5, projection="pool", order="compress_first"), shared=bank)
+    tiny.randomise_biases(projected)
     first.load_state_dict(projected.state_dict())
     x, mask = torch.randn(2, 13, D), torch.ones(2, 13, dtype=torch.bool)
     mask[1, 6:] = False
@@ -215,10 +128,10 @@ def test_pool_compress_first_equals_project_first():
 # ----------------------------------------------------------------------------- key-only / value-only
 def _full_and_one_sided(compress, k, projection="learned", share="none"):
     torch.manual_seed(0)
-    full = layer(kind="full")
-    randomise_biases(full)
+    full = tiny.layer(tiny.attention("full"))
+    tiny.randomise_biases(full)
     bank = ProjectionBank([k], N, H, share, projection, compress=compress, d_head=D // H)
-    one_sided = layer(kind="linformer", k=k, share=share, projection=projection, compress=compress, shared=bank)
+    one_sided = tiny.layer(tiny.attention(k=k, share=share, projection=projection, compress=compress), shared=bank)
     one_sided.load_state_dict(full.state_dict())
     return full, one_sided, bank
 
@@ -319,7 +232,7 @@ def _count(attention):
         },
         vocab_size=V,
     )
-    return count_parameters(enc.bank), sum(b.numel() for b in enc.bank.buffers())
+    return count_parameters(enc.shared), sum(b.numel() for b in enc.shared.buffers())
 
 
 def _windows(ks):
@@ -374,12 +287,12 @@ def test_random_projections_are_buffers_with_the_learned_count(share):
 
 @pytest.mark.parametrize("share", ["none", "headwise", "kv", "layerwise"])
 def test_nonuniform_k_gives_each_layer_its_k(share):
-    enc = encoder({"k": [6, 3], "share": share})
+    enc = tiny.encoder(tiny.attention(k=[6, 3], share=share), vocab=V)
     for layer, k in enumerate([6, 3]):
-        e, f = enc.bank.matrices(layer, N)
+        e, f = enc.shared.matrices(layer, N)
         assert e.shape[-2:] == f.shape[-2:] == (k, N)
     if share == "layerwise":  # the first k_l rows of one matrix
-        torch.testing.assert_close(enc.bank.matrices(1, N)[0], enc.bank.weight_0[0, :, :3])
+        torch.testing.assert_close(enc.shared.matrices(1, N)[0], enc.shared.weight_0[0, :, :3])
     assert enc(torch.randint(0, V, (2, N))).shape == (2, N, D)
 
 
@@ -480,7 +393,7 @@ def test_combinations_that_cannot_work_fail_at_config_time_with_one_line(overrid
 )
 def test_combinations_that_work_pass_the_config_check_and_build(overrides):
     cfg = run_config.load(run_config.CONFIG_DIR / "base.yaml", overrides + ["model.max_len=64"])
-    assert TransformerEncoder(run_config.to_container(cfg.model), V)(torch.randint(0, V, (1, 64))).shape == (1, 64, 128)
+    assert TransformerEncoder(to_container(cfg.model), V)(torch.randint(0, V, (1, 64))).shape == (1, 64, 128)
 
 
 VARIANT_FILES = {  # file → (task, what it sets under model.attention)
@@ -497,7 +410,7 @@ VARIANT_FILES = {  # file → (task, what it sets under model.attention)
 
 @pytest.mark.parametrize("name", VARIANT_FILES)
 def test_each_variant_has_an_experiment_file_that_selects_it(name):
-    cfg = run_config.to_container(run_config.load(run_config.CONFIG_DIR / f"{name}.yaml"))
+    cfg = to_container(run_config.load(run_config.CONFIG_DIR / f"{name}.yaml"))
     task, attention = VARIANT_FILES[name]
     assert (cfg["experiment"], cfg["task"]) == (name, task)
     att = cfg["model"]["attention"]

@@ -15,14 +15,72 @@ def attention(kind: str = "linformer", causal: bool = False, dropout: float = 0.
     return {"kind": kind, "causal": causal, "dropout": dropout, "options": options}
 
 
-def small_model(attention: dict) -> dict:
-    """A 2-layer model of width 16 at n = 16 around the given attention node."""
+# Every kind but Linformer (whose variants tests/test_contract.py lists) at n = 16, by case name → (kind, options):
+# each a real restriction of full attention, not its limit.
+KINDS = {
+    "full": ("full", {}),
+    "local": ("local", {"window": 5, "n_global": 1}),
+    "local_no_global": ("local", {"window": 4}),
+    "sparse_fixed": ("sparse", {"pattern": "fixed", "block": 4, "summary": 1}),
+    "sparse_strided": ("sparse", {"pattern": "strided", "block": 3, "stride": 5}),
+    "lsh": ("lsh", {"bucket_size": 4, "n_hashes": 2}),
+    "performer": ("performer", {"n_features": 8}),
+    "nystrom": ("nystrom", {"n_landmarks": 4}),
+    "no_context": ("no_context", {}),
+}
+
+
+def model(attention: dict, n: int = 16, d: int = 16, h: int = 2, layers: int = 2, d_ff: int = 32, **settings) -> dict:
+    """A model config around the attention node: n positions, width d, h heads, ``layers`` blocks of feed-forward
+    width d_ff, no dropout; ``settings`` any other ``model`` keys (norm, position, init_std, ...)."""
     return {
-        "max_len": 16,
-        "d_model": 16,
-        "n_heads": 2,
-        "n_layers": 2,
-        "d_ff": 32,
+        "max_len": n,
+        "d_model": d,
+        "n_heads": h,
+        "n_layers": layers,
+        "d_ff": d_ff,
         "dropout": 0.0,
         "attention": attention,
+        **settings,
     }
+
+
+def randomise_biases(module) -> None:
+    """Every bias drawn from N(0, 1): a padded position then carries a value unless the kind keeps it out."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("bias"):
+                p.normal_()
+
+
+def encoder(attention: dict, seed: int = 0, vocab: int = 40, random_biases: bool = False, **sizes):
+    """A :class:`TransformerEncoder` of :func:`model` (``sizes``: its arguments) drawn from ``seed``, over ``vocab``
+    token ids, in training mode; ``random_biases``: :func:`randomise_biases` applied."""
+    import torch
+
+    from lightning_modules.encoder import TransformerEncoder
+
+    torch.manual_seed(seed)
+    enc = TransformerEncoder(model(attention, **sizes), vocab_size=vocab)
+    if random_biases:
+        randomise_biases(enc)
+    return enc
+
+
+def layer(attention: dict, n: int = 16, d: int = 16, h: int = 2, shared=None):
+    """One attention layer of width d, h heads, n positions (``build_attention``); ``shared`` the module its kind
+    shares (None: the layer builds and owns its own)."""
+    from lightning_modules.attention import build_attention
+
+    return build_attention({"max_len": n, "d_model": d, "n_heads": h, "attention": attention}, shared=shared)
+
+
+def data_cfg(tmp_path, **overrides):
+    """A ``data`` config (the schema's defaults) caching under ``tmp_path/cache``, with ``overrides``."""
+    from omegaconf import OmegaConf
+
+    from datamodules.config import DataConfig
+
+    return OmegaConf.merge(OmegaConf.structured(DataConfig), {"cache_dir": str(tmp_path / "cache"), **overrides})

@@ -6,16 +6,18 @@
 * ``spectrum_cumulative.png`` / ``spectrum_heatmap.png``: paper Fig. 1 (left, right) for this model's
   context-mapping matrices on the first N validation sequences of the run's own data (causal
   Linformer: its T × (nb − 1 + T) matrix over [slots ; positions], see ``CausalLinformer.context_matrix``);
-* ``k_schedule.yaml``: a ready ``model.attention.options.k`` list, per layer the smallest k that keeps
-  ``energy`` of every head's cumulative singular value;
-* Linformer only: ``projections_<layer>.png`` (rows of every distinct E/F over positions) and
-  ``projection_metrics.png`` (locality, smoothness, Fourier alignment and, with ``reference``,
-  alignment with a full-attention model's P, each against a Gaussian matrix of the same shape);
+* each registered kind's config suggested by the spectrum (``SelfAttention.spectrum_suggestions``; Linformer's
+  ``k_schedule.yaml``: a ready ``model.attention.options.k`` list, per layer the smallest k that keeps
+  ``energy`` of every head's cumulative singular value), whatever the run's kind;
+* what the kind's shared module learned (``SelfAttention.analyze_shared``; Linformer: ``projections_<layer>.png``,
+  rows of every distinct E/F over positions, and ``projection_metrics.png``: locality, smoothness, Fourier
+  alignment and, with ``reference``, alignment with a full-attention model's P, each against a Gaussian matrix of
+  the same shape);
 * ``summary.json`` with every number, and the same figures as TensorBoard images (tags
   ``analysis/…``) in the run's log directory at the checkpoint's global step.
 
 It lives on the training floor because it rebuilds the run's data and module (:mod:`training.train`);
-the maths lives in :mod:`lightning_modules.analysis`.
+the maths lives in :mod:`lightning_modules.analysis` and in the kinds' hooks.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from omegaconf import DictConfig
 
 from foundation.atomic import atomic_write, atomic_write_text, write_json
 from foundation.checkpoint import check_architecture, read_checkpoint
+from foundation.configfile import flatten, to_container
 from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT
 from lightning_modules import analysis
-from lightning_modules.attention import attention_class, fuse_projections
+from lightning_modules.attention import ATTENTION_KINDS, attention_class
+from lightning_modules.figures import figure_to_array
 from training import config as run_config
 from training.train import build_datamodule, build_module
 
@@ -69,8 +73,7 @@ def read_run(path: Path) -> Run:
         raise ConfigError(f"{ckpt_path}: not a linformer-lab checkpoint (no config/vocab_size hyper-parameters)")
     cfg = run_config.merge_run([hparams["config"]])
     run_config.check(cfg)
-    weights = fuse_projections(ckpt["state_dict"])  # a checkpoint with separate Q/K/V projections too
-    return Run(run_dir, ckpt_path, cfg, int(ckpt.get("global_step", 0)), hparams["vocab_size"], weights)
+    return Run(run_dir, ckpt_path, cfg, int(ckpt.get("global_step", 0)), hparams["vocab_size"], ckpt["state_dict"])
 
 
 def load_module(run: Run, datamodule: L.LightningDataModule) -> L.LightningModule:
@@ -89,21 +92,11 @@ def load_module(run: Run, datamodule: L.LightningDataModule) -> L.LightningModul
 def _same_data(run: DictConfig, reference: DictConfig) -> None:
     """The reference must have seen the same token ids: same task, data (loader knobs aside), n."""
     pairs = [("task", run.task, reference.task), ("model.max_len", run.model.max_len, reference.model.max_len)]
-    mine, theirs = (run_config.flatten(run_config.to_container(c.data)) for c in (run, reference))
+    mine, theirs = (flatten(to_container(c.data)) for c in (run, reference))
     pairs += [(f"data.{key}", mine[key], theirs.get(key)) for key in sorted(mine) if key not in _LOADER_ONLY]
     for key, a, b in pairs:
         if a != b:
             raise ConfigError(f"--reference: {key} differs ({a!r} here, {b!r} in the reference run)")
-
-
-def _k_schedule_yaml(ks: list[int], run: Run, energy: float, samples: int) -> str:
-    return (
-        f"# Per-layer k from the attention spectrum of {run.run_dir} (step {run.global_step}): per layer the\n"
-        f"# smallest k keeping {energy:g} of every head's cumulative singular value on {samples} validation\n"
-        f"# sequences. Use: list this file under `defaults:` of an experiment file, or the override\n"
-        f"# model.attention.options.k=[{','.join(map(str, ks))}]\n"
-        f"model:\n  attention:\n    options:\n      k: [{', '.join(map(str, ks))}]\n      k_schedule: null\n"
-    )
 
 
 def _spectrum(
@@ -134,7 +127,7 @@ def _spectrum(
     return part, figures
 
 
-def _projections(
+def _shared(
     run: Run,
     module: L.LightningModule,
     datamodule: L.LightningDataModule,
@@ -142,9 +135,10 @@ def _projections(
     energy: float,
     reference: Optional[Run],
 ) -> tuple[dict, dict]:
-    """Summary entries and figures of what E/F encode, against Gaussian matrices (and a full model)."""
+    """Summary entries and figures of what the kind's shared module learned (Linformer: what E/F encode, against
+    Gaussian matrices and a full model)."""
     part: dict[str, Any] = {}
-    ref_spectrum = None
+    grams = None
     if reference is not None:
         ref_spectrum = analysis.measure_spectrum(load_module(reference, datamodule).encoder, sample, grams=True)
         part["reference"] = {
@@ -152,14 +146,10 @@ def _projections(
             "global_step": reference.global_step,
             "effective_rank": ref_spectrum.effective_ranks(energy),
         }
-    projections = analysis.distinct_projections(module.encoder.bank)
-    part["projections"] = analysis.projection_report(projections, ref_spectrum, seed=run.cfg.seed)
-    figures = {}
-    for group in dict.fromkeys(p.name.split("/")[0] for p in projections):
-        figures[f"projections_{group}"] = analysis.figure_projection_rows(
-            [p for p in projections if p.name.split("/")[0] == group], f"E/F rows over positions: {group}"
-        )
-    figures["projection_metrics"] = analysis.figure_projection_metrics(part["projections"])
+        grams = ref_spectrum.grams
+    encoder = module.encoder
+    entries, figures = encoder.attention_class.analyze_shared(encoder.shared, grams, run.cfg.seed)
+    part.update(entries)
     return part, figures
 
 
@@ -195,7 +185,7 @@ def _write_figures(run: Run, figures: dict[str, Any], out: Path) -> None:
     writer = SummaryWriter(log_dir=str(run.run_dir))
     try:
         for name, fig in figures.items():
-            image = analysis.figure_to_array(fig)  # rendered once for both outputs
+            image = figure_to_array(fig)  # rendered once for both outputs
             atomic_write(out / f"{name}.png", lambda f, image=image: imsave(f, image, format="png"))
             writer.add_image(f"analysis/{name}", image, run.global_step, dataformats="HWC")
     finally:
@@ -227,15 +217,19 @@ def analyze(
     except ValueError as err:  # a kind that forms no softmax matrix (SelfAttention.context_matrix)
         raise ConfigError(f"analyze {run.run_dir}: {err}") from None
     summary.update(part)
-    if module.encoder.bank is not None:
-        part, figs = _projections(run, module, datamodule, sample, energy, ref)
+    if module.encoder.shared is not None:
+        part, figs = _shared(run, module, datamodule, sample, energy, ref)
         summary.update(part)
         figures.update(figs)
 
     out = run.run_dir / "analysis"
     out.mkdir(parents=True, exist_ok=True)
     _write_figures(run, figures, out)
-    atomic_write_text(out / "k_schedule.yaml", _k_schedule_yaml(summary["suggested_k"], run, energy, taken))
+    for kind in ATTENTION_KINDS.values():
+        for name, text in kind.spectrum_suggestions(
+            summary["suggested_k"], run.run_dir, run.global_step, energy, taken
+        ).items():
+            atomic_write_text(out / name, text)
     summary["figures"] = sorted(f"{name}.png" for name in figures)
     write_json(out / "summary.json", summary)
     return summary
@@ -255,18 +249,12 @@ def report(summary: dict[str, Any]) -> str:
         zip(s["index"], s["cumulative_at_index"], s["effective_rank"], s["effective_rank_per_head"])
     ):
         lines.append(f"{layer:>5}  {i:>5}  {' '.join(f'{v:.3f}' for v in row):<29} {r} / {rh}")
-    lines.append(f"suggested model.attention.options.k: {summary['suggested_k']}")
+    for kind in ATTENTION_KINDS.values():
+        lines += kind.spectrum_report(summary["suggested_k"])
     if "reference" in summary:
         reference = summary["reference"]
         lines.append(f"reference {reference['run_dir']}: effective rank {reference['effective_rank']}")
-    if "projections" in summary:
-        metrics = [
-            m
-            for m in ("locality", "smoothness", "fourier_alignment", "attention_alignment")
-            if m in next(iter(summary["projections"].values()))["model"]
-        ]
-        lines.append("projection (model | gaussian)  " + "  ".join(f"{m:>22}" for m in metrics))
-        for name, entry in summary["projections"].items():
-            cells = [f"{entry['model'][m]:.3f} | {entry['gaussian'][m]:.3f}" for m in metrics]
-            lines.append(f"{name:<30} " + "  ".join(f"{c:>22}" for c in cells))
+    kind = ATTENTION_KINDS.get(summary["attention"])
+    if kind is not None:
+        lines += kind.report_shared(summary)
     return "\n".join(lines)

@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from foundation.atomic import atomic_write_text, write_json
 from foundation.checked import read_json
 from foundation.checkpoint import AtomicCheckpointIO, check_architecture, read_checkpoint
+from foundation.configfile import flatten, to_container
 from foundation.confined import check_tree
 from foundation.errors import ConfigError, Terminated
 from foundation.lock import LOCK, Owner
@@ -42,7 +43,6 @@ from foundation.rundir import CHECKPOINT, TOKENIZER, choose_run_dir, shared_with
 from lightning_modules.callbacks import RunMetrics, SpectrumMonitor, TrainingFlops
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.language_model import EXAMPLES
-from lightning_modules.optim import fuse_checkpoint
 from training import config as run_config
 from training.answer import Objective, ObjectiveMetrics, ending_lines, objective_of
 from training.console import progress, quiet_third_parties
@@ -84,11 +84,11 @@ def build_module(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.Lightn
 
     if cfg.task in ("classify", "listops"):
         return SequenceClassifierModule(
-            run_config.to_container(cfg), datamodule.vocab_size, datamodule.num_labels, datamodule.test_sets
+            to_container(cfg), datamodule.vocab_size, datamodule.num_labels, datamodule.test_sets
         )
     # recall: loss on the queried values, with bidirectional or causal attention alike.
     cls = {"mlm": MaskedLMModule, "clm": CausalLMModule, "recall": TokenPredictionModule}[cfg.task]
-    return cls(run_config.to_container(cfg), datamodule.vocab_size, getattr(datamodule, "target_groups", ()))
+    return cls(to_container(cfg), datamodule.vocab_size, getattr(datamodule, "target_groups", ()))
 
 
 def _precision(cfg: DictConfig) -> str:
@@ -145,7 +145,7 @@ HP_BY_TASK = {"mlm": ("data.mask_prob",), "recall": ("data.mqar.",), "listops": 
 def _hparams(cfg: DictConfig) -> dict[str, Any]:
     """The flat scalar hyper-parameters of the HPARAMS tab (lists become strings): :data:`HP_KEYS`,
     ``model.attention.*`` and the task's own data keys (:data:`HP_BY_TASK`)."""
-    flat = run_config.flatten(run_config.to_container(cfg))
+    flat = flatten(to_container(cfg))
     wanted = (*HP_BY_TASK.get(cfg.task, ()), "model.attention.")
     if cfg.data.tokenizer.kind == "bpe":
         wanted += ("data.tokenizer.vocab_size",)
@@ -241,7 +241,6 @@ def _open_run_dir(
         resume_state = None
         if resume_from is not None:
             resume_state = read_checkpoint(ckpt)
-            fuse_checkpoint(module, resume_state)
             check_architecture(resume_state, module, ckpt)
             done = finished_metrics(run_dir, int(resume_state.get("global_step", -1)), cfg.trainer.max_steps)
             if done is not None:
@@ -496,7 +495,7 @@ def run_metrics_of(
         **validation_examples(trainer.callback_metrics),
         "global_step": global_step,
         "parameters": module.n_parameters,
-        "projection_parameters": count_parameters(module.encoder.bank) if module.encoder.bank is not None else 0,
+        "projection_parameters": module.encoder.attention_class.projection_parameters(module.encoder.shared),
         "wall_time_s": time.time() - started,
         "train_time_s": run.train_seconds,
         "tokens": run.tokens,

@@ -3,7 +3,7 @@
 Every case is built from a model config dict through ``TransformerEncoder(model_cfg, vocab_size)``, the
 constructor training uses; :data:`VARIANTS` holds the variants every kind offers (``bench_variants``), so a kind
 is benchmarked where it is defined. A *layer* case is the self-attention of a one-layer encoder applied to
-x ∈ R^{B×n×d} (with the model's ProjectionBank); a *model* case is the whole encoder (embeddings, attention,
+x ∈ R^{B×n×d} (with the module its kind shares); a *model* case is the whole encoder (embeddings, attention,
 feed-forward) applied to token ids.
 
 Baselines, both with the same weights layout as full attention:

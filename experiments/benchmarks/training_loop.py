@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from experiments.benchmarks.measure import median, synchronize
+from foundation.configfile import to_container
 from lightning_modules.language_model import MaskedLMModule
 from training import config as run_config
 
@@ -52,7 +53,7 @@ def _per_step(ends: list[float], warmup: int) -> float:
 def _module(overrides: list[str], vocab: int, device: torch.device) -> MaskedLMModule:
     cfg = run_config.load(None, overrides)
     torch.manual_seed(0)
-    return MaskedLMModule(run_config.to_container(cfg), vocab).to(device)
+    return MaskedLMModule(to_container(cfg), vocab).to(device)
 
 
 def _lightning_steps(

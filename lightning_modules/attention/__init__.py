@@ -26,7 +26,6 @@ from lightning_modules.attention.base import (
     ATTENTION_KINDS,
     InputProjections,
     SelfAttention,
-    fuse_projections,
     kind_options,
     misplaced_option,
     register_attention,
@@ -66,7 +65,7 @@ def build_attention(model: Any, layer: int = 0, shared: Optional[nn.Module] = No
     cls = attention_class(cfg)
     if shared is not None:
         return cls(cfg, layer, shared)
-    own = cls.shared(cfg)
+    own = cls.build_shared(cfg)
     out = cls(cfg, layer, own)
     if own is not None:  # built here for this layer alone: it is the layer's to move and save
         out.own(own)
@@ -80,7 +79,6 @@ __all__ = [
     "attention_class",
     "build_attention",
     "check_model",
-    "fuse_projections",
     "kind_options",
     "misplaced_option",
     "register_attention",

@@ -16,9 +16,8 @@ depends on a later position.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import fields
-from typing import Any, Callable, ClassVar, NamedTuple, Optional
+from typing import Any, Callable, ClassVar, Iterable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -143,27 +142,6 @@ class InputProjections(nn.Module):
         return tuple(out[self.names.index(name) - first] for name in names)
 
 
-_SEPARATE = re.compile(r"(.*)([qkv])_proj\.(weight|bias)$")
-
-
-def fuse_projections(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A state dict with every layer's separate ``q_proj``, ``k_proj``, ``v_proj`` tensors (checkpoints of the
-    layout before :class:`InputProjections`) replaced by their fused ``in_proj`` rows; other entries as they
-    were, in their order."""
-    fused: dict[str, Tensor] = {}
-    for key, value in state.items():
-        found = _SEPARATE.match(key)
-        if found is None:
-            fused[key] = value
-            continue
-        prefix, _, what = found.groups()
-        name = f"{prefix}in_proj.{what}"
-        if name not in fused:
-            parts = [f"{prefix}{n}_proj.{what}" for n in InputProjections.ROWS]
-            fused[name] = torch.cat([state[part] for part in parts if part in state])
-    return fused
-
-
 class SelfAttention(nn.Module):
     """Multi-head self-attention: x (B, T, d) [+ mask (B, T)] → (B, T, d).
 
@@ -173,8 +151,11 @@ class SelfAttention(nn.Module):
     * ``Options``: a dataclass of the kind's own options (``model.attention.options``), or None;
     * ``has_causal_form``: False refuses ``causal: true`` in the config check;
     * :meth:`check`: the kind's config rules; :meth:`select`: the class that implements the given options
-      (a kind may have several forms); :meth:`shared`: one module the whole model shares (built once by the
-      encoder, registered there, handed to every layer).
+      (a kind may have several forms); :meth:`build_shared`: one module the whole model shares (built once by the
+      encoder, registered there as ``shared``, handed to every layer as its ``shared``).
+
+    The other hooks are grouped below by who asks: the model, training, analysis and the bench
+    (``docs/extending.md`` lists them all).
     """
 
     kind: ClassVar[str] = ""
@@ -191,7 +172,7 @@ class SelfAttention(nn.Module):
         self.in_proj, self.out_proj = InputProjections(d, self.projections), nn.Linear(d, d)
         # A shared module belongs to the encoder: keep it out of this module's children so it is registered
         # (and counted, and synchronised by DDP) exactly once.
-        self.__dict__["bank"] = shared
+        self.__dict__["shared"] = shared
 
     @property
     def q_proj(self) -> Optional[Linear]:
@@ -208,22 +189,13 @@ class SelfAttention(nn.Module):
         """W_v, b_v (views of ``in_proj``)."""
         return self.in_proj.part("v")
 
-    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
-        # A state dict with separate q_proj/k_proj/v_proj tensors loads into the fused rows.
-        if any(f"{prefix}{name}_proj.weight" in state_dict for name in "qkv"):
-            own = {key: value for key, value in state_dict.items() if key.startswith(prefix)}
-            for key in own:
-                del state_dict[key]
-            state_dict.update(fuse_projections(own))
-        super()._load_from_state_dict(state_dict, prefix, *args)
-
     def own(self, shared: nn.Module) -> None:
         """Make ``shared`` this layer's child: a standalone layer (no encoder to hold it) moves, converts, saves
         and trains its shared module with itself (``.to()``, ``.double()``, ``state_dict``, ``parameters``)."""
-        del self.__dict__["bank"]
-        self.bank = shared
+        del self.__dict__["shared"]
+        self.shared = shared
 
-    # ------------------------------------------------------------------------------ plug-in interface
+    # ---------------------------------------------- hooks of the model: rules, forms, what is shared, weights
     @classmethod
     def check(cls, model: DictConfig) -> None:
         """The kind's own rules (ConfigError naming key, value and what is allowed)."""
@@ -234,14 +206,10 @@ class SelfAttention(nn.Module):
         return cls
 
     @classmethod
-    def shared(cls, model: DictConfig) -> Optional[nn.Module]:
+    def build_shared(cls, model: DictConfig) -> Optional[nn.Module]:
         """A module shared by every layer of the model (None: nothing shared)."""
         return None
 
-    # What analysis calls the layer's context-mapping matrix (``analyze``'s figure titles).
-    context_label: ClassVar[str] = "P = softmax(QKᵀ/√d)"
-    # Every query weighs every key by softmax(q·k/√d_h) (full attention): a reference for other kinds' maps.
-    exact: ClassVar[bool] = False
     # Options that no weight depends on (they may differ between pretraining and fine-tuning).
     weight_free_options: ClassVar[tuple[str, ...]] = ()
 
@@ -252,6 +220,78 @@ class SelfAttention(nn.Module):
         options = OmegaConf.to_container(kind_options(model.attention), resolve=True)
         return {key: value for key, value in options.items() if key not in cls.weight_free_options}
 
+    @classmethod
+    def extra_parameters(cls, model: DictConfig) -> int:
+        """An upper estimate of the parameters and buffers the kind adds to the model beyond each layer's Q/K/V/O
+        (the memory preflight's estimate)."""
+        return 0
+
+    @classmethod
+    def compressed_lengths(cls, model: DictConfig) -> Optional[list[int]]:
+        """Per layer, the number of slots a query attends to when the kind compresses the sequence to a fixed
+        length (Linformer's k); None for a kind that does not."""
+        return None
+
+    # ---------------------------------------------- hooks of training: the optimiser's groups, metrics.json
+    def no_decay_parameters(self) -> Iterable[nn.Parameter]:
+        """Parameters of this layer (or of its shared module) that AdamW must not decay, beyond the biases and
+        norms that no kind decays (``lightning_modules.optim``); none by default."""
+        return ()
+
+    @classmethod
+    def projection_parameters(cls, shared: Optional[nn.Module]) -> int:
+        """The trainable parameters of the kind's sequence projections, held by the model's ``shared`` module
+        (``metrics.json``'s ``projection_parameters``); 0 for a kind without."""
+        return 0
+
+    # ---------------------------------------------- hooks of analysis: linformer-lab analyze, the spectrum
+    # What analysis calls the layer's context-mapping matrix (``analyze``'s figure titles).
+    context_label: ClassVar[str] = "P = softmax(QKᵀ/√d)"
+    # Every query weighs every key by softmax(q·k/√d_h) (full attention): a reference for other kinds' maps (and the
+    # bench's baseline).
+    exact: ClassVar[bool] = False
+
+    def context_matrix(self, calls: list[Tensor], length: int) -> Tensor:
+        """The layer's context-mapping matrix (B, h, T, S) from the probabilities of the
+        ``scaled_dot_product_attention`` calls it made in one forward (``lightning_modules.analysis``); raises
+        ValueError, one line naming what it cannot show, for a kind that forms no such matrix."""
+        if len(calls) != 1:
+            raise ValueError(
+                f"kind {self.kind!r} forms no softmax matrix over the keys to read ({len(calls)} "
+                "scaled_dot_product_attention calls in one layer): the attention spectrum cannot be shown"
+            )
+        return calls[0]
+
+    @classmethod
+    def analyze_shared(
+        cls, shared: Optional[nn.Module], reference_grams: Optional[list[Tensor]], seed: int
+    ) -> tuple[dict, dict]:
+        """What the model's ``shared`` module learned (``linformer-lab analyze``): summary entries and figures (name →
+        matplotlib Figure). ``reference_grams``: per layer Σ PᵀP of a full-attention run on the same sequences (with
+        ``--reference``), ``seed`` the run's. Nothing by default."""
+        return {}, {}
+
+    @classmethod
+    def report_shared(cls, summary: dict) -> list[str]:
+        """The lines of ``analyze``'s text report for the entries :meth:`analyze_shared` put into ``summary``."""
+        return []
+
+    @classmethod
+    def spectrum_suggestions(
+        cls, ks: list[int], run_dir: Any, step: int, energy: float, samples: int
+    ) -> dict[str, str]:
+        """Config layers (file name → YAML text) that give this kind the compressed length ``ks[l]`` in layer l: the
+        smallest length keeping ``energy`` of every head's cumulative singular value in the attention spectrum of
+        the run ``run_dir`` at ``step`` on ``samples`` sequences. ``analyze`` writes every registered kind's into the
+        run's ``analysis/``, whatever the analysed run's kind. None by default."""
+        return {}
+
+    @classmethod
+    def spectrum_report(cls, ks: list[int]) -> list[str]:
+        """The lines of ``analyze``'s text report that name :meth:`spectrum_suggestions`' lengths ``ks``."""
+        return []
+
+    # ---------------------------------------------- hooks of the bench: --variants, --levels libraries
     @classmethod
     def bench_variants(cls, k: int, n: int) -> dict[str, dict]:
         """The variants of this kind the bench times at a budget matched to Linformer's k: each query attends to
@@ -272,29 +312,7 @@ class SelfAttention(nn.Module):
         both compute the same function (their outputs are then compared); the modules holding its parameters."""
         raise NotImplementedError
 
-    @classmethod
-    def extra_parameters(cls, model: DictConfig) -> int:
-        """An upper estimate of the parameters and buffers the kind adds to the model beyond each layer's Q/K/V/O
-        (the memory preflight's estimate)."""
-        return 0
-
-    def context_matrix(self, calls: list[Tensor], length: int) -> Tensor:
-        """The layer's context-mapping matrix (B, h, T, S) from the probabilities of the
-        ``scaled_dot_product_attention`` calls it made in one forward (``lightning_modules.analysis``); raises
-        ValueError, one line naming what it cannot show, for a kind that forms no such matrix."""
-        if len(calls) != 1:
-            raise ValueError(
-                f"kind {self.kind!r} forms no softmax matrix over the keys to read ({len(calls)} "
-                "scaled_dot_product_attention calls in one layer): the attention spectrum cannot be shown"
-            )
-        return calls[0]
-
-    @classmethod
-    def compressed_lengths(cls, model: DictConfig) -> Optional[list[int]]:
-        """Per layer, the number of slots a query attends to when the kind compresses the sequence to a fixed
-        length (Linformer's k); None for a kind that does not."""
-        return None
-
+    # ------------------------------------------------------------------------------ the equation
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         """The heads' outputs: x (B, T, d), q (B, h, T, d_h), mask (B, T) or None → (B, h, T, d_h), for a kind that
         does not read K and V of every position (it makes its own from x); the others implement :meth:`attend_qkv`.

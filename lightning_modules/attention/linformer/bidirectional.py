@@ -2,7 +2,8 @@
 
 Shapes as in :mod:`~lightning_modules.attention.base`; k_l the projected length of this layer, G ∈ {1, h}
 distinct E (or F) per layer, k' the slots (k_l dense, ⌈T/w⌉ windowed, w = ⌈n/k_l⌉). E, F and their kinds
-(learned, random, conv, pool, …) live in the model's :class:`~lightning_modules.projections.ProjectionBank`::
+(learned, random, conv, pool, …) live in the model's :class:`~.projections.ProjectionBank`, the module the kind
+shares (the layer's ``bank``)::
 
     head_i = softmax(Q_i (E_i K_i)ᵀ / √d_h) (F_i V_i)            (B, h, T, d_h)      O(Tk'd)
 
@@ -28,17 +29,18 @@ commute with W_k, so conv uses ``project_first``):
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, ListConfig
-from torch import Tensor
+from torch import Tensor, nn
 
 from foundation.errors import check_number, require
 from lightning_modules.attention.base import Linear, SelfAttention, kind_options
+from lightning_modules.attention.linformer import analysis
 from lightning_modules.attention.linformer.options import LinformerOptions, layer_ks
-from lightning_modules.projections import PROJECTION_KINDS, ProjectionBank, ProjectionKind
+from lightning_modules.attention.linformer.projections import PROJECTION_KINDS, ProjectionBank, ProjectionKind
 
 
 def compress_first_is_cheaper(groups: int, k: int, n: int, d_model: int) -> bool:
@@ -113,6 +115,11 @@ class Linformer(SelfAttention):
             raise ValueError("linformer attention needs the model's ProjectionBank")
         self.order = self._choose_order(kind_options(model.attention).order)
 
+    @property
+    def bank(self) -> ProjectionBank:
+        """The model's E/F: the module the kind shares (:meth:`build_shared`)."""
+        return self.shared
+
     # ------------------------------------------------------------------------------ plug-in interface
     @classmethod
     def compressed_lengths(cls, model: DictConfig) -> list[int]:
@@ -169,7 +176,8 @@ class Linformer(SelfAttention):
         return 2 * model.n_layers * model.n_heads * max(layer_ks(model)) * model.max_len
 
     @classmethod
-    def shared(cls, model: DictConfig) -> ProjectionBank:
+    def build_shared(cls, model: DictConfig) -> ProjectionBank:
+        """Every E/F of the model, in one bank whatever the sharing mode or projection kind."""
         att = kind_options(model.attention)
         return ProjectionBank(
             layer_ks(model),
@@ -184,6 +192,37 @@ class Linformer(SelfAttention):
             causal=model.attention.causal,
             d_head=model.d_model // model.n_heads,
         )
+
+    def no_decay_parameters(self) -> Iterable[nn.Parameter]:
+        """E and F: AdamW decays them no more than biases and norms."""
+        return self.bank.parameters()
+
+    @classmethod
+    def projection_parameters(cls, shared: Optional[nn.Module]) -> int:
+        """The trainable E/F (a ``random`` projection's are buffers: 0)."""
+        return sum(p.numel() for p in shared.parameters() if p.requires_grad)
+
+    @classmethod
+    def analyze_shared(
+        cls, shared: Optional[nn.Module], reference_grams: Optional[list[Tensor]], seed: int
+    ) -> tuple[dict, dict]:
+        """What every distinct E/F encodes (:mod:`.analysis`)."""
+        return analysis.analyze(shared, reference_grams, seed)
+
+    @classmethod
+    def report_shared(cls, summary: dict) -> list[str]:
+        return analysis.report(summary)
+
+    @classmethod
+    def spectrum_suggestions(
+        cls, ks: list[int], run_dir: Any, step: int, energy: float, samples: int
+    ) -> dict[str, str]:
+        """``k_schedule.yaml``: ``options.k`` = ``ks``."""
+        return {"k_schedule.yaml": analysis.k_schedule_yaml(ks, run_dir, step, energy, samples)}
+
+    @classmethod
+    def spectrum_report(cls, ks: list[int]) -> list[str]:
+        return [f"suggested model.attention.options.k: {ks}"]
 
     @classmethod
     def check(cls, model: DictConfig) -> None:

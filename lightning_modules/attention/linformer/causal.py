@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_modules.attention.linformer.bidirectional import Linformer
-from lightning_modules.projections import blocks
+from lightning_modules.attention.linformer.projections import blocks
 
 
 def _bias(

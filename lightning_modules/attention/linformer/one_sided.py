@@ -1,7 +1,7 @@
 """Key-only / value-only Linformer (``compress: keys | values`` of ``kind: linformer``).
 
 Only one side passes through the rank-k sequence bottleneck; P = E_m⁺E_m (the orthogonal projector onto E's
-row space on the real positions, :meth:`~lightning_modules.projections.ProjectionBank.lift`) lifts it back to
+row space on the real positions, :meth:`~.projections.ProjectionBank.lift`) lifts it back to
 T rows, and attention is otherwise full::
 
     compress keys:    head_i = softmax(Q_i (P K_i)ᵀ / √d_h) V_i       O(T²d + Tk²): these isolate the

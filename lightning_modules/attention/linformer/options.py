@@ -28,7 +28,7 @@ class LinformerOptions:
     k: Any = 64
     k_schedule: Optional[KScheduleConfig] = None
     share: Literal["none", "headwise", "kv", "layerwise"] = "none"
-    # A registered projection kind (lightning_modules/projections.py): learned, random, conv, pool, ...
+    # A registered projection kind (projections.py): learned, random, conv, pool, ...
     projection: str = "learned"
     # Initial distribution of E/F (sets the attention temperature, so it is explicit):
     #   normal (default): N(0, model.init_std^2) like every other weight: the draw the Linformer authors' trained
