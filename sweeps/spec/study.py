@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from foundation.configfile import merge, read_yaml
+from foundation.configfile import flatten, merge, read_yaml, to_container
 from foundation.errors import ConfigError, check_number
 from foundation.paths import check_name
 from sweeps.spec import grids, validation
@@ -179,9 +179,7 @@ class Study:
         when = self.spec.space[name].when
         if not when:
             return True
-        flat = run_config.flatten(
-            run_config.to_container(run_config.merge_run([self.shared, *map(nested, self.param_layers(params))]))
-        )
+        flat = flatten(to_container(run_config.merge_run([self.shared, *map(nested, self.param_layers(params))])))
         return all(flat.get(key) == value for key, value in when.items())
 
     def config(self, params: dict, run: Optional[dict] = None) -> DictConfig:
@@ -267,14 +265,14 @@ def _validate(
         raise ConfigError("base: the experiment YAML every trial starts from is required")
     base_path = validation.resolve_base(path, spec.base)
     try:
-        base = run_config.to_container(run_config.load(base_path))
+        base = to_container(run_config.load(base_path))
     except ConfigError as err:
         raise ConfigError(f"base {spec.base}: {err}") from None
     validation.check_objective(spec)
     validation.check_verdict(spec, file_metrics)
     if added_seeds:
         grids.add_seeds(spec, added_seeds)
-    validation.check_space(spec, set(run_config.flatten(base)))
+    validation.check_space(spec, set(flatten(base)))
     b = spec.budget
     if b.n_trials is not None:
         check_number("budget.n_trials", b.n_trials, 1, MAX_TRIALS, integer=True)
