@@ -29,8 +29,8 @@ COMMANDS = {
     "bench": ("experiments.bench", "time and memory of every attention variant vs naive and SDPA attention"),
     "time-to-target": ("experiments.time_to_target", "seconds and tokens each variant needed to reach a val ppl"),
     "analyze": ("experiments.analyze", "attention spectrum, suggested k and what E/F learned, as figures"),
-    "sweep": ("sweeps.sweep", "launch or resume an Optuna study from a study file (sweeps/*.yaml)"),
-    "report": ("sweeps.report", "write a study's report: trials.csv, summary.md with verdicts, plots"),
+    "sweep": ("sweeps.run.command", "launch or resume an Optuna study from a study file (sweeps/*.yaml)"),
+    "report": ("sweeps.report.command", "write a study's report: trials.csv, summary.md with verdicts, plots"),
 }
 
 

@@ -31,7 +31,7 @@ from foundation.checked import read_json, read_run_config
 from foundation.configfile import flatten
 from foundation.errors import ConfigError, check_number
 from foundation.paths import check_path
-from sweeps.efficiency import no_context_ppl
+from sweeps.report.efficiency import no_context_ppl
 from training.curves import reach
 
 # Keys that differ between runs of the same variant.

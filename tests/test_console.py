@@ -151,7 +151,7 @@ def test_classification_stands_beside_the_majority_class():
 
 
 def test_a_sweep_progress_line_counts_trials_and_projects_the_time_left_at_this_sessions_pace():
-    from sweeps.sweep import progress_line
+    from sweeps.run.command import progress_line
 
     # 2 trials were done before this command; 3 more finished in 6 minutes: 7 left at 2 min each.
     assert progress_line(5, 12, 2, 360.0) == "progress: 5/12 trials, 6:00 elapsed, about 14:00 left"
@@ -175,7 +175,7 @@ def test_check_counts_the_parameters_of_the_recall_model_it_will_build(tmp_path)
 def test_a_report_advises_the_gpu_preset_only_where_the_study_file_has_one(tmp_path):
     from types import SimpleNamespace
 
-    from sweeps.report import advice_of
+    from sweeps.report.command import advice_of
 
     with_gpu, without = tmp_path / "a.yaml", tmp_path / "b.yaml"
     with_gpu.write_text("study: a\npresets:\n  cpu: {}\n  gpu: {}\n")

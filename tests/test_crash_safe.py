@@ -32,8 +32,9 @@ from experiments import cli
 from foundation.checkpoint import AtomicCheckpointIO, read_checkpoint
 from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT
-from sweeps import storage
-from sweeps.study import load_study
+from sweeps import stored
+from sweeps.run import storage
+from sweeps.spec.study import load_study
 from training import config as run_config
 from training.resume import LastCheckpoint
 from training.train import train
@@ -460,15 +461,15 @@ def test_a_torn_journal_line_is_cut_before_the_next_append_and_a_garbage_line_is
     tmp_path, tiny_overrides, capsys
 ):
     study = load_study(study_file(tmp_path, tiny_overrides, "torn"))
-    ostudy = optuna.create_study(study_name=study.name, storage=storage.open_storage(study, None))
+    ostudy = optuna.create_study(study_name=study.name, storage=stored.open_storage(study, None))
     ostudy.enqueue_trial({"seed": 0})
-    journal = study.root / storage.JOURNAL
+    journal = study.root / stored.JOURNAL
     whole = journal.read_bytes()
     with open(journal, "ab") as fh:  # what an append killed half-way leaves
         fh.write(b'{"op_code": 5, "worker_id": "dead", "trial_id": 0, "par')
 
     # A reader (report) tolerates the torn line and changes nothing; the owner (sweep) cuts it, saying so.
-    reread = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None, create=False))
+    reread = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None, create=False))
     assert len(reread.trials) == 1 and journal.read_bytes().startswith(whole) and len(journal.read_bytes()) > len(whole)
     capsys.readouterr()
     with storage.own_study(study, None):
@@ -478,15 +479,15 @@ def test_a_torn_journal_line_is_cut_before_the_next_append_and_a_garbage_line_is
     # A writer killed while others go on: the next append first cuts the torn line, under Optuna's lock.
     with open(journal, "ab") as fh:
         fh.write(b'{"op_code": 5, "wor')
-    ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None))
+    ostudy = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None))
     ostudy.enqueue_trial({"seed": 1})
     lines = journal.read_bytes().split(b"\n")
     assert lines[-1] == b"" and all(json.loads(line) for line in lines[:-1])
-    assert len(optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).trials) == 2
+    assert len(optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None)).trials) == 2
 
     # A line that is not a record, before the last one: refused in one line, by readers and owners alike.
     journal.write_bytes(whole + b"garbage\n" + whole)
-    for open_it in (lambda: storage.open_storage(study, None), lambda: storage.own_study(study, None)):
+    for open_it in (lambda: stored.open_storage(study, None), lambda: storage.own_study(study, None)):
         with pytest.raises(ConfigError, match=r"journal.log: line \d+ of \d+ is not a journal record"):
             open_it()
 
@@ -520,7 +521,7 @@ def test_a_sweep_whose_trials_fail_on_an_input_error_stops_uncounted_and_puts_th
     assert re.match(r"error: the sweep stopped: trial \d+ of gpuless failed on an input error", last), last
     assert "no usable CUDA GPU" in last
     study = load_study(path)
-    trials = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).trials
+    trials = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None)).trials
     # The failed trial is put back, not counted: the same command after the fix runs its copy, waiting here.
     assert storage.budget_state(trials, study).finished == 0
     waiting = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
@@ -535,7 +536,7 @@ def test_the_same_sweep_after_the_fix_runs_the_trials_an_input_error_put_back(tm
     study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "cpu"})  # the fix
     assert cli.main(["sweep", str(path)]) == 0
     study = load_study(path)
-    trials = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).trials
+    trials = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None)).trials
     assert [t.params["seed"] for t in trials if t.state == optuna.trial.TrialState.COMPLETE] == [0]
     assert storage.budget_state(trials, study).finished == 1
 
@@ -552,7 +553,7 @@ def test_a_grid_budget_counts_its_points_not_its_trials(tmp_path, tiny_overrides
 
 
 def test_a_study_whose_space_changed_is_refused_and_new_study_sets_the_earlier_aside(tmp_path, tiny_overrides, capsys):
-    from sweeps.sweep import check_stored, open_study
+    from sweeps.run.command import check_stored, open_study
 
     path = study_file(tmp_path, tiny_overrides, "moving", (0, 1))
     started = load_study(path)
@@ -567,9 +568,9 @@ def test_a_study_whose_space_changed_is_refused_and_new_study_sets_the_earlier_a
     changed = load_study(path)
     with pytest.raises(ConfigError, match=r"was started with another search space: space\.optim\.lr: added here"):
         check_stored(changed, None)
-    journal = (started.root / storage.JOURNAL).read_bytes()
+    journal = (started.root / stored.JOURNAL).read_bytes()
     aside = storage.set_aside(changed, storage.aside_path(changed))
-    assert not started.root.exists() and (aside / storage.JOURNAL).read_bytes() == journal  # nothing lost
+    assert not started.root.exists() and (aside / stored.JOURNAL).read_bytes() == journal  # nothing lost
     check_stored(changed, None)  # a new study
     capsys.readouterr()
     assert cli.main(["sweep", str(path), "--check"]) == 0

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from sweeps import efficiency, figures
+from sweeps.report import efficiency, figures
 
 
 def row(arm, quality, speed, run_dir=None):
@@ -45,7 +45,9 @@ def test_time_to_target_is_the_worst_arms_final_quality_and_interpolates(tmp_pat
     text = "\n".join(efficiency.section(arms, "val/loss", maximize=False))
     assert "| fast | 2 | 2.35 ± 0.071 | 1,100 | yes | 19.4 s (1/2) |" in text
     assert "| slow | 1 | 2 ± nan | 300 | yes | 47.5 s (1/1) |" in text
-    assert figures.pareto(arms, "val/loss", False, tmp_path / "pareto.png") and (tmp_path / "pareto.png").stat().st_size
+    assert (
+        efficiency.pareto(arms, "val/loss", False, tmp_path / "pareto.png") and (tmp_path / "pareto.png").stat().st_size
+    )
 
 
 def test_a_resumed_runs_curve_is_in_step_order_with_the_values_written_last(tmp_path):

@@ -26,7 +26,7 @@ from tiny import TINY_MODEL
 
 from experiments import cli
 from foundation.configfile import flatten
-from sweeps.schema import StudySpec
+from sweeps.spec.schema import StudySpec
 from training.config import CONFIG_DIR, RunConfig
 
 KEYS = sorted(flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig))))

@@ -158,8 +158,8 @@ def metrics_folder(run: Path) -> None:
 
 def changed_study(w) -> Path:
     """A study started with one search space, and its file now holding another."""
-    from sweeps.study import load_study
-    from sweeps.sweep import open_study
+    from sweeps.run.command import open_study
+    from sweeps.spec.study import load_study
 
     first = w.study("s_started.yaml", study="changed")
     if not (w.root / "runs" / "changed" / "journal.log").exists():
@@ -245,8 +245,8 @@ def new_study_target_taken(w) -> Path:
     """A started study whose --new-study target names (this second and the next ones) already exist."""
     import time
 
-    from sweeps.study import load_study
-    from sweeps.sweep import open_study
+    from sweeps.run.command import open_study
+    from sweeps.spec.study import load_study
 
     path = w.study("s_aside.yaml", study="aside")
     study = load_study(path)
@@ -261,8 +261,8 @@ def new_study_target_taken(w) -> Path:
 
 def overrides_changed(w) -> Path:
     """A study started with one shared config, and its file's overrides now another."""
-    from sweeps.study import load_study
-    from sweeps.sweep import open_study
+    from sweeps.run.command import open_study
+    from sweeps.spec.study import load_study
 
     first = w.study("s_ovr_started.yaml", study="overrides")
     if not (w.root / "runs" / "overrides" / "journal.log").exists():

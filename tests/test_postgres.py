@@ -20,9 +20,9 @@ import yaml
 from optuna.trial import TrialState
 
 from experiments import cli
-from sweeps import storage
-from sweeps.study import load_study
-from sweeps.sweep import usable_workers
+from sweeps import stored
+from sweeps.run.command import usable_workers
+from sweeps.spec.study import load_study
 
 pytestmark = pytest.mark.postgres
 
@@ -61,7 +61,7 @@ def trials(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
 
 
 def counted(all_trials):
-    excluded = storage.excluded_numbers(all_trials)
+    excluded = stored.excluded_numbers(all_trials)
     return [t for t in all_trials if t.number not in excluded]
 
 

@@ -12,8 +12,8 @@ import torch
 from omegaconf import OmegaConf
 
 from lightning_modules.encoder import TransformerEncoder
-from sweeps.schema import SEED_PARAM
-from sweeps.study import SWEEPS_DIR, load_study
+from sweeps.spec.schema import SEED_PARAM, SWEEPS_DIR
+from sweeps.spec.study import load_study
 from training.config import check
 from training.train import preflight
 

@@ -15,9 +15,10 @@ from test_sweeps import write_study
 
 from experiments import cli
 from foundation.errors import ConfigError
-from sweeps import stats, sweep, words
-from sweeps.report import write_report
-from sweeps.study import load_study
+from sweeps.report import markdown, stats
+from sweeps.report.command import write_report
+from sweeps.run import command as sweep
+from sweeps.spec.study import load_study
 
 ARMS = {"a": {"optim.lr": 1e-3}, "b": {"optim.lr": 2e-3}}
 CONTROL = {"reference": {"optim.lr": 1e-3}, "degraded": {"optim.lr": 5e-3}}  # reference = arm a
@@ -212,7 +213,7 @@ def test_the_reused_control_trial_is_trained_once(tmp_path, tiny_overrides, monk
     study = load_study(path)
     for one in study.studies:
         sweep.prepare(one, None, 1)
-    assert sweep.work(str(path), None, None, None, None, 1, 0, 1, None, None) == 0
+    assert sweep.work(study, None, 1, 0, 1, None, None) == 0
     # arms a and b at 2 seeds, the control's degraded arm at 2 seeds; the control's reference is arm a
     assert sorted(trained) == sorted([(1e-3, 0), (1e-3, 1), (2e-3, 0), (2e-3, 1), (5e-3, 0), (5e-3, 1)])
     out = write_report(study)
@@ -322,10 +323,10 @@ def test_every_verdict_carries_the_validation_sampling_error_and_says_when_it_li
     answer = summary.splitlines()[2]
     assert answer.startswith("**Answer:** a is better than b on val/loss by 0.05")
     assert answer.endswith(
-        f"; validation sampling error ±{words.fmt(error)}: the difference lies inside it, so this validation set "
+        f"; validation sampling error ±{markdown.fmt(error)}: the difference lies inside it, so this validation set "
         "cannot tell the arms apart."
     )
-    assert f"| ±{words.fmt(error)} | a better than b by 0.05" in summary
+    assert f"| ±{markdown.fmt(error)} | a better than b by 0.05" in summary
     assert "- Validation sampling error: the 95 % half-width of A − B from the validation set alone" in summary
 
 
@@ -357,6 +358,6 @@ def test_an_open_studys_best_trial_is_measured_against_the_model_without_context
         add(ocontrol, {"control": "degraded", "seed": seed}, degraded)
     summary = (write_report(study) / "summary.md").read_text()
     answer = next(line for line in summary.splitlines() if line.startswith("**Answer:**"))
-    gain = words.fmt(3.09 - best)
-    assert f"reached val/loss = {words.fmt(best)}, a gain of {gain} over a model without context (3.09;" in answer
+    gain = markdown.fmt(3.09 - best)
+    assert f"reached val/loss = {markdown.fmt(best)}, a gain of {gain} over a model without context (3.09;" in answer
     assert ("short of it, so no setting this search tried learned to use its context" in answer) == short

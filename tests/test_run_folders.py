@@ -18,9 +18,10 @@ from foundation.atomic import atomic_write_text
 from foundation.errors import ConfigError
 from foundation.lock import Owner
 from foundation.rundir import TOKENIZER
-from sweeps import storage
-from sweeps.study import load_study
-from sweeps.sweep import check_stored, open_study
+from sweeps import stored
+from sweeps.run import storage
+from sweeps.run.command import check_stored, open_study
+from sweeps.spec.study import load_study
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,21 +70,21 @@ def test_a_lock_whose_owner_was_killed_is_taken_over_saying_so_in_one_line(tmp_p
 # and the symlink lock Optuna's own lock leaves behind in that case (its link, relative, dangles).
 DIE_IN_AN_APPEND = """
 import os, signal, sys
-from sweeps import storage
-from sweeps.study import load_study
+from sweeps import stored
+from sweeps.spec.study import load_study
 study = load_study(sys.argv[1])
-backend_lock = storage.WholeLines(study.root / storage.JOURNAL)
+backend_lock = stored.WholeLines(study.root / stored.JOURNAL)
 backend_lock.acquire()
-with open(study.root / storage.JOURNAL, "ab") as f:
+with open(study.root / stored.JOURNAL, "ab") as f:
     f.write(b'{"op_code": 5, "worker_id": "dead", "trial_id": 0, "par')
 os.kill(os.getpid(), signal.SIGKILL)
 """
 THEN_A_SWEEP_OPENS_IT = """
 import sys
 import time
-from sweeps import storage
-from sweeps.study import load_study
-from sweeps.sweep import open_study
+from sweeps.run import storage
+from sweeps.spec.study import load_study
+from sweeps.run.command import open_study
 study = load_study(sys.argv[1])
 with storage.own_study(study, None):
     open_study(study, None).enqueue_trial({"seed": 1})
@@ -98,9 +99,9 @@ def test_a_worker_killed_during_a_journal_append_never_hangs_the_next_sweep(tmp_
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     died = subprocess.run([sys.executable, "-c", DIE_IN_AN_APPEND, str(path)], cwd=tmp_path, env=env)
     assert died.returncode == -signal.SIGKILL
-    optuna_lock = study.root / f"{storage.JOURNAL}.lock"
+    optuna_lock = study.root / f"{stored.JOURNAL}.lock"
     if not os.path.lexists(optuna_lock):
-        os.symlink(str(study.root / storage.JOURNAL), optuna_lock)  # Optuna's, relative: it dangles
+        os.symlink(str(study.root / stored.JOURNAL), optuna_lock)  # Optuna's, relative: it dangles
     after = subprocess.run(
         [sys.executable, "-c", THEN_A_SWEEP_OPENS_IT, str(path)],
         cwd=tmp_path,
@@ -158,18 +159,18 @@ def test_a_study_whose_overrides_base_or_data_changed_is_refused_listing_the_cha
 def test_a_study_of_the_same_name_that_another_program_made_is_refused_never_adopted(tmp_path, tiny_overrides, capsys):
     path = study_file(tmp_path, tiny_overrides, "theirs")
     study = load_study(path)
-    theirs = optuna.create_study(study_name=study.name, storage=storage.open_storage(study, None))
+    theirs = optuna.create_study(study_name=study.name, storage=stored.open_storage(study, None))
     theirs.add_trial(
         optuna.trial.create_trial(
             params={"seed": 0}, distributions={"seed": optuna.distributions.IntDistribution(0, 1)}, value=0.123
         )
     )
-    journal = (study.root / storage.JOURNAL).read_bytes()
+    journal = (study.root / stored.JOURNAL).read_bytes()
     capsys.readouterr()
     assert cli.main(["sweep", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "was not created by linformer-lab" in err[0], err
-    assert (study.root / storage.JOURNAL).read_bytes() == journal
+    assert (study.root / stored.JOURNAL).read_bytes() == journal
     assert cli.main(["report", str(path)]) == 2
 
 
@@ -236,8 +237,8 @@ def sweep_process(path: Path, cwd: Path) -> subprocess.Popen:
 
 def finished_values(path: Path) -> dict[int, float]:
     study = load_study(path)
-    trials = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None, create=False)).trials
-    excluded = storage.excluded_numbers(trials)
+    trials = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None, create=False)).trials
+    excluded = stored.excluded_numbers(trials)
     counted = [t for t in trials if t.number not in excluded]
     assert [t.state for t in counted if t.state != optuna.trial.TrialState.COMPLETE] == []  # nothing failed
     assert storage.budget_state(trials, study).finished == study.n_trials
@@ -287,7 +288,7 @@ def test_a_study_preempted_many_times_at_random_moments_ends_as_an_uninterrupted
 
 
 def test_a_trial_asked_to_stop_before_it_trains_is_put_back_uncounted(tmp_path, tiny_overrides, monkeypatch):
-    from sweeps import objective, trials
+    from sweeps.run import objective, trials
 
     path = study_file(tmp_path, tiny_overrides, "stopped")
     study = load_study(path)

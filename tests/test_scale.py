@@ -19,8 +19,8 @@ from foundation.errors import ConfigError
 from lightning_modules.callbacks import TrainingFlops
 from lightning_modules.flops import count_flops, training_step_flops
 from lightning_modules.language_model import MaskedLMModule
-from sweeps import storage
-from sweeps.study import load_study
+from sweeps import stored
+from sweeps.spec.study import load_study
 from training import config as run_config
 from training.train import train
 
@@ -97,7 +97,7 @@ def test_a_run_records_its_training_flops_and_trains_exactly_as_it_would_without
 def test_the_gap_trend_and_its_slope_interval_match_scipy_linregress():
     from scipy import stats as sp
 
-    from sweeps import stats
+    from sweeps.report import stats
 
     x = [4.57, 4.57, 4.57, 5.01, 5.01, 5.01, 5.54, 5.54, 5.54]  # log10 parameters, 3 seeds a rung
     y = [0.021, 0.018, 0.030, 0.034, 0.029, 0.041, 0.052, 0.047, 0.060]  # gaps
@@ -203,9 +203,9 @@ def _add_trial(ostudy, seed: int, rung: str, arm: str, value: float, metrics: di
 def test_the_scale_report_gives_each_rungs_gap_its_verdict_and_the_trend_over_size(tmp_path, tiny_overrides):
     """Stored trials with known numbers (no training): rungs of 10k, 100k and 1M parameters, the Linformer gap
     0.01·(rung + 1) ± 0.002 over two seeds, so the trend is +0.01 per tenfold parameters."""
-    from sweeps import stats
-    from sweeps.report import write_report
-    from sweeps.sweep import open_study
+    from sweeps.report import stats
+    from sweeps.report.command import write_report
+    from sweeps.run.command import open_study
 
     study = load_study(ladder_study(tmp_path, tiny_overrides, name="fake_ladder"))
     ostudy = open_study(study, None)
@@ -251,7 +251,7 @@ def test_a_tiny_ladder_swept_and_reported_end_to_end_writes_the_gap_rank_and_tim
     path = ladder_study(tmp_path, tiny, name="tiny_ladder")
     assert cli.main(["sweep", str(path), "--workers", "2"]) == 0
     study = load_study(path)
-    trials = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).get_trials()
+    trials = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None)).get_trials()
     flops = {t.params["rung"]: t.user_attrs["metrics"]["train_flops"] for t in trials if t.params["arm"] == "full"}
     assert flops["s1"] < flops["s2"] < flops["s3"]
     assert cli.main(["report", str(path)]) == 0
@@ -350,7 +350,7 @@ def test_the_largest_rung_trains_one_step_at_a_sixteenth_of_its_width(gpu_preset
 
 
 def test_the_time_figure_draws_each_timed_rung_and_leaves_out_the_refused_ones():
-    from sweeps import figures, scale
+    from sweeps.report import scale
 
     sizes = {"s1": 1e4, "s2": 3e4, "s3": 9e4}
     ladder = types.SimpleNamespace(
@@ -361,19 +361,19 @@ def test_the_time_figure_draws_each_timed_rung_and_leaves_out_the_refused_ones()
     ttt = scale.TimeToTarget({"s1": 40.0, "s2": 30.0, "s3": 90.0}, seconds, {}, refused={"s3": 60.0})
     assert ttt.ratio("s1", "linformer", "full").value == pytest.approx(0.5)  # exp(mean(ln 5/10, ln 6/12))
     assert ttt.ratio("s3", "linformer", "full") is None
-    fig = figures.figure_time(ladder, ttt)
+    fig = scale.figure_time(ladder, ttt)
     (line,) = [c for c in fig.axes[0].containers]  # one errorbar series: the linformer arm
     assert list(line.lines[0].get_xdata()) == [1e4, 3e4]
-    assert figures.figure_time(types.SimpleNamespace(**{**vars(ladder), "lines": []}), ttt) is None
+    assert scale.figure_time(types.SimpleNamespace(**{**vars(ladder), "lines": []}), ttt) is None
 
 
 def test_a_rung_whose_target_the_trained_model_without_context_reaches_is_not_timed(tmp_path, tiny_overrides):
     """Stored trials with curves: at every rung full ends at val ppl 12 and Linformer at 20, the unigram at 30.
     A model without context trained beside them (the control's degraded arm) at ppl 25 leaves the targets (20)
     timed; one at 18, which copies kept targets as the unigram cannot, reaches them: no rung is timed."""
-    from sweeps import efficiency, scale
-    from sweeps.report import Report
-    from sweeps.sweep import open_study
+    from sweeps.report import efficiency, scale
+    from sweeps.report.command import Report
+    from sweeps.run.command import open_study
 
     study = load_study(ladder_study(tmp_path, tiny_overrides, name="timed_ladder"))
     ostudy = open_study(study, None)

@@ -1,4 +1,4 @@
-"""The report's statistics (sweeps/stats.py) on fixed numbers: intervals, the three verdicts, Holm's
+"""The report's statistics (sweeps/report/stats.py) on fixed numbers: intervals, the three verdicts, Holm's
 correction, seed counts at 80 % power, success rates and the control's power check."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from scipy import stats as sp
 
-from sweeps import stats, words
+from sweeps.report import comparisons, power, stats
 
 
 class Said:
-    """A verdict with its words (sweeps/words.py)."""
+    """A verdict with its words (sweeps/report/comparisons.py)."""
 
     def __init__(self, verdict: stats.Verdict, text: str) -> None:
         self.verdict, self.text = verdict, text
@@ -27,7 +27,7 @@ def one(a, b, direction="minimize", delta=0.01):
     """The verdict of a report holding this one comparison."""
     pair = stats.Pair("A", "B", "m", direction, delta, stats.compare(a, b))
     verdicts, _ = stats.judge([pair])
-    return Said(verdicts[0], words.verdict(pair, verdicts[0]))
+    return Said(verdicts[0], comparisons.verdict(pair, verdicts[0]))
 
 
 def paired(diff: float, sd: float, n: int = 3) -> stats.Comparison:
@@ -226,7 +226,7 @@ def test_a_control_that_separates_and_leaves_the_trivial_baseline_gives_the_stud
         {0: 2.80, 1: 2.82, 2: 2.81}, {0: 3.08, 1: 3.09, 2: 3.10}, {0: 3.09, 1: 3.09, 2: 3.09}, "minimize"
     )
     assert check.leaves_trivial and check.separates and check.has_power
-    assert words.power(check)[1].startswith(
+    assert power.phrase(check)[1].startswith(
         "The control separates: the reference is better than the degraded arm by 0.28 ± "
     )
 
@@ -236,8 +236,8 @@ def test_a_control_within_the_seed_noise_says_the_study_has_no_power():
         {0: 2.9, 1: 3.1, 2: 3.0}, {0: 3.0, 1: 3.0, 2: 3.05}, {0: 3.09, 1: 3.09, 2: 3.09}, "minimize"
     )
     assert not check.separates and not check.has_power
-    assert "does NOT separate" in words.power(check)[1]
-    assert "no verdict below can be trusted; run the GPU preset" in words.power(check)[1]
+    assert "does NOT separate" in power.phrase(check)[1]
+    assert "no verdict below can be trusted; run the GPU preset" in power.phrase(check)[1]
 
 
 def test_a_reference_on_the_trivial_plateau_is_caught_even_when_the_control_separates():
@@ -246,16 +246,16 @@ def test_a_reference_on_the_trivial_plateau_is_caught_even_when_the_control_sepa
         {0: 3.09, 1: 3.10, 2: 3.08}, {0: 3.5, 1: 3.6, 2: 3.55}, {0: 3.09, 1: 3.09, 2: 3.09}, "minimize"
     )
     assert check.separates and not check.leaves_trivial and not check.has_power
-    assert "does NOT leave the trivial baseline" in words.power(check)[0]
+    assert "does NOT leave the trivial baseline" in power.phrase(check)[0]
 
 
 def test_a_reversed_control_is_named_as_such_and_accuracy_is_maximised():
     check = stats.power_check(
         {0: 0.30, 1: 0.31, 2: 0.29}, {0: 0.90, 1: 0.95, 2: 0.92}, {0: 0.0625, 1: 0.0625, 2: 0.0625}, "maximize"
     )
-    assert check.leaves_trivial and not check.separates and "REVERSED" in words.power(check)[1]
+    assert check.leaves_trivial and not check.separates and "REVERSED" in power.phrase(check)[1]
     check = stats.power_check({0: 1.0, 1: 0.99, 2: 1.0}, {0: 0.30, 1: 0.35, 2: 0.28}, {}, "maximize")
-    assert check.has_power and words.power(check)[0].startswith("No trivial baseline")
+    assert check.has_power and power.phrase(check)[0].startswith("No trivial baseline")
 
 
 # --------------------------------------------------------------------------------------- validation noise

@@ -19,8 +19,10 @@ import yaml
 from optuna.trial import TrialState
 
 from experiments import cli
-from sweeps import stats, storage, words
-from sweeps.study import load_study, shipped_studies
+from sweeps import stored
+from sweeps.report import markdown, power, stats
+from sweeps.run import storage
+from sweeps.spec.study import load_study, shipped_studies
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"full": {"model.attention.kind": "full"}, "linformer": {"model.attention.kind": "linformer"}}
@@ -46,13 +48,13 @@ def write_study(tmp_path: Path, tiny, name: str, space: dict, overrides: dict = 
 def trials_of(path: Path) -> list[optuna.trial.FrozenTrial]:
     study = load_study(path)
     try:
-        return optuna.load_study(study_name=study.name, storage=storage.open_storage(study, None)).get_trials()
+        return optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None)).get_trials()
     except KeyError:  # not created yet
         return []
 
 
 def counted(trials):
-    excluded = storage.excluded_numbers(trials)
+    excluded = stored.excluded_numbers(trials)
     return [t for t in trials if t.number not in excluded]
 
 
@@ -170,7 +172,7 @@ def test_each_sweep_worker_gets_its_own_gpus_counted_without_initialising_cuda(
 ):
     import torch
 
-    from sweeps import sweep
+    from sweeps.run import command as sweep
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
     monkeypatch.setattr(torch.cuda, "_lazy_init", lambda: pytest.fail("the sweep process initialised CUDA"))
@@ -237,7 +239,7 @@ def test_rerunning_after_the_sweep_was_killed_completes_exactly_the_budget(tmp_p
     assert len(mine) == 3 and all(t.state == TrialState.COMPLETE for t in mine)
     assert sorted(t.params["seed"] for t in mine) == [0, 1, 2]  # every grid point once, none repeated
     dead = next(t for t in trials if t.number == interrupted[0].number)
-    assert dead.state == TrialState.FAIL and dead.number in storage.excluded_numbers(trials)
+    assert dead.state == TrialState.FAIL and dead.number in stored.excluded_numbers(trials)
     # the retry continued from the dead attempt's checkpoint: one curve, every validation step once
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -278,7 +280,7 @@ def test_a_sigkilled_workers_trial_is_retried_and_the_study_completes(tmp_path, 
 def test_a_retry_continues_from_its_attempts_checkpoint_only_when_there_is_one(tmp_path):
     import torch
 
-    from sweeps.trials import copy_attempt
+    from sweeps.run.trials import copy_attempt
 
     old = tmp_path / "trial_0"
     dead = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"run_dir": str(old)})
@@ -445,7 +447,7 @@ def test_a_bad_study_file_is_one_line_and_exit_2_before_any_trial(tmp_path, tiny
 
 
 def test_an_existing_study_refuses_a_changed_objective(tmp_path, tiny_overrides, capsys):
-    from sweeps.sweep import open_study
+    from sweeps.run.command import open_study
 
     path = write_study(tmp_path, tiny_overrides, "changed", {"seed": {"type": "categorical", "choices": [0]}})
     open_study(load_study(path), None)  # the study as first run: val/loss, minimize
@@ -507,7 +509,7 @@ def test_the_budget_counts_finished_trials_but_not_retried_or_discarded_ones():
         _trial(1, TrialState.FAIL),
         _trial(2, TrialState.PRUNED),
         _trial(3, TrialState.COMPLETE, system_attrs={"retry_history": [1]}),
-        _trial(4, TrialState.PRUNED, user_attrs={storage.DISCARDED: "budget met"}),
+        _trial(4, TrialState.PRUNED, user_attrs={stored.DISCARDED: "budget met"}),
         _trial(5, TrialState.RUNNING),
     ]
     trials = []
@@ -539,7 +541,7 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
     main = counted(trials_of(path))
     root = tmp_path / "runs" / "powered"
     cstudy = load_study(path).control
-    ctrials = optuna.load_study(study_name="powered_control", storage=storage.open_storage(cstudy, None)).get_trials()
+    ctrials = optuna.load_study(study_name="powered_control", storage=stored.open_storage(cstudy, None)).get_trials()
     # the control is its own study: the main study's sampler and budget never see it
     assert len(main) == 4 and all("control" not in t.params for t in main)
     assert sorted((t.params["control"], t.params["seed"]) for t in ctrials) == [
@@ -567,8 +569,8 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
     }
     check = stats.power_check(by_role["reference"], by_role["degraded"], trivial, "minimize")
     assert summary.index("## Power check") < summary.index("## Arms")
-    # the advice a study file without a GPU preset gets (sweeps.report.advice_of)
-    assert all(f"- {line}" in summary for line in words.power(check, "add seeds or training steps"))
+    # the advice a study file without a GPU preset gets (sweeps.report.command.advice_of)
+    assert all(f"- {line}" in summary for line in power.phrase(check, "add seeds or training steps"))
     assert ("The power check failed" in summary) == (not check.has_power)
     # the control's arms sit in the table beside the study's own arms, and in none of the comparisons
     assert "| control reference (kind=full) | 2 |" in summary
@@ -581,8 +583,8 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
 def test_a_report_whose_control_has_not_run_says_the_power_was_not_judged(tmp_path, tiny_overrides):
     from optuna.distributions import CategoricalDistribution
 
-    from sweeps.report import write_report
-    from sweeps.sweep import open_study
+    from sweeps.report.command import write_report
+    from sweeps.run.command import open_study
 
     control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}
     path = write_study(
@@ -648,7 +650,7 @@ def test_a_diverging_trial_is_recorded_with_its_reason_and_the_report_holds_ever
     full = [t.value for t in trials.values() if t.params["arm"] == "full"]
     mean = sum(full) / 2
     std = math.sqrt(sum((v - mean) ** 2 for v in full))
-    assert f"| full | 2 | {words.fmt(mean)} ± {words.fmt(std)} |" in summary
+    assert f"| full | 2 | {markdown.fmt(mean)} ± {markdown.fmt(std)} |" in summary
     assert "trivial loss" in summary
     assert summary.count("| full | linformer |") == 1 and "paired t (n=2)" in summary
     assert "| diverges | 0 |" in summary and "## Failed trials" in summary
@@ -701,8 +703,8 @@ def _add(ostudy, params: dict, value: float, metrics: Optional[dict] = None) -> 
     ],
 )
 def test_the_report_opens_with_the_answer_the_delta_and_the_holm_statement(tmp_path, tiny_overrides, a, b, first):
-    from sweeps.report import write_report
-    from sweeps.sweep import open_study
+    from sweeps.report.command import write_report
+    from sweeps.run.command import open_study
 
     arms = {"arm a": {"optim.lr": 1e-3}, "arm b": {"optim.lr": 2e-3}}
     path = write_study(
@@ -725,8 +727,8 @@ def test_the_report_opens_with_the_answer_the_delta_and_the_holm_statement(tmp_p
 
 
 def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tiny_overrides):
-    from sweeps.report import write_report
-    from sweeps.sweep import open_study
+    from sweeps.report.command import write_report
+    from sweeps.run.command import open_study
 
     arms = {"a": {"optim.lr": 1e-3}, "b": {"optim.lr": 2e-3}}
     path = write_study(
@@ -756,8 +758,8 @@ def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tin
 
 # --------------------------------------------------------------------------------------- seeds on demand
 def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp_path, tiny_overrides, capsys):
-    from sweeps.study import ADDED_SEEDS
-    from sweeps.sweep import open_study, with_added_seeds
+    from sweeps.run.command import open_study, with_added_seeds
+    from sweeps.spec.schema import ADDED_SEEDS
 
     control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}
     path = write_study(
@@ -801,7 +803,7 @@ def test_add_seeds_runs_only_the_new_seeds_points_and_the_report_counts_them(tmp
     cstudy = load_study(path).control
 
     def control_trials():
-        return optuna.load_study(study_name="grown_control", storage=storage.open_storage(cstudy, None)).get_trials()
+        return optuna.load_study(study_name="grown_control", storage=stored.open_storage(cstudy, None)).get_trials()
 
     before = {t.number: t for t in trials_of(path)}
     assert len(before) == 2 and len(control_trials()) == 4
@@ -853,51 +855,6 @@ def test_add_seeds_is_refused_in_one_line_where_it_cannot_apply(tmp_path, tiny_o
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_study_stored_with_a_categorical_seed_resumes_but_cannot_grow(tmp_path, tiny_overrides, capsys):
-    from optuna.distributions import CategoricalDistribution
-
-    from sweeps.sweep import open_study
-
-    path = write_study(tmp_path, tiny_overrides, "legacy", {"seed": {"type": "categorical", "choices": [0, 1]}})
-    study = load_study(path)
-    open_study(study, None).add_trial(
-        optuna.trial.create_trial(
-            params={"seed": 0}, distributions={"seed": CategoricalDistribution([0, 1])}, value=3.0
-        )
-    )
-    assert cli.main(["sweep", str(path), "--add-seeds", "1"]) == 2
-    err = capsys.readouterr().err
-    assert "stores its seeds as a fixed list, which Optuna cannot extend" in err
-
-    class Asked:  # what Study.suggest asks of an Optuna trial
-        def __init__(self, ostudy):
-            self.study, self.asked = ostudy, []
-
-        def suggest_categorical(self, name, choices):
-            self.asked.append(("categorical", name, choices))
-            return choices[0]
-
-        def suggest_int(self, name, low, high):
-            self.asked.append(("int", name, low, high))
-            return low
-
-    legacy = Asked(open_study(study, None))
-    study.suggest(legacy)
-    assert legacy.asked == [("categorical", "seed", [0, 1])]  # the stored study's own distribution
-    fresh = Asked(
-        open_study(
-            load_study(
-                write_study(tmp_path, tiny_overrides, "fresh", {"seed": {"type": "categorical", "choices": [0, 1]}})
-            ),
-            None,
-        )
-    )
-    load_study(tmp_path / "fresh.yaml").suggest(fresh)
-    assert fresh.asked == [("int", "seed", 0, 1)]
-
-
-# --------------------------------------------------------------------------------------- RDB storage
-@pytest.fixture
 def postgres_url():
     """A throwaway PostgreSQL cluster on 127.0.0.1 (Debian's server binaries; run as root)."""
     import pwd
@@ -951,4 +908,4 @@ def test_two_workers_share_a_postgresql_study_and_the_report_reads_it(tmp_path, 
     assert sorted(t.params["seed"] for t in mine) == [0, 1, 2]
     assert cli.main(["report", str(path), "--storage", postgres_url]) == 0
     assert (tmp_path / "runs" / "rdb" / "report" / "summary.md").is_file()
-    assert not (tmp_path / "runs" / "rdb" / storage.JOURNAL).exists()
+    assert not (tmp_path / "runs" / "rdb" / stored.JOURNAL).exists()

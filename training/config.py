@@ -20,7 +20,7 @@ from typing import Any, Dict, Literal, Optional
 from omegaconf import DictConfig
 
 from datamodules.config import DataConfig, check_data
-from foundation.configfile import flatten, merge, parse_overrides, resolve_includes, to_container
+from foundation.configfile import merge, parse_overrides, resolve_includes
 from foundation.errors import ConfigError, check_number, require
 from foundation.paths import check_folder, check_name, check_path
 from lightning_modules.attention import ATTENTION_KINDS, check_model, misplaced_option
@@ -35,10 +35,6 @@ __all__ = [
     "check",
     "load",
     "merge_run",
-    # foundation.configfile's, still read as run_config.flatten / run_config.to_container by sweeps/study.py and
-    # sweeps/identity.py (restructured elsewhere); every other caller imports them from foundation.configfile.
-    "flatten",
-    "to_container",
 ]
 
 

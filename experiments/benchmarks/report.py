@@ -329,7 +329,7 @@ def tensorboard(log_dir: Path, rows: list[dict], png: Path, table: str) -> None:
 
 
 def kind_costs(rows: list[dict], command: str, machine: str, date: str) -> dict:
-    """The long-sequence cost of each attention kind for the study reports (``sweeps.efficiency``): its layer's
+    """The long-sequence cost of each attention kind for the study reports (``sweeps.report.efficiency``): its layer's
     forward + backward time and peak memory at every n, and both as multiples of full attention (SDPA) in the
     same rounds; one variant per kind, the first the run lists (baselines: ``sdpa`` as the kind ``full``)."""
     from experiments.benchmarks.cases import attention_config

@@ -4,7 +4,7 @@
 Launches, or resumes, an Optuna study. The command validates the study file, the sampler's and pruner's
 arguments and the storage URL (exit 2 before any trial; ``--check`` stops there, writing nothing), takes
 ownership of a journal study (a second ``sweep`` of it gets one line naming the owner), refuses a stored
-study whose search space or objective the file has changed (:mod:`sweeps.identity`; ``--new-study`` sets the
+study whose search space or objective the file has changed (:mod:`sweeps.spec.identity`; ``--new-study`` sets the
 earlier one aside), opens the study, fails and re-enqueues trials left running by dead workers, enqueues the
 grid points not yet run, then starts W worker processes on this machine (each with cores/W torch threads,
 its output in ``<study dir>/logs/``) and prints one line per finished trial. Every worker repeats:
@@ -15,7 +15,7 @@ A trial that fails on an input error is put back uncounted and stops its worker:
 ``error:`` line and exit 2. SIGTERM (and Ctrl-C) is passed on to the workers as SIGTERM, which a worker only notes:
 at its next safe point (never inside a journal write) its running trial saves a checkpoint and is put back; the
 command exits 143 (130 for Ctrl-C). Before anything is written, a journal study's folder is checked for links and
-wrong-type names (:func:`sweeps.storage.check_study_folder`).
+wrong-type names (:func:`sweeps.run.storage.check_study_folder`).
 
 GPUs: the N GPUs this process may use (``CUDA_VISIBLE_DEVICES`` if set, else all; counted through NVML
 without initialising CUDA here) are dealt out as whole blocks of g = N // W per worker: worker i gets GPUs
@@ -51,8 +51,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from foundation.confined import open_inside
 from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
-from sweeps import identity, storage
-from sweeps.study import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM, Study, load_study, requested_devices, seed_is_categorical
+from sweeps import stored
+from sweeps.run import storage
+from sweeps.spec import identity
+from sweeps.spec.schema import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM
+from sweeps.spec.study import Study, load_study
+from sweeps.spec.validation import requested_devices
+from sweeps.stored import check_objective, objective_of
 from training.config import MAX_STEPS
 from training.console import clock
 
@@ -99,10 +104,10 @@ def check_optuna_arguments(study: Study) -> None:
 
 
 def open_study(study: Study, url: Optional[str], workers: int = 1) -> optuna.Study:
-    """Create the study, storing its identity (:mod:`sweeps.identity`), or load it: then its stored identity must
+    """Create the study, storing its identity (:mod:`sweeps.spec.identity`), or load it: then its stored identity must
     be the file's (Optuna would silently keep the stored directions, and a changed config would pool trials of
     two questions in one study), and a study without one (not created by this suite) is refused."""
-    opened = storage.open_storage(study, url, workers)
+    opened = stored.open_storage(study, url, workers)
     options = dict(study_name=study.name, storage=opened, pruner=make_pruner(study))
     sampler = make_sampler(study, study.spec.sampler.seed)
     try:
@@ -130,47 +135,18 @@ def _created_elsewhere(study: Study, opened: object, options: dict, sampler: obj
         time.sleep(0.5)
 
 
-def objective_of(study: Study) -> list[str]:
-    return [f"{m} ({d})" for m, d in zip(study.metrics, study.directions)]
-
-
-def check_objective(study: Study, ostudy: optuna.Study, url: Optional[str]) -> None:
-    """The stored study was created by this suite and its identity is the file's (see :mod:`sweeps.identity`)."""
-    stored = ostudy.user_attrs.get("objective")
-    where = f"{study.path}: study {study.name} in {storage.storage_display(study, url)}"
-    again = "run `sweep --new-study` to start it afresh (the earlier study is kept aside) or rename the study"
-    recorded = ostudy.user_attrs.get(identity.IDENTITY)
-    if recorded is None:
-        raise ConfigError(
-            f"{where} was not created by linformer-lab (it carries no identity of ours: another program's study "
-            "of the same name?); refused, its trials are not ours: rename the study or use another storage"
-        )
-    if stored is not None and stored != objective_of(study):
-        raise ConfigError(
-            f"{where} has objective {', '.join(stored)}, the file now says {', '.join(objective_of(study))}: {again}"
-        )
-    differ = identity.changed(recorded, study)
-    if differ:
-        more = f"; and {len(differ) - 4} more" if len(differ) > 4 else ""
-        what = "search space" if all(d.startswith("space.") for d in differ) else "identity"
-        raise ConfigError(
-            f"{where} was started with another {what}: {'; '.join(differ[:4])}{more}; its trials answer "
-            f"another question: {again}"
-        )
-
-
 def check_stored(study: Study, url: Optional[str]) -> None:
     """A journal study already started must have the file's objective and space: checked before the command
     writes anything (an RDB study is checked when it is opened)."""
     if url is not None:
         return
     for one in study.studies:
-        if (one.root / storage.JOURNAL).is_file():
+        if (one.root / stored.JOURNAL).is_file():
             try:
-                stored = optuna.load_study(study_name=one.name, storage=storage.open_storage(one, None, create=False))
+                ostudy = optuna.load_study(study_name=one.name, storage=stored.open_storage(one, None, create=False))
             except KeyError:  # the journal does not hold it yet
                 continue
-            check_objective(one, stored, None)
+            check_objective(one, ostudy, None)
 
 
 # --------------------------------------------------------------------------------------- GPUs
@@ -240,20 +216,17 @@ def _optuna_quiet() -> None:
 
 # --------------------------------------------------------------------------------------- worker
 def work(
-    study_file: str,
-    preset: Optional[str],
-    n_trials: Optional[int],
-    timeout_s: Optional[float],
+    study: Study,
     url: Optional[str],
     workers: int,
     index: int,
     threads: int,
     deadline: Optional[float],
     log_path: Optional[str],
-    added_seeds: tuple[int, ...] = (),
     gpus: Optional[str] = None,
 ) -> int:
-    """One worker process: run the control's trials, then the study's, until each budget is met.
+    """One worker process: run the control's trials, then the study's, until each budget is met. ``study``: the
+    study the command loaded and checked (its points resolved, added seeds included), not loaded again here.
     ``gpus``: its ``CUDA_VISIBLE_DEVICES`` (set before anything here initialises CUDA). Returns an exit code."""
     if log_path is not None:  # lightning, torch and optuna write to fd 1/2: send them all to the log
         fd = open_inside(Path(log_path).parents[1], Path(log_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -265,7 +238,6 @@ def work(
     import torch
 
     torch.set_num_threads(threads)
-    study = load_study(study_file, preset, n_trials, timeout_s, added_seeds)
     try:
         for one in study.studies:
             # The control never waits for its last running trials: the workers go on to the study itself
@@ -280,8 +252,8 @@ def work(
 def _work_on(
     study: Study, url: Optional[str], workers: int, index: int, deadline: Optional[float], wait_for_running: bool
 ) -> None:
-    from sweeps.objective import STOP_ASKED
-    from sweeps.trials import run_trial
+    from sweeps.run.objective import STOP_ASKED
+    from sweeps.run.trials import run_trial
 
     ostudy = open_study(study, url, workers)
     # A distinct sampler seed per worker and per resumption: identical seeds would propose identical params.
@@ -312,10 +284,10 @@ def _work_on(
 
 
 def _work_entry(**kwargs) -> None:
-    from sweeps.objective import note_stop
+    from sweeps.run.objective import note_stop
 
     # A signal never cuts a journal write or a trial's bookkeeping: SIGTERM is only noted (the worker stops at the
-    # next safe point, see sweeps.trials) and Ctrl-C reaches the workers as SIGTERM from the command.
+    # next safe point, see sweeps.run.trials) and Ctrl-C reaches the workers as SIGTERM from the command.
     signal.signal(signal.SIGTERM, note_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _optuna_quiet()
@@ -355,12 +327,12 @@ def prepare(study: Study, url: Optional[str], workers: int) -> optuna.Study:
 
 def footer(study: Study, url: Optional[str]) -> str:
     preset = f" --preset {study.preset}" if study.preset else ""
-    where = f" --storage {storage.storage_display(study, url)}" if url else ""
+    where = f" --storage {stored.storage_display(study, url)}" if url else ""
     return "\n".join(
         [
             f"report:      linformer-lab report {study.path}{preset}{where}",
             f"tensorboard: tensorboard --logdir {study.root} --host {HOST}",
-            f"dashboard:   optuna-dashboard {storage.storage_display(study, url)} --host {HOST}",
+            f"dashboard:   optuna-dashboard {stored.storage_display(study, url)} --host {HOST}",
         ]
     )
 
@@ -392,7 +364,7 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     for s in study.studies:
         print(
             f"study {s.name}: {_progress(s, ostudies[s.name].trials)} trials finished; "
-            f"storage {storage.storage_display(s, url)}",
+            f"storage {stored.storage_display(s, url)}",
             flush=True,
         )
     if all(_met(s, ostudies[s.name].trials) for s in study.studies):
@@ -439,7 +411,7 @@ def _terminated(signum: int, frame: object) -> None:
 def input_error(study: Study, ostudies: dict[str, optuna.Study], before: set[tuple[str, int]]) -> Optional[str]:
     """The line that says why the sweep stopped, when trials of this run failed on an input error (put back,
     uncounted), else None."""
-    from sweeps.trials import INPUT_ERROR
+    from sweeps.run.trials import INPUT_ERROR
 
     failed = [
         (s, t)
@@ -480,17 +452,13 @@ def start_workers(
     procs = []
     for i in range(workers):
         kwargs = dict(
-            study_file=str(study.path),
-            preset=study.preset,
-            n_trials=study.spec.budget.n_trials,
-            timeout_s=study.spec.budget.timeout_s,
+            study=study,  # loaded and checked once, here: a worker gets it whole (pickled), its points resolved
             url=url,
             workers=workers,
             index=i,
             threads=threads,
             deadline=deadline,
             log_path=str(logs / f"worker_{i}.log"),
-            added_seeds=study.added_seeds,
             gpus=gpus[i],
         )
         procs.append(ctx.Process(target=_work_entry, kwargs=kwargs, name=f"sweep-worker-{i}"))
@@ -532,7 +500,7 @@ def follow(study: Study, ostudies: dict[str, optuna.Study], procs: list[mp.Proce
                 print(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}: see {study.root / 'logs'}/", flush=True)
         for s in study.studies:
             for t in ostudies[s.name].get_trials(deepcopy=False):
-                if t.state.is_finished() and (s.name, t.number) not in seen and storage.DISCARDED not in t.user_attrs:
+                if t.state.is_finished() and (s.name, t.number) not in seen and stored.DISCARDED not in t.user_attrs:
                     seen.add((s.name, t.number))
                     print(("control " if s.parent is not None else "") + _describe(t, s), flush=True)
                     print(progress_line(*_finished(study, ostudies), done_before, time.time() - started), flush=True)
@@ -543,7 +511,7 @@ def summarise(study: Study, ostudies: dict[str, optuna.Study], started: float, d
     met = True
     for s in study.studies:
         trials = ostudies[s.name].get_trials(deepcopy=False)
-        excluded = storage.excluded_numbers(trials)
+        excluded = stored.excluded_numbers(trials)
         counts = ", ".join(
             f"{sum(t.state == st and t.number not in excluded for t in trials)} {st.name.lower()}"
             for st in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -579,11 +547,6 @@ def with_added_seeds(
         trials = ostudy.get_trials(deepcopy=False)
         if study.control is not None:
             trials += open_study(study.control, url, workers).get_trials(deepcopy=False)
-        if seed_is_categorical(trials):
-            raise ConfigError(
-                f"--add-seeds: study {study.name} in {storage.storage_display(study, url)} stores its seeds "
-                "as a fixed list, which Optuna cannot extend; run the study afresh (delete its storage) to add seeds"
-            )
         used = set(added) | {t.params[SEED_PARAM] for t in trials if isinstance(t.params.get(SEED_PARAM), int)}
         for s in [study, study.control] if study.control is not None else [study]:
             used |= set(s.seeds)
@@ -642,7 +605,7 @@ def main(args: argparse.Namespace) -> int:
         check_number("--add-seeds", args.add_seeds, 1, 10_000, integer=True)
     study = load_study(args.study, args.preset, args.n_trials, args.timeout_s)
     check_optuna_arguments(study)
-    storage.check_url(args.storage, args.workers)
+    stored.check_url(args.storage, args.workers)
     study_gpus(study, args.workers)  # before any storage is touched: trials the GPUs cannot hold are refused
     if args.add_seeds:  # before any storage is touched: a study that cannot grow is refused first
         load_study(args.study, args.preset, args.n_trials, args.timeout_s, [max(study.seeds, default=0) + 1])

@@ -12,7 +12,7 @@
   again, so pruners see the whole curve (user attr ``resumed_from``: ``{trial, step}``);
 * a SIGTERM (or Ctrl-C, which the ``sweep`` command passes on as SIGTERM) is noted by the worker, never kills it
   mid-write: a trial asked to stop before it trains, or while it trains (its step saved), is put back; one that
-  has finished training is recorded; the worker then exits 143 (``sweeps.objective.STOP_ASKED``);
+  has finished training is recorded; the worker then exits 143 (``sweeps.run.objective.STOP_ASKED``);
 * :func:`record_failure`: a failed trial keeps its reason (user attr ``fail_reason``); an interrupted or
   terminated one is re-enqueued for the resumed study; one that failed on an input error (a ``ConfigError``: the
   same for every process, e.g. a data file that is missing or an accelerator this machine lacks) is re-enqueued
@@ -35,9 +35,10 @@ from optuna.trial import FrozenTrial
 from foundation.checkpoint import read_checkpoint
 from foundation.errors import ConfigError, Terminated
 from foundation.rundir import CHECKPOINT
-from sweeps import storage
-from sweeps.objective import STOP_ASKED, Diverged, objective
-from sweeps.study import Study
+from sweeps import stored
+from sweeps.run import storage
+from sweeps.run.objective import STOP_ASKED, Diverged, objective
+from sweeps.spec.study import Study
 
 INPUT_ERROR = "input_error"  # user attr of a trial that failed on an input error (put back, not counted)
 INHERITED = (
@@ -84,7 +85,7 @@ def discard_over_budget(study: Study, trial: optuna.Trial, trials: list[FrozenTr
             return
     elif study.n_trials is None or storage.budget_position(trials, trial.number) < study.n_trials:
         return
-    trial.set_user_attr(storage.DISCARDED, "the budget was met by concurrent workers")
+    trial.set_user_attr(stored.DISCARDED, "the budget was met by concurrent workers")
     if put_back:
         storage.requeue(trial.study, frozen)
     raise optuna.TrialPruned("discarded: budget already met")

@@ -33,7 +33,8 @@ a threshold: the success rate k/n with its exact (Clopper–Pearson) 95 % interv
 compared with Boschloo's exact test (uniformly more powerful than Fisher's), a member of the "better"
 family. Every distribution and test here is SciPy's.
 
-Everything here is numbers (frozen dataclasses); :mod:`sweeps.words` phrases them.
+Everything here is numbers (frozen dataclasses); each section of the report phrases them (e.g.
+:mod:`sweeps.report.comparisons`, :mod:`sweeps.report.power`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ reference's context gain, no-context − reference on the first objective (in th
 reference), with its 95 % CI over seeds; below the study's threshold, or with a CI that holds 0, it gives no
 verdict: the reference did not learn to use context.
 
-``verdict`` says what the report's verdicts (:mod:`sweeps.stats`, docs/verdicts.md) need per objective
+``verdict`` says what the report's verdicts (:mod:`sweeps.report.stats`, docs/verdicts.md) need per objective
 metric: ``delta``, the margin δ within which two arms are "on par" (default by the metric's name,
 :data:`DEFAULT_DELTA`; a metric with no default must be given one), ``success``, a threshold past
 which a run counts as having solved the task (the report then gives success rates per arm), and
@@ -41,7 +41,7 @@ metric's name, :data:`DEFAULT_CONTEXT_GAIN`).
 are the model sizes, smallest first, and ``reference`` the values of the other arm params that make the arm
 every other arm is measured against at each rung (``{arm: full}``). Arms are then compared only within a
 rung, and the report adds the gap to the reference per rung against parameters and training FLOPs, its
-trend over size, and the reference's attention spectrum across sizes (:mod:`sweeps.scale`).
+trend over size, and the reference's attention spectrum across sizes (:mod:`sweeps.report.scale`).
 
 ``linformer-lab sweep --add-seeds N`` adds replicate seeds to a grid study and its control; they are
 stored on the study (user attr ``added_seeds``) and passed back here as ``added_seeds``, which extends
@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SWEEPS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SWEEPS_DIR = Path(__file__).resolve().parents[1]
 SPAWN_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook")
 SCALAR = (str, int, float, bool, type(None))
 CONTROL_PARAM = "control"

@@ -21,10 +21,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from foundation.configfile import flatten
-from sweeps.schema import SEED_PARAM
-from sweeps.study import Study
-from training import config as run_config
+from foundation.configfile import flatten, to_container
+from sweeps.spec.schema import SEED_PARAM
+from sweeps.spec.study import Study
 from training.resume import MAY_CHANGE_ON_RESUME, data_identity
 
 IDENTITY = "identity"  # user attr of a stored study
@@ -39,7 +38,7 @@ def identity_of(study: Study) -> dict[str, Any]:
     if SEED_PARAM in space:
         space[SEED_PARAM] = {"type": space[SEED_PARAM].get("type")}
     objective = [{"metric": m, "direction": d} for m, d in zip(study.metrics, study.directions)]
-    shared = run_config.flatten(run_config.to_container(study.shared))
+    shared = flatten(to_container(study.shared))
     config = {k: v for k, v in shared.items() if k not in NOT_IDENTITY}
     return json.loads(
         json.dumps(

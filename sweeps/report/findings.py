@@ -1,6 +1,7 @@
 """What a study found, as numbers: its trials as report rows, every comparison of arms with its verdict, the
 success rates, and the control's power check. Computed once per report (:func:`findings`); the renderers
-(:mod:`sweeps.report`, :mod:`sweeps.scale`) and :mod:`sweeps.words` read it, and nothing here is prose."""
+(:mod:`sweeps.report.command` and the sections: :mod:`sweeps.report.power`, :mod:`sweeps.report.comparisons`,
+:mod:`sweeps.report.context`, :mod:`sweeps.report.scale`) read it, and nothing here is prose."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from typing import Any, Optional
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeps import stats, storage
-from sweeps.schema import CONTROL_PARAM
-from sweeps.study import Study
+from sweeps import stored
+from sweeps.report import stats
+from sweeps.spec.schema import CONTROL_PARAM
+from sweeps.spec.study import Study
 
 ROLES = ("reference", "degraded")  # the control's two arms
 
@@ -49,7 +51,7 @@ def control_label(study: Study, role: str) -> str:
 
 def rows_of(study: Study, trials: list[FrozenTrial]) -> list[Row]:
     """Trials that count (retried and discarded ones left out), with their arm and replicate."""
-    excluded = storage.excluded_numbers(trials)
+    excluded = stored.excluded_numbers(trials)
     rows = []
     for t in trials:
         if t.number in excluded or t.state in (TrialState.WAITING, TrialState.RUNNING):
@@ -379,7 +381,7 @@ def _no_context(study: Study, rows: list[Row], control_rows: list[Row]) -> dict:
 
 
 def context_of(study: Study, control_rows: list[Row]) -> Optional[ContextGain]:
-    """The reference's context gain on the first objective (see :mod:`sweeps.schema`); None while there are
+    """The reference's context gain on the first objective (see :mod:`sweeps.spec.schema`); None while there are
     fewer than 2 replicates to judge it by."""
     reference = [r for r in control_rows if r.role == "reference"]
     return _gain(

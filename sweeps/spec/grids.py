@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from foundation.errors import ConfigError
-from sweeps.schema import SEED_PARAM, ParamSpec
+from sweeps.spec.schema import SEED_PARAM, ParamSpec
 
 MAX_GRID_POINTS = 10_000  # the largest shipped grid has 75; each point is a trained run
 
@@ -84,17 +84,8 @@ def integer_seeds(p: Any) -> bool:
     )
 
 
-def seed_is_categorical(trials: Sequence[Any]) -> bool:
-    """Whether stored trials hold the seed as a categorical param: Optuna checks every trial's param against
-    the first one's, so such a study keeps it (and cannot grow its seeds)."""
-    from optuna.distributions import CategoricalDistribution
-
-    first = next((t for t in trials if SEED_PARAM in t.distributions), None)
-    return first is not None and isinstance(first.distributions[SEED_PARAM], CategoricalDistribution)
-
-
 def add_seeds(spec: DictConfig, added_seeds: Sequence[int]) -> None:
-    """Extend the ``seed`` choices of a grid study by ``added_seeds`` (see :mod:`sweeps.schema`)."""
+    """Extend the ``seed`` choices of a grid study by ``added_seeds`` (see :mod:`sweeps.spec.schema`)."""
     if spec.sampler.kind != "grid":
         raise ConfigError(
             f"--add-seeds: an open study (sampler.kind={spec.sampler.kind}) has no grid to add "

@@ -3,7 +3,7 @@
 The trial's config is the study's base < overrides < the trial's params (:meth:`Study.config`), its run
 directory ``<output_dir>/<study>/trial_<number>/``, its experiment name the study's; its TensorBoard HPARAMS
 entry carries the trial's params, the study, the trial number and the objective's metric names. Everything
-around a trial (budget, retries of dead workers, failure bookkeeping) lives in :mod:`sweeps.trials`.
+around a trial (budget, retries of dead workers, failure bookkeeping) lives in :mod:`sweeps.run.trials`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from optuna_integration import PyTorchLightningPruningCallback
 
 from foundation.errors import ConfigError
-from sweeps.study import Study
+from sweeps.spec.study import Study
 
 PRUNE_MONITOR = "val/loss"
 
@@ -72,7 +72,7 @@ class DivergenceGuard(L.Callback):
 
 
 # Set by a sweep worker's SIGTERM handler, which only notes the signal: the worker stops at the next safe point
-# (a journal write is never cut by it), see sweeps/sweep.py.
+# (a journal write is never cut by it), see sweeps/run/command.py.
 STOP_ASKED = threading.Event()
 
 

@@ -22,12 +22,13 @@ reaches it on average; each run's training seconds to reach it (:func:`training.
 over the reference's is exp(mean_s [ln t(A, r, s) − ln t(R, r, s)]), with the 95 % CI of that paired mean
 exponentiated, over the seeds where both reached it.
 
-Spectrum across sizes: :func:`training.analysis.analyze` on the reference run of the lowest seed of every
-rung (its ``analysis/summary.json`` is reused when newer than its checkpoint and measured at the same τ and
-sample), and the effective rank of each layer's P at τ = 0.9 against the rung's parameters: does the rank of
+Spectrum across sizes: the spectrum :func:`training.analysis.analyze` measures, of the reference run of the lowest
+seed of every rung (its ``analysis/summary.json`` is reused when newer than its checkpoint and measured at the same τ
+and sample; else it is measured here, nothing written into the run's folder, and kept in the report's ``spectra/``),
+and the effective rank of each layer's P at τ = 0.9 against the rung's parameters: does the rank of
 attention grow with the model (the paper's Fig. 1 question, across scale)?
 
-Figures (drawn by :mod:`sweeps.figures`), in the report folder: ``gap_vs_size.png`` (the gap against parameters
+Figures (drawn here), in the report folder: ``gap_vs_size.png`` (the gap against parameters
 and training FLOPs, log axes, one line per compared arm, with its fitted trend, the ±δ band and each rung's
 verdict as its marker), ``rank_vs_size.png`` and ``time_to_target_vs_size.png``.
 """
@@ -37,16 +38,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 from optuna.trial import TrialState
 
+from foundation.atomic import write_figure, write_json
 from foundation.checked import read_json, read_run_config
+from foundation.errors import ConfigError
 from lightning_modules.attention import ATTENTION_KINDS
-from sweeps import efficiency, stats, words
-from sweeps.findings import Compared, Findings, Row, run_metrics
-from sweeps.study import Study
+from sweeps.report import comparisons, efficiency, markdown, stats
+from sweeps.report.comparisons import verdict
+from sweeps.report.findings import Compared, Findings, Row, run_metrics
+from sweeps.report.markdown import fmt, signed, signed_interval
+from sweeps.spec.study import Study
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 ENERGY = 0.9  # τ of the effective rank across sizes
 SAMPLES = 16  # validation sequences the spectrum is measured on
@@ -159,13 +168,13 @@ def verdict_text(ladder: Ladder, rung: str, line: str, short: bool = False) -> s
     cell = ladder.cell(rung, line)
     arm = cell.arm if cell is not None else line
     if (rung, line) in ladder.blind:
-        return words.BLIND
-    return words.rung_verdict(ladder.verdicts.get((rung, line)), line, arm, ladder.reference, short)
+        return comparisons.BLIND
+    return rung_verdict(ladder.verdicts.get((rung, line)), line, arm, ladder.reference, short)
 
 
 def trend_text(ladder: Ladder, line: str, axis: str = "parameters") -> str:
     """The gap's slope per tenfold size with its 95 % CI, and what it means for ``line``."""
-    return words.trend(ladder.trend(line, axis), AXES[axis], line, ladder.reference, ladder.direction)
+    return trend(ladder.trend(line, axis), AXES[axis], line, ladder.reference, ladder.direction)
 
 
 def answer(ladder: Ladder) -> list[str]:
@@ -173,7 +182,7 @@ def answer(ladder: Ladder) -> list[str]:
     out = []
     for line in ladder.lines:
         gaps = [
-            f"{words.signed(c.diff)} at {rung} ({words.si(ladder.size(rung))} parameters; "
+            f"{markdown.signed(c.diff)} at {rung} ({markdown.si(ladder.size(rung))} parameters; "
             f"{verdict_text(ladder, rung, line, short=True)})"
             for rung in ladder.rungs
             if (c := ladder.gap(rung, line)) is not None
@@ -278,22 +287,50 @@ class RungSpectrum:
     length: int  # n, the sequence length P is over
 
 
-def _analysis(run_dir: Path) -> dict[str, Any]:
-    """``analyze`` of a run at τ = ENERGY on SAMPLES sequences, reusing its summary.json when up to date."""
+def _measured(run_dir: Path) -> dict[str, Any]:
+    """The spectrum's summary entries ``linformer-lab analyze`` gives a run at τ = ENERGY on SAMPLES validation
+    sequences (the effective rank per layer), measured here without writing anything into the run's folder."""
+    from lightning_modules.analysis import measure_spectrum, validation_sample
+    from training.analysis import load_module, read_run
+    from training.train import build_datamodule
+
+    run = read_run(run_dir)
+    datamodule = build_datamodule(run.cfg)
+    datamodule.setup("validate")
+    module = load_module(run, datamodule)
+    sample = validation_sample(datamodule.val_dataloader(), SAMPLES)
+    try:
+        spectrum = measure_spectrum(module.encoder, sample)
+    except ValueError as err:  # a kind that forms no softmax matrix (SelfAttention.context_matrix)
+        raise ConfigError(f"analyze {run.run_dir}: {err}") from None
+    return {
+        "run_dir": str(run.run_dir),
+        "samples": sum(len(b["input_ids"]) for b in sample),
+        "energy": ENERGY,
+        "spectrum": {"effective_rank": spectrum.effective_ranks(ENERGY)},
+    }
+
+
+def _analysis(run_dir: Path, cache: Path) -> dict[str, Any]:
+    """The spectrum of a run at τ = ENERGY on SAMPLES sequences: the run's own ``analysis/summary.json``
+    (``linformer-lab analyze``) or the report's ``cache`` file when up to date, else measured and kept in ``cache``
+    (the report writes only into its own folder, never into a run's)."""
     from foundation.rundir import CHECKPOINT
-    from training.analysis import analyze
 
-    cached = run_dir / "analysis" / "summary.json"
-    if cached.is_file() and cached.stat().st_mtime >= (run_dir / CHECKPOINT).stat().st_mtime:
-        summary = read_json(cached)
-        if summary.get("energy") == ENERGY and summary.get("samples") == SAMPLES:
-            return summary
-    return analyze(run_dir, samples=SAMPLES, energy=ENERGY)
+    for kept in (run_dir / "analysis" / "summary.json", cache):
+        if kept.is_file() and kept.stat().st_mtime >= (run_dir / CHECKPOINT).stat().st_mtime:
+            summary = read_json(kept)
+            if summary.get("energy") == ENERGY and summary.get("samples") == SAMPLES:
+                return summary
+    summary = _measured(run_dir)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    write_json(cache, summary)
+    return summary
 
 
-def spectrum_across_sizes(ladder: Ladder) -> list[RungSpectrum]:
+def spectrum_across_sizes(ladder: Ladder, cache: Path) -> list[RungSpectrum]:
     """The effective rank per layer of the reference arm's P at every rung (its lowest seed's run that has
-    a checkpoint here)."""
+    a checkpoint here); each run's spectrum kept in ``cache/<run folder>.json``."""
     from foundation.rundir import CHECKPOINT
 
     out = []
@@ -306,7 +343,7 @@ def spectrum_across_sizes(ladder: Ladder) -> list[RungSpectrum]:
         )
         if run_dir is None:
             continue
-        summary = _analysis(run_dir)
+        summary = _analysis(run_dir, cache / f"{run_dir.name}.json")
         out.append(
             RungSpectrum(
                 rung,
@@ -347,7 +384,7 @@ def section(ladder: Ladder, ttt: Optional[TimeToTarget], spectra: list[RungSpect
         "",
         f"Rungs ({ladder.study.ladder.rung}), smallest first: {', '.join(ladder.rungs)}. Gap = arm − "
         f"{ladder.reference} on {ladder.metric} ({ladder.direction}), paired over seeds, with its 95 % CI; the "
-        f"verdict is the comparison's below (δ = ±{words.fmt(ladder.delta)}). Parameters, training FLOPs (forward + "
+        f"verdict is the comparison's below (δ = ±{markdown.fmt(ladder.delta)}). Parameters, training FLOPs (forward + "
         "backward matrix products, metrics.json `train_flops`) and tokens per parameter are the reference runs' means.",
         "",
         *_gap_table(ladder),
@@ -365,11 +402,11 @@ def _gap_row(ladder: Ladder, rung: str, line: str, cell: Cell) -> list[str]:
     return [
         rung,
         line,
-        words.si(params),
-        words.si(cell.mean("train_flops")),
+        markdown.si(params),
+        markdown.si(cell.mean("train_flops")),
         f"{tokens / params:.3g}" if tokens and params else "-",
-        f"{words.mean_std(list(cell.values.values()))} ({s.n})",
-        "-" if c is None else f"{words.signed(c.diff)} {words.signed_interval(*c.ci())}",
+        f"{markdown.mean_std(list(cell.values.values()))} ({s.n})",
+        "-" if c is None else f"{markdown.signed(c.diff)} {markdown.signed_interval(*c.ci())}",
         "-" if c is None else verdict_text(ladder, rung, line),
     ]
 
@@ -382,7 +419,7 @@ def _gap_table(ladder: Ladder) -> list[str]:
         if (cell := ladder.cell(rung, line)) is not None
     ]
     header = ["rung", "arm", "parameters", "training FLOPs", "tokens/param", f"{ladder.metric} mean ± sd (seeds)"]
-    return words.table(header + [f"gap to {ladder.reference} [95 % CI]", "verdict"], body) + [""]
+    return markdown.table(header + [f"gap to {ladder.reference} [95 % CI]", "verdict"], body) + [""]
 
 
 def _trend_lines(ladder: Ladder) -> list[str]:
@@ -411,7 +448,7 @@ def _time_lines(ladder: Ladder, ttt: TimeToTarget) -> list[str]:
         "Target per rung: the highest mean final validation perplexity among its arms. Ratio = arm / "
         f"{ladder.reference}, geometric mean over the seeds where both reached it, with its 95 % CI.",
         "",
-        *words.table(["rung", "target val ppl", "arm", "reached", f"time / {ladder.reference} [95 % CI]"], rows),
+        *markdown.table(["rung", "target val ppl", "arm", "reached", f"time / {ladder.reference} [95 % CI]"], rows),
         "",
     ]
 
@@ -420,7 +457,7 @@ def _spectrum_lines(ladder: Ladder, spectra: list[RungSpectrum]) -> list[str]:
     rows = [
         [
             s.rung,
-            words.si(s.parameters),
+            markdown.si(s.parameters),
             str(s.length),
             ", ".join(map(str, s.effective_rank)),
             f"{np.mean(s.effective_rank):.3g}",
@@ -434,6 +471,258 @@ def _spectrum_lines(ladder: Ladder, spectra: list[RungSpectrum]) -> list[str]:
         f"Effective rank of P (the smallest r keeping {ENERGY:g} of the cumulative singular value, "
         f"`linformer-lab analyze`) per layer, first to last, on {SAMPLES} validation sequences.",
         "",
-        *words.table(["rung", "parameters", "n", "effective rank per layer", "mean", "run"], rows),
+        *markdown.table(["rung", "parameters", "n", "effective rank per layer", "mean", "run"], rows),
         "",
     ]
+
+
+GAP_FIGURE, RANK_FIGURE, TIME_FIGURE = "gap_vs_size.png", "rank_vs_size.png", "time_to_target_vs_size.png"
+
+
+# the verdict of a rung as the marker of its point: (marker, filled)
+MARKERS = {stats.BETTER: ("o", True), stats.ON_PAR: ("s", False), stats.UNDECIDED: ("X", True)}
+
+
+def _figure(width: float, height: float) -> "Figure":
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def _colors() -> list[str]:
+    import matplotlib
+
+    return matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+
+
+def _label_x(ax: "Axes", text: str, x: float, at_top: bool) -> None:
+    """A small grey label at ``x``, along the top or the bottom of the axes."""
+    where = (x, 1) if at_top else (x, 0)
+    offset = (0, -10) if at_top else (0, 4)
+    ax.annotate(
+        text, where, xycoords=("data", "axes fraction"), textcoords="offset points", xytext=offset, ha="center",
+        fontsize=7, color="0.4",
+    )  # fmt: skip
+
+
+def _gap_points(ax: "Axes", ladder: Ladder, line: str, sized: list, color: str, shift: float) -> None:
+    """Each rung's paired mean gap of ``line`` with its 95 % CI, the verdict as the marker."""
+    for rung, size in sized:
+        c = ladder.gap(rung, line)
+        if c is None:
+            continue
+        lo, hi = c.ci()
+        verdict = ladder.verdicts.get((rung, line))
+        marker, filled = MARKERS[verdict.verdict.kind if verdict else stats.UNDECIDED]
+        ax.errorbar(
+            [size * shift],
+            [c.diff],
+            yerr=None if not math.isfinite(lo) else [[c.diff - lo], [hi - c.diff]],
+            color=color,
+            marker=marker,
+            markersize=7,
+            capsize=3,
+            markerfacecolor=color if filled else "white",
+            linestyle="none",
+        )
+
+
+def _gap_trend(ax: "Axes", ladder: Ladder, line: str, axis: str, sizes: list, color: str) -> None:
+    """The fitted trend of ``line``'s gap, dashed, labelled with its slope per tenfold size."""
+    t = ladder.trend(line, axis)
+    label = line
+    if t is not None and math.isfinite(t.slope):
+        xx = np.logspace(math.log10(min(sizes)), math.log10(max(sizes)), 50)
+        ax.plot(xx, t.intercept + t.slope * np.log10(xx), "--", color=color, linewidth=1.2)
+        label += f": {signed(t.slope)} per 10× {signed_interval(*t.slope_ci())}"
+    ax.plot([], [], "--", color=color, label=label)
+
+
+def _gap_legend(ax: "Axes", ladder: Ladder, sized: list) -> None:
+    """The rung names on top, and the markers' meaning in the legend."""
+    from matplotlib.lines import Line2D
+
+    for rung, size in sized:
+        _label_x(ax, rung, size, at_top=True)
+    handles, _ = ax.get_legend_handles_labels()
+    better, par, undecided = (MARKERS[k][0] for k in (stats.BETTER, stats.ON_PAR, stats.UNDECIDED))
+    handles += [
+        Line2D([], [], color="0.3", marker=better, linestyle="none", label="a rung's verdict: better (either way)"),
+        Line2D(
+            [],
+            [],
+            color="0.3",
+            marker=par,
+            markerfacecolor="white",
+            linestyle="none",
+            label=f"on par within ±{fmt(ladder.delta)} (band)",
+        ),  # fmt: skip
+        Line2D([], [], color="0.3", marker=undecided, linestyle="none", label="undecided"),
+    ]
+    ax.legend(handles=handles, fontsize="x-small")
+
+
+def figure_gap(ladder: Ladder) -> Optional["Figure"]:
+    """The gap against parameters and training FLOPs (log x), one line per compared arm: each rung's paired
+    mean gap with its 95 % CI, the verdict as the marker, the fitted trend dashed, the ±δ band shaded."""
+    axes = [axis for axis in AXES if ladder.has_axis(axis)]
+    if not axes or not ladder.lines:
+        return None
+    fig = _figure(5.5 * len(axes), 4.3)
+    colors = _colors()
+    for ax, axis in zip(fig.subplots(1, len(axes), squeeze=False)[0], axes):
+        ax.set_xscale("log")
+        ax.axhspan(-ladder.delta, ladder.delta, color="tab:green", alpha=0.12, linewidth=0, zorder=0)
+        ax.axhline(0, color="0.5", linewidth=0.8, zorder=1)
+        sized = [(rung, size) for rung in ladder.rungs if (size := ladder.size(rung, axis))]
+        for i, line in enumerate(ladder.lines):
+            color, shift = colors[i % len(colors)], 1.0 + 0.04 * (i - (len(ladder.lines) - 1) / 2)
+            _gap_points(ax, ladder, line, sized, color, shift)
+            _gap_trend(ax, ladder, line, axis, [size for _, size in sized], color)
+        ax.set(
+            xlabel=f"{AXES[axis]} (log)",
+            ylabel=f"{ladder.metric}: arm − {ladder.reference}",
+            title=f"gap to {ladder.reference} against {AXES[axis]}",
+        )
+        ax.grid(alpha=0.3, which="both")
+        _gap_legend(ax, ladder, sized)
+    return fig
+
+
+def figure_rank(ladder: Ladder, spectra: list[RungSpectrum]) -> Optional["Figure"]:
+    """Effective rank of the reference's P per layer (first, middle, last, mean) against parameters (log x),
+    beside the k of each Linformer arm at each rung (dotted)."""
+    if not spectra:
+        return None
+    fig = _figure(6.5, 4.5)
+    ax = fig.add_subplot()
+    ax.set_xscale("log")
+    x = [s.parameters for s in spectra]
+    picks = {
+        "first layer": lambda r: r[0],
+        "middle layer": lambda r: r[len(r) // 2] if len(r) >= 3 else math.nan,
+        "last layer": lambda r: r[-1],
+        "mean over layers": lambda r: float(np.mean(r)),
+    }
+    # ranks are integers and often coincide: markers shrink from the first layer on so that each shows
+    for (name, pick), style, size in zip(picks.items(), ("o-", "s-", "^-", "D--"), (11, 8, 5, 4)):
+        ax.plot(
+            x,
+            [pick(s.effective_rank) for s in spectra],
+            style,
+            label=name,
+            markersize=size,
+            color="black" if name.startswith("mean") else None,
+        )
+    colors = _colors()
+    for i, line in enumerate(ladder.lines):
+        ks = arm_ks(ladder, line)
+        shown = [(s.parameters, ks[s.rung]) for s in spectra if s.rung in ks]
+        if shown:
+            ax.plot(*zip(*shown), ":", color=colors[(i + 4) % len(colors)], label=f"k of {line}")
+    for s in spectra:
+        _label_x(ax, f"{s.rung} ({len(s.effective_rank)} layers)", s.parameters, at_top=False)
+    n = max(s.length for s in spectra)
+    ax.set(
+        xlabel="parameters (log)",
+        ylabel=f"effective rank of P at τ = {ENERGY:g}",
+        title=f"{ladder.reference} attention's rank across sizes (n = {n}, one seed per rung)",
+        ylim=(0, None),
+    )
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def figure_time(ladder: Ladder, ttt: TimeToTarget) -> Optional["Figure"]:
+    """Each compared arm's training time to the rung's target over the reference's, against parameters."""
+    fig = _figure(6.5, 4.3)
+    ax = fig.add_subplot()
+    ax.set(xscale="log", yscale="log")
+    ax.axhline(1, color="0.5", linewidth=0.8)
+    colors, drawn = _colors(), False
+    for i, line in enumerate(ladder.lines):
+        pts = [
+            (ladder.size(rung), r)
+            for rung in ladder.rungs
+            if (r := ttt.ratio(rung, line, ladder.reference)) is not None and ladder.size(rung)
+        ]
+        if not pts:
+            continue
+        drawn = True
+        xs, ys = [x for x, _ in pts], [r.value for _, r in pts]
+        err = [
+            [r.value - r.lo if math.isfinite(r.lo) else 0.0 for _, r in pts],
+            [r.hi - r.value if math.isfinite(r.hi) else 0.0 for _, r in pts],
+        ]
+        ax.errorbar(xs, ys, yerr=err, color=colors[i % len(colors)], marker="o", capsize=3, label=line)
+    if not drawn:
+        return None
+    ax.set(
+        xlabel="parameters (log)",
+        ylabel=f"training time to target: arm / {ladder.reference}",
+        title="time to each rung's target perplexity",
+    )
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def write_ladder(ladder: Ladder, ttt: Optional[TimeToTarget], spectra: list, out: Path) -> tuple[list[str], list[str]]:
+    """A ladder's three figures into ``out``: (written, skipped with why)."""
+    import matplotlib
+
+    plans = {
+        GAP_FIGURE: (lambda: figure_gap(ladder), "no rung has a gap yet"),
+        RANK_FIGURE: (lambda: figure_rank(ladder, spectra), "no reference run with a checkpoint here"),
+        TIME_FIGURE: (
+            lambda: figure_time(ladder, ttt) if ttt is not None else None,
+            "no run's ppl_vs_wallclock curve here"
+            if ttt is None
+            else "no rung's target is above what a model without context reaches"
+            if ttt.refused and set(ttt.refused) == set(ttt.targets)
+            else "no arm reached its rung's target",
+        ),
+    }
+    written, skipped = [], []
+    with matplotlib.style.context("default"):  # not the style the report's Optuna plots leave set
+        for name, (draw, why) in plans.items():
+            fig = draw()
+            if fig is None:
+                skipped.append(f"{name} ({why})")
+                continue
+            write_figure(out / name, fig, dpi=110)
+            written.append(name)
+    return written, skipped
+
+
+def rung_verdict(c: Optional[Compared], line: str, arm: str, reference: str, short: bool = False) -> str:
+    """A ladder's verdict on ``line`` (report arm ``arm``) against the reference at one rung, in a few words."""
+    if c is None:
+        return "-"
+    v, pair = c.verdict, c.pair
+    if v.kind == stats.BETTER:
+        name = line if pair.gain().better == arm else reference
+        return f"{name} better" + ("" if short else f" by {fmt(abs(pair.comparison.diff))}")
+    if v.kind == stats.ON_PAR:
+        return "on par" + ("" if short else f" within ±{fmt(pair.delta)}")
+    if short:
+        return "undecided"
+    if v.more_seeds is not None:
+        return f"undecided: {v.more_seeds} more seeds per arm would show '{v.deciding}'"
+    return "undecided: " + verdict(pair, v).removeprefix("undecided: ").split(";")[0]
+
+
+def trend(t: Optional[stats.Trend], what: str, line: str, reference: str, direction: str) -> str:
+    """A gap's slope per tenfold size with its 95 % CI, and what it means for ``line``."""
+    if t is None:
+        return f"no trend: fewer than 2 rungs with {what} recorded"
+    lo, hi = t.slope_ci()
+    ci = signed_interval(lo, hi)
+    fit = f"{signed(t.slope)} per tenfold {what} (95 % CI {ci}, least squares over {t.n} seeds' gaps)"
+    if not math.isfinite(lo):
+        return fit + ": too few points for an interval"
+    if lo <= 0 <= hi:
+        return fit + ": no trend shown (the interval holds 0)"
+    worse_up = (lo > 0) == (direction == "minimize")  # the gap moves toward "line worse"
+    return fit + f": {line} {'loses ground to' if worse_up else 'gains on'} {reference} as {what} grow"

@@ -5,28 +5,31 @@ Writes ``<output_dir>/<study>_<preset>/report/``:
 * ``trials.csv``: one row per trained trial, the control's included (number, state, objective values, params,
   arm, fail reason, duration, every scalar of its metrics.json);
 * ``summary.md``: first the reference's context gain over a model without context (a study with a control,
-  :class:`sweeps.findings.ContextGain`): below the study's ``verdict.context_gain``, or with a CI holding 0, the
+  :class:`sweeps.report.findings.ContextGain`): below the study's ``verdict.context_gain``, or with a CI holding 0, the
   only answer is "uninformative" and no verdict follows. Then the answer to the study's question in one sentence
   per objective (from the study's own arms), the δ used, the multiplicity (Holm) statement and how the
-  validation sampling error is measured; the control's power check (:func:`sweeps.stats.power_check`); per arm
+  validation sampling error is measured; the control's power check (:func:`sweeps.report.stats.power_check`); per arm
   (the control's two arms included), each objective's mean ± std over replicates (seeds), n, the no-context
   baselines beside it (the unigram on the same targets, ``trivial_loss`` / ``trivial_accuracy``) and its success
   rate where the study file sets a threshold; every pair of the study's own arms on every objective with a 95 %
-  CI, one of three verdicts (:mod:`sweeps.stats`, docs/verdicts.md: better, on par within ±δ, or undecided with
+  CI, one of three verdicts (:mod:`sweeps.report.stats`, docs/verdicts.md: better, on par within ±δ, or undecided with
   the seeds that would decide it) and its validation sampling error; quality against speed; failed trials and
   their reasons; the best parameters of open (non-grid) studies;
-* PNG plots (:mod:`sweeps.figures`, with Optuna's): optimisation history, parameter importances (when
+* PNG plots (:mod:`sweeps.report.figures`, with Optuna's): optimisation history, parameter importances (when
   at least 2 params vary), parallel coordinates, the Pareto front (2 objectives), and the validation
   loss against step of every trial, coloured by arm, read from the trials' TensorBoard events.
 * a ladder study (``ladder:`` in the study file, docs/scale.md): arms are compared only within a rung; the
   answer and a scale section give each arm's gap to the reference per rung with its verdict and its trend
   over size, time to target, and the reference's attention rank across sizes, with ``gap_vs_size.png``,
-  ``rank_vs_size.png`` and ``time_to_target_vs_size.png`` (:mod:`sweeps.scale`).
+  ``rank_vs_size.png`` and ``time_to_target_vs_size.png`` (:mod:`sweeps.report.scale`).
 
-The report is built in layers: numbers (:mod:`sweeps.stats`, :mod:`sweeps.findings`, computed once per report),
-the words that phrase every verdict (:mod:`sweeps.words`) and the figures (:mod:`sweeps.figures`); this module
-puts them together. Everything but the learning curves comes from the storage, so a report of a study run on several
-machines needs only the storage URL.
+The report is built in layers: numbers (:mod:`sweeps.report.stats`, :mod:`sweeps.report.findings`, computed once
+per report), and one module per section that owns its words, tables and figure (the control's power check
+:mod:`sweeps.report.power`, the comparisons and their verdicts :mod:`sweeps.report.comparisons`, the context gain
+:mod:`sweeps.report.context`, quality against speed :mod:`sweeps.report.efficiency`, a ladder's
+:mod:`sweeps.report.scale`), over the formats of :mod:`sweeps.report.markdown`; the trials' figures are
+:mod:`sweeps.report.figures`. This module puts them together. Everything but the learning curves comes from the
+storage, so a report of a study run on several machines needs only the storage URL.
 """
 
 from __future__ import annotations
@@ -42,21 +45,23 @@ from optuna.trial import TrialState
 from foundation.atomic import atomic_text, atomic_write_text
 from foundation.configfile import read_yaml
 from foundation.errors import ConfigError
-from sweeps import efficiency, figures, scale, stats, storage, words
-from sweeps.findings import (
+from sweeps import stored
+from sweeps.report import comparisons, context, efficiency, figures, markdown, scale, stats
+from sweeps.report.comparisons import comparisons_table, pair_sentence, seeds_advice
+from sweeps.report.findings import (
     Findings,
     Row,
     control_label,
     findings,
-    gain_order,
     reused_rows,
     rows_of,
     run_baselines,
-    trivial_key,
     value,
 )
-from sweeps.study import ADDED_SEEDS, Study, load_study
-from sweeps.sweep import check_objective
+from sweeps.report.power import has_power, power_section
+from sweeps.spec.schema import ADDED_SEEDS
+from sweeps.spec.study import Study, load_study
+from sweeps.stored import check_objective
 
 TRIVIAL = {"trivial_loss": "trivial loss", "trivial_accuracy": "trivial accuracy"}
 
@@ -88,47 +93,6 @@ def write_csv(study: Study, rows: list[Row], path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------- summary.md
-def power_section(study: Study, found: Findings, advice: str) -> list[str]:
-    """The control contrast of the first objective."""
-    c = study.control
-    lines = [
-        "## Power check (control contrast)",
-        "",
-        f"The control, run at every seed: {control_label(c, 'reference')} against "
-        f"{control_label(c, 'degraded')}; metric {study.metrics[0]} ({study.directions[0]}).",
-        "",
-    ]
-    if found.power is None:
-        return lines + [
-            "Not judged: the control's reference and degraded arms have fewer than 2 complete trials "
-            "(run the same `sweep` command again). Without it, nothing below says whether this "
-            "budget can see an effect at all.",
-            "",
-        ]
-    return lines + [f"- {line}" for line in words.power(found.power, advice)] + [""]
-
-
-def has_power(found: Findings) -> Optional[bool]:
-    """Whether the control's power check passed; None: not judged (no control, or not run yet)."""
-    return None if found.power is None else found.power.has_power
-
-
-def _add_seeds_command(study: Study, n: int) -> str:
-    preset = f" --preset {study.preset}" if study.preset else ""
-    return f"`linformer-lab sweep {study.path}{preset} --add-seeds {n}`"
-
-
-def pair_sentence(study: Study, c, found: Findings) -> str:
-    """One of the study's comparisons as the answer's sentence, with its success rates and the seeds to add."""
-    text = words.sentence(c)
-    if c.validation_error is not None:
-        text += f"; {words.noise(c)}"
-    for r in found.rates:
-        if (r.metric, r.a, r.b) == (c.pair.metric, c.pair.a, c.pair.b):
-            text += words.rates_clause(r, c.pair.direction)
-    if c.verdict.kind == stats.UNDECIDED and c.verdict.more_seeds is not None:
-        text += f"; plan the seeds now and add them all with {_add_seeds_command(study, c.verdict.more_seeds)}"
-    return text
 
 
 def _open_answer(study: Study, ostudy: optuna.Study, found: Findings) -> list[str]:
@@ -144,26 +108,9 @@ def _open_answer(study: Study, ostudy: optuna.Study, found: Findings) -> list[st
     best = ostudy.best_trial
     return [
         f"Open study ({kind}): the best of {len(complete)} trials, {best.number}, reached "
-        f"{study.metrics[0]} = {words.fmt(best.value)}{_best_gain(study, best.value, found)} (parameters below); "
-        "it has no arms to compare."
+        f"{study.metrics[0]} = {markdown.fmt(best.value)}{context.best_gain(study, best.value, found)} "
+        "(parameters below); it has no arms to compare."
     ]
-
-
-def _best_gain(study: Study, value: float, found: Findings) -> str:
-    """The best trial's gain over the control's model without context (one run: no interval), and whether it
-    reaches the study's context gain; "" without a judged control."""
-    context = found.context
-    if context is None or not context.comparison.judged:
-        return ""
-    a, b = gain_order(study.directions[0], value, context.no_context_mean)
-    gain = a - b
-    said = (
-        f", a gain of {words.fmt(gain)} over a model without context ({words.fmt(context.no_context_mean)}; the study "
-        f"needs ≥ {words.fmt(context.threshold)})"
-    )
-    if gain < context.threshold:
-        said += ": short of it, so no setting this search tried learned to use its context as the reference does"
-    return said
 
 
 def answer(study: Study, ostudy: optuna.Study, found: Findings, ladder: Optional[scale.Ladder]) -> list[str]:
@@ -183,71 +130,37 @@ def answer(study: Study, ostudy: optuna.Study, found: Findings, ladder: Optional
             lines.append(pair_sentence(study, mine[0], found) + ".")
             continue
         groups = []
-        par = f"on par within ±{words.fmt(study.delta(metric)[0])}"
+        par = f"on par within ±{markdown.fmt(study.delta(metric)[0])}"
         for kind, title in ((stats.BETTER, "better"), (stats.ON_PAR, par), (stats.UNDECIDED, "undecided")):
-            these = [words.short(c) for c in mine if c.verdict.kind == kind]
+            these = [comparisons.short(c) for c in mine if c.verdict.kind == kind]
             if these:
                 groups.append(f"{title}: {', '.join(these)}")
         if left:
-            groups.append(words.blind(left, found.arm_context))
+            groups.append(comparisons.blind(left, found.arm_context))
         lines.append(f"Of the {len(mine) + len(left)} pairs of arms on {metric}: {'; '.join(groups)}.")
     return lines
-
-
-def _holm_line(found: Findings) -> list[str]:
-    m_better, m_par = found.family()
-    if not m_par:
-        return []
-    n_rates = f", {len(found.rates)} comparisons of success rates" if found.rates else ""
-    rate = f"{stats.ALPHA * 100:.0f} %"
-    return [
-        f"- Holm's correction over the {m_better} 'better' tests of this report ({m_par} comparisons of "
-        f"means{n_rates}) keeps their family-wise error rate at {rate}; the {m_par} 'on par' tests "
-        f"(TOST: the 90 % CI of A − B inside ±δ) are a second Holm family at {rate}. "
-        f"Seed counts are planned at {words.PCT} power for the observed difference and spread, at "
-        "the level Holm applies to each test now. The control's arms are in neither family: its power check "
-        "and the context gain are design checks of the study."
-    ]
-
-
-def _noise_line(found: Findings) -> list[str]:
-    """How the validation sampling error beside each verdict is measured, or that it is not available."""
-    # a throughput has no validation examples: only the quality metrics' comparisons can carry the error
-    quality = [c for c in found.compared if trivial_key(c.pair.metric) is not None or c.validation_error is not None]
-    if not quality:
-        return []
-    if all(c.validation_error is None for c in quality):
-        return [
-            "- Validation sampling error: not available (the runs' metrics.json hold no per-example validation "
-            "sums, `validation_examples`): these verdicts cover the seeds' spread, not the validation set's."
-        ]
-    return [
-        f"- Validation sampling error: the 95 % half-width of A − B from the validation set alone (a bootstrap of "
-        f"{stats.BOOTSTRAP} resamples of the validation examples, the same for every run), beside every verdict; "
-        "a verdict whose margin lies inside it says so."
-    ]
 
 
 def header_section(study: Study, answered: list[str], found: Findings, advice: str) -> list[str]:
     """The first lines of summary.md: the reference's context gain (a study with a control), the answer, the δ
     used, the Holm statement. A reference that did not learn to use context leaves one answer: uninformative."""
-    out = [words.context(found.context, control_label(study.control, "reference")), ""] if study.control else []
+    out = [context.line(found.context, control_label(study.control, "reference")), ""] if study.control else []
     if not found.informative:
-        return out + [f"**Answer:** {words.uninformative(found.context)}", ""]
+        return out + [f"**Answer:** {context.uninformative(found.context)}", ""]
     label = "**Answer:**"
     if has_power(found) is False:
         label = f"**Answer (uninformative: the control's power check below failed; {advice}):**"
     elif found.power is None and study.control is not None:
         label = "**Answer (power not judged yet: the control has not run):**"
     out += [f"{label} {line}" for line in answered] + [""]
-    deltas = [f"{m} ±{words.fmt(d)} ({source})" for m in study.metrics for d, source in [study.delta(m)]]
+    deltas = [f"{m} ±{markdown.fmt(d)} ({source})" for m in study.metrics for d, source in [study.delta(m)]]
     out.append(f"- δ, the margin within which two arms are on par: {', '.join(deltas)}.")
-    out += _holm_line(found)
-    out += _noise_line(found)
+    out += comparisons.holm_line(found)
+    out += comparisons.noise_line(found)
     for m, direction in zip(study.metrics, study.directions):
         if (threshold := study.success(m)) is not None:
             out.append(
-                f"- Success: a run with {m} {words.at_or_beyond(direction)} {words.fmt(threshold)} "
+                f"- Success: a run with {m} {markdown.at_or_beyond(direction)} {markdown.fmt(threshold)} "
                 "solved the task (study file); success rates with exact (Clopper–Pearson) 95 % intervals, "
                 "compared by Boschloo's exact test."
             )
@@ -266,27 +179,12 @@ def _arm_row(study: Study, arm: str, rows: list[Row], found: Findings, shown: li
     return [
         arm,
         str(len(ok)),
-        *[words.mean_std([v for r in ok if (v := value(r, m, study)) is not None]) for m in shown],
+        *[markdown.mean_std([v for r in ok if (v := value(r, m, study)) is not None]) for m in shown],
         *[str(stats.success_rate(list(found.values[(arm, m)].values()), t, d)) for m, d, t in successes],
-        *[words.fmt(stats.summarize([m[k] for m in map(_numbers, ok) if k in m]).mean) for k in trivial],
-        *([_gain_cell(found, arm, mine)] if found.arm_context else []),
+        *[markdown.fmt(stats.summarize([m[k] for m in map(_numbers, ok) if k in m]).mean) for k in trivial],
+        *([context.gain_cell(found, arm, mine)] if found.arm_context else []),
         "/".join(str(sum(r.trial.state == s for r in mine)) for s in (TrialState.PRUNED, TrialState.FAIL)),
     ]
-
-
-def _gain_cell(found: Findings, arm: str, rows: list[Row]) -> str:
-    """An arm's context gain with its 95 % CI and what it is held to: the control's reference, the study's
-    threshold (its power); the study's own arms, a CI above δ (whether the arm demonstrably uses its context)."""
-    reference = any(r.role == "reference" for r in rows)
-    gain = found.context if reference else found.arm_context.get(arm)
-    if gain is None:
-        return "-"
-    lo, hi = gain.comparison.ci()
-    if reference:
-        mark = "" if gain.informative else f" (below {words.fmt(gain.threshold)})"
-    else:
-        mark = "" if gain.uses_context else f" (CI not above δ = {words.fmt(gain.floor)})"
-    return f"{words.fmt(gain.gain)} {words.interval(lo, hi)}{mark}"
 
 
 def arms_table(study: Study, rows: list[Row], found: Findings) -> list[str]:
@@ -304,7 +202,7 @@ def arms_table(study: Study, rows: list[Row], found: Findings) -> list[str]:
         "n",
         *[f"{m} mean ± std" for m in shown],
         *[
-            f"{m} {words.at_or_beyond(d)} {words.fmt(t)}: solved [95 % CI]"
+            f"{m} {markdown.at_or_beyond(d)} {markdown.fmt(t)}: solved [95 % CI]"
             for m, d in zip(study.metrics, study.directions)
             if (t := study.success(m)) is not None
         ],
@@ -322,67 +220,7 @@ def arms_table(study: Study, rows: list[Row], found: Findings) -> list[str]:
         "The no-context baselines are what a model that ignores its context reaches: the unigram on the same "
         "targets (metrics.json `baselines`), the trivial loss and accuracy (unigram loss, chance accuracy).",
         "",
-        *words.table(header, body),
-        "",
-    ]
-
-
-def comparisons_table(found: Findings, metric: str, direction: str) -> list[str]:
-    """Every comparison on ``metric``: A − B, its CI, the tests, δ and the verdict; then the success rates."""
-    body = []
-    for c in found.of(metric):
-        lo, hi = c.pair.comparison.ci()
-        v = c.verdict
-        body.append(
-            [
-                c.pair.a,
-                c.pair.b,
-                words.fmt(c.pair.comparison.diff),
-                words.interval(lo, hi) if lo == lo else "-",
-                c.pair.comparison.test,
-                f"{words.fmt_p(v.p)} ({words.fmt_p(v.p_holm)})",
-                f"{words.fmt_p(v.tost_p)} ({words.fmt_p(v.tost_p_holm)})",
-                f"±{words.fmt(c.pair.delta)}",
-                "-" if c.validation_error is None else f"±{words.fmt(c.validation_error)}",
-                words.verdict(c.pair, v) + (f"; {words.noise(c)}" if c.inside_noise else ""),
-            ]
-        )
-    header = ["A", "B", "A − B", "95 % CI", "test", "p (Holm)", "TOST p (Holm)", "δ", "validation error", "verdict"]
-    out = [f"## Comparisons of {metric} ({direction}; A − B with its 95 % CI)", "", *words.table(header, body), ""]
-    return out + rates_table(found, metric, direction)
-
-
-def rates_table(found: Findings, metric: str, direction: str) -> list[str]:
-    rates = [r for r in found.rates if r.metric == metric]
-    if not rates:
-        return []
-    body = [
-        [r.a, r.b, str(r.rate_a), str(r.rate_b), f"{words.fmt_p(r.p)} ({words.fmt_p(r.p_holm)})", words.rates(r)]
-        for r in rates
-    ]
-    return [
-        f"### Success rates ({metric} {words.at_or_beyond(direction)} {words.fmt(rates[0].threshold)}: solved)",
-        "",
-        *words.table(["A", "B", "A solved", "B solved", "Boschloo p (Holm)", "verdict"], body),
-        "",
-    ]
-
-
-def seeds_advice(study: Study, found: Findings) -> list[str]:
-    """The seeds that would decide every undecided pair of the study's own arms, and how to add them."""
-    undecided = [
-        c.verdict.more_seeds
-        for c in found.compared
-        if c.verdict.kind == stats.UNDECIDED and c.verdict.more_seeds is not None
-    ]
-    if not undecided:
-        return []
-    n = max(undecided)
-    return [
-        f"To decide every undecided pair of the study's arms at {words.PCT} power, add {n} seeds: "
-        f"{_add_seeds_command(study, n)} (every arm and the control; the runs done are kept). Decide the "
-        "count before running and run all of it: adding seeds until a verdict appears (optional stopping) "
-        "inflates the error rates these verdicts promise (docs/verdicts.md).",
+        *markdown.table(header, body),
         "",
     ]
 
@@ -400,7 +238,7 @@ def arm_section(study: Study, rows: list[Row], found: Findings, advice: str) -> 
         if found.of(metric):
             out += comparisons_table(found, metric, direction)
         if left := found.blind_on(metric):
-            out += [f"Left out of the comparisons on {metric}: {words.blind(left, found.arm_context)}.", ""]
+            out += [f"Left out of the comparisons on {metric}: {comparisons.blind(left, found.arm_context)}.", ""]
     return out + seeds_advice(study, found)
 
 
@@ -412,7 +250,7 @@ def best_section(study: Study, ostudy: optuna.Study) -> list[str]:
     title = "## Pareto-optimal trials" if len(study.metrics) > 1 else "## Best parameters"
     lines = [title, ""]
     for t in best:
-        values = ", ".join(f"{m} = {words.fmt(v)}" for m, v in zip(study.metrics, t.values))
+        values = ", ".join(f"{m} = {markdown.fmt(v)}" for m, v in zip(study.metrics, t.values))
         params = ", ".join(f"`{p}` = {v}" for p, v in t.params.items())
         lines.append(f"- trial {t.number}: {values}; {params}")
     return lines + [""]
@@ -423,10 +261,10 @@ def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_row
     counts = {
         s: sum(r.trial.state == s for r in rows) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     }
-    retried = sorted(storage.retried_numbers(ostudy.get_trials(deepcopy=False)))
+    retried = sorted(stored.retried_numbers(ostudy.get_trials(deepcopy=False)))
     out = [
         f"- study file: `{study.path}`" + (f", preset `{study.preset}`" if study.preset else ""),
-        f"- storage: `{storage.storage_display(study, url)}`",
+        f"- storage: `{stored.storage_display(study, url)}`",
         f"- trials: {len(rows)} finished of {study.n_trials if study.n_trials is not None else 'an open budget'} "
         f"({', '.join(f'{v} {s.name.lower()}' for s, v in counts.items())})",
     ]
@@ -434,7 +272,7 @@ def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_row
         reused = sum(r.reused for r in control_rows)
         out.append(
             f"- control: {len(control_rows) - reused} finished of {study.control.n_trials} "
-            f"(study `{study.control.name}`, storage `{storage.storage_display(study.control, url)}`)"
+            f"(study `{study.control.name}`, storage `{stored.storage_display(study.control, url)}`)"
             + (f"; {reused} more are the study's own trials, reused" if reused else "")
         )
     out.append("- objective: " + ", ".join(f"{m} ({d})" for m, d in zip(study.metrics, study.directions)))
@@ -502,15 +340,15 @@ def speeds_of(study: Study, rows: list[Row]) -> list[efficiency.ArmSpeed]:
 
 # --------------------------------------------------------------------------------------- command
 def load(study: Study, url: Optional[str]) -> optuna.Study:
-    if url is None and not (study.root / storage.JOURNAL).is_file():
+    if url is None and not (study.root / stored.JOURNAL).is_file():
         raise ConfigError(
-            f"{study.root / storage.JOURNAL}: no study journal here; run `linformer-lab sweep {study.path}` first"
+            f"{study.root / stored.JOURNAL}: no study journal here; run `linformer-lab sweep {study.path}` first"
         )
     try:
-        ostudy = optuna.load_study(study_name=study.name, storage=storage.open_storage(study, url, create=False))
+        ostudy = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, url, create=False))
     except KeyError:
         raise ConfigError(
-            f"study {study.name}: not in {storage.storage_display(study, url)}; run the sweep first"
+            f"study {study.name}: not in {stored.storage_display(study, url)}; run the sweep first"
         ) from None
     check_objective(study, ostudy, url)
     return ostudy
@@ -551,13 +389,13 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
     write_csv(study, trained, out / "trials.csv")
     plots, skipped = figures.write_plots(study, report.ostudy, trained, out)
     speeds = speeds_of(study, report.rows)
-    if figures.pareto(speeds, study.metrics[0], study.directions[0] == "maximize", out / "pareto.png"):
+    if efficiency.pareto(speeds, study.metrics[0], study.directions[0] == "maximize", out / "pareto.png"):
         plots.append("pareto.png")
     scale_lines: list[str] = []
-    if report.ladder is not None:  # the gap across sizes, its trend, the spectrum across sizes (sweeps/scale.py)
+    if report.ladder is not None:  # the gap across sizes, its trend, the spectrum across sizes (sweeps/report/scale.py)
         ttt = scale.time_to_target(report.ladder, report.blind)
-        spectra = scale.spectrum_across_sizes(report.ladder)
-        drawn, not_drawn = figures.write_ladder(report.ladder, ttt, spectra, out)
+        spectra = scale.spectrum_across_sizes(report.ladder, out / "spectra")
+        drawn, not_drawn = scale.write_ladder(report.ladder, ttt, spectra, out)
         scale_lines = scale.section(report.ladder, ttt, spectra, drawn)
         plots, skipped = plots + drawn, skipped + not_drawn
     atomic_write_text(out / "summary.md", summary_md(report, plots, skipped, scale_lines))

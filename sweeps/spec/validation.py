@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from foundation.errors import ConfigError
-from sweeps.schema import (
+from sweeps.spec.schema import (
     CONTROL_PARAM,
     NO_CONTEXT_SOURCES,
     REPO_ROOT,

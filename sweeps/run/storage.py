@@ -1,4 +1,5 @@
-"""Where a study lives, how trials of dead workers are found, and how the trial budget is counted.
+"""A running study's bookkeeping: who owns it, how trials of dead workers are found, and how the trial budget is
+counted. How its storage is opened and read is :mod:`sweeps.stored`.
 
 Default storage: Optuna's ``JournalStorage`` on ``<output_dir>/<study>/journal.log`` (a file; several
 worker processes on one machine append to it safely; no server). Any Optuna RDB URL
@@ -12,18 +13,18 @@ while the trial runs: a trial is stale when its process is gone from this host, 
 ``GRACE_S`` (or it has none and started longer ago than that). :func:`fail_stale_trials` fails stale trials and
 enqueues a copy of each with the same params (``RetryHeartbeatStaleTrialCallback``, grid points included),
 which the next free worker runs, continuing from the dead attempt's last checkpoint
-(:func:`sweeps.trials.continue_dead_attempt`). Only public Optuna API is used.
+(:func:`sweeps.run.trials.continue_dead_attempt`). Only public Optuna API is used.
 
-Owner and journal. A journal study is owned by the ``sweep`` command that launched its workers
-(:func:`own_study`: an advisory lock on ``<study dir>/.lock``, see :mod:`foundation.lock`; a second ``sweep`` of
-the same study gets one line naming the owner); RDB studies are shared by design (launchers on several machines
-join one). Optuna appends to the journal in whole lines, fsynced, under the journal's lock (:class:`WholeLines`: a
-``flock``, released by the operating system when its holder dies); a write killed half-way leaves a torn last
-line. :func:`check_journal` reads every line on open: a torn last line is cut off by the owner before its
-workers start (saying so) and under Optuna's lock before every append (:class:`WholeLines`), so no record is
-ever appended after half a line; a line before the last that is not a record is refused in one line. Before
-anything is written, :func:`check_study_folder` refuses a link anywhere in the study's folder, and a known name of
-the wrong type; every file written there is opened without following a link (:mod:`foundation.confined`).
+Owner and journal. A journal study is owned by the ``sweep`` command that launched its workers (:func:`own_study`:
+an advisory lock on ``<study dir>/.lock``, see :mod:`foundation.lock`; a second ``sweep`` of the same study gets one
+line naming the owner); RDB studies are shared by design (launchers on several machines join one). Optuna appends to
+the journal in whole lines, fsynced, under the journal's lock (:class:`sweeps.stored.WholeLines`: a ``flock``,
+released by the operating system when its holder dies); a write killed half-way leaves a torn last line.
+:func:`sweeps.stored.check_journal` reads every line on open: a torn last line is cut off by the owner before its
+workers start (saying so) and under Optuna's lock before every append (:class:`sweeps.stored.WholeLines`), so no
+record is ever appended after half a line; a line before the last that is not a record is refused in one line.
+Before anything is written, :func:`check_study_folder` refuses a link anywhere in the study's folder, and a known
+name of the wrong type; every file written there is opened without following a link (:mod:`foundation.confined`).
 
 Budget. ``n_trials`` counts finished trials (complete, pruned, failed), except failed trials that were
 retried (their copy counts instead: trials that failed on an input error, interrupted ones and those of dead
@@ -34,7 +35,6 @@ started the last one (see :func:`budget_position`).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import socket
@@ -49,26 +49,24 @@ from typing import Iterator, Optional
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from foundation.atomic import atomic_write_text
-from foundation.confined import check_inside, check_tree, open_inside
+from foundation.confined import check_tree
 from foundation.errors import ConfigError
 from foundation.lock import LOCK, Owner
 from foundation.paths import check_folder
-from foundation.redact import redact
-from sweeps.study import Study
-
-# Seconds between a running trial's heartbeats, and of silence after which it is stale (settable for networks
-# with long pauses, and for tests that kill workers).
-HEARTBEAT_S = int(os.environ.get("LINFORMER_LAB_HEARTBEAT_S", "10"))
-GRACE_S = int(os.environ.get("LINFORMER_LAB_HEARTBEAT_GRACE_S", "60"))
-MAX_RETRIES = 2  # a trial that kills its worker every time (out of memory) is given up after this
-DISCARDED = "discarded"  # user attr of a trial started after the budget was met by other workers
-JOURNAL = "journal.log"
-JOURNAL_LOCK = "journal.lock"  # the journal's flock (see WholeLines)
+from sweeps.spec.study import Study
+from sweeps.stored import (
+    GRACE_S,
+    HEARTBEAT_S,
+    JOURNAL,
+    JOURNAL_LOCK,
+    MAX_RETRIES,
+    check_journal,
+    excluded_numbers,
+)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -144,73 +142,6 @@ def _stale_journal_trials(ostudy: optuna.Study, study: Study, grace_s: float) ->
     return stale
 
 
-def check_url(url: Optional[str], workers: int = 1) -> None:
-    """What can be told of a storage URL without connecting or creating anything: its form, SQLite with parallel
-    workers."""
-    if url is None:
-        return
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        make_url(url)
-    except ArgumentError:
-        raise ConfigError(
-            f"--storage {redact(url)}: not a database URL (e.g. postgresql+psycopg2://user@host/db)"
-        ) from None
-    if url.startswith("sqlite") and workers > 1:
-        raise ConfigError(
-            f"--storage {redact(url)}: SQLite cannot take parallel workers; use the default journal "
-            "file (no --storage) or a PostgreSQL/MySQL URL"
-        )
-
-
-def open_storage(study: Study, url: Optional[str], workers: int = 1, create: bool = True) -> BaseStorage:
-    """The study's storage: the journal file by default (heartbeats by :func:`beating`), else an Optuna RDB URL
-    (with Optuna's heartbeats). ``create=False`` (a reader such as ``report``) creates nothing: an SQLite file
-    that does not exist is refused, and no tables are made in an empty database."""
-    check_url(url, workers)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
-        if url is None:
-            journal = study.root / JOURNAL
-            check_journal(journal)
-            journal.parent.mkdir(parents=True, exist_ok=True)
-            check_inside(study.root, journal)
-            # an absolute path: Optuna's file opens do not depend on the working directory
-            return JournalStorage(JournalFileBackend(str(journal.absolute()), lock_obj=WholeLines(journal)))
-        if not create:
-            _check_database_exists(url)
-        try:
-            return RDBStorage(
-                url,
-                heartbeat_interval=HEARTBEAT_S,
-                grace_period=GRACE_S,
-                heartbeat_stale_trial_callback=retry,
-                skip_table_creation=not create,
-            )
-        except ImportError:
-            raise ConfigError(
-                f"--storage {redact(url)}: its database driver is not installed; for PostgreSQL use "
-                "postgresql+psycopg2://... with pip install 'linformer-lab[postgres]' (a bare "
-                "postgresql:// means psycopg 3 to SQLAlchemy 2.1)"
-            ) from None
-        except Exception as err:  # sqlalchemy's many connection/URL errors
-            raise ConfigError(f"--storage {redact(url)}: cannot open ({redact(str(err).splitlines()[0])})") from None
-
-
-def _check_database_exists(url: str) -> None:
-    """An SQLite URL names an existing file (connecting would create it)."""
-    if not url.startswith("sqlite"):
-        return
-    from sqlalchemy.engine import make_url
-
-    database = make_url(url).database
-    if database and database != ":memory:" and not Path(database).is_file():
-        raise ConfigError(f"--storage {redact(url)}: no database file {database}; give the storage the study ran on")
-
-
 def own_study(study: Study, url: Optional[str]) -> Optional[Owner]:
     """The ``sweep`` command's ownership of a journal study, for the command's life (None for an RDB study, which
     launchers on several machines share by design); then the journal's torn last line, if any, is cut off."""
@@ -265,85 +196,6 @@ def set_aside(study: Study, aside: Optional[Path]) -> Optional[Path]:
     return aside
 
 
-def check_journal(path: Path, repair: bool = False) -> None:
-    """Every line of the journal ``path`` but the last is a whole JSON record, or one ConfigError line names the
-    first that is not. A last line without its newline is a write killed half-way (or one in flight): cut off
-    when ``repair`` (saying so on stderr), else left for Optuna, which skips it."""
-    if not path.exists():
-        return
-    if not path.is_file():
-        raise ConfigError(f"{path}: not a journal file (a {'folder' if path.is_dir() else 'special file'})")
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read the study journal ({err.strerror or type(err).__name__})") from None
-    *lines, tail = data.split(b"\n")
-    for number, line in enumerate(lines, start=1):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict):
-            raise ConfigError(
-                f"{path}: line {number} of {len(lines) + bool(tail)} is not a journal record ({line[:40]!r}); "
-                "refused: restore the journal from a backup or move it aside to start the study afresh"
-            )
-    if tail and repair:
-        cut_torn_tail(path)
-
-
-def cut_torn_tail(path: Path) -> None:
-    """Cut ``path`` back to its last newline when a write killed half-way left a partial line after it."""
-    with os.fdopen(open_inside(path.parent, path, os.O_RDWR), "rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        end = size
-        while end > 0:  # the last newline, read backwards in blocks
-            start = max(0, end - 65536)
-            f.seek(start)
-            found = f.read(end - start).rfind(b"\n")
-            if found >= 0:
-                end = start + found + 1
-                break
-            end = start
-        if end == size:
-            return
-        f.truncate(end)
-        f.flush()
-        os.fsync(f.fileno())
-    print(f"{path}: removed a torn last line ({size - end} bytes) left by a write killed half-way", file=sys.stderr)
-
-
-class WholeLines:
-    """The journal's lock (what ``JournalFileBackend(lock_obj=…)`` calls, ``acquire`` and ``release``: the interface
-    of Optuna's file locks, whose base class is private): ``flock`` on ``journal.lock`` beside it, which the operating
-    system releases when its holder dies, however it dies (Optuna's own symlink lock outlives a killed holder: with a
-    relative path its link dangles and every later process waits on it for good). Acquiring blocks in the kernel,
-    without polling. Once acquired and before Optuna appends, a torn last line is cut off: no record is ever appended
-    after half a line."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._fd: Optional[int] = None
-
-    def acquire(self) -> bool:
-        fd = open_inside(self.path.parent, self.path.parent / JOURNAL_LOCK, os.O_RDWR | os.O_CREAT)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        self._fd = fd
-        cut_torn_tail(self.path)
-        return True
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing releases the flock
-            self._fd = None
-
-
-def storage_display(study: Study, url: Optional[str]) -> str:
-    """This study's storage as printed and written into reports: the journal file, or the URL with its password
-    masked (give optuna-dashboard the real one)."""
-    return redact(url) if url is not None else str(study.root / JOURNAL)
-
-
 def fail_stale_trials(ostudy: optuna.Study, study: Study, url: Optional[str], grace_s: float = GRACE_S) -> None:
     """Fail the trials whose worker died and enqueue a retry of each (same params), at most ``MAX_RETRIES``
     times per trial."""
@@ -362,18 +214,6 @@ def fail_stale_trials(ostudy: optuna.Study, study: Study, url: Optional[str], gr
 
 
 # --------------------------------------------------------------------------------------- budget
-def _discarded(trials: list[FrozenTrial]) -> set[int]:
-    return {t.number for t in trials if DISCARDED in t.user_attrs}
-
-
-def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
-    """Trials replaced by a copy with the same params after their worker died or was interrupted."""
-    return {n for t in trials for n in t.system_attrs.get("retry_history", [])} - _discarded(trials)
-
-
-def excluded_numbers(trials: list[FrozenTrial]) -> set[int]:
-    """Trials that do not count toward the budget: retried or discarded ones."""
-    return retried_numbers(trials) | _discarded(trials)
 
 
 @dataclass

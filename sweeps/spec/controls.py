@@ -1,4 +1,4 @@
-"""The control of a study (``control:`` in a study file; see :mod:`sweeps.schema`): a companion grid study of
+"""The control of a study (``control:`` in a study file; see :mod:`sweeps.spec.schema`): a companion grid study of
 the reference arm against a degraded one, at every control seed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from foundation.errors import ConfigError
-from sweeps.schema import CONTROL_PARAM, DEFAULT_CONTROL_SEEDS, SEED_PARAM, StudySpec
+from sweeps.spec.schema import CONTROL_PARAM, DEFAULT_CONTROL_SEEDS, SEED_PARAM, StudySpec
 
 
 def control_seeds(spec: DictConfig, added_seeds: Sequence[int]) -> list[int]:

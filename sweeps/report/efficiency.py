@@ -1,5 +1,5 @@
-"""Quality against speed, one point per arm: the time-to-target table of a study's report (its plot, ``pareto.png``, is
-:func:`sweeps.figures.pareto`).
+"""Quality against speed, one point per arm: the time-to-target table of a study's report and its plot,
+``pareto.png`` (:func:`pareto`).
 
 For each arm (every seed of it): the objective's mean (quality at equal steps), the training throughput
 (``tokens_per_sec`` of ``metrics.json``: tokens over training-step seconds) and, for tasks with a perplexity,
@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from foundation.atomic import write_figure
 from training.curves import reach
 
-KIND_COSTS = Path(__file__).with_name("kind_costs.json")
+KIND_COSTS = Path(__file__).parents[1] / "kind_costs.json"  # sweeps/kind_costs.json
 
 
 @dataclass
@@ -252,3 +253,51 @@ def long_sequence_section(arms: Sequence[str], path: Path = KIND_COSTS) -> list[
         label = c["kind"] if c["k"] is None else f"{c['kind']} ({c['variant']}, k={c['k']})"
         lines.append("| " + " | ".join([label, *times, *memory]) + " |")
     return lines + [""]
+
+
+def pareto(arms: Sequence[ArmSpeed], metric: str, maximize: bool, path: Path) -> bool:
+    """pareto.png: each arm's mean quality against its mean throughput, with seed spread as error bars."""
+    if len(arms) < 2:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    front = set(pareto_front([(a.mean_speed, a.mean_quality) for a in arms], maximize))
+    with plt.style.context("default"):  # other report plots may have switched the style
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, a in enumerate(arms):
+            sd_q = statistics.stdev(a.quality) if len(a.quality) > 1 else 0.0
+            ax.errorbar(
+                a.mean_speed,
+                a.mean_quality,
+                yerr=sd_q,
+                fmt="o" if i in front else "s",
+                capsize=3,
+                color="tab:blue" if i in front else "tab:gray",
+            )
+            ax.annotate(
+                a.arm or "(all)",
+                (a.mean_speed, a.mean_quality),
+                textcoords="offset points",
+                xytext=(5, 5),
+                fontsize="small",
+            )
+        on_front = sorted((arms[i] for i in front), key=lambda a: a.mean_speed)
+        ax.plot(
+            [a.mean_speed for a in on_front],
+            [a.mean_quality for a in on_front],
+            color="tab:blue",
+            linewidth=1,
+            label="Pareto front",
+        )
+        ax.set_xscale("log")
+        ax.set_xlabel("training tokens/s (mean over seeds, log)")
+        ax.set_ylabel(f"{metric} ({'higher' if maximize else 'lower'} is better; bars: sd over seeds)")
+        ax.set_title("quality at equal steps against training speed, per arm")
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        write_figure(path, fig, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,7 +1,7 @@
 """A study file, loaded: :func:`load_study` reads, merges (file < preset < command line) and validates it, and
-:class:`Study` turns a trial's params into its run config. The file's keys are described in :mod:`sweeps.schema`;
-their checks live in :mod:`sweeps.validation`, the grid in :mod:`sweeps.grids`, the control in
-:mod:`sweeps.controls` and the model-size ladder in :mod:`sweeps.ladders`.
+:class:`Study` turns a trial's params into its run config. The file's keys are described in :mod:`sweeps.spec.schema`;
+their checks live in :mod:`sweeps.spec.validation`, the grid in :mod:`sweeps.spec.grids`, the control in
+:mod:`sweeps.spec.controls` and the model-size ladder in :mod:`sweeps.spec.ladders`.
 
 A trial's config is
 
@@ -22,42 +22,24 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from foundation.configfile import merge, read_yaml
+from foundation.configfile import flatten, merge, read_yaml, to_container
 from foundation.errors import ConfigError, check_number
 from foundation.paths import check_name
-from sweeps import grids, validation
-from sweeps.controls import control_spec
-from sweeps.grids import seed_is_categorical
-from sweeps.ladders import check_ladder
-from sweeps.schema import (
-    ADDED_SEEDS,
+from sweeps.spec import grids, validation
+from sweeps.spec.controls import control_spec
+from sweeps.spec.ladders import check_ladder
+from sweeps.spec.schema import (
     CONTROL_PARAM,
     DEFAULT_CONTEXT_GAIN,
     DEFAULT_DELTA,
     MAX_TRIALS,
-    REPO_ROOT,
     SEED_PARAM,
     SWEEPS_DIR,
     StudySpec,
     metric_kind,
 )
-from sweeps.validation import check_trial_devices, nested, requested_devices
+from sweeps.spec.validation import check_trial_devices, nested
 from training import config as run_config
-
-# Names the sweep command and the tests take from here.
-__all__ = [
-    "ADDED_SEEDS",
-    "CONTROL_PARAM",
-    "MAX_TRIALS",
-    "REPO_ROOT",
-    "SEED_PARAM",
-    "SWEEPS_DIR",
-    "Study",
-    "load_study",
-    "requested_devices",
-    "seed_is_categorical",
-    "shipped_studies",
-]
 
 
 @dataclass
@@ -197,9 +179,7 @@ class Study:
         when = self.spec.space[name].when
         if not when:
             return True
-        flat = run_config.flatten(
-            run_config.to_container(run_config.merge_run([self.shared, *map(nested, self.param_layers(params))]))
-        )
+        flat = flatten(to_container(run_config.merge_run([self.shared, *map(nested, self.param_layers(params))])))
         return all(flat.get(key) == value for key, value in when.items())
 
     def config(self, params: dict, run: Optional[dict] = None) -> DictConfig:
@@ -214,13 +194,12 @@ class Study:
 
         A grid's integer seeds are asked as an int range: every grid point is enqueued, and a range keeps
         the param's Optuna distribution compatible when ``--add-seeds`` extends the seeds (Optuna refuses a
-        categorical whose choices change within a study). Studies stored with a categorical seed keep it."""
+        categorical whose choices change within a study)."""
         params: dict = {}
         for name, p in self.spec.space.items():
             if not self._active(name, params):
                 continue
-            stored = trial.study.get_trials(deepcopy=False) if name == SEED_PARAM and self.int_seeds else None
-            if stored is not None and not grids.seed_is_categorical(stored):
+            if name == SEED_PARAM and self.int_seeds:
                 params[name] = trial.suggest_int(name, min(p.choices), max(p.choices))
             elif p.type == "categorical":
                 params[name] = trial.suggest_categorical(name, list(p.choices))
@@ -286,14 +265,14 @@ def _validate(
         raise ConfigError("base: the experiment YAML every trial starts from is required")
     base_path = validation.resolve_base(path, spec.base)
     try:
-        base = run_config.to_container(run_config.load(base_path))
+        base = to_container(run_config.load(base_path))
     except ConfigError as err:
         raise ConfigError(f"base {spec.base}: {err}") from None
     validation.check_objective(spec)
     validation.check_verdict(spec, file_metrics)
     if added_seeds:
         grids.add_seeds(spec, added_seeds)
-    validation.check_space(spec, set(run_config.flatten(base)))
+    validation.check_space(spec, set(flatten(base)))
     b = spec.budget
     if b.n_trials is not None:
         check_number("budget.n_trials", b.n_trials, 1, MAX_TRIALS, integer=True)
@@ -368,7 +347,7 @@ def _samples(study: Study, added_seeds: tuple[int, ...]) -> list[dict]:
 
 
 def _control_study(study: Study, study_points: dict[str, dict]) -> Study:
-    """The control's grid study (:mod:`sweeps.controls`), every point's config checked; a point whose config is
+    """The control's grid study (:mod:`sweeps.spec.controls`), every point's config checked; a point whose config is
     one of ``study_points`` (config identity -> the study's params) is reused, not run (``reused``)."""
     control = Study(
         path=study.path,

@@ -1,0 +1,137 @@
+"""The figures of a study's trials: Optuna's plots (optimisation history, parallel coordinates, parameter importances,
+the Pareto front of two objectives) and the learning curves by arm, read from the trials' TensorBoard events. The
+sections draw their own: quality against speed in :mod:`sweeps.report.efficiency`, a ladder's three figures in
+:mod:`sweeps.report.scale`."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import optuna
+from optuna.trial import TrialState
+
+from foundation.atomic import write_figure
+from sweeps.report.findings import Row, no_context_key, run_baselines
+from sweeps.spec.study import Study
+
+if TYPE_CHECKING:
+    pass
+
+CURVE_TAG = "val/loss"  # the curve of a study whose objective is not a validation metric (tokens_per_sec)
+
+
+# --------------------------------------------------------------------------------------- the study's plots
+def _curves(rows: list[Row], tag: str = CURVE_TAG) -> dict[str, list[tuple[list[int], list[float]]]]:
+    """``tag`` (val/loss) against step of each trial from its TensorBoard events, grouped by arm.
+
+    A resumed run has one events file per process, read in the order of their names, which need not be the order
+    they were written in (``….9`` after ``….10``): points are put in step order, and a step written twice (trained
+    again after a resume) keeps the value written last."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, list] = {}
+    for r in rows:
+        run_dir = r.trial.user_attrs.get("run_dir")
+        if not run_dir or not Path(run_dir).is_dir():
+            continue
+        ea = EventAccumulator(run_dir, size_guidance={"scalars": 0}, purge_orphaned_data=False)
+        ea.Reload()
+        if tag in ea.Tags().get("scalars", []):
+            latest = {e.step: e.value for e in sorted(ea.Scalars(tag), key=lambda e: e.wall_time)}
+            steps = sorted(latest)
+            out.setdefault(r.arm or f"trial {r.trial.number}", []).append((steps, [latest[s] for s in steps]))
+    return out
+
+
+def _no_context_level(rows: list[Row], metric: str) -> Optional[float]:
+    """The mean over the complete trials of what a model without context reaches on ``metric`` (the unigram on the
+    same targets, else the trivial baseline: :func:`sweeps.report.findings.no_context_key`), as summary.md reads it."""
+    levels = []
+    for r in rows:
+        metrics = {**r.metrics, **run_baselines(r)}
+        if r.complete and (key := no_context_key(metric, metrics)) in metrics:
+            levels.append(float(metrics[key]))
+    return sum(levels) / len(levels) if levels else None
+
+
+def plot_learning_curves(rows: list[Row], path: Path, metric: str = CURVE_TAG) -> bool:
+    """``metric`` (the study's objective) of every trial against step, by arm, with the no-context level dashed."""
+    import matplotlib.pyplot as plt
+
+    metric = metric if metric.startswith("val/") else CURVE_TAG
+    curves = _curves(rows, metric)
+    if not curves:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (arm, lines) in enumerate(curves.items()):
+        for j, (steps, values) in enumerate(lines):
+            ax.plot(
+                steps,
+                values,
+                color=colors[i % len(colors)],
+                alpha=0.8,
+                marker=".",
+                label=arm if j == 0 and len(curves) <= 12 else None,
+            )
+    if (level := _no_context_level(rows, metric)) is not None:
+        ax.axhline(level, color="black", linestyle="--", linewidth=1, label="no context (unigram, same targets)")
+    ax.set_xlabel("training step")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} of every trial, by arm")
+    if len(curves) <= 12:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    write_figure(path, fig, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_plots(study: Study, ostudy: optuna.Study, rows: list[Row], out: Path) -> tuple[list[str], list[str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as vis
+
+    complete = [t for t in ostudy.trials if t.state == TrialState.COMPLETE]
+    varying = [p for p in study.spec.space if len({str(t.params.get(p)) for t in complete}) > 1]
+    plans: list[tuple[str, Callable[..., Any], dict]] = []
+    for i, metric in enumerate(study.metrics):
+        kwargs: dict[str, Any] = {"target_name": metric}
+        suffix = ""
+        if len(study.metrics) > 1:  # optuna plots one objective at a time
+            kwargs["target"] = lambda t, i=i: t.values[i]
+            suffix = "_" + metric.replace("/", "_")
+        plans.append((f"history{suffix}.png", vis.plot_optimization_history, kwargs))
+        plans.append((f"parallel_coordinate{suffix}.png", vis.plot_parallel_coordinate, kwargs))
+        if len(varying) >= 2:
+            plans.append((f"param_importances{suffix}.png", vis.plot_param_importances, kwargs))
+    if len(study.metrics) == 2:
+        plans.append(("pareto_front.png", vis.plot_pareto_front, {"target_names": study.metrics}))
+    written, skipped = [], []
+    if len(varying) < 2:
+        skipped.append("param_importances.png (fewer than 2 params vary)")
+    for name, fn, kwargs in plans:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fn(ostudy, **kwargs)
+            plt.gcf().set_size_inches(8, 5)
+            plt.gcf().tight_layout()
+            write_figure(out / name, plt.gcf(), dpi=110)
+            written.append(name)
+        except Exception as err:  # optuna refuses some plots on too few trials; say so, keep the rest
+            skipped.append(f"{name} ({str(err).splitlines()[0] if str(err) else type(err).__name__})")
+        finally:
+            plt.close("all")
+    if plot_learning_curves(rows, out / "learning_curves.png", study.metrics[0]):
+        written.append("learning_curves.png")
+    else:
+        skipped.append("learning_curves.png (no trial run directory with TensorBoard events here)")
+    return written, skipped
+
+
+# --------------------------------------------------------------------------------------- a ladder's figures
