@@ -357,6 +357,15 @@ def _trials_left(study: Study, ostudies: dict[str, optuna.Study]) -> Optional[in
     return sum(max(0, s.n_trials - storage.budget_state(ostudies[s.name].trials, s).finished) for s in study.studies)
 
 
+def _stop(procs: list) -> None:
+    """SIGTERM to every worker still alive (each saves its trial and puts it back), then wait for them."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=120)
+
+
 def run(study: Study, url: Optional[str], workers: int) -> int:
     """Prepare the study and its control, start the workers, report each finished trial, summarise."""
     visible = study_gpus(study, workers)
@@ -378,19 +387,11 @@ def run(study: Study, url: Optional[str], workers: int) -> int:
     try:
         follow(study, ostudies, procs)
     except KeyboardInterrupt:  # passed on as SIGTERM: each worker puts its trial back at a safe point
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=120)
+        _stop(procs)
         print("interrupted: run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Terminated:  # a scheduler's preemption: each worker saves its trial's checkpoint and puts it back
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=120)
+        _stop(procs)
         print("terminated: the running trials saved their checkpoints; run the same command again", file=sys.stderr)
         return EXIT_TERMINATED
     finally:
