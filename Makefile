@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 
-.PHONY: setup run test test-slow lint format tensorboard dashboard clean
+.PHONY: setup run test test-fast test-slow lint format tensorboard dashboard clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,6 +31,11 @@ run: setup
 
 test: setup
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n auto --dist worksteal
+
+# The default suite less the tests that start a child process (marker `processes`: CLI runs, sweep workers, DDP
+# ranks, loader workers); `make test` runs them too.
+test-fast: setup
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n auto --dist worksteal -m 'not slow and not postgres and not processes'
 
 test-slow: setup
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m slow

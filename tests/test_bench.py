@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from experiments import bench, cli, time_to_target
-from experiments.benchmarks import cases, report
+from experiments.benchmarks import cases, report, variants
 from experiments.benchmarks.measure import peak_memory_bytes
 from foundation.errors import ConfigError
+from lightning_modules.attention import ATTENTION_KINDS
 from lightning_modules.encoder import TransformerEncoder
 from lightning_modules.flops import count_flops
 
@@ -220,6 +221,17 @@ def _with_random_biases(model: torch.nn.Module) -> torch.nn.Module:
             if name.endswith("bias"):
                 p.normal_()  # a non-zero bias exercises the (E m) bᵀ term of compress_first
     return model.eval()
+
+
+def test_the_benchs_tables_of_kinds_name_registered_kinds_and_their_own_variants():
+    """``variants.py`` keys its tables by kind: each key is a registered kind, each variant a config of that kind,
+    and each library race one of its kind's variants."""
+    for kind, offered in variants.BENCH_VARIANTS.items():
+        assert kind in ATTENTION_KINDS
+        assert {att["kind"] for att in offered(8, 64).values()} == {kind}
+    for kind, reference in variants.REFERENCES.items():
+        assert reference.variant in variants.BENCH_VARIANTS[kind](8, 64)
+        assert reference.attention(64, 8)["kind"] == kind
 
 
 @pytest.mark.parametrize("variant", list(cases.VARIANTS))

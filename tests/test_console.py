@@ -74,6 +74,7 @@ def _in_terminal_of_width_zero(args: list[str], cwd: Path) -> str:
     return b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
 
 
+@pytest.mark.processes  # a `linformer-lab train` process
 def test_a_run_ends_with_its_objective_and_shows_a_bar_in_a_zero_width_terminal_without_noise(tmp_path):
     out = _in_terminal_of_width_zero(tiny_bytes(tmp_path), tmp_path)
     lines = [line for line in re.split(r"[\r\n]", out) if line.strip()]

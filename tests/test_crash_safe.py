@@ -96,6 +96,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.processes
 def test_a_run_killed_mid_training_resumes_to_the_same_weights_metrics_and_curves(tiny_overrides, tmp_path, one_thread):
     # 130 training blocks of 32 tokens in batches of 16: 9 batches an epoch. Checkpoints after the validations
     # at steps 4, 8, 12: the kill lands mid-epoch 0 and the resumed run crosses into epoch 1.
@@ -183,6 +184,7 @@ class RecordLabels(L.Callback):
         self.labels[trainer.global_step] = batch["labels"].clone()
 
 
+@pytest.mark.processes  # the loader's worker processes
 def test_a_run_resumed_with_loader_workers_draws_the_masks_of_the_uninterrupted_run(
     tiny_overrides, tmp_path, one_thread
 ):
@@ -225,6 +227,7 @@ def _die_while_saving(path: Path) -> None:
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(3)}}, path)
 
 
+@pytest.mark.processes
 def test_a_kill_during_a_checkpoint_save_leaves_the_previous_checkpoint_intact(tmp_path):
     path = tmp_path / "checkpoints" / "last.ckpt"
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.arange(3.0)}, "global_step": 4}, path)
@@ -416,6 +419,7 @@ def test_ctrl_c_inside_training_is_an_interrupt_exit_130_not_lightnings_exit_1(t
 HOLD = "import sys, time; from foundation.lock import Owner; o = Owner(sys.argv[1]); o.record(); print(1, flush=True); time.sleep(300)"
 
 
+@pytest.mark.processes
 def test_a_second_process_on_an_owned_run_gets_one_line_naming_the_owner(tiny_overrides, tmp_path, capsys):
     run_dir = tmp_path / "owned"
     _finished_run(tiny_overrides, run_dir)
@@ -492,6 +496,7 @@ def test_a_torn_journal_line_is_cut_before_the_next_append_and_a_garbage_line_is
             open_it()
 
 
+@pytest.mark.processes
 def test_a_second_sweep_of_a_study_gets_one_line_naming_its_owner(tmp_path, tiny_overrides, capsys):
     path = study_file(tmp_path, tiny_overrides, "owned_study")
     study = load_study(path)
@@ -512,6 +517,7 @@ def test_a_second_sweep_of_a_study_gets_one_line_naming_its_owner(tmp_path, tiny
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason="needs a machine without a CUDA GPU")
+@pytest.mark.processes  # the sweep command's worker
 def test_a_sweep_whose_trials_fail_on_an_input_error_stops_uncounted_and_puts_them_back_for_the_rerun(
     tmp_path, tiny, capsys
 ):
@@ -530,6 +536,7 @@ def test_a_sweep_whose_trials_fail_on_an_input_error_stops_uncounted_and_puts_th
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason="needs a machine without a CUDA GPU")
+@pytest.mark.processes  # the sweep command's worker
 def test_the_same_sweep_after_the_fix_runs_the_trials_an_input_error_put_back(tmp_path, tiny, capsys):
     path = study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "gpu"})
     assert cli.main(["sweep", str(path)]) == 2

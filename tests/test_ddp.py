@@ -67,6 +67,7 @@ class RecordRank(L.Callback):
         )
 
 
+@pytest.mark.processes  # ddp_spawn: a second rank
 def test_two_process_ddp_keeps_ranks_identical_and_validates_on_the_whole_set(tiny_overrides, tmp_path, small_corpus):
     cfg = run_config.load(
         tiny_overrides.config,
@@ -238,6 +239,7 @@ def test_every_attention_variant_gives_every_parameter_a_gradient_as_ddp_needs()
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_every_attention_variant_and_sharing_mode_trains_under_ddp_without_unused_parameters(tmp_path):
     configs = accepted_configs(attention_variants())
     for field in STRUCTURAL:  # every value of every choice trains in at least one accepted combination
@@ -283,6 +285,7 @@ def _cli_args(config: Path, tmp_path: Path, corpus: Path, data_cache: Path) -> l
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_strategy_ddp_from_the_command_line_writes_one_run_directory(
     tiny_overrides, tmp_path, small_corpus, data_cache
 ):
@@ -295,6 +298,7 @@ def test_strategy_ddp_from_the_command_line_writes_one_run_directory(
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_torchrun_needs_an_explicit_run_dir_and_then_writes_it_alone(
     tiny_overrides, tmp_path, small_corpus, data_cache
 ):
@@ -336,6 +340,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
 @pytest.mark.parametrize("signalled", ["rank 0", "rank 1"])
+@pytest.mark.processes
 def test_sigterm_under_two_rank_ddp_saves_a_resumable_checkpoint_and_exits_143(
     tiny_overrides, tmp_path, small_corpus, data_cache, signalled
 ):

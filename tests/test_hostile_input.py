@@ -800,6 +800,7 @@ def test_where_no_unnamed_file_can_be_made_a_named_one_is_tried_and_removed(tmp_
         paths.check_folder("output_dir", f"{UNWRITABLE}/runs")
 
 
+@pytest.mark.processes
 def test_a_real_process_prints_one_line_and_no_traceback(world):
     done = subprocess.run(
         [

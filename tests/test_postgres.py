@@ -24,7 +24,7 @@ from sweeps import stored
 from sweeps.run.command import usable_workers
 from sweeps.spec.study import load_study
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.processes]  # a server, sweep workers
 
 
 @pytest.fixture

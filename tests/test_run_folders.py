@@ -54,6 +54,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.processes
 def test_a_lock_whose_owner_was_killed_is_taken_over_saying_so_in_one_line(tmp_path, capsys):
     died = subprocess.run([sys.executable, "-c", HOLD_AND_DIE, str(tmp_path)], cwd=REPO)
     assert died.returncode == -signal.SIGKILL
@@ -92,6 +93,7 @@ print("opened", len(open_study(study, None).trials))
 """
 
 
+@pytest.mark.processes
 def test_a_worker_killed_during_a_journal_append_never_hangs_the_next_sweep(tmp_path, tiny_overrides):
     path = study_file(tmp_path, tiny_overrides, "killed_append", output_dir="runs")  # relative, as by default
     study = load_study(path)
@@ -276,11 +278,13 @@ def preempted_study_ends_as_an_uninterrupted_one(tmp_path: Path, tiny, moments: 
 
 
 @pytest.mark.slow  # about a minute: three sweep commands of two workers
+@pytest.mark.processes
 def test_a_study_preempted_by_sigterm_ends_with_its_budget_and_the_uninterrupted_numbers(tmp_path, tiny):
     preempted_study_ends_as_an_uninterrupted_one(tmp_path, tiny, [0.5], seeds=2)
 
 
 @pytest.mark.slow  # two to four minutes: five interruptions at random moments
+@pytest.mark.processes
 def test_a_study_preempted_many_times_at_random_moments_ends_as_an_uninterrupted_one(tmp_path, tiny):
     draw = random.Random(int(os.environ.get("PREEMPT_SEED", "38")))
     moments = [draw.uniform(0.05, 0.9) for _ in range(5)]

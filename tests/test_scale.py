@@ -245,6 +245,7 @@ def test_the_scale_report_gives_each_rungs_gap_its_verdict_and_the_trend_over_si
     assert "- skipped: time_to_target_vs_size.png (no run's ppl_vs_wallclock curve here)" in summary
 
 
+@pytest.mark.processes  # the sweep command's workers
 def test_a_tiny_ladder_swept_and_reported_end_to_end_writes_the_gap_rank_and_time_figures(tmp_path, tiny):
     """Three tiny rungs × {full, linformer} × 2 seeds, 6 steps each, two workers; then the report (its time to
     target refused: 6 steps never leave the plateau a model without context reaches)."""

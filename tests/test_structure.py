@@ -198,7 +198,12 @@ def test_full_attention_without_a_mask_equals_it_with_an_all_true_mask():
 
 # The files outside lightning_modules/attention/ that name a kind: the schema's default kind, and the parity bench's
 # table of how each kind's reference library builds its own layer (third-party code, kept beside the bench).
-NAMES_KINDS = {"lightning_modules/config.py", "experiments/benchmarks/parity.py"}
+NAMES_KINDS = {
+    "lightning_modules/config.py",
+    "experiments/benchmarks/parity.py",
+    # the bench's knowledge per kind (its variants at Linformer's budget, its library race), kept out of the model
+    "experiments/benchmarks/variants.py",
+}
 
 
 def _string_constants(tree: ast.AST) -> list[ast.Constant]:
@@ -270,3 +275,87 @@ def test_the_parity_benchs_library_kind_exists_only_while_it_trains():
     with parity.library_kind():
         assert ATTENTION_KINDS[parity.LIBRARY] is parity.LibraryAttention
     assert parity.LIBRARY not in ATTENTION_KINDS
+
+
+# ------------------------------------------------------------------------------ the tier of tests that start processes
+# A test that starts a child process (a CLI run, a sweep worker, DDP ranks, loader workers) carries the marker
+# ``processes`` (pyproject.toml), so ``make test-fast`` (-m "not processes") leaves out exactly those. The check reads
+# each test module's code: what names subprocess, multiprocessing, Popen or sys.executable must carry the marker,
+# module-wide (``pytestmark``) or on each test that reaches it, directly or through the module's own helpers and
+# fixtures. A process started another way (a sweep command's workers) is marked by hand.
+PROCESS_MODULES = {"subprocess", "multiprocessing"}
+PROCESS_MARK = "mark.processes"
+
+
+def _names_a_process(node: ast.AST) -> bool:
+    for n in ast.walk(node):
+        if isinstance(n, ast.Import) and any(a.name.split(".")[0] in PROCESS_MODULES for a in n.names):
+            return True
+        if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] in PROCESS_MODULES:
+            return True
+        if isinstance(n, ast.Name) and (n.id in PROCESS_MODULES or n.id == "Popen"):
+            return True
+        if isinstance(n, ast.Attribute) and (
+            n.attr == "Popen" or (n.attr == "executable" and isinstance(n.value, ast.Name) and n.value.id == "sys")
+        ):
+            return True
+    return False
+
+
+def process_tier_offenders(source: str) -> list[str]:
+    """The tests of a module (its source) that start a child process without the marker ``processes``; a module
+    that names one where no test is marked is an offender as a whole ("<module>")."""
+    tree = ast.parse(source)
+    if any(
+        isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)
+        and PROCESS_MARK in ast.unparse(n.value)
+        for n in tree.body
+    ):
+        return []
+    functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    # The module's helpers and fixtures that start processes, through one another: grown to a fixed point.
+    starting = {name for name, f in functions.items() if _names_a_process(f)}
+    grown = True
+    while grown:
+        reached = {
+            name
+            for name, f in functions.items()
+            if name not in starting
+            and (
+                any(isinstance(n, ast.Name) and n.id in starting for n in ast.walk(f))
+                or any(a.arg in starting for a in f.args.args)  # a fixture it takes
+            )
+        }
+        starting |= reached
+        grown = bool(reached)
+    marked = {name for name, f in functions.items() if any(PROCESS_MARK in ast.unparse(d) for d in f.decorator_list)}
+    offenders = sorted(name for name in starting - marked if name.startswith("test_"))
+    if not offenders and not (marked & {n for n in functions if n.startswith("test_")}):
+        if any(_names_a_process(n) for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            offenders.append("<module>")
+    return offenders
+
+
+def test_every_test_that_starts_a_process_carries_the_processes_marker():
+    found = [
+        f"{path.relative_to(ROOT).as_posix()}: {name}"
+        for path in sorted((ROOT / "tests").glob("test_*.py"))
+        for name in process_tier_offenders(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, "tests that start a process without @pytest.mark.processes:\n" + "\n".join(found)
+
+
+def test_the_process_tier_check_would_catch_one():
+    helper = "import subprocess, sys\n\ndef launch():\n    return subprocess.Popen([sys.executable, '-c', 'pass'])\n\n"
+    fixture = "@pytest.fixture\ndef child():\n    yield launch()\n\n"
+    assert process_tier_offenders(helper + "def test_a():\n    launch().wait()\n") == ["test_a"]
+    assert process_tier_offenders(helper + fixture + "def test_b(child):\n    child.wait()\n") == ["test_b"]
+    assert process_tier_offenders("import multiprocessing\n\ndef test_c():\n    pass\n") == ["<module>"]
+    assert process_tier_offenders("import sys\n\ndef test_d():\n    print(sys.executable)\n") == ["test_d"]
+    marked = "@pytest.mark.processes\ndef test_a():\n    launch().wait()\n\ndef test_e():\n    pass\n"
+    assert process_tier_offenders(helper + marked) == []
+    assert (
+        process_tier_offenders("pytestmark = pytest.mark.processes\n" + helper + "def test_a():\n    launch()\n") == []
+    )
+    assert process_tier_offenders("import sys\n\ndef test_f():\n    print(sys.argv)\n") == []

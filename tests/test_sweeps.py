@@ -105,6 +105,7 @@ def hparams_of(run_dir: Path) -> dict:
 
 
 # --------------------------------------------------------------------------------------- end to end
+@pytest.mark.processes  # the sweep command's workers
 def test_two_workers_run_the_exact_budget_with_one_run_dir_and_hparams_per_trial(tmp_path, tiny):
     path = write_study(
         tmp_path,
@@ -217,6 +218,7 @@ def test_a_trial_asking_for_more_gpus_than_its_worker_has_is_refused_before_any_
     assert not (tmp_path / "runs" / "gpus").exists()
 
 
+@pytest.mark.processes
 def test_rerunning_after_the_sweep_was_killed_completes_exactly_the_budget(tmp_path, tiny):
     path = write_study(
         tmp_path,
@@ -254,6 +256,7 @@ def test_rerunning_after_the_sweep_was_killed_completes_exactly_the_budget(tmp_p
     assert before and all(e.wall_time < retry.datetime_start.timestamp() for e in before)
 
 
+@pytest.mark.processes
 def test_a_sigkilled_workers_trial_is_retried_and_the_study_completes(tmp_path, tiny):
     path = write_study(
         tmp_path,
@@ -301,6 +304,7 @@ def test_a_retry_continues_from_its_attempts_checkpoint_only_when_there_is_one(t
     assert (tmp_path / "trial_1" / "checkpoints" / "last.ckpt").is_file() and (old / "checkpoints").is_dir()
 
 
+@pytest.mark.processes  # the sweep command's worker
 def test_the_median_pruner_prunes_trials_worse_than_the_first_ones(tmp_path, tiny):
     # Two good trials first (grid order), then two whose lr is too small to move the loss.
     path = write_study(
@@ -521,6 +525,7 @@ def test_the_budget_counts_finished_trials_but_not_retried_or_discarded_ones():
 
 
 # --------------------------------------------------------------------------------------- power check
+@pytest.mark.processes  # the sweep command's workers
 def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(tmp_path, tiny):
     control = {
         "reference": {"model.attention.kind": "full"},
@@ -610,6 +615,7 @@ def test_a_report_whose_control_has_not_run_says_the_power_was_not_judged(tmp_pa
 
 
 # --------------------------------------------------------------------------------------- report
+@pytest.mark.processes  # the sweep command's workers
 def test_a_diverging_trial_is_recorded_with_its_reason_and_the_report_holds_every_trial(tmp_path, tiny, capsys):
     diverges = {"optim.lr": 1.0e30, "optim.gradient_clip_val": 0.0}
     path = write_study(
@@ -786,6 +792,7 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
     assert with_added_seeds(load_study(path), None, 1, add=1).seeds == [0, 2, 3, 4, 5]
 
 
+@pytest.mark.processes  # the sweep command's worker
 def test_add_seeds_runs_only_the_new_seeds_points_and_the_report_counts_them(tmp_path, tiny):
     control = {
         "reference": {"model.attention.kind": "full"},
@@ -898,6 +905,7 @@ def postgres_url():
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_two_workers_share_a_postgresql_study_and_the_report_reads_it(tmp_path, tiny, postgres_url):
     path = write_study(tmp_path, tiny, "rdb", {"seed": {"type": "categorical", "choices": [0, 1, 2]}})
     assert cli.main(["sweep", str(path), "--workers", "2", "--storage", postgres_url]) == 0

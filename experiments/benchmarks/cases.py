@@ -1,10 +1,10 @@
 """What the bench runs: the two baselines, the attention variants, and one callable per case.
 
 Every case is built from a model config dict through ``TransformerEncoder(model_cfg, vocab_size)``, the
-constructor training uses; :data:`VARIANTS` holds the variants every kind offers (``bench_variants``), so a kind
-is benchmarked where it is defined. A *layer* case is the self-attention of a one-layer encoder applied to
-x ∈ R^{B×n×d} (with the module its kind shares); a *model* case is the whole encoder (embeddings, attention,
-feed-forward) applied to token ids.
+constructor training uses; :data:`VARIANTS` holds the variants every kind offers at Linformer's budget
+(:data:`experiments.benchmarks.variants.BENCH_VARIANTS`). A *layer* case is the self-attention of a one-layer
+encoder applied to x ∈ R^{B×n×d} (with the module its kind shares); a *model* case is the whole encoder
+(embeddings, attention, feed-forward) applied to token ids.
 
 Baselines, both with the same weights layout as full attention:
 
@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from experiments.benchmarks.variants import BENCH_VARIANTS
 from lightning_modules.attention import ATTENTION_KINDS
 from lightning_modules.encoder import TransformerEncoder
 
@@ -33,15 +34,13 @@ BASELINE_LABELS = {"naive": "naive softmax attention (the paper's baseline)", "s
 
 
 # Variant name → attention config for projected length k at sequence length n (evaluation orders are added
-# separately): the variants each kind offers at Linformer's budget (``SelfAttention.bench_variants``).
-def _offered(kind: Any, name: str, k: int, n: int) -> dict:
-    return kind.bench_variants(k, n)[name]
+# separately): the variants each kind offers at Linformer's budget (``variants.BENCH_VARIANTS``).
+def _offered(kind: str, name: str, k: int, n: int) -> dict:
+    return BENCH_VARIANTS[kind](k, n)[name]
 
 
 VARIANTS: dict[str, Callable[[int, int], dict]] = {
-    name: functools.partial(_offered, kind, name)
-    for kind in ATTENTION_KINDS.values()
-    for name in kind.bench_variants(1, 1)
+    name: functools.partial(_offered, kind, name) for kind, offered in BENCH_VARIANTS.items() for name in offered(1, 1)
 }
 # The baselines' kind: every query weighs every key by softmax (full attention).
 EXACT = next(kind for kind in ATTENTION_KINDS.values() if kind.exact)

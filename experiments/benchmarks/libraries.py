@@ -16,12 +16,12 @@ One layer x (B, n, d) → (B, n, d) per contender, at matched settings, in one p
   lucidrains' ``linformer.LinformerSelfAttention(k=k)``, which also projects keys and values before compressing
   them, with the same weights (the project's Q/K/V biases zeroed: it has none).
 
-Each kind names its library (``SelfAttention.reference``) and builds the matched pair (``reference_attention``,
-``reference_layer``). The library's attention runs inside the project's Q/K/V/O projections (so both layers pay
-the same projections), except nystrom-attention and linformer, whose layers are their own. Per (n, mode) each
-pair is timed in interleaved rounds (``measure.interleaved_seconds``); the ratio is library ÷ project per round, its
-median reported (> 1: the project is faster), beside each side's peak memory of one call and the largest
-output difference on the same input.
+Each kind's library and how the pair is matched (the project's attention config, the library's layer built to
+match it) are the kind's entry of :data:`experiments.benchmarks.variants.REFERENCES`. The library's attention runs
+inside the project's Q/K/V/O projections (so both layers pay the same projections), except nystrom-attention and
+linformer, whose layers are their own. Per (n, mode) each pair is timed in interleaved rounds
+(``measure.interleaved_seconds``); the ratio is library ÷ project per round, its median reported (> 1: the project
+is faster), beside each side's peak memory of one call and the largest output difference on the same input.
 """
 
 from __future__ import annotations
@@ -43,13 +43,14 @@ from experiments.benchmarks.measure import (
     peak_memory_bytes,
     seconds_per_call,
 )
-from lightning_modules.attention import ATTENTION_KINDS, build_attention
+from experiments.benchmarks.variants import REFERENCES, Reference
+from lightning_modules.attention import build_attention
 from lightning_modules.attention.base import SelfAttention
 
-# bench variant → the kind whose reference library it races (``SelfAttention.reference``)
-RACED = {kind.reference[0]: kind for kind in ATTENTION_KINDS.values() if kind.reference is not None}
+# bench variant → how it races its kind's reference library
+RACED: dict[str, Reference] = {reference.variant: reference for reference in REFERENCES.values()}
 # bench variant → the library it races (pip name, import name)
-LIBRARIES = {variant: kind.reference[1:] for variant, kind in RACED.items()}
+LIBRARIES = {variant: (reference.package, reference.module) for variant, reference in RACED.items()}
 
 
 @dataclass
@@ -79,10 +80,10 @@ def _layer(attention: dict, n: int, shape: cases.Shape) -> SelfAttention:
 
 def build(variant: str, n: int, k: int, shape: cases.Shape) -> Pair:
     """The project's layer of the variant's kind and the library's layer matched to it."""
-    kind = RACED[variant]
-    ours = _layer(kind.reference_attention(n, k), n, shape)
-    theirs, compare, modules = ours.reference_layer(importlib.import_module(LIBRARIES[variant][1]), n, k)
-    return Pair(variant, LIBRARIES[variant][0], ours, theirs, compare, (ours, *modules))
+    reference = RACED[variant]
+    ours = _layer(reference.attention(n, k), n, shape)
+    theirs, compare, modules = reference.layer(ours, importlib.import_module(reference.module), n, k)
+    return Pair(variant, reference.package, ours, theirs, compare, (ours, *modules))
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ context path, how many keys a query reaches). This level trains both through the
 (:func:`training.train.train`, the byte-MLM CPU base ``experiments/configs/bytes_mlm.yaml`` by default) and
 compares the objective ``val/masked_loss``:
 
-* ``project``: the kind's layer that races its library (``SelfAttention.reference_attention(n, k)``);
+* ``project``: the kind's layer that races its library (``variants.REFERENCES[kind].attention(n, k)``);
 * ``library``: the attention kind ``library`` (registered only while the bench trains, :func:`library_kind`),
   options ``{of: <kind>, k: <budget>}``: the library's own self-attention layer with its own defaults for
   everything kind-specific, given only the shape (d, heads, n) and the kind's matched budget k, as in the race:
@@ -53,6 +53,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
+from experiments.benchmarks.variants import REFERENCES
 from foundation.errors import require
 from foundation.rundir import CHECKPOINT
 from lightning_modules.attention import ATTENTION_KINDS
@@ -119,8 +120,8 @@ WRAPPERS: dict[str, Callable[[Any, DictConfig, int, dict], nn.Module]] = {
 
 
 def library_of(kind: str) -> tuple[str, str]:
-    """(pip name, import name) of the kind's reference library (``SelfAttention.reference``)."""
-    return ATTENTION_KINDS[kind].reference[1:]
+    """(pip name, import name) of the kind's reference library (``variants.REFERENCES``)."""
+    return REFERENCES[kind].package, REFERENCES[kind].module
 
 
 def available(kind: str) -> bool:
@@ -208,7 +209,7 @@ def library_kind() -> Iterator[None]:
 # ------------------------------------------------------------------------------ the parity runs
 def project_attention(kind: str, n: int, k: int) -> dict:
     """The project's side: the kind's layer that races its library."""
-    return ATTENTION_KINDS[kind].reference_attention(n, k)
+    return REFERENCES[kind].attention(n, k)
 
 
 def library_attention(kind: str, k: int, settings: Optional[dict] = None) -> dict:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import fields
-from typing import Any, Callable, ClassVar, Iterable, NamedTuple, Optional
+from typing import Any, ClassVar, Iterable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -154,8 +154,9 @@ class SelfAttention(nn.Module):
       (a kind may have several forms); :meth:`build_shared`: one module the whole model shares (built once by the
       encoder, registered there as ``shared``, handed to every layer as its ``shared``).
 
-    The other hooks are grouped below by who asks: the model, training, analysis and the bench
-    (``docs/extending.md`` lists them all).
+    The other hooks are grouped below by who asks: the model, training and analysis (``docs/extending.md`` lists
+    them all). What the bench times of a kind, and the library it races it against, live with the bench
+    (``experiments/benchmarks/variants.py``).
     """
 
     kind: ClassVar[str] = ""
@@ -291,27 +292,6 @@ class SelfAttention(nn.Module):
         """The lines of ``analyze``'s text report that name :meth:`spectrum_suggestions`' lengths ``ks``."""
         return []
 
-    # ---------------------------------------------- hooks of the bench: --variants, --levels libraries
-    @classmethod
-    def bench_variants(cls, k: int, n: int) -> dict[str, dict]:
-        """The variants of this kind the bench times at a budget matched to Linformer's k: each query attends to
-        about k slots at sequence length n. Variant name → its ``model.attention`` dict; {}: none."""
-        return {}
-
-    # The public implementation the bench races this kind against (``bench --levels libraries``): the bench
-    # variant that races it, the library's pip name and its import name; None: none.
-    reference: ClassVar[Optional[tuple[str, str, str]]] = None
-
-    @classmethod
-    def reference_attention(cls, n: int, k: int) -> dict:
-        """The ``model.attention`` dict of the layer that races :attr:`reference` at length n and budget k."""
-        raise NotImplementedError
-
-    def reference_layer(self, library: Any, n: int, k: int) -> tuple[Callable[[Tensor], Tensor], bool, tuple]:
-        """The library's layer (imported module ``library``) matched to this one, x (B, n, d) → (B, n, d); whether
-        both compute the same function (their outputs are then compared); the modules holding its parameters."""
-        raise NotImplementedError
-
     # ------------------------------------------------------------------------------ the equation
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         """The heads' outputs: x (B, T, d), q (B, h, T, d_h), mask (B, T) or None → (B, h, T, d_h), for a kind that
@@ -341,16 +321,6 @@ class SelfAttention(nn.Module):
     def queries_keys_values(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q = X W_qᵀ + b_q, K = X W_kᵀ + b_k, V = X W_vᵀ + b_v, each (B, h, T, d_h), in one product."""
         return self.projected(x, "qkv")
-
-    def merged(self, out: Tensor) -> Tensor:
-        """(B, h, T, d_h) → (B, T, d) through W_o."""
-        b, _, t, _ = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(b, t, self.d_model))
-
-    def around(self, core: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-        """An attention core (Q, K, V each (B, h, T, d_h) → (B, h, T, d_h)) between this layer's projections:
-        x → W_o core(Q, K, V)."""
-        return lambda x: self.merged(core(*self.queries_keys_values(x)))
 
     def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """K = X W_kᵀ + b_k and V = X W_vᵀ + b_v, each (B, h, T, d_h), in one product."""

@@ -19,7 +19,7 @@ of (w + g) rows per head whatever the position.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -50,31 +50,6 @@ class LocalAttention(PatternAttention):
         super().__init__(model, layer, shared)
         opts = kind_options(model.attention)
         self.window, self.n_global = int(opts.window), int(opts.n_global)
-
-    @classmethod
-    def bench_variants(cls, k: int, n: int) -> dict[str, dict]:
-        """A window of k positions."""
-        return {cls.kind: {"kind": cls.kind, "options": {"window": min(k, n)}}}
-
-    reference = ("local", "local-attention", "local_attention")
-
-    @classmethod
-    def reference_attention(cls, n: int, k: int) -> dict:
-        """A window of 2⌊k/2⌋ + 1: |i − j| ≤ ⌊k/2⌋, as the library's look-backward and look-forward windows."""
-        return {"kind": cls.kind, "options": {"window": min(n, 2 * max(1, k // 2) + 1)}}
-
-    def reference_layer(self, library: Any, n: int, k: int) -> tuple[Callable[[Tensor], Tensor], bool, tuple]:
-        """local-attention's ``LocalAttention(window_size=⌊k/2⌋, look_backward=1, look_forward=1,
-        exact_windowsize=True)`` between this layer's projections (the windows differ at the edges: not compared)."""
-        core = library.LocalAttention(
-            window_size=max(1, k // 2),
-            causal=False,
-            look_backward=1,
-            look_forward=1,
-            exact_windowsize=True,
-            autopad=True,
-        )
-        return self.around(core), False, ()
 
     @classmethod
     def check(cls, model: DictConfig) -> None:

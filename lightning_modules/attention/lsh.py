@@ -27,7 +27,7 @@ No streaming form: a position's chunk depends on the sort of the whole sequence 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -64,36 +64,6 @@ class LSHAttention(SelfAttention):
         self.n_hashes, self.bucket_size = int(opts.n_hashes), int(opts.bucket_size)
         self.n_buckets = n_buckets(int(model.max_len), self.bucket_size)
         self.register_buffer("rotations", torch.randn(self.n_hashes, self.d_head, self.n_buckets // 2))
-
-    @classmethod
-    def bench_variants(cls, k: int, n: int) -> dict[str, dict]:
-        """Buckets of k keys, one hash round."""
-        return {cls.kind: {"kind": cls.kind, "options": {"bucket_size": min(k, n), "n_hashes": 1}}}
-
-    reference = ("lsh", "reformer-pytorch", "reformer_pytorch")
-
-    @classmethod
-    def reference_attention(cls, n: int, k: int) -> dict:
-        return cls.bench_variants(k, n)[cls.kind]
-
-    def reference_layer(self, library: Any, n: int, k: int) -> tuple[Callable[[Tensor], Tensor], bool, tuple]:
-        """reformer-pytorch's ``LSHAttention(bucket_size=k, n_hashes=1, attend_across_buckets=False,
-        allow_duplicate_attention=False)`` on this layer's shared QK and V (it draws new rotations every call:
-        not compared)."""
-        core = library.LSHAttention(
-            bucket_size=min(k, n),
-            n_hashes=1,
-            causal=False,
-            attend_across_buckets=False,
-            allow_duplicate_attention=False,
-        )
-
-        def theirs(x: Tensor) -> Tensor:
-            q, v = self.projected(x, "qv")  # (B, h, n, d_h): shared QK, as in this layer
-            out = core(q.flatten(0, 1), v.flatten(0, 1))[0]  # (B·h, n, d_h)
-            return self.merged(out.view_as(v))
-
-        return theirs, False, ()
 
     @classmethod
     def check(cls, model: DictConfig) -> None:

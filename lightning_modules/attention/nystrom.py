@@ -25,7 +25,7 @@ attention dropout (the config check refuses it): F̃ Ã⁺ B̃ is not a matrix o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -66,35 +66,6 @@ class NystromAttention(SelfAttention):
         self.pinv_iterations = int(opts.pinv_iterations)
         self.segment = -(-int(model.max_len) // int(opts.n_landmarks))  # s = ⌈n/m⌉
         self.n_landmarks = -(-int(model.max_len) // self.segment)  # ⌈n/s⌉ ≤ m
-
-    @classmethod
-    def bench_variants(cls, k: int, n: int) -> dict[str, dict]:
-        """k landmarks."""
-        return {cls.kind: {"kind": cls.kind, "options": {"n_landmarks": min(k, n)}}}
-
-    reference = ("nystrom", "nystrom-attention", "nystrom_attention")
-
-    @classmethod
-    def reference_attention(cls, n: int, k: int) -> dict:
-        return cls.bench_variants(k, n)[cls.kind]
-
-    def reference_layer(self, library: Any, n: int, k: int) -> tuple[Callable[[Tensor], Tensor], bool, tuple]:
-        """nystrom-attention's ``NystromAttention(num_landmarks=k, residual=False)`` with this layer's Q/K/V/O
-        weights and iterations (its Q/K/V biases zeroed here: the library has none)."""
-        theirs = library.NystromAttention(
-            dim=self.d_model,
-            dim_head=self.d_head,
-            heads=self.n_heads,
-            num_landmarks=min(k, n),
-            pinv_iterations=self.pinv_iterations,
-            residual=False,
-        )
-        with torch.no_grad():
-            for proj in (self.q_proj, self.k_proj, self.v_proj):
-                proj.bias.zero_()
-            theirs.to_qkv.weight.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
-            theirs.to_out[0].load_state_dict(self.out_proj.state_dict())
-        return theirs, True, (theirs,)
 
     @classmethod
     def check(cls, model: DictConfig) -> None:

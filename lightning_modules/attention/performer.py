@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal, Optional
 
 import torch
 from omegaconf import DictConfig
@@ -78,24 +78,6 @@ class PerformerAttention(SelfAttention):
         self.register_buffer("seed", torch.randint(0, 2**62, ()))
         self.register_buffer("draws", torch.zeros((), dtype=torch.long))  # redraws so far
         self.register_buffer("steps", torch.zeros((), dtype=torch.long))  # training forwards so far
-
-    @classmethod
-    def bench_variants(cls, k: int, n: int) -> dict[str, dict]:
-        """k random features."""
-        return {cls.kind: {"kind": cls.kind, "options": {"n_features": k}}}
-
-    reference = ("performer", "performer-pytorch", "performer_pytorch")
-
-    @classmethod
-    def reference_attention(cls, n: int, k: int) -> dict:
-        return cls.bench_variants(k, n)[cls.kind]
-
-    def reference_layer(self, library: Any, n: int, k: int) -> tuple[Callable[[Tensor], Tensor], bool, tuple]:
-        """performer-pytorch's ``FastAttention(nb_features=k)`` with this layer's features, between its
-        projections."""
-        core = library.FastAttention(dim_heads=self.d_head, nb_features=k, causal=False)
-        core.projection_matrix.copy_(self.features)
-        return self.around(core), True, (core,)
 
     @classmethod
     def check(cls, model: DictConfig) -> None:

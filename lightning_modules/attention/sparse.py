@@ -18,7 +18,6 @@ the fixed one to every block's summary), the step attending only to the pattern'
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
@@ -56,17 +55,6 @@ class SparseAttention(PatternAttention):
         self.pattern, self.block = str(opts.pattern), int(opts.block)
         self.stride = int(opts.stride) if opts.stride is not None else self.block
         self.summary = int(opts.summary) if opts.summary is not None else 1
-
-    @classmethod
-    def bench_variants(cls, k: int, n: int) -> dict[str, dict]:
-        """``sparse``: the fixed pattern with Child et al.'s block l = √n and c = k/l − 1 summaries per block (at
-        least 1), so a query sees its l block positions and c·n/l summaries, ≈ (1 + c)·√n ≈ k keys;
-        ``sparse_block``: the fixed pattern at a block of l = k whatever n and one summary per block, k + n/k keys
-        (the block's part linear in n)."""
-        block = max(1, min(n, round(math.sqrt(n))))
-        options = {"pattern": "fixed", "block": block, "summary": max(1, min(block, round(k / block - 1)))}
-        fixed = {"pattern": "fixed", "block": max(1, min(n, k)), "summary": 1}
-        return {cls.kind: {"kind": cls.kind, "options": options}, "sparse_block": {"kind": cls.kind, "options": fixed}}
 
     @classmethod
     def check(cls, model: DictConfig) -> None:

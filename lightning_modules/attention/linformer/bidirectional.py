@@ -29,9 +29,8 @@ commute with W_k, so conv uses ``project_first``):
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Iterable, Optional
+from typing import Any, ClassVar, Iterable, Optional
 
-import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, ListConfig
 from torch import Tensor, nn
@@ -124,46 +123,6 @@ class Linformer(SelfAttention):
     @classmethod
     def compressed_lengths(cls, model: DictConfig) -> list[int]:
         return layer_ks(model)
-
-    @classmethod
-    def bench_variants(cls, k: int, n: int) -> dict[str, dict]:
-        """One variant per sharing mode and projection kind, the causal form, and k falling from k in the first
-        layer to k/4 in the last (``nonuniform``: equals ``learned`` for one layer)."""
-        of = lambda **options: {"kind": cls.kind, "options": options}  # noqa: E731
-        return {
-            "learned": of(k=k),  # E_i, F_i per head (Eq. 7)
-            "headwise": of(k=k, share="headwise"),
-            "kv": of(k=k, share="kv"),
-            "layerwise": of(k=k, share="layerwise"),
-            "random": of(k=k, projection="random"),
-            "conv": of(k=k, projection="conv"),
-            "pool": of(k=k, projection="pool"),
-            "causal": {**of(k=k), "causal": True},
-            "nonuniform": of(k_schedule={"kind": "linear", "first": k, "last": max(1, k // 4)}),
-        }
-
-    reference = ("headwise", "linformer", "linformer")
-
-    @classmethod
-    def reference_attention(cls, n: int, k: int) -> dict:
-        """One E and one F per layer shared by the heads, keys and values projected before they are compressed."""
-        att = cls.bench_variants(min(k, n), n)["headwise"]
-        att["options"]["order"] = "project_first"
-        return att
-
-    def reference_layer(self, library: Any, n: int, k: int) -> tuple[Callable[[Tensor], Tensor], bool, tuple]:
-        """lucidrains' ``linformer.LinformerSelfAttention(k=k)`` with this layer's weights, E and F (its Q/K/V biases
-        zeroed here: the library has none)."""
-        theirs = library.LinformerSelfAttention(dim=self.d_model, seq_len=n, k=min(k, n), heads=self.n_heads)
-        e, f = self.bank.matrices(0, n)  # (1, k, n) each: one E and one F for every head
-        with torch.no_grad():
-            for mine, its in ((self.q_proj, theirs.to_q), (self.k_proj, theirs.to_k), (self.v_proj, theirs.to_v)):
-                mine.bias.zero_()
-                its.weight.copy_(mine.weight)
-            theirs.to_out.load_state_dict(self.out_proj.state_dict())
-            theirs.proj_k.copy_(e[0].T)
-            theirs.proj_v.copy_(f[0].T)
-        return theirs, True, (theirs,)  # this layer owns its bank
 
     @classmethod
     def weight_options(cls, model: DictConfig) -> dict:
