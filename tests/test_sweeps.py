@@ -493,6 +493,58 @@ def test_conditional_params_enter_the_grid_only_where_active(tmp_path, tiny_over
     assert study.n_trials == 6 and study.arms == ["model.attention.kind", "model.attention.options.k"]
 
 
+def test_a_trials_config_is_the_one_the_load_checked_never_merged_or_checked_again(
+    tmp_path, tiny_overrides, monkeypatch
+):
+    import pickle
+
+    from omegaconf import OmegaConf
+
+    from foundation.errors import ConfigError
+    from training import config as run_config
+
+    arms = {**ARMS, "reseeded": {"model.attention.kind": "full", "seed": 7}}  # a bundle that sets the seed itself
+    space = {
+        "seed": {"type": "categorical", "choices": [0, 1, 2]},
+        "arm": {"type": "categorical", "choices": arms},
+        "model.attention.options.k": {"choices": [4, 8], "when": {"model.attention.kind": "linformer"}},
+    }
+    control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.kind": "no_context"}}
+    study = load_study(write_study(tmp_path, tiny_overrides, "once", space, arms=["arm"], control=control))
+    run = {"experiment": study.name, "run_dir": str(study.root / "trial_0"), "resume": True}
+    expected = {(one.name, repr(p)): one.build_config(p, run) for one in study.studies for p in one.points}
+    assert study.config({"seed": 1, "arm": "reseeded"}).seed == 7
+
+    calls = []
+    for name in ("check", "merge_run"):
+        real = getattr(run_config, name)
+        monkeypatch.setattr(run_config, name, lambda *a, name=name, real=real: calls.append(name) or real(*a))
+    worker = pickle.loads(pickle.dumps(study))  # what a worker gets
+    for loaded in (study, worker):
+        for one in loaded.studies:
+            ostudy = optuna.create_study(directions=one.directions)
+            for p in one.points:
+                cfg = one.config(p, run)
+                assert cfg == expected[(one.name, repr(p))] and OmegaConf.get_type(cfg) is run_config.RunConfig
+                ostudy.enqueue_trial(p)
+                assert one.suggest(ostudy.ask()) == p  # its conditional params decided as the load decided them
+    assert calls == []  # neither merged nor checked again: in the command's process nor in a worker's
+
+    # the keys a trial's run sets are its own, and checked
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError, match=r"run_dir: .*a_file is a file, not a folder"):
+        worker.config(worker.points[0], {"run_dir": str(tmp_path / "a_file")})
+
+    # an open sampler's proposal is no point the load checked: merged and checked when a trial asks for it, once
+    open_space = {"optim.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True}}
+    keys = {"sampler": {"kind": "random"}, "budget": {"n_trials": 2}}
+    proposed = load_study(write_study(tmp_path, tiny_overrides, "proposed", open_space, **keys))
+    assert proposed.checked == {}
+    calls.clear()
+    assert proposed.config({"optim.lr": 0.005}, run).optim.lr == 0.005
+    assert calls == ["merge_run", "check"]
+
+
 # --------------------------------------------------------------------------------------- budget
 def _trial(number, state, **attrs):
     return optuna.trial.create_trial(
@@ -784,6 +836,59 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
     assert open_study(study, None).user_attrs[ADDED_SEEDS] == [3, 4]
     assert with_added_seeds(load_study(path), None, 1).seeds == [0, 2, 3, 4]
     assert with_added_seeds(load_study(path), None, 1, add=1).seeds == [0, 2, 3, 4, 5]
+
+
+def test_a_grown_study_equals_the_study_loaded_with_its_seeds_and_checks_only_its_new_points(
+    tmp_path, tiny_overrides, monkeypatch
+):
+    from omegaconf import OmegaConf
+
+    from foundation.errors import ConfigError
+    from sweeps.spec import study as spec_study
+    from training import config as run_config
+
+    control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}
+    path = write_study(
+        tmp_path,
+        tiny_overrides,
+        "grows",
+        {"seed": {"type": "categorical", "choices": [0, 2]}, "model.attention.options.k": {"choices": [4, 8]}},
+        overrides={"model.attention.kind": "linformer"},
+        control=control,
+    )
+    study = load_study(path)
+    loaded = load_study(path, added_seeds=[3, 4])
+    before = (study.points, study.seeds, study.control.points)
+
+    checked = []
+    monkeypatch.setattr(spec_study, "read_yaml", lambda *a: pytest.fail("the study file was read again"))
+    monkeypatch.setattr(run_config, "load", lambda *a: pytest.fail("the base experiment was read again"))
+    monkeypatch.setattr(run_config, "check", checked.append)
+    grown = study.with_seeds([3, 4])
+    assert checked == []  # its new points differ from the checked ones in their seed alone: only that is checked
+    for a, b in ((grown, loaded), (grown.control, loaded.control)):
+        assert OmegaConf.to_container(a.spec) == OmegaConf.to_container(b.spec)
+        assert (a.points, a.n_trials, a.seeds, a.added_seeds, a.reused) == (
+            b.points,
+            b.n_trials,
+            b.seeds,
+            b.added_seeds,
+            b.reused,
+        )
+        assert all(a.config(p) == b.config(p) for p in a.points)
+    assert grown.seeds == [0, 2, 3, 4] and grown.n_trials == 8 and grown.control.parent is grown
+    assert (study.points, study.seeds, study.control.points) == before  # the loaded study is left as it was
+    assert grown.with_seeds([5]).seeds == loaded.with_seeds([5]).seeds == [0, 2, 3, 4, 5]
+
+    # a study that cannot take the seeds: the same line as loading it with them
+    with pytest.raises(ConfigError) as from_loaded:
+        study.with_seeds([2**32])
+    monkeypatch.undo()
+    with pytest.raises(ConfigError) as from_file:
+        load_study(path, added_seeds=[2**32])
+    assert str(from_loaded.value) == str(from_file.value) and str(from_file.value).startswith(
+        f"{path}: trial with seed="
+    )
 
 
 def test_add_seeds_runs_only_the_new_seeds_points_and_the_report_counts_them(tmp_path, tiny):
