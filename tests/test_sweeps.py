@@ -87,7 +87,7 @@ def running_trial_with_beat(path: Path):
     for t in trials_of(path):
         if t.state != TrialState.RUNNING:
             continue
-        owner = storage.heartbeat_owner(study, t.number)
+        owner = storage.RunStorage(study, None).heartbeat_owner(t.number)
         if owner is not None:
             return t, owner[1]
     return None
@@ -448,9 +448,10 @@ def test_a_bad_study_file_is_one_line_and_exit_2_before_any_trial(tmp_path, tiny
 
 def test_an_existing_study_refuses_a_changed_objective(tmp_path, tiny_overrides, capsys):
     from sweeps.run.command import open_study
+    from sweeps.run.storage import RunStorage
 
     path = write_study(tmp_path, tiny_overrides, "changed", {"seed": {"type": "categorical", "choices": [0]}})
-    open_study(load_study(path), None)  # the study as first run: val/loss, minimize
+    open_study(RunStorage(load_study(path), None))  # the study as first run: val/loss, minimize
     changed = write_study(
         tmp_path,
         tiny_overrides,
@@ -572,6 +573,19 @@ def test_the_budget_counts_finished_trials_but_not_retried_or_discarded_ones():
     assert storage.budget_position(trials, 5) == 3
 
 
+def test_two_workers_run_the_exact_budget_of_an_open_study(tmp_path, tiny):
+    space = {"optim.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True}}
+    keys = {"sampler": {"kind": "random", "seed": 0}, "budget": {"n_trials": 3}}
+    path = write_study(tmp_path, tiny, "open_two", space, overrides={"trainer.max_steps": 3}, **keys)
+    assert cli.main(["sweep", str(path), "--workers", "2"]) == 0
+    trials = trials_of(path)
+    mine = counted(trials)  # those discarded because the other worker had started the last one aside
+    assert len(mine) == 3 and all(t.state == TrialState.COMPLETE for t in mine)
+    assert all(t.state.is_finished() for t in trials)
+    assert cli.main(["sweep", str(path), "--workers", "2"]) == 0  # the budget met: nothing more runs
+    assert len(trials_of(path)) == len(trials)
+
+
 # --------------------------------------------------------------------------------------- power check
 def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(tmp_path, tiny):
     control = {
@@ -637,6 +651,7 @@ def test_a_report_whose_control_has_not_run_says_the_power_was_not_judged(tmp_pa
 
     from sweeps.report.command import write_report
     from sweeps.run.command import open_study
+    from sweeps.run.storage import RunStorage
 
     control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}
     path = write_study(
@@ -648,7 +663,7 @@ def test_a_report_whose_control_has_not_run_says_the_power_was_not_judged(tmp_pa
         control=control,
     )
     study = load_study(path)
-    open_study(study, None).add_trial(
+    open_study(RunStorage(study, None)).add_trial(
         optuna.trial.create_trial(
             params={"seed": 0},
             distributions={"seed": CategoricalDistribution([0, 1])},
@@ -757,6 +772,7 @@ def _add(ostudy, params: dict, value: float, metrics: Optional[dict] = None) -> 
 def test_the_report_opens_with_the_answer_the_delta_and_the_holm_statement(tmp_path, tiny_overrides, a, b, first):
     from sweeps.report.command import write_report
     from sweeps.run.command import open_study
+    from sweeps.run.storage import RunStorage
 
     arms = {"arm a": {"optim.lr": 1e-3}, "arm b": {"optim.lr": 2e-3}}
     path = write_study(
@@ -768,7 +784,7 @@ def test_the_report_opens_with_the_answer_the_delta_and_the_holm_statement(tmp_p
         sampler={"kind": "grid"},
     )
     study = load_study(path)
-    ostudy = open_study(study, None)
+    ostudy = open_study(RunStorage(study, None))
     for arm, values in (("arm a", a), ("arm b", b)):
         for seed, value in enumerate(values):
             _add(ostudy, {"seed": seed, "arm": arm}, value)
@@ -781,6 +797,7 @@ def test_the_report_opens_with_the_answer_the_delta_and_the_holm_statement(tmp_p
 def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tiny_overrides):
     from sweeps.report.command import write_report
     from sweeps.run.command import open_study
+    from sweeps.run.storage import RunStorage
 
     arms = {"a": {"optim.lr": 1e-3}, "b": {"optim.lr": 2e-3}}
     path = write_study(
@@ -793,7 +810,7 @@ def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tin
         verdict={"success": {"val/accuracy": 0.9}},
     )
     study = load_study(path)
-    ostudy = open_study(study, None)
+    ostudy = open_study(RunStorage(study, None))
     for arm, values in (("a", [1.0, 0.99, 1.0, 0.98, 1.0, 1.0]), ("b", [1.0, 0.26, 0.99, 0.3, 0.28, 1.0])):
         for seed, value in enumerate(values):
             _add(ostudy, {"seed": seed, "arm": arm}, value, {"val/accuracy": value})
@@ -811,6 +828,7 @@ def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tin
 # --------------------------------------------------------------------------------------- seeds on demand
 def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp_path, tiny_overrides, capsys):
     from sweeps.run.command import open_study, with_added_seeds
+    from sweeps.run.storage import RunStorage, run_storages
     from sweeps.spec.schema import ADDED_SEEDS
 
     control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}
@@ -824,7 +842,7 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
     )
     study = load_study(path)
     assert (study.n_trials, study.control.n_trials) == (4, 4)
-    grown = with_added_seeds(study, None, 1, add=2)
+    grown = with_added_seeds(study, run_storages(study, None), add=2)
     assert grown.seeds == [0, 2, 3, 4] and grown.control.seeds == [0, 2, 3, 4]
     assert (grown.n_trials, grown.control.n_trials) == (8, 8) and grown.added_seeds == (3, 4)
     assert grown.points[-2:] == [
@@ -833,9 +851,10 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
     ]
     assert "added seeds 3, 4 (to its control too); seeds now 0, 2, 3, 4" in capsys.readouterr().out
     # stored on the study: a later command sees them, and adds after them
-    assert open_study(study, None).user_attrs[ADDED_SEEDS] == [3, 4]
-    assert with_added_seeds(load_study(path), None, 1).seeds == [0, 2, 3, 4]
-    assert with_added_seeds(load_study(path), None, 1, add=1).seeds == [0, 2, 3, 4, 5]
+    assert open_study(RunStorage(study, None)).user_attrs[ADDED_SEEDS] == [3, 4]
+    again = load_study(path)
+    assert with_added_seeds(again, run_storages(again, None)).seeds == [0, 2, 3, 4]
+    assert with_added_seeds(again, run_storages(again, None), add=1).seeds == [0, 2, 3, 4, 5]
 
 
 def test_a_grown_study_equals_the_study_loaded_with_its_seeds_and_checks_only_its_new_points(
