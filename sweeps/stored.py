@@ -58,9 +58,10 @@ def check_url(url: Optional[str], workers: int = 1) -> None:
 
 
 def open_storage(study: Study, url: Optional[str], workers: int = 1, create: bool = True) -> BaseStorage:
-    """The study's storage: the journal file by default (heartbeats by :func:`sweeps.run.storage.beating`), else an
-    Optuna RDB URL (with Optuna's heartbeats). ``create=False`` (a reader such as ``report``) creates nothing: an
-    SQLite file that does not exist is refused, and no tables are made in an empty database."""
+    """The study's storage: the journal file by default (its heartbeats: :class:`sweeps.run.storage.RunStorage`, which
+    opens it for the ``sweep`` command and its workers), else an Optuna RDB URL (with Optuna's heartbeats).
+    ``create=False`` (a reader such as ``report``) creates nothing: an SQLite file that does not exist is refused, and
+    no tables are made in an empty database."""
     check_url(url, workers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

@@ -173,17 +173,18 @@ def test_check_counts_the_parameters_of_the_recall_model_it_will_build(tmp_path)
     assert check_parameters(cfg) == (build_module(cfg, datamodule).n_parameters, True)
 
 
-def test_a_report_advises_the_gpu_preset_only_where_the_study_file_has_one(tmp_path):
+def test_a_report_advises_the_gpu_preset_only_where_the_study_file_has_one():
     from types import SimpleNamespace
 
     from sweeps.report.command import advice_of
+    from sweeps.spec.schema import SWEEPS_DIR
+    from sweeps.spec.study import load_study
 
-    with_gpu, without = tmp_path / "a.yaml", tmp_path / "b.yaml"
-    with_gpu.write_text("study: a\npresets:\n  cpu: {}\n  gpu: {}\n")
-    without.write_text("study: b\n")
-    assert advice_of(SimpleNamespace(path=with_gpu, preset="cpu")) == "run the GPU preset (--preset gpu)"
-    assert advice_of(SimpleNamespace(path=with_gpu, preset="gpu")) == "add seeds or training steps"
-    assert advice_of(SimpleNamespace(path=without, preset=None)) == "add seeds or training steps"
+    # the file's presets as the loaded study keeps them (the report does not read the file again)
+    assert load_study(SWEEPS_DIR / "k_sweep.yaml").presets == ("cpu", "gpu")
+    assert advice_of(SimpleNamespace(presets=("cpu", "gpu"), preset="cpu")) == "run the GPU preset (--preset gpu)"
+    assert advice_of(SimpleNamespace(presets=("cpu", "gpu"), preset="gpu")) == "add seeds or training steps"
+    assert advice_of(SimpleNamespace(presets=(), preset=None)) == "add seeds or training steps"
 
 
 CONFIG_FILES = sorted((REPO / "experiments" / "configs").glob("*.yaml"))

@@ -476,7 +476,7 @@ def test_a_torn_journal_line_is_cut_before_the_next_append_and_a_garbage_line_is
     reread = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None, create=False))
     assert len(reread.trials) == 1 and journal.read_bytes().startswith(whole) and len(journal.read_bytes()) > len(whole)
     capsys.readouterr()
-    with storage.own_study(study, None):
+    with storage.RunStorage(study, None).own():
         assert journal.read_bytes() == whole
     assert "removed a torn last line (55 bytes)" in capsys.readouterr().err
 
@@ -491,7 +491,7 @@ def test_a_torn_journal_line_is_cut_before_the_next_append_and_a_garbage_line_is
 
     # A line that is not a record, before the last one: refused in one line, by readers and owners alike.
     journal.write_bytes(whole + b"garbage\n" + whole)
-    for open_it in (lambda: stored.open_storage(study, None), lambda: storage.own_study(study, None)):
+    for open_it in (lambda: stored.open_storage(study, None), lambda: storage.RunStorage(study, None).own()):
         with pytest.raises(ConfigError, match=r"journal.log: line \d+ of \d+ is not a journal record"):
             open_it()
 
@@ -561,10 +561,11 @@ def test_a_grid_budget_counts_its_points_not_its_trials(tmp_path, tiny_overrides
 
 def test_a_study_whose_space_changed_is_refused_and_new_study_sets_the_earlier_aside(tmp_path, tiny_overrides, capsys):
     from sweeps.run.command import check_stored, open_study
+    from sweeps.run.storage import RunStorage
 
     path = study_file(tmp_path, tiny_overrides, "moving", (0, 1))
     started = load_study(path)
-    open_study(started, None)
+    open_study(RunStorage(started, None))
     check_stored(started, None)  # the same file: accepted
     study_file(tmp_path, tiny_overrides, "moving", (0, 1, 2))  # more seeds: replicates, not another question
     check_stored(load_study(path), None)
@@ -576,7 +577,8 @@ def test_a_study_whose_space_changed_is_refused_and_new_study_sets_the_earlier_a
     with pytest.raises(ConfigError, match=r"was started with another search space: space\.optim\.lr: added here"):
         check_stored(changed, None)
     journal = (started.root / stored.JOURNAL).read_bytes()
-    aside = storage.set_aside(changed, storage.aside_path(changed))
+    runs = storage.RunStorage(changed, None)
+    aside = runs.set_aside(runs.aside_path())
     assert not started.root.exists() and (aside / stored.JOURNAL).read_bytes() == journal  # nothing lost
     check_stored(changed, None)  # a new study
     capsys.readouterr()

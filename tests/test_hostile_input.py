@@ -159,11 +159,12 @@ def metrics_folder(run: Path) -> None:
 def changed_study(w) -> Path:
     """A study started with one search space, and its file now holding another."""
     from sweeps.run.command import open_study
+    from sweeps.run.storage import RunStorage
     from sweeps.spec.study import load_study
 
     first = w.study("s_started.yaml", study="changed")
     if not (w.root / "runs" / "changed" / "journal.log").exists():
-        open_study(load_study(first), None)
+        open_study(RunStorage(load_study(first), None))
     space = {
         "seed": {"type": "categorical", "choices": [0, 1]},
         "optim.lr": {"type": "categorical", "choices": [0.001]},
@@ -246,12 +247,13 @@ def new_study_target_taken(w) -> Path:
     import time
 
     from sweeps.run.command import open_study
+    from sweeps.run.storage import RunStorage
     from sweeps.spec.study import load_study
 
     path = w.study("s_aside.yaml", study="aside")
     study = load_study(path)
     if not (study.root / "journal.log").exists():
-        open_study(study, None)
+        open_study(RunStorage(study, None))
     now = time.time()
     for ahead in range(0, 30):
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now + ahead))
@@ -262,11 +264,12 @@ def new_study_target_taken(w) -> Path:
 def overrides_changed(w) -> Path:
     """A study started with one shared config, and its file's overrides now another."""
     from sweeps.run.command import open_study
+    from sweeps.run.storage import RunStorage
     from sweeps.spec.study import load_study
 
     first = w.study("s_ovr_started.yaml", study="overrides")
     if not (w.root / "runs" / "overrides" / "journal.log").exists():
-        open_study(load_study(first), None)
+        open_study(RunStorage(load_study(first), None))
     changed = yaml.safe_load(first.read_text())
     changed["overrides"]["optim.lr"] = 0.002
     return w.write("s_ovr_changed.yaml", yaml.safe_dump(changed))

@@ -18,6 +18,7 @@ from foundation.errors import ConfigError
 from sweeps.report import markdown, stats
 from sweeps.report.command import write_report
 from sweeps.run import command as sweep
+from sweeps.run.storage import RunStorage
 from sweeps.spec.study import load_study
 
 ARMS = {"a": {"optim.lr": 1e-3}, "b": {"optim.lr": 2e-3}}
@@ -46,7 +47,7 @@ def study_with(tmp_path, tiny_overrides, a: list, b: list, degraded: list, **key
         **keys,
     )
     study = load_study(path)
-    ostudy, ocontrol = sweep.open_study(study, None), sweep.open_study(study.control, None)
+    ostudy, ocontrol = sweep.open_study(RunStorage(study, None)), sweep.open_study(RunStorage(study.control, None))
     for arm, values in (("a", a), ("b", b)):
         for seed, v in enumerate(values):
             add(ostudy, {"seed": seed, "arm": arm}, v, trivial_loss=3.1)
@@ -108,7 +109,7 @@ def test_a_pair_needs_one_arm_that_uses_its_context_for_better_and_both_for_on_p
         control=CONTROL,
     )
     study = load_study(path)
-    ostudy, ocontrol = sweep.open_study(study, None), sweep.open_study(study.control, None)
+    ostudy, ocontrol = sweep.open_study(RunStorage(study, None)), sweep.open_study(RunStorage(study.control, None))
     values = {
         "a": [2.07, 2.08, 2.06, 2.07],
         "b": [3.04, 3.06, 3.03, 3.04],
@@ -146,7 +147,7 @@ def test_verdict_within_compares_arms_only_at_equal_values_of_that_param(tmp_pat
     }
     keys = {"arms": ["arm", "optim.warmup_steps"], "verdict": {"within": ["optim.warmup_steps"]}}
     study = load_study(write_study(tmp_path, tiny_overrides, "within", space, **keys))
-    ostudy = sweep.open_study(study, None)
+    ostudy = sweep.open_study(RunStorage(study, None))
     for (arm, warmup), base in {("a", 1): 2.0, ("b", 1): 2.5, ("a", 2): 1.5, ("b", 2): 1.6}.items():
         for seed in range(3):
             add(ostudy, {"seed": seed, "arm": arm, "optim.warmup_steps": warmup}, base + 0.01 * seed)
@@ -212,7 +213,7 @@ def test_the_reused_control_trial_is_trained_once(tmp_path, tiny_overrides, monk
     )
     study = load_study(path)
     for one in study.studies:
-        sweep.prepare(one, None, 1)
+        sweep.prepare(one, RunStorage(one, None))
     assert sweep.work(study, None, 1, 0, 1, None, None) == 0
     # arms a and b at 2 seeds, the control's degraded arm at 2 seeds; the control's reference is arm a
     assert sorted(trained) == sorted([(1e-3, 0), (1e-3, 1), (2e-3, 0), (2e-3, 1), (5e-3, 0), (5e-3, 1)])
@@ -297,7 +298,7 @@ def test_every_verdict_carries_the_validation_sampling_error_and_says_when_it_li
         arms=["arm"],
     )
     study = load_study(path)
-    ostudy = sweep.open_study(study, None)
+    ostudy = sweep.open_study(RunStorage(study, None))
     rng = np.random.default_rng(0)
     per_example = {arm: [] for arm in ARMS}
     for seed in range(3):
@@ -350,7 +351,7 @@ def test_an_open_studys_best_trial_is_measured_against_the_model_without_context
         control=CONTROL,
     )
     study = load_study(path)
-    ostudy, ocontrol = sweep.open_study(study, None), sweep.open_study(study.control, None)
+    ostudy, ocontrol = sweep.open_study(RunStorage(study, None)), sweep.open_study(RunStorage(study.control, None))
     for lr, v in ((1e-3, 3.06), (2e-3, best), (3e-3, 3.08)):
         add(ostudy, {"optim.lr": lr}, v)
     for seed, (ref, degraded) in enumerate([(2.0, 3.09), (2.1, 3.10), (2.05, 3.08)]):

@@ -21,6 +21,7 @@ from foundation.rundir import TOKENIZER
 from sweeps import stored
 from sweeps.run import storage
 from sweeps.run.command import check_stored, open_study
+from sweeps.run.storage import RunStorage
 from sweeps.spec.study import load_study
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,10 +87,11 @@ import time
 from sweeps.run import storage
 from sweeps.spec.study import load_study
 from sweeps.run.command import open_study
+from sweeps.run.storage import RunStorage
 study = load_study(sys.argv[1])
-with storage.own_study(study, None):
-    open_study(study, None).enqueue_trial({"seed": 1})
-print("opened", len(open_study(study, None).trials))
+with storage.RunStorage(study, None).own():
+    open_study(RunStorage(study, None)).enqueue_trial({"seed": 1})
+print("opened", len(open_study(RunStorage(study, None)).trials))
 """
 
 
@@ -97,7 +99,7 @@ print("opened", len(open_study(study, None).trials))
 def test_a_worker_killed_during_a_journal_append_never_hangs_the_next_sweep(tmp_path, tiny_overrides):
     path = study_file(tmp_path, tiny_overrides, "killed_append", output_dir="runs")  # relative, as by default
     study = load_study(path)
-    open_study(study, None).enqueue_trial({"seed": 0})
+    open_study(RunStorage(study, None)).enqueue_trial({"seed": 0})
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     died = subprocess.run([sys.executable, "-c", DIE_IN_AN_APPEND, str(path)], cwd=tmp_path, env=env)
     assert died.returncode == -signal.SIGKILL
@@ -141,7 +143,7 @@ def test_a_study_whose_overrides_base_or_data_changed_is_refused_listing_the_cha
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"review {i}: the film was long\n" for i in range(50)))
     path = study_file(tmp_path, tiny_overrides, "moving", base, **{"data.source": str(corpus)})
-    open_study(load_study(path), None)
+    open_study(RunStorage(load_study(path), None))
     check_stored(load_study(path), None)  # the same study: accepted
 
     study_file(tmp_path, tiny_overrides, "moving", base, **{"data.source": str(corpus), "optim.lr": 0.002})
@@ -296,11 +298,11 @@ def test_a_trial_asked_to_stop_before_it_trains_is_put_back_uncounted(tmp_path, 
 
     path = study_file(tmp_path, tiny_overrides, "stopped")
     study = load_study(path)
-    ostudy = open_study(study, None)
+    ostudy = open_study(RunStorage(study, None))
     ostudy.enqueue_trial({"seed": 0})
     monkeypatch.setattr(objective.STOP_ASKED, "is_set", lambda: True)  # the worker's SIGTERM handler ran
     with pytest.raises(trials.Terminated, match="stopped by SIGTERM before it trained"):
-        ostudy.optimize(lambda trial: trials.run_trial(study, trial, None), n_trials=1)
+        ostudy.optimize(lambda trial: trials.run_trial(study, trial, RunStorage(study, None)), n_trials=1)
     stored = ostudy.get_trials(deepcopy=False)
     assert storage.budget_state(stored, study).finished == 0  # not counted as failed
     waiting = [t for t in stored if t.state == optuna.trial.TrialState.WAITING]

@@ -206,9 +206,10 @@ def test_the_scale_report_gives_each_rungs_gap_its_verdict_and_the_trend_over_si
     from sweeps.report import stats
     from sweeps.report.command import write_report
     from sweeps.run.command import open_study
+    from sweeps.run.storage import RunStorage
 
     study = load_study(ladder_study(tmp_path, tiny_overrides, name="fake_ladder"))
-    ostudy = open_study(study, None)
+    ostudy = open_study(RunStorage(study, None))
     for i, rung in enumerate(RUNGS):
         for seed, noise in ((0, 0.002), (1, -0.002)):
             full = 3.0 - 0.1 * i + 0.05 * seed
@@ -375,9 +376,10 @@ def test_a_rung_whose_target_the_trained_model_without_context_reaches_is_not_ti
     from sweeps.report import efficiency, scale
     from sweeps.report.command import Report
     from sweeps.run.command import open_study
+    from sweeps.run.storage import RunStorage
 
     study = load_study(ladder_study(tmp_path, tiny_overrides, name="timed_ladder"))
-    ostudy = open_study(study, None)
+    ostudy = open_study(RunStorage(study, None))
     for rung in RUNGS:
         for seed in (0, 1):
             for arm, ppl in (("full", 12.0), ("linformer", 20.0)):

@@ -87,7 +87,7 @@ def running_trial_with_beat(path: Path):
     for t in trials_of(path):
         if t.state != TrialState.RUNNING:
             continue
-        owner = storage.heartbeat_owner(study, t.number)
+        owner = storage.RunStorage(study, None).heartbeat_owner(t.number)
         if owner is not None:
             return t, owner[1]
     return None
@@ -452,9 +452,10 @@ def test_a_bad_study_file_is_one_line_and_exit_2_before_any_trial(tmp_path, tiny
 
 def test_an_existing_study_refuses_a_changed_objective(tmp_path, tiny_overrides, capsys):
     from sweeps.run.command import open_study
+    from sweeps.run.storage import RunStorage
 
     path = write_study(tmp_path, tiny_overrides, "changed", {"seed": {"type": "categorical", "choices": [0]}})
-    open_study(load_study(path), None)  # the study as first run: val/loss, minimize
+    open_study(RunStorage(load_study(path), None))  # the study as first run: val/loss, minimize
     changed = write_study(
         tmp_path,
         tiny_overrides,
@@ -497,6 +498,58 @@ def test_conditional_params_enter_the_grid_only_where_active(tmp_path, tiny_over
     assert study.n_trials == 6 and study.arms == ["model.attention.kind", "model.attention.options.k"]
 
 
+def test_a_trials_config_is_the_one_the_load_checked_never_merged_or_checked_again(
+    tmp_path, tiny_overrides, monkeypatch
+):
+    import pickle
+
+    from omegaconf import OmegaConf
+
+    from foundation.errors import ConfigError
+    from training import config as run_config
+
+    arms = {**ARMS, "reseeded": {"model.attention.kind": "full", "seed": 7}}  # a bundle that sets the seed itself
+    space = {
+        "seed": {"type": "categorical", "choices": [0, 1, 2]},
+        "arm": {"type": "categorical", "choices": arms},
+        "model.attention.options.k": {"choices": [4, 8], "when": {"model.attention.kind": "linformer"}},
+    }
+    control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.kind": "no_context"}}
+    study = load_study(write_study(tmp_path, tiny_overrides, "once", space, arms=["arm"], control=control))
+    run = {"experiment": study.name, "run_dir": str(study.root / "trial_0"), "resume": True}
+    expected = {(one.name, repr(p)): one.build_config(p, run) for one in study.studies for p in one.points}
+    assert study.config({"seed": 1, "arm": "reseeded"}).seed == 7
+
+    calls = []
+    for name in ("check", "merge_run"):
+        real = getattr(run_config, name)
+        monkeypatch.setattr(run_config, name, lambda *a, name=name, real=real: calls.append(name) or real(*a))
+    worker = pickle.loads(pickle.dumps(study))  # what a worker gets
+    for loaded in (study, worker):
+        for one in loaded.studies:
+            ostudy = optuna.create_study(directions=one.directions)
+            for p in one.points:
+                cfg = one.config(p, run)
+                assert cfg == expected[(one.name, repr(p))] and OmegaConf.get_type(cfg) is run_config.RunConfig
+                ostudy.enqueue_trial(p)
+                assert one.suggest(ostudy.ask()) == p  # its conditional params decided as the load decided them
+    assert calls == []  # neither merged nor checked again: in the command's process nor in a worker's
+
+    # the keys a trial's run sets are its own, and checked
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError, match=r"run_dir: .*a_file is a file, not a folder"):
+        worker.config(worker.points[0], {"run_dir": str(tmp_path / "a_file")})
+
+    # an open sampler's proposal is no point the load checked: merged and checked when a trial asks for it, once
+    open_space = {"optim.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True}}
+    keys = {"sampler": {"kind": "random"}, "budget": {"n_trials": 2}}
+    proposed = load_study(write_study(tmp_path, tiny_overrides, "proposed", open_space, **keys))
+    assert proposed.checked == {}
+    calls.clear()
+    assert proposed.config({"optim.lr": 0.005}, run).optim.lr == 0.005
+    assert calls == ["merge_run", "check"]
+
+
 # --------------------------------------------------------------------------------------- budget
 def _trial(number, state, **attrs):
     return optuna.trial.create_trial(
@@ -522,6 +575,19 @@ def test_the_budget_counts_finished_trials_but_not_retried_or_discarded_ones():
         trials.append(t)
     assert storage.budget_state(trials) == storage.BudgetState(finished=3, running=1)  # 0, 2, 3 finished; 5 running
     assert storage.budget_position(trials, 5) == 3
+
+
+def test_two_workers_run_the_exact_budget_of_an_open_study(tmp_path, tiny):
+    space = {"optim.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True}}
+    keys = {"sampler": {"kind": "random", "seed": 0}, "budget": {"n_trials": 3}}
+    path = write_study(tmp_path, tiny, "open_two", space, overrides={"trainer.max_steps": 3}, **keys)
+    assert cli.main(["sweep", str(path), "--workers", "2"]) == 0
+    trials = trials_of(path)
+    mine = counted(trials)  # those discarded because the other worker had started the last one aside
+    assert len(mine) == 3 and all(t.state == TrialState.COMPLETE for t in mine)
+    assert all(t.state.is_finished() for t in trials)
+    assert cli.main(["sweep", str(path), "--workers", "2"]) == 0  # the budget met: nothing more runs
+    assert len(trials_of(path)) == len(trials)
 
 
 # --------------------------------------------------------------------------------------- power check
@@ -590,6 +656,7 @@ def test_a_report_whose_control_has_not_run_says_the_power_was_not_judged(tmp_pa
 
     from sweeps.report.command import write_report
     from sweeps.run.command import open_study
+    from sweeps.run.storage import RunStorage
 
     control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}
     path = write_study(
@@ -601,7 +668,7 @@ def test_a_report_whose_control_has_not_run_says_the_power_was_not_judged(tmp_pa
         control=control,
     )
     study = load_study(path)
-    open_study(study, None).add_trial(
+    open_study(RunStorage(study, None)).add_trial(
         optuna.trial.create_trial(
             params={"seed": 0},
             distributions={"seed": CategoricalDistribution([0, 1])},
@@ -711,6 +778,7 @@ def _add(ostudy, params: dict, value: float, metrics: Optional[dict] = None) -> 
 def test_the_report_opens_with_the_answer_the_delta_and_the_holm_statement(tmp_path, tiny_overrides, a, b, first):
     from sweeps.report.command import write_report
     from sweeps.run.command import open_study
+    from sweeps.run.storage import RunStorage
 
     arms = {"arm a": {"optim.lr": 1e-3}, "arm b": {"optim.lr": 2e-3}}
     path = write_study(
@@ -722,7 +790,7 @@ def test_the_report_opens_with_the_answer_the_delta_and_the_holm_statement(tmp_p
         sampler={"kind": "grid"},
     )
     study = load_study(path)
-    ostudy = open_study(study, None)
+    ostudy = open_study(RunStorage(study, None))
     for arm, values in (("arm a", a), ("arm b", b)):
         for seed, value in enumerate(values):
             _add(ostudy, {"seed": seed, "arm": arm}, value)
@@ -735,6 +803,7 @@ def test_the_report_opens_with_the_answer_the_delta_and_the_holm_statement(tmp_p
 def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tiny_overrides):
     from sweeps.report.command import write_report
     from sweeps.run.command import open_study
+    from sweeps.run.storage import RunStorage
 
     arms = {"a": {"optim.lr": 1e-3}, "b": {"optim.lr": 2e-3}}
     path = write_study(
@@ -747,7 +816,7 @@ def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tin
         verdict={"success": {"val/accuracy": 0.9}},
     )
     study = load_study(path)
-    ostudy = open_study(study, None)
+    ostudy = open_study(RunStorage(study, None))
     for arm, values in (("a", [1.0, 0.99, 1.0, 0.98, 1.0, 1.0]), ("b", [1.0, 0.26, 0.99, 0.3, 0.28, 1.0])):
         for seed, value in enumerate(values):
             _add(ostudy, {"seed": seed, "arm": arm}, value, {"val/accuracy": value})
@@ -765,6 +834,7 @@ def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tin
 # --------------------------------------------------------------------------------------- seeds on demand
 def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp_path, tiny_overrides, capsys):
     from sweeps.run.command import open_study, with_added_seeds
+    from sweeps.run.storage import RunStorage, run_storages
     from sweeps.spec.schema import ADDED_SEEDS
 
     control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}
@@ -778,7 +848,7 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
     )
     study = load_study(path)
     assert (study.n_trials, study.control.n_trials) == (4, 4)
-    grown = with_added_seeds(study, None, 1, add=2)
+    grown = with_added_seeds(study, run_storages(study, None), add=2)
     assert grown.seeds == [0, 2, 3, 4] and grown.control.seeds == [0, 2, 3, 4]
     assert (grown.n_trials, grown.control.n_trials) == (8, 8) and grown.added_seeds == (3, 4)
     assert grown.points[-2:] == [
@@ -787,9 +857,63 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
     ]
     assert "added seeds 3, 4 (to its control too); seeds now 0, 2, 3, 4" in capsys.readouterr().out
     # stored on the study: a later command sees them, and adds after them
-    assert open_study(study, None).user_attrs[ADDED_SEEDS] == [3, 4]
-    assert with_added_seeds(load_study(path), None, 1).seeds == [0, 2, 3, 4]
-    assert with_added_seeds(load_study(path), None, 1, add=1).seeds == [0, 2, 3, 4, 5]
+    assert open_study(RunStorage(study, None)).user_attrs[ADDED_SEEDS] == [3, 4]
+    again = load_study(path)
+    assert with_added_seeds(again, run_storages(again, None)).seeds == [0, 2, 3, 4]
+    assert with_added_seeds(again, run_storages(again, None), add=1).seeds == [0, 2, 3, 4, 5]
+
+
+def test_a_grown_study_equals_the_study_loaded_with_its_seeds_and_checks_only_its_new_points(
+    tmp_path, tiny_overrides, monkeypatch
+):
+    from omegaconf import OmegaConf
+
+    from foundation.errors import ConfigError
+    from sweeps.spec import study as spec_study
+    from training import config as run_config
+
+    control = {"reference": {"model.attention.kind": "full"}, "degraded": {"model.attention.options.k": 1}}
+    path = write_study(
+        tmp_path,
+        tiny_overrides,
+        "grows",
+        {"seed": {"type": "categorical", "choices": [0, 2]}, "model.attention.options.k": {"choices": [4, 8]}},
+        overrides={"model.attention.kind": "linformer"},
+        control=control,
+    )
+    study = load_study(path)
+    loaded = load_study(path, added_seeds=[3, 4])
+    before = (study.points, study.seeds, study.control.points)
+
+    checked = []
+    monkeypatch.setattr(spec_study, "read_yaml", lambda *a: pytest.fail("the study file was read again"))
+    monkeypatch.setattr(run_config, "load", lambda *a: pytest.fail("the base experiment was read again"))
+    monkeypatch.setattr(run_config, "check", checked.append)
+    grown = study.with_seeds([3, 4])
+    assert checked == []  # its new points differ from the checked ones in their seed alone: only that is checked
+    for a, b in ((grown, loaded), (grown.control, loaded.control)):
+        assert OmegaConf.to_container(a.spec) == OmegaConf.to_container(b.spec)
+        assert (a.points, a.n_trials, a.seeds, a.added_seeds, a.reused) == (
+            b.points,
+            b.n_trials,
+            b.seeds,
+            b.added_seeds,
+            b.reused,
+        )
+        assert all(a.config(p) == b.config(p) for p in a.points)
+    assert grown.seeds == [0, 2, 3, 4] and grown.n_trials == 8 and grown.control.parent is grown
+    assert (study.points, study.seeds, study.control.points) == before  # the loaded study is left as it was
+    assert grown.with_seeds([5]).seeds == loaded.with_seeds([5]).seeds == [0, 2, 3, 4, 5]
+
+    # a study that cannot take the seeds: the same line as loading it with them
+    with pytest.raises(ConfigError) as from_loaded:
+        study.with_seeds([2**32])
+    monkeypatch.undo()
+    with pytest.raises(ConfigError) as from_file:
+        load_study(path, added_seeds=[2**32])
+    assert str(from_loaded.value) == str(from_file.value) and str(from_file.value).startswith(
+        f"{path}: trial with seed="
+    )
 
 
 @pytest.mark.processes  # the sweep command's worker

@@ -43,7 +43,6 @@ import optuna
 from optuna.trial import TrialState
 
 from foundation.atomic import atomic_text, atomic_write_text
-from foundation.configfile import read_yaml
 from foundation.errors import ConfigError
 from sweeps import stored
 from sweeps.report import comparisons, context, efficiency, figures, markdown, scale, stats
@@ -305,8 +304,7 @@ def failed_section(rows: list[Row]) -> list[str]:
 def advice_of(study: Study) -> str:
     """What to do when the study cannot answer: its GPU preset where its file has one it is not run at, else more
     seeds or steps."""
-    presets = read_yaml(study.path).get("presets") or {}
-    if study.preset != "gpu" and isinstance(presets, dict) and "gpu" in presets:
+    if study.preset != "gpu" and "gpu" in study.presets:
         return "run the GPU preset (--preset gpu)"
     return "add seeds or training steps"
 
@@ -359,9 +357,9 @@ class Report:
 
     def __init__(self, study: Study, url: Optional[str]) -> None:
         ostudy = load(study, url)
-        added = [int(s) for s in ostudy.user_attrs.get(ADDED_SEEDS, [])]
-        if added and tuple(added) != study.added_seeds:  # the grid and budget as `sweep --add-seeds` grew them
-            study = load_study(study.path, study.preset, added_seeds=added)
+        added = [int(s) for s in ostudy.user_attrs.get(ADDED_SEEDS, []) if int(s) not in study.added_seeds]
+        if added:  # the grid and budget as `sweep --add-seeds` grew them (the file is not read again)
+            study = study.with_seeds(added)
         self.study, self.ostudy, self.url = study, ostudy, url
         self.rows = rows_of(study, ostudy.get_trials(deepcopy=False))
         self.control_rows: list[Row] = []

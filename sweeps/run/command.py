@@ -10,12 +10,18 @@ grid points not yet run, then starts W worker processes on this machine (each wi
 its output in ``<study dir>/logs/``) and prints one line per finished trial. Every worker repeats:
 fail stale trials; stop when ``n_trials`` trials are finished (or the timeout has passed); wait while
 the remaining budget is taken by running trials (one of them may yet die); else run one trial.
-The same command on another machine, against the same ``--storage`` RDB URL, joins the study.
+The same command on another machine, against the same ``--storage`` RDB URL, joins the study. The budget is counted by
+the workers, not by Optuna's ``MaxTrialsCallback`` (which cannot count it: docs/architecture.md); a trial's own failure
+is caught by ``optimize(catch=(TrialFailed,))`` (:class:`sweeps.run.trials.TrialFailed`) and the worker goes on.
 A trial that fails on an input error is put back uncounted and stops its worker: the command then ends with one
 ``error:`` line and exit 2. SIGTERM (and Ctrl-C) is passed on to the workers as SIGTERM, which a worker only notes:
 at its next safe point (never inside a journal write) its running trial saves a checkpoint and is put back; the
 command exits 143 (130 for Ctrl-C). Before anything is written, a journal study's folder is checked for links and
-wrong-type names (:func:`sweeps.run.storage.check_study_folder`).
+wrong-type names (:meth:`sweeps.run.storage.RunStorage.check_folder`).
+
+The study file is read and checked once, here: the workers get the loaded :class:`~sweeps.spec.study.Study` whole,
+its points' configs checked, and ``--add-seeds`` grows it (:meth:`~sweeps.spec.study.Study.with_seeds`) without
+reading the file again. Each process opens a study's storage once (:class:`sweeps.run.storage.RunStorage`).
 
 GPUs: the N GPUs this process may use (``CUDA_VISIBLE_DEVICES`` if set, else all; counted through NVML
 without initialising CUDA here) are dealt out as whole blocks of g = N // W per worker: worker i gets GPUs
@@ -47,12 +53,14 @@ from pathlib import Path
 from typing import Optional
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from foundation.confined import open_inside
 from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
 from sweeps import stored
 from sweeps.run import storage
+from sweeps.run.storage import RunStorage
 from sweeps.spec import identity
 from sweeps.spec.schema import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM
 from sweeps.spec.study import Study, load_study
@@ -103,11 +111,13 @@ def check_optuna_arguments(study: Study) -> None:
             raise ConfigError(f"sampler/pruner: {str(err).splitlines()[0]}") from None
 
 
-def open_study(study: Study, url: Optional[str], workers: int = 1) -> optuna.Study:
-    """Create the study, storing its identity (:mod:`sweeps.spec.identity`), or load it: then its stored identity must
-    be the file's (Optuna would silently keep the stored directions, and a changed config would pool trials of
-    two questions in one study), and a study without one (not created by this suite) is refused."""
-    opened = stored.open_storage(study, url, workers)
+def open_study(runs: RunStorage, study: Optional[Study] = None) -> optuna.Study:
+    """Create the study (``study``, else the storage's), storing its identity (:mod:`sweeps.spec.identity`), or load
+    it: then its stored identity must be the file's (Optuna would silently keep the stored directions, and a changed
+    config would pool trials of two questions in one study), and a study without one (not created by this suite) is
+    refused."""
+    study = study or runs.study
+    opened = runs.storage
     options = dict(study_name=study.name, storage=opened, pruner=make_pruner(study))
     sampler = make_sampler(study, study.spec.sampler.seed)
     try:
@@ -120,7 +130,7 @@ def open_study(study: Study, url: Optional[str], workers: int = 1) -> optuna.Stu
         else:
             ostudy.set_user_attr("objective", objective_of(study))
             ostudy.set_user_attr(identity.IDENTITY, identity.identity_of(study))
-    check_objective(study, ostudy, url)
+    check_objective(study, ostudy, runs.url)
     return ostudy
 
 
@@ -138,15 +148,10 @@ def _created_elsewhere(study: Study, opened: object, options: dict, sampler: obj
 def check_stored(study: Study, url: Optional[str]) -> None:
     """A journal study already started must have the file's objective and space: checked before the command
     writes anything (an RDB study is checked when it is opened)."""
-    if url is not None:
-        return
     for one in study.studies:
-        if (one.root / stored.JOURNAL).is_file():
-            try:
-                ostudy = optuna.load_study(study_name=one.name, storage=stored.open_storage(one, None, create=False))
-            except KeyError:  # the journal does not hold it yet
-                continue
-            check_objective(one, ostudy, None)
+        ostudy = RunStorage(one, url).stored_study()
+        if ostudy is not None:
+            check_objective(one, ostudy, url)
 
 
 # --------------------------------------------------------------------------------------- GPUs
@@ -252,14 +257,20 @@ def work(
 def _work_on(
     study: Study, url: Optional[str], workers: int, index: int, deadline: Optional[float], wait_for_running: bool
 ) -> None:
+    """Run ``study``'s trials until its budget is met. Before each trial: fail and retry the trials of dead workers;
+    stop at the budget (or deadline); wait while running trials take the rest of it (one may yet die and be
+    re-enqueued by its heartbeat); else run one trial (``optimize(n_trials=1)``). A trial's own failure
+    (:class:`~sweeps.run.trials.TrialFailed`) is recorded on it and the worker goes on; an input error and a stop end
+    the worker."""
     from sweeps.run.objective import STOP_ASKED
-    from sweeps.run.trials import run_trial
+    from sweeps.run.trials import TrialFailed, run_trial
 
-    ostudy = open_study(study, url, workers)
+    runs = RunStorage(study, url, workers)
+    ostudy = open_study(runs)
     # A distinct sampler seed per worker and per resumption: identical seeds would propose identical params.
     ostudy.sampler = make_sampler(study, study.spec.sampler.seed + 1000 * len(ostudy.trials) + index)
     while True:
-        storage.fail_stale_trials(ostudy, study, url)
+        runs.fail_stale_trials(ostudy)
         trials = ostudy.get_trials(deepcopy=False)
         state = storage.budget_state(trials, study)
         n = study.n_trials
@@ -276,11 +287,11 @@ def _work_on(
             time.sleep(POLL_S)  # a running trial may yet die and be re-enqueued
             continue
         try:
-            ostudy.optimize(lambda trial: run_trial(study, trial, url), n_trials=1, gc_after_trial=True)
-        except (ConfigError, Terminated):
-            raise
-        except Exception:  # recorded on the trial (state FAIL, user attr fail_reason); the study goes on
-            pass
+            ostudy.optimize(
+                lambda trial: run_trial(study, trial, runs), n_trials=1, gc_after_trial=True, catch=(TrialFailed,)
+            )
+        except UpdateFinishedTrialError:  # another worker took this one's trial for a dead worker's (its heartbeat
+            continue  # late) and failed and retried it: its copy runs, this worker goes on
 
 
 def _work_entry(**kwargs) -> None:
@@ -313,12 +324,12 @@ def _describe(t: FrozenTrial, study: Study) -> str:
     return f"trial {t.number:>3}  {t.state.name:<8} {params}  {outcome}  {took}".rstrip()
 
 
-def prepare(study: Study, url: Optional[str], workers: int) -> optuna.Study:
+def prepare(study: Study, runs: RunStorage) -> optuna.Study:
     """Open (or create) the study, recover trials of dead workers, enqueue grid points not yet run."""
-    ostudy = open_study(study, url, workers)
+    ostudy = open_study(runs, study)
     ostudy.set_user_attr("study_file", str(study.path))
     ostudy.set_user_attr("preset", study.preset)
-    storage.fail_stale_trials(ostudy, study, url)
+    runs.fail_stale_trials(ostudy)
     if study.is_grid:
         for point in study.points[: study.n_trials]:
             ostudy.enqueue_trial(point, skip_if_exists=True)
@@ -366,10 +377,12 @@ def _stop(procs: list) -> None:
         p.join(timeout=120)
 
 
-def run(study: Study, url: Optional[str], workers: int) -> int:
-    """Prepare the study and its control, start the workers, report each finished trial, summarise."""
+def run(study: Study, stores: dict[str, RunStorage], workers: int) -> int:
+    """Prepare the study and its control (``stores``: their storages, by name), start the workers, report each
+    finished trial, summarise."""
+    url = stores[study.name].url
     visible = study_gpus(study, workers)
-    ostudies = {s.name: prepare(s, url, workers) for s in study.studies}
+    ostudies = {s.name: prepare(s, stores[s.name]) for s in study.studies}
     for s in study.studies:
         print(
             f"study {s.name}: {_progress(s, ostudies[s.name].trials)} trials finished; "
@@ -532,27 +545,22 @@ def summarise(study: Study, ostudies: dict[str, optuna.Study], started: float, d
 
 
 # --------------------------------------------------------------------------------------- seeds
-def with_added_seeds(
-    study: Study,
-    url: Optional[str],
-    workers: int,
-    add: int = 0,
-    n_trials: Optional[int] = None,
-    timeout_s: Optional[float] = None,
-) -> Study:
-    """``study`` with the seeds earlier ``--add-seeds`` stored on it, and ``add`` more (the next unused
-    numbers, stored first). Creates the study in its storage when it is not there yet."""
-    ostudy = open_study(study, url, workers)
+def with_added_seeds(study: Study, stores: dict[str, RunStorage], add: int = 0) -> Study:
+    """``study`` (as its file says) grown by the seeds earlier ``--add-seeds`` stored on it, and ``add`` more (the
+    next unused numbers, checked, then stored), through :meth:`Study.with_seeds`: the file is not read again.
+    ``stores``: the storages of the study and its control, by name. Creates the study in its storage when it is
+    not there yet."""
+    ostudy = open_study(stores[study.name])
     added = [int(s) for s in ostudy.user_attrs.get(ADDED_SEEDS, [])]
     if add:
         trials = ostudy.get_trials(deepcopy=False)
         if study.control is not None:
-            trials += open_study(study.control, url, workers).get_trials(deepcopy=False)
+            trials += open_study(stores[study.control.name]).get_trials(deepcopy=False)
         used = set(added) | {t.params[SEED_PARAM] for t in trials if isinstance(t.params.get(SEED_PARAM), int)}
         for s in [study, study.control] if study.control is not None else [study]:
             used |= set(s.seeds)
         new = list(range(max(used, default=-1) + 1, max(used, default=-1) + 1 + add))
-        grown = load_study(study.path, study.preset, n_trials, timeout_s, added + new)  # check before storing
+        grown = study.with_seeds(added + new)  # checked before they are stored
         added += new
         ostudy.set_user_attr(ADDED_SEEDS, added)
         print(
@@ -561,7 +569,7 @@ def with_added_seeds(
             flush=True,
         )
         return grown
-    return load_study(study.path, study.preset, n_trials, timeout_s, added) if added else study
+    return study.with_seeds(added) if added else study
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -609,7 +617,7 @@ def main(args: argparse.Namespace) -> int:
     stored.check_url(args.storage, args.workers)
     study_gpus(study, args.workers)  # before any storage is touched: trials the GPUs cannot hold are refused
     if args.add_seeds:  # before any storage is touched: a study that cannot grow is refused first
-        load_study(args.study, args.preset, args.n_trials, args.timeout_s, [max(study.seeds, default=0) + 1])
+        study.with_seeds([max(study.seeds, default=0) + 1])
     if args.new_study and args.storage is not None:
         raise ConfigError("--new-study: only for the default journal storage; with --storage, rename the study")
     if args.check:
@@ -618,16 +626,18 @@ def main(args: argparse.Namespace) -> int:
         print(f"study OK: {study.name}, {trials}{control}; nothing written")
         return 0
     _optuna_quiet()
+    stores = storage.run_storages(study, args.storage, args.workers)
+    runs = stores[study.name]  # the study's storage; its control's lies inside its folder
     if args.storage is None:
-        storage.check_study_folder(study)
+        runs.check_folder()
     if not args.new_study:
         check_stored(study, args.storage)
     if args.new_study:
-        aside = storage.aside_path(study)
-        with storage.own_study(study, None):  # no other sweep runs it
-            aside = storage.set_aside(study, aside)
+        aside = runs.aside_path()
+        with runs.own():  # no other sweep runs it
+            aside = runs.set_aside(aside)
         if aside is not None:
             print(f"study {study.name}: the earlier study moved to {aside}; starting afresh", flush=True)
-    with storage.own_study(study, args.storage) or contextlib.nullcontext():  # one sweep command per study
-        study = with_added_seeds(study, args.storage, args.workers, args.add_seeds or 0, args.n_trials, args.timeout_s)
-        return run(study, args.storage, args.workers)
+    with runs.own() or contextlib.nullcontext():  # one sweep command per study
+        study = with_added_seeds(study, stores, args.add_seeds or 0)
+        return run(study, stores, args.workers)

@@ -1,5 +1,6 @@
-"""A running study's bookkeeping: who owns it, how trials of dead workers are found, and how the trial budget is
-counted. How its storage is opened and read is :mod:`sweeps.stored`.
+"""A running study's bookkeeping: its storage as the ``sweep`` command and its workers hold it (:class:`RunStorage`:
+the journal or RDB URL opened, its owner, its heartbeats and the trials of dead workers), and how the trial budget is
+counted. How a storage is opened and read (by the report too) is :mod:`sweeps.stored`.
 
 Default storage: Optuna's ``JournalStorage`` on ``<output_dir>/<study>/journal.log`` (a file; several
 worker processes on one machine append to it safely; no server). Any Optuna RDB URL
@@ -8,28 +9,31 @@ parallel workers.
 
 Stale trials. A worker killed mid-trial (SIGKILL, power loss) leaves a RUNNING trial behind. RDB storages
 detect it with Optuna's own heartbeat (``heartbeat_interval`` / ``grace_period``). A journal gets the same
-from :func:`beating`, a thread that refreshes ``heartbeats/<trial number>`` (host and pid) every ``HEARTBEAT_S``
-while the trial runs: a trial is stale when its process is gone from this host, or its file is older than
-``GRACE_S`` (or it has none and started longer ago than that). :func:`fail_stale_trials` fails stale trials and
-enqueues a copy of each with the same params (``RetryHeartbeatStaleTrialCallback``, grid points included),
+from :meth:`RunStorage.beating`, a thread that refreshes ``heartbeats/<trial number>`` (host and pid) every
+``HEARTBEAT_S`` while the trial runs: a trial is stale when its process is gone from this host, or its file is older
+than ``GRACE_S`` (or it has none and started longer ago than that). :meth:`RunStorage.fail_stale_trials` fails stale
+trials and enqueues a copy of each with the same params (``RetryHeartbeatStaleTrialCallback``, grid points included),
 which the next free worker runs, continuing from the dead attempt's last checkpoint
 (:func:`sweeps.run.trials.continue_dead_attempt`). Only public Optuna API is used.
 
-Owner and journal. A journal study is owned by the ``sweep`` command that launched its workers (:func:`own_study`:
-an advisory lock on ``<study dir>/.lock``, see :mod:`foundation.lock`; a second ``sweep`` of the same study gets one
-line naming the owner); RDB studies are shared by design (launchers on several machines join one). Optuna appends to
-the journal in whole lines, fsynced, under the journal's lock (:class:`sweeps.stored.WholeLines`: a ``flock``,
-released by the operating system when its holder dies); a write killed half-way leaves a torn last line.
-:func:`sweeps.stored.check_journal` reads every line on open: a torn last line is cut off by the owner before its
-workers start (saying so) and under Optuna's lock before every append (:class:`sweeps.stored.WholeLines`), so no
-record is ever appended after half a line; a line before the last that is not a record is refused in one line.
-Before anything is written, :func:`check_study_folder` refuses a link anywhere in the study's folder, and a known
-name of the wrong type; every file written there is opened without following a link (:mod:`foundation.confined`).
+Owner and journal. A journal study is owned by the ``sweep`` command that launched its workers
+(:meth:`RunStorage.own`: an advisory lock on ``<study dir>/.lock``, see :mod:`foundation.lock`; a second ``sweep`` of
+the same study gets one line naming the owner); RDB studies are shared by design (launchers on several machines join
+one). Optuna appends to the journal in whole lines, fsynced, under the journal's lock
+(:class:`sweeps.stored.WholeLines`: a ``flock``, released by the operating system when its holder dies); a write
+killed half-way leaves a torn last line. :func:`sweeps.stored.check_journal` reads every line on open: a torn last
+line is cut off by the owner before its workers start (saying so) and under Optuna's lock before every append
+(:class:`sweeps.stored.WholeLines`), so no record is ever appended after half a line; a line before the last that is
+not a record is refused in one line. Before anything is written, :meth:`RunStorage.check_folder` refuses a link
+anywhere in the study's folder, and a known name of the wrong type; every file written there is opened without
+following a link (:mod:`foundation.confined`).
 
 Budget. ``n_trials`` counts finished trials (complete, pruned, failed), except failed trials that were
 retried (their copy counts instead: trials that failed on an input error, interrupted ones and those of dead
 workers are retried) and trials discarded because concurrent workers had already
-started the last one (see :func:`budget_position`).
+started the last one (see :func:`budget_position`). Optuna's ``MaxTrialsCallback`` cannot count it (see
+docs/architecture.md): the workers count it themselves, before each trial (``sweeps.run.command``) and as it starts
+(:func:`sweeps.run.trials.discard_over_budget`).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from typing import Iterator, Optional
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
-from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from foundation.atomic import atomic_write_text
@@ -66,7 +70,11 @@ from sweeps.stored import (
     MAX_RETRIES,
     check_journal,
     excluded_numbers,
+    open_storage,
+    storage_display,
 )
+
+HEARTBEATS = "heartbeats"  # a journal study's folder of heartbeat files, one per running trial
 
 
 def _pid_alive(pid: int) -> bool:
@@ -83,134 +91,177 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _heartbeat_file(study: Study, number: int) -> Path:
-    return study.root / "heartbeats" / str(number)
+class RunStorage:
+    """One study's storage as the ``sweep`` command and its workers run it: the journal (its lock, its torn last line,
+    its owner, its folder, its heartbeat files) or an RDB URL (with Optuna's own heartbeat), opened once per process
+    (:attr:`storage`), and the trials of dead workers found and retried (:meth:`fail_stale_trials`). Each process makes
+    one per study it runs; the report reads through :func:`sweeps.stored.open_storage` alone.
 
+    ``study``: the study whose folder and name it holds (a study grown by ``--add-seeds`` has the same)."""
 
-def record_heartbeat(study: Study, number: int) -> None:
-    """Write ``heartbeats/<number>``: this host and pid, now."""
-    atomic_write_text(_heartbeat_file(study, number), f"{socket.gethostname()} {os.getpid()}\n", study.root)
+    def __init__(self, study: Study, url: Optional[str], workers: int = 1) -> None:
+        self.study, self.url, self.workers = study, url, workers
+        self._storage: Optional[BaseStorage] = None
 
+    @property
+    def journal(self) -> Optional[Path]:
+        """The journal file (None for an RDB study)."""
+        return self.study.root / JOURNAL if self.url is None else None
 
-def heartbeat_owner(study: Study, number: int) -> Optional[tuple[str, int]]:
-    """(host, pid) of the process running trial ``number`` of a journal study, from its heartbeat file."""
-    try:
-        host, pid = _heartbeat_file(study, number).read_text().split()
-    except (OSError, ValueError):
-        return None
-    return host, int(pid)
+    @property
+    def display(self) -> str:
+        """The storage as printed: the journal file, or the URL with its password masked."""
+        return storage_display(self.study, self.url)
 
+    @property
+    def storage(self) -> BaseStorage:
+        """The Optuna storage, opened on first use (a journal is read whole when opened: once per process)."""
+        if self._storage is None:
+            self._storage = open_storage(self.study, self.url, self.workers)
+        return self._storage
 
-@contextlib.contextmanager
-def beating(study: Study, number: int, url: Optional[str], interval_s: float = HEARTBEAT_S) -> Iterator[None]:
-    """While the body runs, a journal study's trial ``number`` has a fresh heartbeat file (RDB storages beat
-    through Optuna itself)."""
-    if url is not None:
-        yield
-        return
-    stop = threading.Event()
+    def stored_study(self) -> Optional[optuna.Study]:
+        """The study as a journal already holds it, opened to read only (None when the journal does not hold it
+        yet, and for an RDB study): what the command checks before it owns the study or writes anything."""
+        if self.journal is None or not self.journal.is_file():
+            return None
+        try:
+            return optuna.load_study(study_name=self.study.name, storage=open_storage(self.study, None, create=False))
+        except KeyError:  # the journal does not hold it yet
+            return None
 
-    def beat() -> None:
-        while True:
-            record_heartbeat(study, number)
-            if stop.wait(interval_s):
-                return
+    # ----------------------------------------------------------------------------- the journal's folder and owner
+    def own(self) -> Optional[Owner]:
+        """The ``sweep`` command's ownership of a journal study, for the command's life (None for an RDB study,
+        which launchers on several machines share by design); then the journal's torn last line, if any, is cut
+        off, and Optuna's own lock left by a process that died is removed."""
+        if self.journal is None:
+            return None
+        check_journal(self.journal)  # a garbage line is refused before anything is written
+        self.study.root.mkdir(parents=True, exist_ok=True)
+        owner = Owner(self.study.root, f"study {self.study.name} ({self.study.root})")
+        owner.record()
+        check_journal(self.journal, repair=True)
+        optuna_lock = self.study.root / f"{JOURNAL}.lock"  # Optuna's own symlink lock, which a process that died left
+        if optuna_lock.is_symlink():
+            optuna_lock.unlink()
+            print(f"{optuna_lock}: removed Optuna's journal lock, left by a process that died", file=sys.stderr)
+        return owner
 
-    thread = threading.Thread(target=beat, name=f"heartbeat-{number}", daemon=True)
-    record_heartbeat(study, number)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def _stale_journal_trials(ostudy: optuna.Study, study: Study, grace_s: float) -> list[FrozenTrial]:
-    now, host = time.time(), socket.gethostname()
-    stale = []
-    for trial in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = heartbeat_owner(study, trial.number)
-        if owner is None:  # no beat yet: the trial has just started, unless it started long ago
-            started = trial.datetime_start or datetime.now(timezone.utc)
-            if now - started.timestamp() > grace_s:
-                stale.append(trial)
-        elif (owner[0] == host and not _pid_alive(owner[1])) or now - _heartbeat_file(
-            study, trial.number
-        ).stat().st_mtime > grace_s:
-            stale.append(trial)
-    return stale
-
-
-def own_study(study: Study, url: Optional[str]) -> Optional[Owner]:
-    """The ``sweep`` command's ownership of a journal study, for the command's life (None for an RDB study, which
-    launchers on several machines share by design); then the journal's torn last line, if any, is cut off."""
-    if url is not None:
-        return None
-    check_journal(study.root / JOURNAL)  # a garbage line is refused before anything is written
-    study.root.mkdir(parents=True, exist_ok=True)
-    owner = Owner(study.root, f"study {study.name} ({study.root})")
-    owner.record()
-    check_journal(study.root / JOURNAL, repair=True)
-    optuna_lock = study.root / f"{JOURNAL}.lock"  # Optuna's own symlink lock, which a process that died left
-    if optuna_lock.is_symlink():
-        optuna_lock.unlink()
-        print(f"{optuna_lock}: removed Optuna's journal lock, left by a process that died", file=sys.stderr)
-    return owner
-
-
-def check_study_folder(study: Study) -> None:
-    """Before anything is written: the study's folder (and its control's, inside it) holds no link and no known
-    name of the wrong type (:func:`foundation.confined.check_tree`); the folder it lies in is a folder."""
-    check_folder("output_dir", str(study.root.parent))
-    check_tree(
-        study.root,
-        f"study {study.name}",
-        files=(JOURNAL, LOCK, JOURNAL_LOCK, "control/" + JOURNAL, "control/" + LOCK, "control/" + JOURNAL_LOCK),
-        folders=("logs", "heartbeats", "control", "control/heartbeats"),
-    )
-
-
-def aside_path(study: Study) -> Optional[Path]:
-    """Where ``sweep --new-study`` moves the study's folder: ``<folder>.<UTC time>``; None when there is nothing
-    to move. A name already taken is one line (nothing is moved onto it)."""
-    if not (study.root / JOURNAL).exists():
-        return None
-    aside = study.root.with_name(f"{study.root.name}.{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
-    if os.path.lexists(aside):
-        raise ConfigError(
-            f"--new-study: {aside} already exists, where the earlier study would be moved; move it away or wait a "
-            "second"
+    def check_folder(self) -> None:
+        """Before anything is written: the study's folder (and its control's, inside it) holds no link and no known
+        name of the wrong type (:func:`foundation.confined.check_tree`); the folder it lies in is a folder."""
+        root = self.study.root
+        check_folder("output_dir", str(root.parent))
+        check_tree(
+            root,
+            f"study {self.study.name}",
+            files=(JOURNAL, LOCK, JOURNAL_LOCK, "control/" + JOURNAL, "control/" + LOCK, "control/" + JOURNAL_LOCK),
+            folders=("logs", HEARTBEATS, "control", "control/" + HEARTBEATS),
         )
-    return aside
 
+    def aside_path(self) -> Optional[Path]:
+        """Where ``sweep --new-study`` moves the study's folder: ``<folder>.<UTC time>``; None when there is nothing
+        to move. A name already taken is one line (nothing is moved onto it)."""
+        root = self.study.root
+        if not (root / JOURNAL).exists():
+            return None
+        aside = root.with_name(f"{root.name}.{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+        if os.path.lexists(aside):
+            raise ConfigError(
+                f"--new-study: {aside} already exists, where the earlier study would be moved; move it away or wait "
+                "a second"
+            )
+        return aside
 
-def set_aside(study: Study, aside: Optional[Path]) -> Optional[Path]:
-    """Move the study's folder (journal, trial runs, report) to ``aside`` (:func:`aside_path`), its owner's lock
-    with it."""
-    if aside is None:
-        return None
-    if os.path.lexists(aside):
-        raise ConfigError(f"--new-study: {aside} already exists, where the earlier study would be moved")
-    study.root.rename(aside)
-    return aside
+    def set_aside(self, aside: Optional[Path]) -> Optional[Path]:
+        """Move the study's folder (journal, trial runs, report) to ``aside`` (:meth:`aside_path`), its owner's lock
+        with it."""
+        if aside is None:
+            return None
+        if os.path.lexists(aside):
+            raise ConfigError(f"--new-study: {aside} already exists, where the earlier study would be moved")
+        self.study.root.rename(aside)
+        return aside
 
+    # ----------------------------------------------------------------------------- heartbeats
+    def heartbeat_file(self, number: int) -> Path:
+        return self.study.root / HEARTBEATS / str(number)
 
-def fail_stale_trials(ostudy: optuna.Study, study: Study, url: Optional[str], grace_s: float = GRACE_S) -> None:
-    """Fail the trials whose worker died and enqueue a retry of each (same params), at most ``MAX_RETRIES``
-    times per trial."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        if url is not None:
-            optuna.storages.fail_stale_trials(ostudy)
+    def record_heartbeat(self, number: int) -> None:
+        """Write ``heartbeats/<number>``: this host and pid, now."""
+        atomic_write_text(self.heartbeat_file(number), f"{socket.gethostname()} {os.getpid()}\n", self.study.root)
+
+    def heartbeat_owner(self, number: int) -> Optional[tuple[str, int]]:
+        """(host, pid) of the process running trial ``number`` of a journal study, from its heartbeat file."""
+        try:
+            host, pid = self.heartbeat_file(number).read_text().split()
+        except (OSError, ValueError):
+            return None
+        return host, int(pid)
+
+    @contextlib.contextmanager
+    def beating(self, number: int, interval_s: float = HEARTBEAT_S) -> Iterator[None]:
+        """While the body runs, a journal study's trial ``number`` has a fresh heartbeat file, refreshed by a thread
+        every ``interval_s`` (RDB storages beat through Optuna itself)."""
+        if self.journal is None:
+            yield
             return
-        retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
-        for trial in _stale_journal_trials(ostudy, study, grace_s):
-            try:  # another worker may fail it first: only the one whose tell succeeds retries it
-                ostudy.tell(trial.number, state=TrialState.FAIL)
-            except (RuntimeError, UpdateFinishedTrialError):
-                continue
-            retry(ostudy, next(t for t in ostudy.get_trials(deepcopy=False) if t.number == trial.number))
+        stop = threading.Event()
+
+        def beat() -> None:
+            while True:
+                self.record_heartbeat(number)
+                if stop.wait(interval_s):
+                    return
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{number}", daemon=True)
+        self.record_heartbeat(number)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    # ----------------------------------------------------------------------------- trials of dead workers
+    def stale_trials(self, ostudy: optuna.Study, grace_s: float = GRACE_S) -> list[FrozenTrial]:
+        """The running trials of a journal study whose worker is gone: its process is gone from this host, or its
+        heartbeat is older than ``grace_s`` (or it has none and started longer ago than that)."""
+        now, host = time.time(), socket.gethostname()
+        stale = []
+        for trial in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner = self.heartbeat_owner(trial.number)
+            if owner is None:  # no beat yet: the trial has just started, unless it started long ago
+                started = trial.datetime_start or datetime.now(timezone.utc)
+                if now - started.timestamp() > grace_s:
+                    stale.append(trial)
+            elif (owner[0] == host and not _pid_alive(owner[1])) or now - self.heartbeat_file(
+                trial.number
+            ).stat().st_mtime > grace_s:
+                stale.append(trial)
+        return stale
+
+    def fail_stale_trials(self, ostudy: optuna.Study, grace_s: float = GRACE_S) -> None:
+        """Fail the trials whose worker died and enqueue a retry of each (same params), at most ``MAX_RETRIES``
+        times per trial: by Optuna's heartbeat for an RDB study, by :meth:`stale_trials` for a journal."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            if self.journal is None:
+                optuna.storages.fail_stale_trials(ostudy)
+                return
+            retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
+            for trial in self.stale_trials(ostudy, grace_s):
+                try:  # another worker may fail it first: only the one whose tell succeeds retries it
+                    ostudy.tell(trial.number, state=TrialState.FAIL)
+                except (RuntimeError, UpdateFinishedTrialError):
+                    continue
+                retry(ostudy, next(t for t in ostudy.get_trials(deepcopy=False) if t.number == trial.number))
+
+
+def run_storages(study: Study, url: Optional[str], workers: int = 1) -> dict[str, RunStorage]:
+    """The storage of the study and of its control, by study name (what the ``sweep`` command holds)."""
+    return {one.name: RunStorage(one, url, workers) for one in study.studies}
 
 
 # --------------------------------------------------------------------------------------- budget

@@ -17,7 +17,10 @@
   terminated one is re-enqueued for the resumed study; one that failed on an input error (a ``ConfigError``: the
   same for every process, e.g. a data file that is missing or an accelerator this machine lacks) is re-enqueued
   too and marked ``input_error``, and its worker stops: such trials never consume the budget, and a rerun after
-  the fix runs them.
+  the fix runs them;
+* a trial's own failure (divergence, out of memory, any other exception of its training) reaches Optuna as
+  :class:`TrialFailed`, the one exception the worker's ``optimize(catch=...)`` lets the study go on after (the
+  trial is FAIL, counted); an input error and a stop end the worker.
 
 What a finished trial records: the objective values, the scalar ``metrics.json`` entries (user attr
 ``metrics``, so reports work from the storage alone), or ``fail_reason``.
@@ -40,6 +43,12 @@ from sweeps.run import storage
 from sweeps.run.objective import STOP_ASKED, Diverged, objective
 from sweeps.spec.study import Study
 
+
+class TrialFailed(Exception):
+    """A trial's own failure, recorded on it (FAIL, ``fail_reason``, counted): its worker goes on with the next trial
+    (``optimize(catch=(TrialFailed,))``). The exception that caused it is its ``__cause__``."""
+
+
 INPUT_ERROR = "input_error"  # user attr of a trial that failed on an input error (put back, not counted)
 INHERITED = (
     "fail_reason",
@@ -48,11 +57,13 @@ INHERITED = (
 )  # user attrs a retry copies from its attempt, which are not its own
 
 
-def run_trial(study: Study, trial: optuna.Trial, url: Optional[str]) -> float | list[float]:
-    """One trial, start to end: budget check, continuation of a dead attempt, the objective, failure record."""
+def run_trial(study: Study, trial: optuna.Trial, runs: storage.RunStorage) -> float | list[float]:
+    """One trial, start to end: budget check, continuation of a dead attempt, the objective, failure record. A
+    failure of its own is raised as :class:`TrialFailed`; an input error (``ConfigError``) and a stop (``Terminated``,
+    ``KeyboardInterrupt``) as they are, to end the worker."""
     trials = trial.study.get_trials(deepcopy=False)
     frozen = next(t for t in trials if t.number == trial.number)  # its system attrs: grid point, retries
-    with storage.beating(study, trial.number, url):
+    with runs.beating(trial.number):
         discard_over_budget(study, trial, trials, frozen)
         run_dir = study.root / f"trial_{trial.number}"
         trial.set_user_attr("run_dir", str(run_dir))
@@ -67,6 +78,12 @@ def run_trial(study: Study, trial: optuna.Trial, url: Optional[str]) -> float | 
             return objective(study, trial, run)
         except optuna.TrialPruned:
             raise
+        except (ConfigError, Terminated) as err:
+            record_failure(trial, err)
+            raise
+        except Exception as err:
+            record_failure(trial, err)
+            raise TrialFailed(reason(err)) from err
         except BaseException as err:
             record_failure(trial, err)
             raise

@@ -10,10 +10,20 @@ A trial's config is
 so a trial is exactly a ``linformer-lab train`` run with a few more overrides. :func:`load_study` also builds
 the config of every grid point (or of every range end of an open space) so that a bad value fails there, before
 any trial starts.
+
+Checked once. A grid's points (and its control's) are merged and checked once, when the study is loaded, in the
+``sweep`` command's process; the checked configs travel with the :class:`Study` to the workers (``checked``), and
+:meth:`Study.config` hands a trial the checked config of its point, adding only its seed and its run keys (run
+directory, experiment name, ``resume``), which it checks. Points that differ only in their replicate seed share one
+checked config. A point no load checked (a tpe or random sampler's proposal) is merged and checked when the trial
+asks for it, once. :meth:`Study.with_seeds` grows a loaded study by the seeds ``sweep --add-seeds`` stored, without
+reading its file again, checking only the new points.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -21,10 +31,11 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from foundation.configfile import flatten, merge, read_yaml, to_container
 from foundation.errors import ConfigError, check_number
-from foundation.paths import check_name
+from foundation.paths import check_folder, check_name
 from sweeps.spec import grids, validation
 from sweeps.spec.controls import control_spec
 from sweeps.spec.ladders import check_ladder
@@ -41,6 +52,13 @@ from sweeps.spec.schema import (
 from sweeps.spec.validation import check_trial_devices, nested
 from training import config as run_config
 
+# The keys a trial's run sets on its point's checked config (sweeps.run.trials), each with its check
+RUN_KEYS = {
+    "experiment": lambda value: check_name("experiment", value),
+    "run_dir": lambda value: value is None or check_folder("run_dir", value),
+    "resume": lambda value: None,  # a bool (the schema's type); train() checks what it resumes
+}
+
 
 @dataclass
 class Study:
@@ -56,9 +74,17 @@ class Study:
     control: Optional["Study"] = None  # the companion control study (see the module docstring)
     parent: Optional["Study"] = None  # of a control study: the study it checks
     added_seeds: tuple[int, ...] = ()  # seeds `sweep --add-seeds` added to the file's (see the module docstring)
+    presets: tuple[str, ...] = ()  # the presets its file has
     # of a control study: (its params, the study's params) of each point that is one of the study's own grid
     # points (the same config): trained once, by the study, and reused by the report
     reused: list[tuple[dict, dict]] = field(default_factory=list)
+    # budget.n_trials as asked (file < preset < command line), before a grid sets it to its number of points
+    asked_n_trials: Optional[int] = None
+    # of a grid: the checked config of every point the load checked, by :func:`_config_key` (points that differ only
+    # in their replicate seed share one); what :meth:`config` hands a trial (see the module docstring)
+    checked: dict[str, DictConfig] = field(default_factory=dict, repr=False, compare=False)
+    # whether a conditional param is active at a partial point (:meth:`_active`), as the grid found it
+    actives: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -176,17 +202,51 @@ class Study:
         ]
 
     def _active(self, name: str, params: dict) -> bool:
+        """Whether param ``name`` is active at the partial point ``params`` (its ``when`` met by their config);
+        decided once per partial point (the grid's decisions travel with the study to the workers)."""
         when = self.spec.space[name].when
         if not when:
             return True
-        flat = flatten(to_container(run_config.merge_run([self.shared, *map(nested, self.param_layers(params))])))
-        return all(flat.get(key) == value for key, value in when.items())
+        key = _point_key({"param": name, "at": params})
+        if key not in self.actives:
+            flat = flatten(to_container(run_config.merge_run([self.shared, *map(nested, self.param_layers(params))])))
+            self.actives[key] = all(flat.get(k) == value for k, value in when.items())
+        return self.actives[key]
 
     def config(self, params: dict, run: Optional[dict] = None) -> DictConfig:
-        """The checked RunConfig of a trial: base < overrides < params < ``run`` (run_dir, experiment)."""
+        """The checked RunConfig of a trial: base < overrides < params < ``run`` (run_dir, experiment, resume).
+
+        A point the load checked is neither merged nor checked again: its checked config is copied, the trial's
+        seed and ``run`` set on it and checked. Any other point (a sampler's proposal) is merged and checked here."""
+        cfg = self._checked_config(params)
+        if cfg is None or not set(run or {}) <= set(RUN_KEYS):
+            return self.build_config(params, run)
+        for key, value in (run or {}).items():
+            try:
+                cfg[key] = value
+            except OmegaConfBaseException as err:
+                raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from None
+            RUN_KEYS[key](value)
+        return cfg
+
+    def build_config(self, params: dict, run: Optional[dict] = None) -> DictConfig:
+        """A trial's RunConfig merged (base < overrides < params < ``run``) and checked, every rule."""
         cfg = run_config.merge_run([self.shared, *map(nested, self.param_layers(params)), nested(run or {})])
         run_config.check(cfg)
         check_trial_devices(cfg)
+        return cfg
+
+    def _checked_config(self, params: dict) -> Optional[DictConfig]:
+        """A copy of the checked config of ``params`` (its seed set), or None when the load did not check it."""
+        whole = self.checked.get(_config_key(self, params, whole=True))
+        if whole is not None:
+            return copy.deepcopy(whole)
+        shared = self.checked.get(_config_key(self, params))
+        if shared is None:
+            return None
+        run_config.check_seed(params[SEED_PARAM])
+        cfg = copy.deepcopy(shared)
+        cfg.seed = params[SEED_PARAM]
         return cfg
 
     def suggest(self, trial: Any) -> dict:
@@ -218,6 +278,33 @@ class Study:
         """Like :meth:`grid` with a range reduced to its two ends: what validation of an open space builds."""
         return grids.product(self.spec.space, grids.range_end_values, self._active)
 
+    def with_seeds(self, seeds: Sequence[int]) -> "Study":
+        """This study grown by the replicate ``seeds`` (``sweep --add-seeds``; see :mod:`sweeps.spec.schema`): equal
+        to ``load_study(path, preset, n_trials, timeout_s, added_seeds=self.added_seeds + seeds)``, derived from
+        this loaded study without reading its file again. Its grid and control are derived again; only their new
+        points are checked (the others keep their checked configs). Raises :class:`ConfigError` (one line, prefixed
+        with the file) where the study cannot grow."""
+        if self.parent is not None:
+            raise ValueError(f"study {self.name}: a control grows with its study")
+        spec = copy.deepcopy(self.spec)
+        spec.budget.n_trials = self.asked_n_trials  # as asked, before the grid set it
+        grown = dataclasses.replace(
+            self,
+            spec=spec,
+            added_seeds=self.added_seeds + tuple(seeds),
+            points=None,
+            control=None,
+            reused=[],
+            checked=dict(self.checked),
+            actives=dict(self.actives),
+        )
+        try:
+            grids.add_seeds(spec, seeds)
+            _resolve(grown, self.control.checked if self.control is not None else None)
+        except ConfigError as err:
+            raise ConfigError(f"{_where(self.path, self.preset)}: {err}") from None
+        return grown
+
 
 def load_study(
     path: str | Path,
@@ -241,7 +328,6 @@ def load_study(
         preset = "cpu"
     if preset is not None and preset not in presets:
         raise ConfigError(f"{path}: --preset {preset}: no such preset (has: {', '.join(presets) or 'none'})")
-    where = f"{path}" + (f" (preset {preset})" if preset else "")
     try:
         if preset is not None and "presets" in presets[preset]:
             raise ConfigError(f"presets.{preset}.presets: a preset cannot hold presets")
@@ -249,14 +335,24 @@ def load_study(
         command_line = {"n_trials": n_trials, "timeout_s": timeout_s}
         layers.append({"budget": {k: v for k, v in command_line.items() if v is not None}})
         spec = merge(StudySpec, layers)
-        study = _validate(path, preset, spec, validation.file_metrics(raw, presets), tuple(added_seeds))
+        study = _validate(path, preset, spec, validation.file_metrics(raw, presets), tuple(added_seeds), tuple(presets))
     except ConfigError as err:
-        raise ConfigError(f"{where}: {err}") from None
+        raise ConfigError(f"{_where(path, preset)}: {err}") from None
     return study
 
 
+def _where(path: Path, preset: Optional[str]) -> str:
+    """How a study file's errors begin: the file, and its preset."""
+    return f"{path}" + (f" (preset {preset})" if preset else "")
+
+
 def _validate(
-    path: Path, preset: Optional[str], spec: DictConfig, file_metrics: set[str], added_seeds: tuple[int, ...] = ()
+    path: Path,
+    preset: Optional[str],
+    spec: DictConfig,
+    file_metrics: set[str],
+    added_seeds: tuple[int, ...] = (),
+    presets: tuple[str, ...] = (),
 ) -> Study:
     if not re.fullmatch(r"[A-Za-z0-9_-]+", spec.study or ""):
         raise ConfigError(f"study: a name of letters, digits, '_' or '-' is required, got {spec.study!r}")
@@ -281,51 +377,81 @@ def _validate(
     try:
         shared = run_config.merge_run([base, nested(dict(spec.overrides))])
         study = Study(
-            path=path, preset=preset, spec=spec, base_path=base_path, base=base, shared=shared, added_seeds=added_seeds
+            path=path,
+            preset=preset,
+            spec=spec,
+            base_path=base_path,
+            base=base,
+            shared=shared,
+            added_seeds=added_seeds,
+            presets=presets,
+            asked_n_trials=b.n_trials,
         )
-        study.config({})
+        study.build_config({})
     except ConfigError as err:
         raise ConfigError(f"overrides: {err}") from None
     if spec.ladder is not None:
         check_ladder(spec, study.arms, study.config)
-    configs = {}
-    built: dict[str, dict] = {}
-    for params in _samples(study, added_seeds):
-        try:
-            configs[_checked_identity(study, params, built)] = params
-        except ConfigError as err:
-            shown = ", ".join(f"{k}={v}" for k, v in params.items())
-            raise ConfigError(f"trial with {shown}: {err}") from None
-    if spec.control is not None:
-        study.control = _control_study(study, configs if study.is_grid else {})
+    _resolve(study)
     return study
 
 
-def _identity(cfg: DictConfig) -> str:
-    """A trial's run config as one string: two trials with the same identity train the same model."""
-    return _identity_of(OmegaConf.to_container(cfg, resolve=True))
+def _resolve(study: Study, control_checked: Optional[dict[str, DictConfig]] = None) -> None:
+    """A study's points and budget (a grid's), every point's config checked (those in ``study.checked`` were), and
+    its control (``control_checked``: the checked configs of an earlier control of the study)."""
+    configs = {}
+    containers: dict[str, Any] = {}
+    for params in _samples(study):
+        try:
+            configs[_checked_identity(study, params, containers)] = params
+        except ConfigError as err:
+            shown = ", ".join(f"{k}={v}" for k, v in params.items())
+            raise ConfigError(f"trial with {shown}: {err}") from None
+    if not study.is_grid:  # an open study's range ends: its trials' params are the sampler's, checked when proposed
+        study.checked.clear()
+    if study.spec.control is not None:
+        study.control = _control_study(study, configs if study.is_grid else {}, control_checked or {})
 
 
 def _identity_of(container: Any) -> str:
+    """A trial's run config (as plain data) as one string: two trials with the same identity train the same model."""
     return json.dumps(container, sort_keys=True, default=str)
 
 
-def _checked_identity(study: Study, params: dict, built: dict[str, dict]) -> str:
-    """The identity of a trial's config, checked. Trials that differ only in their replicate seed differ in no
-    other check, so the config is built and checked once per the rest of their params (``built``: those params
-    -> the config as plain data; a config takes about 0.1 s to merge, most of a study file's validation) and
-    only the seed itself is checked for the others."""
-    if SEED_PARAM not in params or study.is_bundle(SEED_PARAM):
-        return _identity(study.config(params))
-    rest = _identity_of({k: v for k, v in params.items() if k != SEED_PARAM})
-    if rest in built:
+def _point_key(params: dict) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def _config_key(study: Study, params: dict, whole: bool = False) -> str:
+    """Where ``study.checked`` keeps the checked config of ``params``: by the params but their replicate seed
+    (``whole``: by all of them, for a config that a later param's bundle gives another seed)."""
+    if whole or SEED_PARAM not in params or study.is_bundle(SEED_PARAM):
+        return "point " + _point_key(params)
+    return "seeds " + _point_key({k: v for k, v in params.items() if k != SEED_PARAM})
+
+
+def _checked_identity(study: Study, params: dict, containers: dict[str, Any]) -> str:
+    """The identity of a trial's config, checked once into ``study.checked``. Trials that differ only in their
+    replicate seed differ in no other check, so their config is built and checked once (a config takes about 0.1 s
+    to merge, most of a study file's validation) and only the seed itself is checked for the others; a config
+    already in ``study.checked`` is not checked again. ``containers``: each checked config as plain data."""
+    whole, shared = _config_key(study, params, whole=True), _config_key(study, params)
+    if whole in study.checked:
+        key = whole
+    elif shared in study.checked:
+        key = shared
         run_config.check_seed(params[SEED_PARAM])
     else:
-        built[rest] = OmegaConf.to_container(study.config(params), resolve=True)
-    return _identity_of({**built[rest], "seed": params[SEED_PARAM]})
+        # shared by the seeds of these params unless another param's bundle sets the seed too
+        seeded = sum(SEED_PARAM in layer for layer in study.param_layers(params))
+        key = shared if seeded == 1 else whole
+        study.checked[key] = study.build_config(params)
+    if key not in containers:
+        containers[key] = OmegaConf.to_container(study.checked[key], resolve=True)
+    return _identity_of(containers[key] if key == whole else {**containers[key], "seed": params[SEED_PARAM]})
 
 
-def _samples(study: Study, added_seeds: tuple[int, ...]) -> list[dict]:
+def _samples(study: Study) -> list[dict]:
     """The trial params whose configs are checked before any trial runs: a grid's every point (its budget set
     from it), an open study's range ends."""
     b = study.spec.budget
@@ -334,7 +460,7 @@ def _samples(study: Study, added_seeds: tuple[int, ...]) -> list[dict]:
             raise ConfigError("budget: an open study needs n_trials or timeout_s")
         return study.range_ends()
     study.points = study.grid()
-    if added_seeds and b.n_trials is not None and b.n_trials != len(study.points):
+    if study.added_seeds and b.n_trials is not None and b.n_trials != len(study.points):
         raise ConfigError(
             f"--add-seeds: budget.n_trials={b.n_trials} fixes the number of trials of this grid; "
             f"remove it (a grid runs all its {len(study.points)} points)"
@@ -346,9 +472,10 @@ def _samples(study: Study, added_seeds: tuple[int, ...]) -> list[dict]:
     return study.points
 
 
-def _control_study(study: Study, study_points: dict[str, dict]) -> Study:
-    """The control's grid study (:mod:`sweeps.spec.controls`), every point's config checked; a point whose config is
-    one of ``study_points`` (config identity -> the study's params) is reused, not run (``reused``)."""
+def _control_study(study: Study, study_points: dict[str, dict], checked: dict[str, DictConfig]) -> Study:
+    """The control's grid study (:mod:`sweeps.spec.controls`), every point's config checked (``checked``: configs
+    an earlier control of the study checked, not checked again); a point whose config is one of ``study_points``
+    (config identity -> the study's params) is reused, not run (``reused``)."""
     control = Study(
         path=study.path,
         preset=study.preset,
@@ -358,12 +485,14 @@ def _control_study(study: Study, study_points: dict[str, dict]) -> Study:
         shared=study.shared,
         parent=study,
         added_seeds=study.added_seeds,
+        presets=study.presets,
+        checked=dict(checked),
     )
     points = []
-    built: dict[str, dict] = {}
+    containers: dict[str, Any] = {}
     for params in control.grid():
         try:
-            identity = _checked_identity(control, params, built)
+            identity = _checked_identity(control, params, containers)
         except ConfigError as err:
             raise ConfigError(f"control.{params[CONTROL_PARAM]}: {err}") from None
         if identity in study_points:
