@@ -340,7 +340,7 @@ def process_tier_offenders(source: str) -> list[str]:
 def test_every_test_that_starts_a_process_carries_the_processes_marker():
     found = [
         f"{path.relative_to(ROOT).as_posix()}: {name}"
-        for path in sorted((ROOT / "tests").glob("test_*.py"))
+        for path in sorted((ROOT / "tests").rglob("test_*.py"))
         for name in process_tier_offenders(path.read_text(encoding="utf-8"))
     ]
     assert not found, "tests that start a process without @pytest.mark.processes:\n" + "\n".join(found)

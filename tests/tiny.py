@@ -1,5 +1,10 @@
 """The tiny model every fast test trains: seconds on a CPU."""
 
+from pathlib import Path
+
+# The repository's root, wherever in tests/ the test that asks lies.
+REPO = Path(__file__).resolve().parents[1]
+
 TINY_MODEL = [
     "model.max_len=32",
     "model.d_model=32",
