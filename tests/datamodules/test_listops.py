@@ -4,7 +4,6 @@ import json
 import math
 import random
 import statistics
-from pathlib import Path
 
 import pytest
 import tiny
@@ -18,7 +17,7 @@ from experiments import cli
 from foundation.errors import ConfigError
 from training.config import load
 
-CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+CONFIGS = tiny.REPO / "experiments" / "configs"
 
 # ------------------------------------------------------------------------------- independent evaluator
 # Written from the task's definition (LRA, Tay et al. 2020), sharing no code with datamodules/listops.py:
