@@ -1,8 +1,7 @@
 """Configuration: merge order, one-line errors naming the key, exit code 2 and nothing written."""
 
-from pathlib import Path
-
 import pytest
+from tiny import REPO
 
 from experiments import cli
 from foundation.errors import ConfigError
@@ -10,7 +9,7 @@ from lightning_modules.attention.linformer import layer_ks
 from lightning_modules.config import ModelConfig
 from training import config as run_config
 
-CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+CONFIGS = REPO / "experiments" / "configs"
 
 
 def test_merge_order_defaults_then_yaml_then_overrides(tmp_path):
