@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy
 import yaml
 from optuna.trial import TrialState
+from tiny import REPO
 
 from experiments import cli
 from sweeps import stored
@@ -128,7 +129,7 @@ def test_a_sigkilled_worker_on_postgresql_is_found_stale_and_its_trial_retried(t
         os.environ,
         LINFORMER_LAB_HEARTBEAT_S="1",
         LINFORMER_LAB_HEARTBEAT_GRACE_S="4",
-        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+        PYTHONPATH=str(REPO),
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "experiments.cli", "sweep", str(path), "--workers", "2", "--storage", postgres_url],
