@@ -12,6 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from tiny import REPO
 
 from experiments import cli
 from foundation.atomic import atomic_write_text
@@ -23,8 +24,6 @@ from sweeps.run import storage
 from sweeps.run.command import check_stored, open_study
 from sweeps.run.storage import RunStorage
 from sweeps.spec.study import load_study
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_link_planted_in_a_folder_is_refused_and_its_target_never_written(tmp_path):
