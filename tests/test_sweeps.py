@@ -17,6 +17,7 @@ import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
+from studies import ARMS, counted, trials_of, write_study
 
 from experiments import cli
 from sweeps import stored
@@ -25,39 +26,9 @@ from sweeps.run import storage
 from sweeps.spec.study import load_study, shipped_studies
 
 REPO = Path(__file__).resolve().parents[1]
-ARMS = {"full": {"model.attention.kind": "full"}, "linformer": {"model.attention.kind": "linformer"}}
 
 
 # --------------------------------------------------------------------------------------- helpers
-def write_study(tmp_path: Path, tiny, name: str, space: dict, overrides: dict = (), **keys) -> Path:
-    """A study file over the tiny run config (the ``tiny`` fixture's settings)."""
-    base = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in tiny.args)}
-    study = {
-        "study": name,
-        "base": str(tiny.config),
-        "overrides": {**base, **dict(overrides)},
-        "space": space,
-        "sampler": {"kind": "grid"},
-        **keys,
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return path
-
-
-def trials_of(path: Path) -> list[optuna.trial.FrozenTrial]:
-    study = load_study(path)
-    try:
-        return optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None)).get_trials()
-    except KeyError:  # not created yet
-        return []
-
-
-def counted(trials):
-    excluded = stored.excluded_numbers(trials)
-    return [t for t in trials if t.number not in excluded]
-
-
 def sweep_process(path: Path, *args: str) -> subprocess.Popen:
     """``linformer-lab sweep`` in its own process group, so a test can kill it whole."""
     env = dict(os.environ, PYTHONPATH=str(REPO))

@@ -11,7 +11,7 @@ import numpy as np
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
-from test_sweeps import write_study
+from studies import write_study
 
 from experiments import cli
 from foundation.errors import ConfigError
