@@ -10,6 +10,7 @@ import pytest
 import tiny
 import torch
 import torch.nn.functional as F
+from kinds import D, H, N, V, attention, full_and, padding_mask, same_weights
 
 from experiments import cli
 from foundation.errors import ConfigError
@@ -18,25 +19,6 @@ from lightning_modules.attention.performer import orthogonal_features
 from lightning_modules.flops import count_flops
 from training import config as run_config
 from training.train import train
-
-N, D, H, V = 16, 16, 2, 30
-
-
-def attention(name, causal=False, **extra):
-    """The ``model.attention`` node of case ``name`` of ``tiny.KINDS``, its options updated by ``extra``."""
-    kind, options = tiny.KINDS[name]
-    return tiny.attention(kind, causal, **{**options, **extra})
-
-
-def same_weights(source, *targets):
-    """Copy the Q/K/V/O weights every kind shares (lsh has no W_k: it is skipped there)."""
-    with torch.no_grad():
-        for target in targets:
-            for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-                mine, theirs = getattr(source, name), getattr(target, name)
-                if mine is not None and theirs is not None:
-                    theirs.weight.copy_(mine.weight)
-                    theirs.bias.copy_(mine.bias)
 
 
 # ----------------------------------------------------------------------------- decoding states and dropout
@@ -115,7 +97,7 @@ def test_every_kind_trains_two_steps_through_train(name, task, tiny_overrides):
 def test_no_context_output_at_a_position_is_blind_to_every_other_token_exactly(causal):
     enc = tiny.encoder(attention("no_context", causal), vocab=V, random_biases=True).eval()  # two layers
     ids = torch.randint(5, V, (3, N))
-    mask = _padding_mask()  # the last row: 10 real tokens, then padding
+    mask = padding_mask()  # the last row: 10 real tokens, then padding
     with torch.no_grad():
         base = enc(ids, mask)
         torch.testing.assert_close(enc(ids), base, atol=0, rtol=0)  # padding changes no output either
@@ -127,25 +109,11 @@ def test_no_context_output_at_a_position_is_blind_to_every_other_token_exactly(c
             assert not torch.allclose(out[:, i - 1], base[:, i - 1]), "a token did not reach its own output"
 
 
-def _full_and(cfg, n=N, h=H):
-    torch.manual_seed(0)
-    full = tiny.layer({"kind": "full", "causal": cfg.get("causal", False)}, n=n, h=h)
-    other = tiny.layer(cfg, n=n, h=h)
-    same_weights(full, other)
-    return full, other
-
-
-def _padding_mask(batch=3, t=N, real=10):
-    mask = torch.ones(batch, t, dtype=torch.bool)
-    mask[-1, real:] = False
-    return mask
-
-
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n_global", [0, 3])
 def test_local_with_a_window_of_n_is_full_attention(causal, n_global):
-    full, local = _full_and({"kind": "local", "causal": causal, "options": {"window": N, "n_global": n_global}})
-    x, mask = torch.randn(3, N, D), _padding_mask()
+    full, local = full_and({"kind": "local", "causal": causal, "options": {"window": N, "n_global": n_global}})
+    x, mask = torch.randn(3, N, D), padding_mask()
     with torch.no_grad():
         torch.testing.assert_close(local(x), full(x), atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(local(x, mask), full(x, mask), atol=1e-6, rtol=1e-5)
@@ -174,8 +142,8 @@ def test_local_sees_exactly_window_positions_centred_and_shifted_inside_the_grid
     ],
 )
 def test_sparse_pattern_covering_every_pair_is_full_attention(options, causal):
-    full, sparse = _full_and({"kind": "sparse", "causal": causal, "options": options})
-    x, mask = torch.randn(3, N, D), _padding_mask()
+    full, sparse = full_and({"kind": "sparse", "causal": causal, "options": options})
+    x, mask = torch.randn(3, N, D), padding_mask()
     with torch.no_grad():
         torch.testing.assert_close(sparse(x), full(x), atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(sparse(x, mask), full(x, mask), atol=1e-6, rtol=1e-5)
@@ -269,7 +237,7 @@ def test_orthogonal_features_are_orthogonal_in_blocks_with_gaussian_norms():
 def test_nystrom_with_n_landmarks_is_full_attention_and_converges_with_iterations():
     torch.manual_seed(0)
     full = tiny.layer({"kind": "full"})
-    x, mask = torch.randn(3, N, D), _padding_mask()
+    x, mask = torch.randn(3, N, D), padding_mask()
     errors = []
     with torch.no_grad():
         for iterations in (6, 10, 15):
@@ -514,7 +482,7 @@ def test_flex_attention_engine_equals_the_dense_engine(name, causal):
         tiny.layer(attention(name, causal, engine="dense")),
     )
     dense.load_state_dict(flex.state_dict())
-    x, mask = torch.randn(2, 13, D), _padding_mask(2, 13, 9)
+    x, mask = torch.randn(2, 13, D), padding_mask(2, 13, 9)
     with torch.no_grad():
         assert flex.engine_for(x, 0.0) == "flex"
         torch.testing.assert_close(flex(x, mask), dense(x, mask), atol=1e-6, rtol=1e-5)
@@ -533,7 +501,9 @@ def test_auto_engine_is_blocked_on_cpu_and_where_flex_cannot_run():
 
 # ----------------------------------------------------------------------------- reference libraries
 reformer = functools.partial(pytest.importorskip, "reformer_pytorch")
+
 performer_lib = functools.partial(pytest.importorskip, "performer_pytorch")
+
 nystrom_lib = functools.partial(pytest.importorskip, "nystrom_attention")
 
 
