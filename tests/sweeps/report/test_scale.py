@@ -12,6 +12,7 @@ import optuna
 import pytest
 import torch
 import yaml
+from tiny import REPO
 
 from experiments import cli
 from foundation.configfile import to_container
@@ -23,8 +24,6 @@ from sweeps import stored
 from sweeps.spec.study import load_study
 from training import config as run_config
 from training.train import train
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------------------- training FLOPs
