@@ -1,5 +1,5 @@
 """The report's statistics (sweeps/report/stats.py) on fixed numbers: intervals, the three verdicts, Holm's
-correction, seed counts at 80 % power, success rates and the control's power check."""
+correction, seed counts at 80 % power, success rates, the control's power check, the validation noise and a ladder's gap trend."""
 
 from __future__ import annotations
 
@@ -281,3 +281,21 @@ def test_the_validation_error_of_per_example_values_is_their_paired_standard_err
     ones = np.ones(2000)
     half_width = stats.validation_error([(a, ones)], [(b, ones)], resamples=2000)
     assert half_width == pytest.approx(1.96 * np.std(a - b) / np.sqrt(2000), rel=0.08)
+
+
+# --------------------------------------------------------------------------------------- the trend
+def test_the_gap_trend_and_its_slope_interval_match_scipy_linregress():
+    from scipy import stats as sp
+
+    from sweeps.report import stats
+
+    x = [4.57, 4.57, 4.57, 5.01, 5.01, 5.01, 5.54, 5.54, 5.54]  # log10 parameters, 3 seeds a rung
+    y = [0.021, 0.018, 0.030, 0.034, 0.029, 0.041, 0.052, 0.047, 0.060]  # gaps
+    t, ref = stats.trend(x, y), sp.linregress(x, y)
+    assert (t.slope, t.intercept, t.slope_se) == pytest.approx((ref.slope, ref.intercept, ref.stderr), rel=1e-12)
+    half = sp.t.ppf(0.975, len(x) - 2) * ref.stderr
+    assert t.slope_ci() == pytest.approx((ref.slope - half, ref.slope + half), rel=1e-12)
+    assert t.at(5.0) == pytest.approx(ref.intercept + 5.0 * ref.slope)
+    # too few points for a spread, or a single size: no interval, and no slope without 2 sizes
+    assert math.isnan(stats.trend([1.0, 2.0], [0.1, 0.3]).slope_ci()[0])
+    assert math.isnan(stats.trend([1.0, 1.0, 1.0], [0.1, 0.2, 0.3]).slope)
