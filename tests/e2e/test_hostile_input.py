@@ -20,13 +20,12 @@ from typing import Callable
 import pytest
 import torch
 import yaml
-from tiny import TINY_MODEL
+from tiny import REPO, TINY_MODEL
 
 from experiments import cli
 from foundation.redact import redact
 from foundation.rundir import CHECKPOINT
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "experiments" / "configs" / "base.yaml"
 PASSWORD = "hunter2-Secret"
 
