@@ -2,14 +2,15 @@
 
 One table: each row builds its input in a scratch folder, runs ``linformer-lab COMMAND ...`` in this process,
 and expects ``error: ...`` holding the given words. The folder must be the same afterwards (no file created,
-changed or removed), so no half-written run directory is left behind. Also here: the helper that masks
-passwords, and that the project loads no checkpoint and no YAML in a way that can run code.
+changed or removed), so no half-written run directory is left behind. Also here: folders that take no file (the
+Hugging Face cache, the run's folders), and a real process's one line. The helper that masks passwords is
+``tests/foundation/test_redact.py``'s; that the project loads no checkpoint and no YAML in a way that can run code,
+``tests/test_security.py``'s.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -23,10 +24,10 @@ import yaml
 from tiny import REPO, TINY_MODEL
 
 from experiments import cli
-from foundation.redact import redact
 from foundation.rundir import CHECKPOINT
 
 CONFIG = REPO / "experiments" / "configs" / "base.yaml"
+
 PASSWORD = "hunter2-Secret"
 
 
@@ -120,15 +121,18 @@ ALIAS_BOMB = (
     + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcde", "bcdef"))
     + "g: [*f]\n"
 )
+
 ALIAS_BOMB_FLOW = (
     "{a: &a [1,1,1,1,1,1,1,1,1,1], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
     "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], "
     "e: [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]}"
 )
+
 PIPELINE_ABSOLUTE_VARIANT = (
     f"pretrain: {{{{config: {CONFIG}}}}}\nvariants: {{{{'{{w.root}}/elsewhere': []}}}}\n"
     f"tasks: {{{{t: {{{{config: {CONFIG}}}}}}}}}\n"
 )
+
 PIPELINE_BAD_OVERRIDE = f"pretrain: {{config: {CONFIG}}}\nvariants: {{a: ['model.attention.options.k=[1,2']}}\ntasks: {{t: {{config: {CONFIG}}}}}\n"
 
 
@@ -312,7 +316,6 @@ INTERPOLATION_BOMB = (
 )
 
 STRING_LABELS = "text,label\n" + "".join(f"review {i},positive\n" for i in range(20))
-
 
 # id: (argv from the world, words the error line must hold)
 CASES: dict[str, tuple[Callable, str]] = {
@@ -743,6 +746,7 @@ def test_bad_input_gets_one_line_exit_2_and_writes_nothing(world, case, capsys, 
 
 # sysfs takes no new file, whoever asks; its permission bits (os.access) let root through.
 UNWRITABLE = "/sys"
+
 needs_sysfs = pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="no sysfs here (Linux only)")
 
 
@@ -790,18 +794,6 @@ def test_a_writable_home_passes_the_cache_check_and_keeps_nothing(world, tmp_pat
     assert list(tmp_path.iterdir()) == [] and tmp_path.stat().st_mtime_ns == stamp
 
 
-@needs_sysfs
-def test_where_no_unnamed_file_can_be_made_a_named_one_is_tried_and_removed(tmp_path, monkeypatch):
-    from foundation import paths
-    from foundation.errors import ConfigError
-
-    monkeypatch.setattr(paths, "_UNNAMED", 0)  # (macOS, or a file system without O_TMPFILE)
-    assert paths.check_folder("output_dir", str(tmp_path / "runs")) == tmp_path / "runs"
-    assert list(tmp_path.iterdir()) == []
-    with pytest.raises(ConfigError, match=f"output_dir: {UNWRITABLE}/runs: cannot write into {UNWRITABLE} "):
-        paths.check_folder("output_dir", f"{UNWRITABLE}/runs")
-
-
 @pytest.mark.processes
 def test_a_real_process_prints_one_line_and_no_traceback(world):
     done = subprocess.run(
@@ -822,56 +814,3 @@ def test_a_real_process_prints_one_line_and_no_traceback(world):
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ") or "Traceback" in line]
     assert len(errors) == 1 and "truncated" in errors[0], done.stderr[-2000:]
-
-
-# --------------------------------------------------------------------------------------- security
-@pytest.mark.parametrize(
-    "text, masked",
-    [
-        (
-            "postgresql+psycopg2://lab:s3cr%40t@db.example:5432/optuna",
-            "postgresql+psycopg2://lab:***@db.example:5432/optuna",
-        ),
-        ("postgresql://lab:p@ss@host/db", "postgresql://lab:***@host/db"),  # a raw "@" in the password
-        ("mysql://lab:pw@host/db?charset=utf8&password=pw2", "mysql://lab:***@host/db?charset=utf8&password=***"),
-        ("redis://:pw@host:6379/0", "redis://:***@host:6379/0"),
-        ("cannot open 'postgresql:/lab:pw@host/db'", "cannot open 'postgresql:/lab:***@host/db'"),  # one slash
-        ("postgresql://lab@host/db", "postgresql://lab@host/db"),  # no password: unchanged
-        ("runs/study_cpu/journal.log", "runs/study_cpu/journal.log"),
-        (
-            "model.attention.options.k: must be in [1, 32], got x:y@z",
-            "model.attention.options.k: must be in [1, 32], got x:y@z",
-        ),
-    ],
-)
-def test_redact_masks_the_password_of_every_url_and_nothing_else(text, masked):
-    assert redact(text) == masked
-
-
-SOURCES = [
-    p
-    for d in ("foundation", "training", "experiments", "lightning_modules", "datamodules", "sweeps")
-    for p in (REPO / d).rglob("*.py")
-]
-
-
-def test_checkpoints_load_weights_only_and_yaml_loads_safely():
-    """Every torch.load and every Lightning checkpoint load passes weights_only=True; YAML is only read with safe_load; nothing unpickles."""
-    for path in SOURCES:
-        text = path.read_text()
-        for call in re.findall(r"torch\.load\((?:[^()]|\([^()]*\))*\)", text):
-            assert "weights_only=True" in call, f"{path}: {call}"
-        # Lightning's loads: fit/validate/test/predict(ckpt_path=...) and load_from_checkpoint pickle unless told
-        for call in re.findall(r"\.(?:fit|validate|test|predict|load_from_checkpoint)\((?:[^()]|\([^()]*\))*\)", text):
-            if "ckpt_path=" in call or "load_from_checkpoint" in call:
-                assert "weights_only=True" in call, f"{path}: {call}"
-        assert not re.search(r"yaml\.(load|unsafe_load|full_load)\(", text), path
-        assert not re.search(r"pickle\.loads?\(", text), path
-
-
-def test_servers_bind_to_loopback():
-    makefile = (REPO / "Makefile").read_text()
-    assert re.search(r"^HOST \?= 127\.0\.0\.1$", makefile, re.M)
-    for server in ("tensorboard", "optuna-dashboard"):
-        lines = [line for line in makefile.splitlines() if f"/{server} " in line and not line.lstrip().startswith("@")]
-        assert lines and all("--host $(HOST)" in line for line in lines), server
