@@ -1,7 +1,9 @@
-"""Every Linformer variant: shapes, gradients, checkpoints, parameter counts, padding, and their maths.
+"""Linformer's sequence-axis projections (lightning_modules/attention/linformer/projections.py): random against
+learned, conv and pool, their windows and orders, the parameter counts of every sharing mode, and each layer's k.
 
-Variants are settings of ``model.attention`` on the one parameterised implementation; the causal
-ones' own guarantees (no leak, incremental decoding) are in ``test_causal.py``.
+Linformer's variants are settings of ``model.attention`` on the one parameterised implementation: the one-sided forms
+are ``test_one_sided.py``'s, the rules of the settings ``test_options.py``'s, and the causal ones' own guarantees
+(no leak, incremental decoding) ``test_causal.py``'s.
 """
 
 import math
@@ -12,11 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foundation.configfile import to_container
 from foundation.errors import ConfigError
 from lightning_modules.attention.linformer.projections import ProjectionBank
 from lightning_modules.encoder import TransformerEncoder, count_parameters
-from training import config as run_config
 
 N, D, H, L, V = 16, 16, 2, 2, 40
 
@@ -125,98 +125,9 @@ def test_pool_compress_first_equals_project_first():
     torch.testing.assert_close(first(x, mask), projected(x, mask), atol=1e-5, rtol=1e-5)
 
 
-# ----------------------------------------------------------------------------- key-only / value-only
-def _full_and_one_sided(compress, k, projection="learned", share="none"):
-    torch.manual_seed(0)
-    full = tiny.layer(tiny.attention("full"))
-    tiny.randomise_biases(full)
-    bank = ProjectionBank([k], N, H, share, projection, compress=compress, d_head=D // H)
-    one_sided = tiny.layer(tiny.attention(k=k, share=share, projection=projection, compress=compress), shared=bank)
-    one_sided.load_state_dict(full.state_dict())
-    return full, one_sided, bank
-
-
-@pytest.mark.parametrize("compress", ["keys", "values"])
-@pytest.mark.parametrize("e", ["identity", "random"])
-def test_one_sided_projection_with_k_equal_n_is_full_attention(compress, e):
-    full, one_sided, bank = _full_and_one_sided(compress, N)
-    if e == "identity":
-        with torch.no_grad():
-            bank.weight_0.copy_(torch.eye(N).expand_as(bank.weight_0))
-    x, mask = torch.randn(3, N, D), torch.ones(3, N, dtype=torch.bool)
-    mask[2, 10:] = False
-    torch.testing.assert_close(one_sided(x), full(x), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(one_sided(x, mask)[2, :10], full(x, mask)[2, :10], atol=1e-5, rtol=1e-5)
-
-
-def test_one_sided_pool_with_windows_of_one_is_full_attention():
-    full, one_sided, _ = _full_and_one_sided("keys", N, "pool")  # w = 1: P = I
-    x = torch.randn(2, N, D)
-    torch.testing.assert_close(one_sided(x), full(x), atol=1e-5, rtol=1e-5)
-
-
-def test_lift_is_the_projector_onto_the_row_space_of_e_on_real_positions():
-    bank = ProjectionBank([4], N, H, "none", compress="keys")
-    t, real = 12, 9
-    mask = torch.zeros(1, t, dtype=torch.bool)
-    mask[0, :real] = True
-    x = torch.randn(1, H, t, 3)
-    lifted = bank.lift(0, 0, x, mask)
-    e = bank.matrices(0, t)[0][:, :, :real]  # (h, k, real): E_m
-    expected = torch.linalg.pinv(e) @ e @ x[0, :, :real]  # E_m⁺ E_m x
-    torch.testing.assert_close(lifted[0, :, :real], expected, atol=1e-5, rtol=1e-4)
-    assert lifted[0, :, real:].abs().max() == 0  # padding stays empty
-    torch.testing.assert_close(bank.lift(0, 0, lifted, mask), lifted, atol=1e-5, rtol=1e-4)  # P² = P
-
-
-def _lift_reference(bank, x, mask):
-    """E_m⁺ E_m x for every sequence alone (P = diag(m) when it has ≤ k real tokens)."""
-    out = torch.zeros_like(x)
-    for b in range(len(x)):
-        real = int(mask[b].sum())
-        e = bank.matrices(0, x.shape[-2])[0][:, :, :real]  # (h, k, real)
-        out[b, :, :real] = torch.linalg.pinv(e) @ e @ x[b, :, :real] if real > e.shape[-2] else x[b, :, :real]
-    return out
-
-
-def test_lift_equals_the_projector_per_sequence_with_one_qr_per_group_without_padding(monkeypatch):
-    bank = ProjectionBank([4], N, H, "none", compress="keys")
-    x = torch.randn(3, H, 12, 3)
-    mask = torch.ones(3, 12, dtype=torch.bool)
-    mask[1, 9:], mask[2, 3:] = False, False  # 12, 9 and 3 (≤ k) real tokens
-    torch.testing.assert_close(bank.lift(0, 0, x, mask), _lift_reference(bank, x, mask), atol=1e-5, rtol=1e-4)
-    shapes, qr = [], torch.linalg.qr
-    monkeypatch.setattr(torch.linalg, "qr", lambda a, *args, **kw: shapes.append(a.shape) or qr(a, *args, **kw))
-    everything = torch.ones(3, 12, dtype=torch.bool)
-    torch.testing.assert_close(bank.lift(0, 0, x), _lift_reference(bank, x, everything), atol=1e-5, rtol=1e-4)
-    assert len(shapes) == 1 and math.prod(shapes[0][:-2]) == H  # E is the same for every sequence
-
-
-def test_lift_keeps_e_in_the_graph_when_every_sequence_is_short_and_never_syncs_the_host(monkeypatch):
-    """Under DDP a rank whose sequences all have ≤ k real tokens must still give E a (zero) gradient, or DDP
-    (find_unused_parameters=False) fails or hangs; and whether P is needed is decided on the device."""
-    for t, real in ((12, 3), (4, 4)):  # padded to T > k; T ≤ k without padding
-        bank = ProjectionBank([4], N, H, "none", compress="keys")
-        x = torch.randn(2, H, t, 3, requires_grad=True)
-        mask = None if real == t else torch.arange(t).expand(2, t) < real
-        for name in ("__bool__", "item", "tolist"):
-            monkeypatch.setattr(torch.Tensor, name, lambda *a, name=name: pytest.fail(f"lift called Tensor.{name}"))
-        lifted = bank.lift(0, 0, x, mask)
-        monkeypatch.undo()
-        lifted.sum().backward()
-        assert bank.weight_0.grad is not None and bank.weight_0.grad.abs().max() == 0
-        torch.testing.assert_close(lifted, x * (1 if mask is None else mask[:, None, :, None]))
-
-
-def test_windowed_lift_of_pool_is_the_window_mean_of_real_rows():
-    bank = ProjectionBank([4], 8, 1, "none", "pool", compress="values")  # w = 2
-    x = torch.arange(7.0).view(1, 1, 7, 1)
-    mask = torch.tensor([[True] * 5 + [False] * 2])
-    assert bank.lift(0, 0, x, mask).flatten().tolist() == [0.5, 0.5, 2.5, 2.5, 4.0, 0.0, 0.0]
-
-
 # ----------------------------------------------------------------------------- parameter counts
 n_, k_, h_, d_h, layers = 64, 16, 4, 8, 3  # w = 4; causal: 15 slots of 4
+
 KS = [16, 8, 6]  # windows 4, 8, 11
 
 
@@ -294,124 +205,3 @@ def test_nonuniform_k_gives_each_layer_its_k(share):
     if share == "layerwise":  # the first k_l rows of one matrix
         torch.testing.assert_close(enc.shared.matrices(1, N)[0], enc.shared.weight_0[0, :, :3])
     assert enc(torch.randint(0, V, (2, N))).shape == (2, N, D)
-
-
-# ----------------------------------------------------------------------------- config-time errors
-@pytest.mark.parametrize(
-    "overrides,message",
-    [
-        (
-            ["model.attention.options.projection=conv", "model.attention.options.order=compress_first"],
-            "model.attention.options.order: 'compress_first' needs E to commute with W_k, which conv's per-channel weights do not; "
-            "use auto or project_first",
-        ),
-        (
-            ["model.attention.options.compress=keys", "model.attention.options.order=compress_first"],
-            "model.attention.options.order: 'compress_first' does not apply with compress='keys' (the lift needs every key row); "
-            "use auto or project_first",
-        ),
-        (
-            ["task=clm", "model.attention.causal=true", "model.attention.options.order=compress_first"],
-            "model.attention.options.order: 'compress_first' does not apply with causal=true (the local block needs every key); "
-            "use auto or project_first",
-        ),
-        (
-            ["task=clm", "model.attention.causal=true", "model.attention.options.compress=values"],
-            "model.attention.options.compress: 'values' cannot be causal (its lift P = E⁺E mixes every position into every row); "
-            "use compress=both with causal=true",
-        ),
-        (
-            [
-                "model.attention.options.projection=conv",
-                "model.attention.options.share=layerwise",
-                "model.attention.options.k=[32,16]",
-            ],
-            "model.attention.options.k: per-layer k [32, 16] needs one window per layer, which share=layerwise cannot give a "
-            "conv projection; use share none, headwise or kv",
-        ),
-        (
-            [
-                "task=clm",
-                "model.attention.causal=true",
-                "model.attention.options.share=layerwise",
-                "model.attention.options.k_schedule={first: 32, last: 8}",
-            ],
-            "model.attention.options.k: per-layer k [32, 8] needs one window per layer, which share=layerwise cannot give a "
-            "causal projection; use share none, headwise or kv",
-        ),
-        (
-            ["model.attention.options.init=theorem2", "model.attention.options.share=kv"],
-            "model.attention.options.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
-            "got share=kv, compress=both",
-        ),
-        (
-            ["model.attention.options.init=theorem2", "model.attention.options.compress=keys"],
-            "model.attention.options.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
-            "got share=none, compress=keys",
-        ),
-        (
-            ["model.attention.kind=nope"],
-            "model.attention.kind: unknown kind 'nope' (allowed: full, linformer, local, lsh, no_context, nystrom, performer, sparse)",
-        ),
-        (
-            ["model.attention.options.projection=nope"],
-            "model.attention.options.projection: unknown projection kind 'nope' (allowed: learned, random, conv, pool)",
-        ),
-        (
-            ["model.attention.kind=full", "model.attention.options={window: 4}"],
-            "model.attention.options: kind 'full' takes no options, got {'window': 4}",
-        ),
-        (
-            ["model.attention.causal=true"],
-            "task: 'mlm' needs model.attention.causal=false (a masked token is predicted from both sides)",
-        ),
-    ],
-)
-def test_combinations_that_cannot_work_fail_at_config_time_with_one_line(overrides, message):
-    with pytest.raises(ConfigError) as err:
-        run_config.load(run_config.CONFIG_DIR / "base.yaml", overrides)
-    assert str(err.value) == message
-
-
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        [
-            "model.attention.options.projection=pool",
-            "model.attention.options.share=layerwise",
-            "model.attention.options.k=[32,16]",
-        ],
-        ["model.attention.options.share=layerwise", "model.attention.options.k=[32,16]"],
-        ["model.attention.options.projection=conv", "model.attention.options.init=theorem2"],
-        [
-            "task=clm",
-            "model.attention.causal=true",
-            "model.attention.options.projection=conv",
-            "model.attention.options.k=[32,16]",
-        ],
-    ],
-)
-def test_combinations_that_work_pass_the_config_check_and_build(overrides):
-    cfg = run_config.load(run_config.CONFIG_DIR / "base.yaml", overrides + ["model.max_len=64"])
-    assert TransformerEncoder(to_container(cfg.model), V)(torch.randint(0, V, (1, 64))).shape == (1, 64, 128)
-
-
-VARIANT_FILES = {  # file → (task, what it sets under model.attention)
-    "random_projection": ("mlm", {"projection": "random"}),
-    "nonuniform_k": ("mlm", {"k_schedule": {"kind": "linear", "first": 12, "last": 4}}),
-    "key_only": ("mlm", {"compress": "keys"}),
-    "value_only": ("mlm", {"compress": "values"}),
-    "conv_projection": ("mlm", {"projection": "conv"}),
-    "pool_projection": ("mlm", {"projection": "pool"}),
-    "causal_lm": ("clm", {"kind": "linformer", "causal": True}),
-    "causal_full": ("clm", {"kind": "full", "causal": True}),
-}
-
-
-@pytest.mark.parametrize("name", VARIANT_FILES)
-def test_each_variant_has_an_experiment_file_that_selects_it(name):
-    cfg = to_container(run_config.load(run_config.CONFIG_DIR / f"{name}.yaml"))
-    task, attention = VARIANT_FILES[name]
-    assert (cfg["experiment"], cfg["task"]) == (name, task)
-    att = cfg["model"]["attention"]
-    assert {key: att[key] if key in ("kind", "causal") else att["options"][key] for key in attention} == attention
