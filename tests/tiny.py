@@ -89,3 +89,13 @@ def data_cfg(tmp_path, **overrides):
     from datamodules.config import DataConfig
 
     return OmegaConf.merge(OmegaConf.structured(DataConfig), {"cache_dir": str(tmp_path / "cache"), **overrides})
+
+
+def rank_r_stochastic(n: int, r: int, seed: int = 0):
+    """A row-stochastic n×n matrix of rank r (float64): rows are mixtures of r probability vectors."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(n, r, generator=g, dtype=torch.float64).softmax(-1)
+    bases = torch.randn(r, n, generator=g, dtype=torch.float64).softmax(-1)
+    return mix @ bases
