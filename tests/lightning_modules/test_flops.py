@@ -1,6 +1,7 @@
 """Floating-point operation counts (lightning_modules/flops.py): an attention layer's count against its formula,
-counting that changes no output and no gradient, every kind at a budget of k against full attention, and a training
-step's count against a hand computation (the training FLOPs a run records in metrics.json)."""
+counting that changes no output and no gradient, every kind at a budget of k against full attention, a training
+step's count against a hand computation (the training FLOPs a run records in metrics.json), and the causal counts of
+CUDA's attention kernels, halved like the CPU one's."""
 
 import json
 from pathlib import Path
@@ -141,3 +142,77 @@ def test_a_run_records_its_training_flops_and_trains_exactly_as_it_would_without
     plain = train(cfg)
     assert plain["train_flops"] is None
     assert plain["val/loss"] == counted["val/loss"]  # same dropout draws, same updates
+
+
+# --------------------------------------------------------------------------------------- CUDA's attention kernels
+def _cuda_attention_calls(causal: bool) -> dict:
+    """Each CUDA attention kernel's aten op with positional arguments as its schema orders them (meta tensors:
+    only shapes matter): q, k, v (B=2, h=4, T=64, d_h=16) and, for a backward, grad_out and out alike."""
+    aten = torch.ops.aten
+    t = torch.empty(2, 4, 64, 16, device="meta")
+    lse, none = torch.empty(2, 4, 64, device="meta"), torch.empty(0, device="meta")
+    return {
+        aten._scaled_dot_product_flash_attention: (t, t, t, 0.0, causal),
+        aten._scaled_dot_product_efficient_attention: (t, t, t, None, False, 0.0, causal),
+        aten._scaled_dot_product_cudnn_attention: (t, t, t, None, False, 0.0, causal),
+        aten._scaled_dot_product_flash_attention_backward: (
+            t,
+            t,
+            t,
+            t,
+            t,
+            lse,
+            none,
+            none,
+            64,
+            64,
+            0.0,
+            causal,
+            none,
+            none,
+        ),
+        aten._scaled_dot_product_efficient_attention_backward: (
+            t,
+            t,
+            t,
+            t,
+            none,
+            t,
+            lse,
+            none,
+            none,
+            0.0,
+            [True] * 4,
+            causal,
+        ),
+        aten._scaled_dot_product_cudnn_attention_backward: (
+            t,
+            t,
+            t,
+            t,
+            t,
+            lse,
+            none,
+            none,
+            none,
+            none,
+            none,
+            64,
+            64,
+            0.0,
+            causal,
+        ),
+    }
+
+
+def test_causal_flops_of_the_cuda_attention_kernels_are_halved_like_the_cpu_one():
+    """Flash, memory-efficient and cuDNN attention skip the blocks above the diagonal under is_causal, as the
+    CPU flash kernel does: their counts halve too (torch's own formulas ignore is_causal)."""
+    from torch.utils.flop_counter import flop_registry
+
+    forward = 4 * 2 * 4 * 64 * 64 * 16  # Q Kᵀ and P V
+    for (op, causal_args), full_args in zip(_cuda_attention_calls(True).items(), _cuda_attention_calls(False).values()):
+        full = flop_registry[op](*full_args)
+        assert full == (forward if "backward" not in str(op) else forward * 5 // 2), op
+        assert flop_registry[op](*causal_args) == full // 2, op
+        assert flop_registry[op](*full_args[:-1], is_causal=True) == full // 2, op  # passed by keyword
