@@ -1,5 +1,6 @@
-"""What a user sees: the last lines of a run (objective, no-context level, gain), a console without third-party
-noise, a progress bar in any terminal, plain lines without one, and TensorBoard's HPARAMS carrying the answer."""
+"""What a user sees of a run (training/console.py): its last lines (objective, no-context level, gain), a console
+without third-party noise, a progress bar in any terminal, plain lines without one, and TensorBoard's HPARAMS
+carrying the answer. The answer's own words are ``test_answer.py``'s."""
 
 import fcntl
 import json
@@ -15,13 +16,12 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
-from tiny import TINY_MODEL
+from tiny import REPO, TINY_MODEL
 
 from experiments import cli
-from training.answer import Objective, answer_lines, objective_of
 
-REPO = Path(__file__).resolve().parents[1]
 BYTES = REPO / "experiments" / "configs" / "bytes_mlm.yaml"
+
 NOISE = ("💡", "litlogger", "_pytree", "LeafSpec", "weights_only", "v_num", "Warning")
 
 
@@ -118,90 +118,3 @@ def test_without_a_terminal_progress_is_plain_lines_and_hparams_carry_the_object
     assert last["hp/val_masked_loss"] == pytest.approx(metrics["val/masked_loss"], abs=1e-6)
     gain = metrics["baselines"]["unigram/masked_loss"] - metrics["val/masked_loss"]
     assert last["hp/context_gain"] == pytest.approx(gain, abs=1e-6)
-
-
-@pytest.mark.parametrize(
-    "task, groups, metric",
-    [
-        ("mlm", ("masked", "random", "kept"), "val/masked_loss"),
-        ("mlm", (), "val/loss"),
-        ("clm", (), "val/loss"),
-        ("recall", (), "val/accuracy"),
-        ("classify", (), "val/accuracy"),
-        ("listops", (), "val/accuracy"),
-    ],
-)
-def test_each_task_answers_with_its_studies_objective(task, groups, metric):
-    assert objective_of(task, groups).metric == metric
-
-
-def test_a_loss_gain_is_the_no_context_level_minus_the_loss_and_a_small_one_is_said_in_words():
-    metrics = {"val/masked_loss": 2.80, "baselines": {"unigram/masked_loss": 3.09}}
-    (line,) = answer_lines(Objective("val/masked_loss"), metrics)
-    assert "val/masked_loss 2.8000" in line and "no context 3.0900" in line and "gain +0.2900 nats" in line
-    stuck = answer_lines(Objective("val/masked_loss"), {**metrics, "val/masked_loss": 3.06})
-    assert len(stuck) == 2 and "did not leave the no-context level" in stuck[1] and "+0.0300" in stuck[1]
-
-
-def test_classification_stands_beside_the_majority_class():
-    metrics = {"val/accuracy": 0.81, "trivial_accuracy": 0.5}
-    (line,) = answer_lines(Objective("val/accuracy"), metrics)
-    assert "majority class 0.5000 (trivial_accuracy)" in line and "gain +0.3100" in line and "nats" not in line
-    stuck = answer_lines(Objective("val/accuracy"), {**metrics, "val/accuracy": 0.51})
-    assert "did not leave the no-context level" in stuck[-1]
-
-
-def test_a_sweep_progress_line_counts_trials_and_projects_the_time_left_at_this_sessions_pace():
-    from sweeps.run.command import progress_line
-
-    # 2 trials were done before this command; 3 more finished in 6 minutes: 7 left at 2 min each.
-    assert progress_line(5, 12, 2, 360.0) == "progress: 5/12 trials, 6:00 elapsed, about 14:00 left"
-    assert progress_line(2, 12, 2, 30.0) == "progress: 2/12 trials, 0:30 elapsed"  # no pace yet
-    assert progress_line(4, None, 0, 3700.0) == "progress: 4/∞ trials, 1:01:40 elapsed"
-
-
-def test_check_counts_the_parameters_of_the_recall_model_it_will_build(tmp_path):
-    from training import config as run_config
-    from training.train import build_datamodule, build_module, check_parameters
-
-    cfg = run_config.load(
-        REPO / "experiments" / "configs" / "mqar.yaml", ["data.mqar.n_train=64", "data.mqar.n_val=32"]
-    )
-    datamodule = build_datamodule(cfg)
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    assert check_parameters(cfg) == (build_module(cfg, datamodule).n_parameters, True)
-
-
-def test_a_report_advises_the_gpu_preset_only_where_the_study_file_has_one():
-    from types import SimpleNamespace
-
-    from sweeps.report.command import advice_of
-    from sweeps.spec.schema import SWEEPS_DIR
-    from sweeps.spec.study import load_study
-
-    # the file's presets as the loaded study keeps them (the report does not read the file again)
-    assert load_study(SWEEPS_DIR / "k_sweep.yaml").presets == ("cpu", "gpu")
-    assert advice_of(SimpleNamespace(presets=("cpu", "gpu"), preset="cpu")) == "run the GPU preset (--preset gpu)"
-    assert advice_of(SimpleNamespace(presets=("cpu", "gpu"), preset="gpu")) == "add seeds or training steps"
-    assert advice_of(SimpleNamespace(presets=(), preset=None)) == "add seeds or training steps"
-
-
-CONFIG_FILES = sorted((REPO / "experiments" / "configs").glob("*.yaml"))
-
-
-@pytest.mark.parametrize("path", CONFIG_FILES, ids=[p.stem for p in CONFIG_FILES])
-def test_every_shipped_config_answers_on_a_cpu_in_minutes_or_says_at_its_top_that_it_needs_a_gpu(path):
-    """A CPU config is the size of the bases measured to learn in about a minute a run (bytes_mlm: n = 32, d = 64,
-    600 steps; mqar: n = 24, d = 32, 1,500 steps); a GPU one opens with "Needs a GPU" and says so in its run."""
-    from training import config as run_config
-    from training.train import check_parameters, gpu_note
-
-    cfg = run_config.load(path, ["trainer.accelerator=cpu"])
-    if cfg.answers_on == "gpu":
-        assert path.read_text().startswith("# Needs a GPU:"), path.name
-        assert "needs a GPU" in gpu_note(cfg)
-    else:
-        assert gpu_note(cfg) is None
-        assert cfg.model.max_len <= 32 and cfg.model.d_model <= 64 and cfg.trainer.max_steps <= 1500, path.name
-        assert check_parameters(cfg)[0] < 200_000, path.name

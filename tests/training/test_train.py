@@ -1,4 +1,5 @@
-"""`linformer-lab train` end to end on a tiny model: run directory, TensorBoard, metrics, resume."""
+"""`linformer-lab train` (training/train.py) end to end on a tiny model: run directory, TensorBoard, metrics, resume;
+the parameters ``--check`` counts, and every shipped config answers on a CPU in minutes or says that it needs a GPU."""
 
 import json
 import math
@@ -6,6 +7,7 @@ import math
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
+from tiny import REPO
 
 from experiments import cli
 
@@ -90,3 +92,36 @@ def test_training_scalars_are_written_every_n_steps_across_a_resume(tiny_overrid
         assert sorted(e.step for e in acc.Scalars(tag)) == [3, 7], tag
     for loss, ppl in zip(acc.Scalars("train/loss"), acc.Scalars("train/ppl")):
         assert ppl.value == pytest.approx(math.exp(loss.value), rel=1e-5)
+
+
+def test_check_counts_the_parameters_of_the_recall_model_it_will_build(tmp_path):
+    from training import config as run_config
+    from training.train import build_datamodule, build_module, check_parameters
+
+    cfg = run_config.load(
+        REPO / "experiments" / "configs" / "mqar.yaml", ["data.mqar.n_train=64", "data.mqar.n_val=32"]
+    )
+    datamodule = build_datamodule(cfg)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    assert check_parameters(cfg) == (build_module(cfg, datamodule).n_parameters, True)
+
+
+CONFIG_FILES = sorted((REPO / "experiments" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=[p.stem for p in CONFIG_FILES])
+def test_every_shipped_config_answers_on_a_cpu_in_minutes_or_says_at_its_top_that_it_needs_a_gpu(path):
+    """A CPU config is the size of the bases measured to learn in about a minute a run (bytes_mlm: n = 32, d = 64,
+    600 steps; mqar: n = 24, d = 32, 1,500 steps); a GPU one opens with "Needs a GPU" and says so in its run."""
+    from training import config as run_config
+    from training.train import check_parameters, gpu_note
+
+    cfg = run_config.load(path, ["trainer.accelerator=cpu"])
+    if cfg.answers_on == "gpu":
+        assert path.read_text().startswith("# Needs a GPU:"), path.name
+        assert "needs a GPU" in gpu_note(cfg)
+    else:
+        assert gpu_note(cfg) is None
+        assert cfg.model.max_len <= 32 and cfg.model.d_model <= 64 and cfg.trainer.max_steps <= 1500, path.name
+        assert check_parameters(cfg)[0] < 200_000, path.name

@@ -62,3 +62,17 @@ def test_a_diverging_trial_is_recorded_with_its_reason_and_the_report_holds_ever
     assert "| diverges | 0 |" in summary and "## Failed trials" in summary
     for png in ("history.png", "parallel_coordinate.png", "learning_curves.png"):
         assert (out / png).stat().st_size > 1000
+
+
+def test_a_report_advises_the_gpu_preset_only_where_the_study_file_has_one():
+    from types import SimpleNamespace
+
+    from sweeps.report.command import advice_of
+    from sweeps.spec.schema import SWEEPS_DIR
+    from sweeps.spec.study import load_study
+
+    # the file's presets as the loaded study keeps them (the report does not read the file again)
+    assert load_study(SWEEPS_DIR / "k_sweep.yaml").presets == ("cpu", "gpu")
+    assert advice_of(SimpleNamespace(presets=("cpu", "gpu"), preset="cpu")) == "run the GPU preset (--preset gpu)"
+    assert advice_of(SimpleNamespace(presets=("cpu", "gpu"), preset="gpu")) == "add seeds or training steps"
+    assert advice_of(SimpleNamespace(presets=(), preset=None)) == "add seeds or training steps"

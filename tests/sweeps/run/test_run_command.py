@@ -438,3 +438,12 @@ def test_two_workers_share_a_postgresql_study_and_the_report_reads_it(tmp_path, 
     assert cli.main(["report", str(path), "--storage", postgres_url]) == 0
     assert (tmp_path / "runs" / "rdb" / "report" / "summary.md").is_file()
     assert not (tmp_path / "runs" / "rdb" / stored.JOURNAL).exists()
+
+
+def test_a_sweep_progress_line_counts_trials_and_projects_the_time_left_at_this_sessions_pace():
+    from sweeps.run.command import progress_line
+
+    # 2 trials were done before this command; 3 more finished in 6 minutes: 7 left at 2 min each.
+    assert progress_line(5, 12, 2, 360.0) == "progress: 5/12 trials, 6:00 elapsed, about 14:00 left"
+    assert progress_line(2, 12, 2, 30.0) == "progress: 2/12 trials, 0:30 elapsed"  # no pace yet
+    assert progress_line(4, None, 0, 3700.0) == "progress: 4/∞ trials, 1:01:40 elapsed"
