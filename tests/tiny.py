@@ -20,7 +20,7 @@ def attention(kind: str = "linformer", causal: bool = False, dropout: float = 0.
     return {"kind": kind, "causal": causal, "dropout": dropout, "options": options}
 
 
-# Every kind but Linformer (whose variants tests/test_contract.py lists) at n = 16, by case name → (kind, options):
+# Every kind but Linformer (whose variants tests/lightning_modules/attention/test_contract.py lists) at n = 16, by case name → (kind, options):
 # each a real restriction of full attention, not its limit.
 KINDS = {
     "full": ("full", {}),

@@ -376,7 +376,7 @@ class Preempted(LastCheckpoint):
 
 
 def test_sigterm_saves_a_resumable_checkpoint_and_exits_143(tiny_overrides, tmp_path, monkeypatch, capsys):
-    """In this process, as the command runs it (a real process under DDP: tests/test_ddp.py, -m slow)."""
+    """In this process, as the command runs it (a real process under DDP: tests/training/test_ddp.py, -m slow)."""
     run_dir = tmp_path / "preempted"
     args = long_run(tiny_overrides, run_dir)
     monkeypatch.setattr("training.train.LastCheckpoint", Preempted)

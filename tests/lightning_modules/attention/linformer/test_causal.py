@@ -1,6 +1,7 @@
 """Causal Linformer beyond the contract every kind keeps (no output sees a later token, incremental decoding equals
-the parallel forward: ``test_contract.py``): its decoding state has a fixed size, its block mask is built once, its
-chunked rows equal the written-out form, and a causal LM learns on the embedded corpus."""
+the parallel forward: ``tests/lightning_modules/attention/test_contract.py``): its decoding state has a fixed size,
+its block mask is built once, its chunked rows equal the written-out form, and a causal LM learns on the embedded
+corpus."""
 
 import json
 import math
