@@ -17,7 +17,8 @@ positions, which a Linformer whose k is far below N cannot do.
 Every sequence of a run has the same length 2N + Q ≤ ``model.max_len`` = n (the model's n, which sizes E/F
 and w = ⌈n/k⌉ whatever N is): no sequence is padded, so batches carry no attention mask and every kind takes
 its path without padding. Padding them up to n would change no output on a real token (every kind's mask
-contract, tests/test_kinds.py; the loss and its gradient, tests/test_mqar.py) and only cost: at N = 4 of n = 24,
+contract, tests/lightning_modules/attention/test_contract.py; the loss and its gradient,
+tests/datamodules/test_mqar.py) and only cost: at N = 4 of n = 24,
 half of every step.
 
 Vocabulary: [PAD]=0 (never in a sequence), keys 1 … K, values K+1 … K+V with K = ``vocab_size // 2``,

@@ -45,7 +45,7 @@ def build_optimizer(model: nn.Module, optim: dict, max_steps: int) -> dict[str, 
         betas=tuple(optim["betas"]),
         eps=optim["eps"],
         # One multi-tensor update (torch's default on CUDA, not on CPU): the same arithmetic, bit for bit, without
-        # a Python round per parameter tensor (tests/test_optim.py).
+        # a Python round per parameter tensor (tests/lightning_modules/test_optim.py).
         foreach=True,
     )
     sched = torch.optim.lr_scheduler.LambdaLR(

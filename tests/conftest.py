@@ -14,20 +14,36 @@ os.environ.update(
     HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=_HF_HOME, HF_DATASETS_CACHE=os.path.join(_HF_HOME, "datasets")
 )
 
+import importlib.util  # noqa: E402
+import sys  # noqa: E402
 import types  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from pg import postgres_server, postgres_url  # noqa: E402,F401  (fixtures: a throwaway PostgreSQL server)
-from tiny import TINY_MODEL  # noqa: E402
+from tiny import REPO, TINY_MODEL  # noqa: E402
+
+# The test folders mirror the packages and hold no __init__.py: pytest puts the folder of each test file it imports on
+# sys.path (import mode prepend), where a folder beside it would pass for a module of its name that is not installed:
+# tests/lightning_modules/attention/linformer/ for the reference library linformer (extra refs) once
+# tests/lightning_modules/attention/ is there, an empty package where a test expects an ImportError. A folder name
+# that no installed package answers (or only a folder of tests) is made to import nothing, before any test folder
+# is on sys.path.
+_TESTS = Path(__file__).resolve().parent
+for _name in sorted({p.name for p in _TESTS.rglob("*") if p.is_dir() and p.name.isidentifier()} - {"__pycache__"}):
+    _spec = importlib.util.find_spec(_name)
+    if _spec is None or (
+        _spec.origin is None and all(Path(p).resolve().is_relative_to(_TESTS) for p in _spec.submodule_search_locations)
+    ):
+        sys.modules.setdefault(_name, None)
 
 # The cores shared among pytest-xdist's workers (`make test` starts one per core), at most two torch threads
 # each: the tests' models are small, and on cores busy with other work one thread is faster (78 attention
 # variants' forward and backward: 5 s with one, 23-25 s with two). LINFORMER_TEST_THREADS sets it.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(int(os.environ.get("LINFORMER_TEST_THREADS", max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))))
-CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+CONFIGS = REPO / "experiments" / "configs"
 
 
 @pytest.fixture(scope="session")

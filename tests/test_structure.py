@@ -340,7 +340,7 @@ def process_tier_offenders(source: str) -> list[str]:
 def test_every_test_that_starts_a_process_carries_the_processes_marker():
     found = [
         f"{path.relative_to(ROOT).as_posix()}: {name}"
-        for path in sorted((ROOT / "tests").glob("test_*.py"))
+        for path in sorted((ROOT / "tests").rglob("test_*.py"))
         for name in process_tier_offenders(path.read_text(encoding="utf-8"))
     ]
     assert not found, "tests that start a process without @pytest.mark.processes:\n" + "\n".join(found)
@@ -359,3 +359,74 @@ def test_the_process_tier_check_would_catch_one():
         process_tier_offenders("pytestmark = pytest.mark.processes\n" + helper + "def test_a():\n    launch()\n") == []
     )
     assert process_tier_offenders("import sys\n\ndef test_f():\n    print(sys.argv)\n") == []
+
+
+# -------------------------------------------------------------------------------------------- where a test file lies
+# tests/ mirrors the packages: the tests of a module lie under its package's path in tests/ (lightning_modules/
+# attention/local.py → tests/lightning_modules/attention/test_local.py), named after the module where one module is
+# their subject. Cross-cutting tests lie at the top of tests/ (the house's structure, its security) or in tests/e2e/
+# (the commands end to end: hostile input, config fuzzing, crash safety, run folders). The helpers tests share lie at
+# the top of tests/, on pytest's pythonpath. No test folder holds an __init__.py: pytest puts each test file's folder
+# on sys.path (import mode prepend) and imports the file by its name, so no two test files share a name.
+MIRRORED = tuple(p for p in PACKAGES if p != "tests")
+CROSS_CUTTING = {"test_security.py", "test_structure.py"}
+CROSS_CUTTING_FOLDERS = {"e2e"}
+HELPERS = {"conftest.py", "kinds.py", "pg.py", "studies.py", "tiny.py"}
+
+
+def layout_offenders(root: Path) -> list[str]:
+    """The Python files under ``root``/tests that lie outside the layout: a test in a folder that mirrors no package
+    (one holding modules) and is not cross-cutting, a test at the top of tests/ outside ``CROSS_CUTTING``, a helper
+    anywhere but at the top of tests/ (and in ``HELPERS``), an __init__.py, a test file's name taken twice."""
+    tests, found, first = root / "tests", [], {}
+    for path in sorted(tests.rglob("*.py")):
+        rel = path.relative_to(tests)
+        folder = rel.parent.as_posix()
+        where = f"tests/{rel.as_posix()}"
+        if path.name == "__init__.py":
+            found.append(f"{where}: an __init__.py (test folders are no packages: test file names are unique instead)")
+        elif not path.name.startswith("test_"):
+            if folder != "." or path.name not in HELPERS:
+                found.append(f"{where}: a helper lies at the top of tests/ and is one of HELPERS")
+        elif folder == ".":
+            if path.name not in CROSS_CUTTING:
+                found.append(f"{where}: a test at the top of tests/ is a cross-cutting one (CROSS_CUTTING)")
+        elif folder not in CROSS_CUTTING_FOLDERS and not (
+            rel.parts[0] in MIRRORED and any((root / folder).glob("*.py"))
+        ):
+            found.append(f"{where}: {folder}/ mirrors no package and is not a cross-cutting folder")
+        if path.name.startswith("test_"):
+            if path.name in first:
+                found.append(f"{where}: {first[path.name]} has its name")
+            first.setdefault(path.name, where)
+    return found
+
+
+def test_every_test_file_lies_under_the_package_it_tests_or_among_the_cross_cutting_ones():
+    assert layout_offenders(ROOT) == []
+
+
+def test_the_layout_check_would_catch_one(tmp_path):
+    for module in ("sweeps/spec/study.py", "training/train.py"):
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / module).write_text("")
+    for test in (
+        "tiny.py",
+        "test_structure.py",
+        "e2e/test_hostile_input.py",
+        "sweeps/spec/test_study.py",
+        "sweeps/specs/test_grids.py",
+        "test_loose.py",
+        "sweeps/helpers.py",
+        "sweeps/__init__.py",
+        "training/test_study.py",
+    ):
+        (tmp_path / "tests" / test).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tests" / test).write_text("")
+    assert [line.split(":")[0] for line in layout_offenders(tmp_path)] == [
+        "tests/sweeps/__init__.py",
+        "tests/sweeps/helpers.py",
+        "tests/sweeps/specs/test_grids.py",
+        "tests/test_loose.py",
+        "tests/training/test_study.py",
+    ]

@@ -1,5 +1,10 @@
 """The tiny model every fast test trains: seconds on a CPU."""
 
+from pathlib import Path
+
+# The repository's root, wherever in tests/ the test that asks lies.
+REPO = Path(__file__).resolve().parents[1]
+
 TINY_MODEL = [
     "model.max_len=32",
     "model.d_model=32",
@@ -15,7 +20,7 @@ def attention(kind: str = "linformer", causal: bool = False, dropout: float = 0.
     return {"kind": kind, "causal": causal, "dropout": dropout, "options": options}
 
 
-# Every kind but Linformer (whose variants tests/test_contract.py lists) at n = 16, by case name → (kind, options):
+# Every kind but Linformer (whose variants tests/lightning_modules/attention/test_contract.py lists) at n = 16, by case name → (kind, options):
 # each a real restriction of full attention, not its limit.
 KINDS = {
     "full": ("full", {}),
@@ -84,3 +89,13 @@ def data_cfg(tmp_path, **overrides):
     from datamodules.config import DataConfig
 
     return OmegaConf.merge(OmegaConf.structured(DataConfig), {"cache_dir": str(tmp_path / "cache"), **overrides})
+
+
+def rank_r_stochastic(n: int, r: int, seed: int = 0):
+    """A row-stochastic n×n matrix of rank r (float64): rows are mixtures of r probability vectors."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(n, r, generator=g, dtype=torch.float64).softmax(-1)
+    bases = torch.randn(r, n, generator=g, dtype=torch.float64).softmax(-1)
+    return mix @ bases

@@ -1,0 +1,221 @@
+"""``linformer-lab bench`` (experiments/bench.py) end to end: every output with its columns, cases that would not
+fit or that run out of memory, bf16 only where the GPU computes it, every attention kind against SDPA, and the race
+against the libraries as a level of its own."""
+
+import argparse
+import csv
+
+import pytest
+import torch
+
+from experiments import bench, cli
+from experiments.benchmarks import cases, report
+
+CPU = torch.device("cpu")
+
+TINY = [
+    "--n",
+    "32,64",
+    "--k",
+    "8",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--layers",
+    "2",
+    "--d-ff",
+    "64",
+    "--vocab",
+    "50",
+    "--repeats",
+    "2",
+    "--min-time",
+    "0.001",
+    "--decode-window",
+    "4",
+    "--loop-batch",
+    "2",
+    "--loop-steps",
+    "3",
+    "--loop-rounds",
+    "2",
+    "--threads",
+    "1",
+]
+
+
+# ------------------------------------------------------------------------------ the bench end to end
+def test_tiny_bench_writes_every_output_with_the_expected_columns(tmp_path):
+    assert cli.main(["bench", *TINY, "--variants", "learned,causal", "--out", str(tmp_path)]) == 0
+    (out,) = tmp_path.iterdir()
+    assert {p.name for p in out.iterdir() if not p.name.startswith("events.out.tfevents")} == {
+        "results.csv",
+        "table.md",
+        "scaling.png",
+        "kind_costs.json",  # each kind's layer forward + backward cost, for the study reports
+    }
+    assert any(p.name.startswith("events.out.tfevents") for p in out.iterdir())
+    assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    with (out / "results.csv").open() as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames) == report.COLUMNS
+        rows = list(reader)
+    assert not [r for r in rows if r["note"].startswith("failed")]
+    timed = {(r["level"], r["mode"], r["variant"], r["causal"], int(r["n"])): r for r in rows if r["time_ms_median"]}
+    for level in ("layer", "model"):
+        for mode in ("fwd", "fwdbwd"):
+            for n in (32, 64):
+                for variant, causal in (
+                    ("naive", "False"),
+                    ("sdpa", "False"),
+                    ("learned", "False"),
+                    ("naive", "True"),
+                    ("sdpa", "True"),
+                    ("causal", "True"),
+                ):
+                    assert (level, mode, variant, causal, n) in timed
+                row = timed[(level, mode, "learned", "False", n)]
+                for column in (
+                    "speedup_vs_sdpa",
+                    "speedup_vs_naive",
+                    "memory_saving_vs_sdpa",
+                    "memory_saving_vs_naive",
+                    "efficiency",
+                    "peak_mem_mb",
+                    "gflop",
+                ):
+                    assert float(row[column]) > 0, column
+    assert {(r["variant"], int(r["n"])) for r in rows if r["level"] == "decode"} == {
+        (v, n) for v in ("causal", "sdpa") for n in (32, 64)
+    }
+    assert {r["variant"] for r in rows if r["level"] == "loop"} == {"lightning", "pytorch"}
+
+    table = (out / "table.md").read_text()
+    for heading in (
+        "### layer · forward (inference mode) · learned",
+        "### model · forward + backward · causal",
+        "Over naive softmax attention (the paper's baseline):",
+        "Over scaled_dot_product_attention:",
+        "## Streaming decode",
+        "## Lightning loop vs bare PyTorch loop",
+    ):
+        assert heading in table
+
+
+def test_a_case_that_would_not_fit_is_skipped_with_a_note(monkeypatch):
+    holding_nothing(monkeypatch)  # the peaks alone (what the group's cases hold: the next test)
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args([*TINY, "--variants", "learned", "--memory-limit-mb", "0.01"])
+    run = bench.Bench(
+        args, cases.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU), peak_flops=1e9, peak_shape=(64, 32, 32)
+    )
+    run.group("layer", "fwd", 64)
+    # Naive needs 2·h·n² floats = 64 KiB, over the 10 KiB limit; the others are probed and run.
+    (naive,) = [r for r in run.rows if r["variant"] == "naive"]
+    assert naive["note"].startswith("would not fit") and naive.get("time_ms_median") is None
+    learned = next(r for r in run.rows if r["variant"] == "learned")
+    assert learned["time_ms_median"] > 0 and learned.get("speedup_vs_naive") is None
+    run.group("layer", "fwd", 128)  # extrapolated from n = 64 as n²: now nothing fits
+    assert all(r["note"].startswith("would not fit") for r in run.rows if r["n"] == 128)
+
+
+def _bench(*extra: str) -> bench.Bench:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return bench.Bench(
+        parser.parse_args([*TINY, "--variants", "learned", *extra]),
+        cases.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU),
+        peak_flops=1e9,
+        peak_shape=(64, 32, 32),
+    )
+
+
+def holding_nothing(monkeypatch, held: int = 0) -> None:
+    """Cases built from now on report ``held`` bytes kept between calls, and carry their variant on ``run``."""
+    build = cases.build
+
+    def built(level, mode, variant, *args, **kwargs):
+        case = build(level, mode, variant, *args, **kwargs)
+        case.held, case.run.variant = (lambda: held), variant
+        return case
+
+    monkeypatch.setattr(cases, "build", built)
+
+
+def test_the_memory_limit_counts_what_the_groups_other_cases_hold(monkeypatch):
+    """While a group is timed all its cases are alive: each case's peak must fit beside what every case holds
+    between calls (weights, inputs, gradients), not beside nothing."""
+    mib = 2**20
+    holding_nothing(monkeypatch, held=3 * mib)
+    monkeypatch.setattr(bench, "peak_memory_bytes", lambda fn, device: 4 * mib)
+    run = _bench("--memory-limit-mb", "10")  # each case alone: 3 + 4 MiB; three together: 9 + 4 MiB
+    run.group("layer", "fwd", 64)
+    skipped = [r for r in run.rows if r.get("note")]
+    timed = [r for r in run.rows if r.get("time_ms_median")]
+    assert len(skipped) == 1 and "would not fit beside the group's other cases" in skipped[0]["note"]
+    assert len(timed) == 2
+
+
+def test_out_of_memory_while_timing_drops_a_case_and_times_the_others(monkeypatch):
+    timed_together = bench.interleaved_seconds
+
+    def out_of_memory_with_naive(fns, calls, repeats, device):
+        if any(key[2] == "naive" for key in fns if key != "gemm"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return timed_together(fns, calls, repeats, device)
+
+    monkeypatch.setattr(bench, "interleaved_seconds", out_of_memory_with_naive)
+    holding_nothing(monkeypatch)
+    monkeypatch.setattr(bench, "peak_memory_bytes", lambda fn, device: 2**20 * (8 if fn.variant == "naive" else 1))
+    run = _bench()
+    run.group("layer", "fwd", 64)
+    rows = {r["variant"]: r for r in run.rows}
+    assert rows["naive"]["note"].startswith("failed: out of memory while timing")
+    assert rows["sdpa"]["time_ms_median"] > 0 and rows["learned"]["time_ms_median"] > 0
+
+
+@pytest.mark.parametrize("capability, dtype", [((7, 0), torch.float16), ((8, 0), torch.bfloat16)])
+def test_the_bench_times_bf16_only_where_the_gpu_computes_it(monkeypatch, capability, dtype):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert bench._auto_dtype(torch.device("cuda", 0)) == dtype and bench._auto_dtype(CPU) == torch.float32
+
+
+@pytest.mark.slow  # ~25 s on 2 shared cores: every kind probed and timed at 2 levels × 2 modes
+def test_every_attention_kind_runs_in_the_bench_with_ratios_against_sdpa():
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    kinds = ["sparse", "local", "lsh", "performer", "nystrom"]
+    args = parser.parse_args([*TINY, "--variants", ",".join(kinds)])
+    run = bench.Bench(
+        args, cases.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU), peak_flops=1e9, peak_shape=(64, 32, 32)
+    )
+    for level in ("layer", "model"):
+        for mode in ("fwd", "fwdbwd"):
+            run.group(level, mode, 32)
+    rows = {(r["level"], r["mode"], r["variant"]): r for r in run.rows}
+    for level in ("layer", "model"):
+        for mode in ("fwd", "fwdbwd"):
+            for kind in kinds:
+                row = rows[(level, mode, kind)]
+                assert row.get("note") is None, row["note"]
+                assert row["speedup_vs_sdpa"] > 0 and row["gflop"] > 0 and row["efficiency"] > 0
+
+
+def test_unknown_variant_is_a_one_line_error(capsys):
+    assert cli.main(["bench", "--variants", "learned,bigbird"]) == 2
+    assert "--variants: bigbird not allowed" in capsys.readouterr().err
+
+
+def test_library_race_is_its_own_level_written_beside_the_bench_tables(tmp_path):
+    pytest.importorskip("local_attention")
+    pytest.importorskip("nystrom_attention")
+    assert (
+        cli.main(["bench", *TINY, "--levels", "libraries", "--variants", "local,nystrom", "--out", str(tmp_path)]) == 0
+    )
+    (out,) = tmp_path.iterdir()
+    table = (out / "libraries.md").read_text()
+    assert "library time ÷ project time" in table
+    assert list(csv.DictReader((out / "libraries.csv").open()))[0]["variant"] in ("local", "nystrom")

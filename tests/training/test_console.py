@@ -1,0 +1,120 @@
+"""What a user sees of a run (training/console.py): its last lines (objective, no-context level, gain), a console
+without third-party noise, a progress bar in any terminal, plain lines without one, and TensorBoard's HPARAMS
+carrying the answer. The answer's own words are ``test_answer.py``'s."""
+
+import fcntl
+import json
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+from tiny import REPO, TINY_MODEL
+
+from experiments import cli
+
+BYTES = REPO / "experiments" / "configs" / "bytes_mlm.yaml"
+
+NOISE = ("💡", "litlogger", "_pytree", "LeafSpec", "weights_only", "v_num", "Warning")
+
+
+def tiny_bytes(tmp_path: Path) -> list[str]:
+    """bytes_mlm.yaml shrunk to seconds: the tiny model, 6 steps, 16 validation blocks (all of them scored)."""
+    return [
+        str(BYTES),
+        f"output_dir={tmp_path / 'runs'}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *TINY_MODEL,
+        "data.max_texts=200",
+        "data.batch_size=8",
+        "data.max_val_blocks=16",
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=3",
+        "trainer.limit_val_batches=2",
+        "trainer.log_every_n_steps=1",
+        "trainer.accelerator=cpu",
+        "trainer.cpu_threads=1",
+        "optim.warmup_steps=2",
+    ]
+
+
+def _in_terminal_of_width_zero(args: list[str], cwd: Path) -> str:
+    """The output of ``linformer-lab train ARGS`` run in a pseudo-terminal that reports 0 columns and 0 rows."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "0", "LINES": "0"}
+    env.pop("PYTHONWARNINGS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.cli", "train", *args],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        cwd=cwd,
+        env=env,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")[-3000:]
+    return b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+
+
+@pytest.mark.processes  # a `linformer-lab train` process
+def test_a_run_ends_with_its_objective_and_shows_a_bar_in_a_zero_width_terminal_without_noise(tmp_path):
+    out = _in_terminal_of_width_zero(tiny_bytes(tmp_path), tmp_path)
+    lines = [line for line in re.split(r"[\r\n]", out) if line.strip()]
+    for word in NOISE:
+        assert not [line for line in lines if word in line], word
+    assert any(re.search(r"Epoch 0: 100%\|█+\| 6/6", line) for line in lines), out[-2000:]
+    run = tmp_path / "runs" / "bytes_mlm" / "version_0"
+    metrics = json.loads((run / "metrics.json").read_text())
+    value, level = metrics["val/masked_loss"], metrics["baselines"]["unigram/masked_loss"]
+    tail = lines[-4:]
+    # Six steps of a tiny model leave nothing learned: the run says so in words.
+    assert tail[0].startswith(f"val/masked_loss {value:.4f} (the objective)"), tail
+    assert f"no context {level:.4f} (baselines/unigram/masked_loss)" in tail[0]
+    assert f"gain {level - value:+.4f} nats" in tail[0]
+    assert tail[1].startswith("this run did not leave the no-context level"), tail
+    assert tail[2:] == [f"run directory: {run}", f"tensorboard --logdir {run.parent} --host 127.0.0.1"]
+
+
+def test_without_a_terminal_progress_is_plain_lines_and_hparams_carry_the_objective_and_gain(tmp_path, capsys):
+    assert cli.main(["train", *tiny_bytes(tmp_path), "--check"]) == 0
+    checked = capsys.readouterr().out
+    assert cli.main(["train", *tiny_bytes(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^step 6/6 \(100%\)  validated  train/loss [\d.]+  elapsed \d+:\d\d  left 0:00$", out, re.M)
+    assert "it/s" not in out and "v_num" not in out
+    run = tmp_path / "runs" / "bytes_mlm" / "version_0"
+    metrics = json.loads((run / "metrics.json").read_text())
+    # --check counts the model the run builds: the byte vocabulary (261), not the BPE size of base.yaml
+    assert f"mlm, linformer attention, {metrics['parameters']:,} parameters; nothing written" in checked
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")
+    exp = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    tags = {m.name.tag for m in exp.metric_infos}
+    assert {"hp/val_masked_loss", "hp/context_gain", "hp/val_loss"} <= tags
+    columns = {h.name for h in exp.hparam_infos}
+    assert {"model.attention.kind", "model.attention.options.k", "optim.lr", "seed", "trainer.max_steps"} <= columns
+    assert not any(c.startswith(("data.listops", "data.mqar", "data.classify", "trainer.num_nodes")) for c in columns)
+    assert len(columns) <= 30
+    last = {t: acc.Scalars(t)[-1].value for t in ("hp/val_masked_loss", "hp/context_gain")}
+    assert last["hp/val_masked_loss"] == pytest.approx(metrics["val/masked_loss"], abs=1e-6)
+    gain = metrics["baselines"]["unigram/masked_loss"] - metrics["val/masked_loss"]
+    assert last["hp/context_gain"] == pytest.approx(gain, abs=1e-6)
