@@ -68,6 +68,7 @@ from sweeps.spec.validation import requested_devices
 from sweeps.stored import check_objective, objective_of
 from training.config import MAX_STEPS
 from training.console import clock
+from training.train import check_machine
 
 POLL_S = 1.0
 MAX_WORKERS = 1024  # a bound for the flag; the command starts no more than the trials left and the cores
@@ -625,6 +626,8 @@ def main(args: argparse.Namespace) -> int:
         control = f" and a control of {study.control.n_trials}" if study.control is not None else ""
         print(f"study OK: {study.name}, {trials}{control}; nothing written")
         return 0
+    for s in study.studies:  # the accelerator its trials ask for is on this machine: refused before any write
+        check_machine(s.shared)
     _optuna_quiet()
     stores = storage.run_storages(study, args.storage, args.workers)
     runs = stores[study.name]  # the study's storage; its control's lies inside its folder

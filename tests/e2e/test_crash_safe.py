@@ -517,11 +517,24 @@ def test_a_second_sweep_of_a_study_gets_one_line_naming_its_owner(tmp_path, tiny
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason="needs a machine without a CUDA GPU")
+def test_a_sweep_asking_for_a_gpu_this_machine_lacks_is_refused_before_any_write(tmp_path, tiny, capsys):
+    path = study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "gpu"})
+    assert cli.main(["sweep", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trainer.accelerator: 'gpu' but this machine has no usable CUDA GPU" in err[0]
+    assert not load_study(path).root.exists()  # no journal, no lock, no folder: nothing was written
+    assert cli.main(["sweep", str(path), "--check"]) == 0  # a GPU study is still validated on a CPU machine
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 0, reason="needs a machine without a CUDA GPU")
 @pytest.mark.processes  # the sweep command's worker
 def test_a_sweep_whose_trials_fail_on_an_input_error_stops_uncounted_and_puts_them_back_for_the_rerun(
-    tmp_path, tiny, capsys
+    tmp_path, tiny, capsys, monkeypatch
 ):
     path = study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "gpu"})
+    # An input error only a trial meets: the parent's machine check, which refuses this one before any write
+    # (the test below), is switched off, so the worker's run meets it.
+    monkeypatch.setattr("sweeps.run.command.check_machine", lambda cfg: None)
     assert cli.main(["sweep", str(path)]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert re.match(r"error: the sweep stopped: trial \d+ of gpuless failed on an input error", last), last
@@ -537,7 +550,9 @@ def test_a_sweep_whose_trials_fail_on_an_input_error_stops_uncounted_and_puts_th
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason="needs a machine without a CUDA GPU")
 @pytest.mark.processes  # the sweep command's worker
-def test_the_same_sweep_after_the_fix_runs_the_trials_an_input_error_put_back(tmp_path, tiny, capsys):
+def test_the_same_sweep_after_the_fix_runs_the_study_the_machine_check_refused(tmp_path, tiny, capsys):
+    # The accelerator is part of the study's identity (CPU and GPU numbers differ), so a wrong one must be
+    # refused before the study exists: then the same command after the fix starts it.
     path = study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "gpu"})
     assert cli.main(["sweep", str(path)]) == 2
     study_file(tmp_path, tiny, "gpuless", [0], **{"trainer.accelerator": "cpu"})  # the fix
