@@ -12,6 +12,11 @@ from sweeps import stored
 from sweeps.spec.study import load_study
 
 ARMS = {"full": {"model.attention.kind": "full"}, "linformer": {"model.attention.kind": "linformer"}}
+# A control whose degraded arm squeezes the sequence into one slot: full attention is known to beat it.
+CONTROL = {
+    "reference": {"model.attention.kind": "full"},
+    "degraded": {"model.attention.kind": "linformer", "model.attention.options.k": 1},
+}
 
 
 def write_study(tmp_path: Path, tiny, name: str, space: dict, overrides: dict = (), **keys) -> Path:

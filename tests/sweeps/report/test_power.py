@@ -10,7 +10,7 @@ import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
-from studies import counted, trials_of, write_study
+from studies import CONTROL, counted, trials_of, write_study
 
 from experiments import cli
 from sweeps import stored
@@ -21,10 +21,7 @@ from sweeps.spec.study import load_study
 # --------------------------------------------------------------------------------------- power check
 @pytest.mark.processes  # the sweep command's workers
 def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(tmp_path, tiny):
-    control = {
-        "reference": {"model.attention.kind": "full"},
-        "degraded": {"model.attention.kind": "linformer", "model.attention.options.k": 1},
-    }
+    control = CONTROL
     path = write_study(
         tmp_path,
         tiny,

@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
-from studies import ARMS, counted, trials_of, write_study
+from studies import ARMS, CONTROL, counted, trials_of, write_study
 from tiny import REPO
 
 from experiments import cli
@@ -315,10 +315,7 @@ def test_add_seeds_takes_the_next_unused_seeds_for_the_study_and_its_control(tmp
 
 @pytest.mark.processes  # the sweep command's worker
 def test_add_seeds_runs_only_the_new_seeds_points_and_the_report_counts_them(tmp_path, tiny):
-    control = {
-        "reference": {"model.attention.kind": "full"},
-        "degraded": {"model.attention.kind": "linformer", "model.attention.options.k": 1},
-    }
+    control = CONTROL
     path = write_study(
         tmp_path,
         tiny,
