@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from foundation.errors import check_number, require
 from lightning_modules.attention.base import Linear, SelfAttention, kind_options
 from lightning_modules.attention.linformer import analysis
-from lightning_modules.attention.linformer.options import LinformerOptions, layer_ks
+from lightning_modules.attention.linformer.options import LinformerOptions, init_draw, layer_ks
 from lightning_modules.attention.linformer.projections import PROJECTION_KINDS, ProjectionBank, ProjectionKind
 
 
@@ -144,7 +144,7 @@ class Linformer(SelfAttention):
             model.n_heads,
             att.share,
             att.projection,
-            att.init,
+            init_draw(model.attention),
             att.delta,
             std=model.init_std,
             compress=att.compress,
@@ -209,7 +209,7 @@ class Linformer(SelfAttention):
             f"give a {att.projection if projection.windowed else 'causal'} projection; use share none, headwise or kv",
         )
         require(
-            att.init != "theorem2"
+            init_draw(model.attention) != "theorem2"
             or not projection.parametric
             or (att.share in ("none", "headwise") and not one_sided),
             f"model.attention.options.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "

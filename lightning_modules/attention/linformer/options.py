@@ -31,13 +31,17 @@ class LinformerOptions:
     # A registered projection kind (projections.py): learned, random, conv, pool, ...
     projection: str = "learned"
     # Initial distribution of E/F (sets the attention temperature, so it is explicit):
-    #   normal (default): N(0, model.init_std^2) like every other weight: the draw the Linformer authors' trained
-    #     model starts from (fairseq examples/linformer builds E/F as nn.Linear(n, k); RoBERTa's init_bert_params
-    #     then re-draws every nn.Linear from N(0, 0.02^2), after the attention module's own xavier reset)
+    #   auto (default): each form's draw from its authors, resolved by init_draw():
+    #     bidirectional (Eq. 7, the paper's model): normal, the draw the authors' trained model starts from;
+    #     causal (the block form, which the authors never released): jl, the scale of the paper's Theorem 1,
+    #     the only draw the authors give for it (docs/defaults.md says what each draw does on each form)
+    #   normal: N(0, model.init_std^2) like every other weight (fairseq examples/linformer builds E/F as
+    #     nn.Linear(n, k); RoBERTa's init_bert_params then re-draws every nn.Linear from N(0, 0.02^2), after the
+    #     attention module's own xavier reset)
     #   xavier: U(±sqrt(3/(n + k))), that reset (multihead_linear_attention.py: xavier_uniform_(gain=1/sqrt(2)))
     #   jl: N(0, 1/k) (the paper's JL scale)   uniform: U(-1/sqrt(n), 1/sqrt(n))
     #   theorem2: E = delta R, F = exp(-delta) R with R ~ N(0, 1/k) (Theorem 2's proof)
-    init: Literal["normal", "xavier", "jl", "uniform", "theorem2"] = "normal"
+    init: Literal["auto", "normal", "xavier", "jl", "uniform", "theorem2"] = "auto"
     delta: float = 1.0
     # Which side passes through the k-slot bottleneck: both (Eq. 7), keys only, values only.
     compress: Literal["both", "keys", "values"] = "both"
@@ -61,3 +65,12 @@ def layer_ks(model: Any) -> list[int]:
     if isinstance(k, (list, ListConfig)):
         return [int(v) for v in k]
     return [int(k)] * n_layers
+
+
+def init_draw(attention: Any) -> str:
+    """The E/F draw a layer uses: ``options.init``, with ``auto`` resolved per form (``normal`` bidirectional,
+    ``jl`` causal)."""
+    init = kind_options(attention).init
+    if init != "auto":
+        return init
+    return "jl" if attention.causal else "normal"

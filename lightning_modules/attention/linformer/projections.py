@@ -54,16 +54,17 @@ Initialisation sets the attention temperature (a slot is a weighted sum of its w
 it is a named option applied identically to learned and random arms; ``fan_in`` is the number of
 positions a slot sums (n dense, w windowed):
 
-* ``normal`` (the default): N(0, σ²) with σ = ``model.init_std``, the draw of every other weight of the model and
-  the one the Linformer authors' trained model starts from: fairseq's ``examples/linformer`` builds E/F as
-  ``nn.Linear(n, k, bias=False)``, and the RoBERTa model around them re-draws every ``nn.Linear`` from
-  N(0, 0.02²) (``init_bert_params``, applied after the attention module's own reset); a dense slot's squared
-  weight norm is n·σ² (0.2 at n = 512, σ = 0.02; 0.32 on the byte-MLM CPU base, n = 32, σ = 0.1);
+* ``normal`` (the bidirectional default; ``init: auto`` resolves per form, options.py): N(0, σ²) with
+  σ = ``model.init_std``, the draw of every other weight of the model and the one the Linformer authors' trained
+  model starts from: fairseq's ``examples/linformer`` builds E/F as ``nn.Linear(n, k, bias=False)``, and the
+  RoBERTa model around them re-draws every ``nn.Linear`` from N(0, 0.02²) (``init_bert_params``, applied after the
+  attention module's own reset); a dense slot's squared weight norm is n·σ² (0.2 at n = 512, σ = 0.02; 0.32 on the
+  byte-MLM CPU base, n = 32, σ = 0.1);
 * ``xavier``: U(±g·√(6/(fan_in + k))) with g = 1/√2, the reset of fairseq's attention module
   (``nn.init.xavier_uniform_(compress_k.weight, gain=1/√2)`` on the (k, n) E, overwritten in the trained model as
   said above); a dense slot's squared weight norm ≈ n/(n + k);
-* ``jl``: entries ~ N(0, 1/k), the Johnson–Lindenstrauss scale of the paper's Theorem 1 (a slot's squared weight
-  norm ≈ n/k: at k ≪ n every slot is a large sum of all positions);
+* ``jl`` (the causal block form's default): entries ~ N(0, 1/k), the Johnson–Lindenstrauss scale of the paper's
+  Theorem 1 (a slot's squared weight norm ≈ n/k: at k ≪ n every slot is a large sum of all positions);
 * ``uniform``: U(−1/√fan_in, 1/√fan_in), the default of ``nn.Linear(fan_in, k)``;
 * ``theorem2``: R ~ N(0, 1/k), E = δR and F = e^{−δ}R, the scaling in the proof of Theorem 2
   (needs two stored sides).

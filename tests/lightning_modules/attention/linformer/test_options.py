@@ -3,6 +3,7 @@ config time in one line, those that work pass the config check and build, and ea
 that selects it."""
 
 import pytest
+import tiny
 import torch
 
 from foundation.configfile import to_container
@@ -132,3 +133,17 @@ def test_each_variant_has_an_experiment_file_that_selects_it(name):
     assert (cfg["experiment"], cfg["task"]) == (name, task)
     att = cfg["model"]["attention"]
     assert {key: att[key] if key in ("kind", "causal") else att["options"][key] for key in attention} == attention
+
+
+@pytest.mark.parametrize("causal,draw,other", [(False, "normal", "jl"), (True, "jl", "normal")])
+def test_the_default_draw_of_e_f_is_each_forms_authors_draw(causal, draw, other):
+    """``init: auto`` draws E/F as the explicit per-form draw does, weight for weight (normal bidirectional, jl
+    causal), and not as the other one."""
+
+    def bank(init):
+        enc = tiny.encoder(tiny.attention(causal=causal, k=4, init=init), seed=3, init_std=0.1)
+        return torch.cat([p.flatten() for p in enc.shared.state_dict().values()])
+
+    auto = bank("auto")
+    assert torch.equal(auto, bank(draw))
+    assert not torch.equal(auto, bank(other))
