@@ -60,7 +60,7 @@ from foundation.confined import open_inside
 from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
 from sweeps import stored
 from sweeps.run import storage
-from sweeps.run.storage import RunStorage
+from sweeps.run.storage import GridPointTaken, RunStorage
 from sweeps.spec import identity
 from sweeps.spec.schema import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM
 from sweeps.spec.study import Study, load_study
@@ -293,6 +293,8 @@ def _work_on(
             )
         except UpdateFinishedTrialError:  # another worker took this one's trial for a dead worker's (its heartbeat
             continue  # late) and failed and retried it: its copy runs, this worker goes on
+        except GridPointTaken:  # the waiting point seen above was claimed by another worker first: look again
+            continue
 
 
 def _work_entry(**kwargs) -> None:

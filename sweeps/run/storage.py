@@ -33,7 +33,8 @@ retried (their copy counts instead: trials that failed on an input error, interr
 workers are retried) and trials discarded because concurrent workers had already
 started the last one (see :func:`budget_position`). Optuna's ``MaxTrialsCallback`` cannot count it (see
 docs/architecture.md): the workers count it themselves, before each trial (``sweeps.run.command``) and as it starts
-(:func:`sweeps.run.trials.discard_over_budget`).
+(:func:`sweeps.run.trials.discard_over_budget`). A grid study's storage makes no trial outside its points
+(:func:`grid_points_only`): a worker that finds the waiting point it saw claimed by another looks again.
 """
 
 from __future__ import annotations
@@ -77,6 +78,27 @@ from sweeps.stored import (
 HEARTBEATS = "heartbeats"  # a journal study's folder of heartbeat files, one per running trial
 
 
+class GridPointTaken(Exception):
+    """Raised instead of making a trial outside a grid study's points: the waiting point a worker saw was claimed by
+    another worker before this one's ``ask`` reached it. Nothing was written; the worker looks again."""
+
+
+def grid_points_only(opened: BaseStorage) -> None:
+    """Make ``opened`` refuse a trial without a template: a grid study's trials are its enqueued points (and their
+    retried copies), each made from a template trial; ``Study.ask`` makes one without a template only when it finds no
+    waiting trial to claim, which in a grid study means another worker claimed the point between this worker's look
+    (:func:`sweeps.run.command._work_on`) and its ``ask``. Optuna would then draw a fresh trial from the sampler: a
+    trial outside the grid. Set on the instance, so that Optuna's RDB cache and heartbeat see the storage they know."""
+    make = opened.create_new_trial
+
+    def create_new_trial(study_id: int, template_trial: Optional[FrozenTrial] = None) -> int:
+        if template_trial is None:
+            raise GridPointTaken
+        return make(study_id, template_trial)
+
+    opened.create_new_trial = create_new_trial  # type: ignore[method-assign]
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -115,9 +137,12 @@ class RunStorage:
 
     @property
     def storage(self) -> BaseStorage:
-        """The Optuna storage, opened on first use (a journal is read whole when opened: once per process)."""
+        """The Optuna storage, opened on first use (a journal is read whole when opened: once per process). A grid
+        study's storage makes no trial but from a template (:func:`grid_points_only`)."""
         if self._storage is None:
             self._storage = open_storage(self.study, self.url, self.workers)
+            if self.study.is_grid:
+                grid_points_only(self._storage)
         return self._storage
 
     def stored_study(self) -> Optional[optuna.Study]:

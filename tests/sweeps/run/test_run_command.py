@@ -444,3 +444,37 @@ def test_a_sweep_progress_line_counts_trials_and_projects_the_time_left_at_this_
     assert progress_line(5, 12, 2, 360.0) == "progress: 5/12 trials, 6:00 elapsed, about 14:00 left"
     assert progress_line(2, 12, 2, 30.0) == "progress: 2/12 trials, 0:30 elapsed"  # no pace yet
     assert progress_line(4, None, 0, 3700.0) == "progress: 4/∞ trials, 1:01:40 elapsed"
+
+
+# --------------------------------------------------------------------------------------- two workers, one point
+def test_a_grid_worker_that_loses_the_waiting_point_to_another_makes_no_trial_outside_the_grid(tmp_path, tiny, monkeypatch):
+    """The race of two grid workers, made deterministic: this worker sees a waiting point, another claims it before
+    this one's ask. Optuna's ask would then draw a fresh trial from the sampler; the worker must make none."""
+    from sweeps.run import command
+
+    path = write_study(tmp_path, tiny, "race", {"seed": {"type": "categorical", "choices": [0]}})
+    study = load_study(path)
+    command.prepare(study, storage.RunStorage(study, None))
+    other = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None))
+    looked = storage.budget_state
+
+    def look_then_lose_the_point(trials, s):
+        monkeypatch.setattr(storage, "budget_state", looked)
+        assert other.ask().number == 0  # the other worker claims the one point after this one looked
+        return looked(trials, s)
+
+    monkeypatch.setattr(storage, "budget_state", look_then_lose_the_point)
+    command._work_on(study, None, workers=2, index=0, deadline=None, wait_for_running=False)
+    assert [(t.number, t.state) for t in other.get_trials()] == [(0, TrialState.RUNNING)]
+
+
+def test_a_grid_studys_storage_makes_trials_from_points_only(tmp_path, tiny):
+    path = write_study(tmp_path, tiny, "points", {"seed": {"type": "categorical", "choices": [0, 1]}})
+    study = load_study(path)
+    from sweeps.run import command
+
+    ostudy = command.prepare(study, storage.RunStorage(study, None))
+    assert [ostudy.ask().number for _ in range(2)] == [0, 1]  # the two enqueued points
+    with pytest.raises(storage.GridPointTaken):
+        ostudy.ask()
+    assert len(ostudy.get_trials()) == 2  # nothing was written by the refused ask
