@@ -19,7 +19,7 @@ from tiny import REPO
 
 from experiments import cli
 from sweeps import stored
-from sweeps.run import storage
+from sweeps.run import command, storage
 from sweeps.spec.study import load_study
 
 
@@ -447,11 +447,11 @@ def test_a_sweep_progress_line_counts_trials_and_projects_the_time_left_at_this_
 
 
 # --------------------------------------------------------------------------------------- two workers, one point
-def test_a_grid_worker_that_loses_the_waiting_point_to_another_makes_no_trial_outside_the_grid(tmp_path, tiny, monkeypatch):
+def test_a_grid_worker_that_loses_the_waiting_point_to_another_makes_no_trial_outside_the_grid(
+    tmp_path, tiny, monkeypatch
+):
     """The race of two grid workers, made deterministic: this worker sees a waiting point, another claims it before
     this one's ask. Optuna's ask would then draw a fresh trial from the sampler; the worker must make none."""
-    from sweeps.run import command
-
     path = write_study(tmp_path, tiny, "race", {"seed": {"type": "categorical", "choices": [0]}})
     study = load_study(path)
     command.prepare(study, storage.RunStorage(study, None))
@@ -471,8 +471,6 @@ def test_a_grid_worker_that_loses_the_waiting_point_to_another_makes_no_trial_ou
 def test_a_grid_studys_storage_makes_trials_from_points_only(tmp_path, tiny):
     path = write_study(tmp_path, tiny, "points", {"seed": {"type": "categorical", "choices": [0, 1]}})
     study = load_study(path)
-    from sweeps.run import command
-
     ostudy = command.prepare(study, storage.RunStorage(study, None))
     assert [ostudy.ask().number for _ in range(2)] == [0, 1]  # the two enqueued points
     with pytest.raises(storage.GridPointTaken):
