@@ -47,6 +47,7 @@ from foundation.configfile import flatten, read_yaml, to_container
 from foundation.confined import open_inside
 from foundation.errors import ConfigError
 from foundation.rundir import TOKENIZER
+from lightning_modules.attention import ATTENTION_KINDS
 from training import config as run_config
 
 _STATE_KEY = "resume_state"
@@ -274,13 +275,27 @@ def _shown(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
+def settled(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flattened run config with its attention kind's ``auto`` options written as what they resolve to (the
+    kind's ``settled_options``): Linformer's ``init: auto`` and the draw it stands for start the same model, so a
+    run or a study recorded with one compares equal to a config that says the other."""
+    kind = ATTENTION_KINDS.get(flat.get("model.attention.kind"))
+    if kind is None:
+        return flat
+    prefix = "model.attention.options."
+    given = {key.removeprefix(prefix): value for key, value in flat.items() if key.startswith(prefix)}
+    options = kind.settled_options(given, bool(flat.get("model.attention.causal")))
+    rest = {key: value for key, value in flat.items() if not key.startswith(prefix)}
+    return {**rest, **{prefix + key: value for key, value in options.items()}}
+
+
 def check_same_config(cfg: DictConfig, run_dir: Path) -> None:
     """Refuse to resume ``run_dir`` with a config other than the one it was started with (keys of
     :data:`MAY_CHANGE_ON_RESUME` aside): one line listing each differing key with both values."""
     if not (Path(run_dir) / CONFIG).exists():
         return  # a directory a run has not written to yet
-    there = flatten(to_container(stored_config(run_dir)))
-    here = flatten(to_container(cfg))
+    there = settled(flatten(to_container(stored_config(run_dir))))
+    here = settled(flatten(to_container(cfg)))
     differ = [
         k for k in sorted(set(there) | set(here)) if k not in MAY_CHANGE_ON_RESUME and there.get(k) != here.get(k)
     ]

@@ -215,6 +215,13 @@ class SelfAttention(nn.Module):
     weight_free_options: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
+    def settled_options(cls, options: dict, causal: bool) -> dict:
+        """``options`` (plain data, as a config gives them: defaults may be missing) with every option the kind
+        resolves from the rest of the config (an ``auto``) written as what it resolves to, so that two configs
+        whose settled options are equal start the same model. The given options by default."""
+        return options
+
+    @classmethod
     def weight_options(cls, model: DictConfig) -> dict:
         """The kind's options that its weights depend on (defaults filled in): a checkpoint's weights load into a
         model of this kind only when these are equal."""

@@ -2,7 +2,8 @@
 
 Stored on the study when it is created (user attr ``identity``): the search space (the ``seed`` param's values
 aside), the objective, the preset, the config every trial starts from (the base experiment resolved with the
-study's ``overrides``, flattened; where files go, thread and loader counts aside: the keys a resumed run may
+study's ``overrides``, flattened, each ``auto`` option of its attention kind written as what it resolves to
+(:func:`training.resume.settled`); where files go, thread and loader counts aside: the keys a resumed run may
 change) and the data's identity (a fingerprint of the corpus files, :func:`training.resume.data_identity`).
 Together with a trial's params they decide its config, so two trials of one study always answer one question.
 
@@ -24,7 +25,7 @@ from omegaconf import OmegaConf
 from foundation.configfile import flatten, to_container
 from sweeps.spec.schema import SEED_PARAM
 from sweeps.spec.study import Study
-from training.resume import MAY_CHANGE_ON_RESUME, data_identity
+from training.resume import MAY_CHANGE_ON_RESUME, data_identity, settled
 
 IDENTITY = "identity"  # user attr of a stored study
 # Config keys that do not decide a trial's result: where files go, and those a resumed run may change
@@ -39,7 +40,7 @@ def identity_of(study: Study) -> dict[str, Any]:
         space[SEED_PARAM] = {"type": space[SEED_PARAM].get("type")}
     objective = [{"metric": m, "direction": d} for m, d in zip(study.metrics, study.directions)]
     shared = flatten(to_container(study.shared))
-    config = {k: v for k, v in shared.items() if k not in NOT_IDENTITY}
+    config = {k: v for k, v in settled(shared).items() if k not in NOT_IDENTITY}
     return json.loads(
         json.dumps(
             {
@@ -71,7 +72,7 @@ def changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     if "config" not in stored:
         out.append("config: not recorded there (a study started without its config in its identity)")
     else:
-        out += _differ("config.", stored["config"], current.get("config", {}))
+        out += _differ("config.", settled(stored["config"]), current.get("config", {}))
     for key in ("preset", "data"):
         if stored.get(key) != current.get(key):
             out.append(f"{key}: {stored.get(key)!r} there, {current.get(key)!r} here")

@@ -159,6 +159,28 @@ def test_a_study_whose_overrides_base_or_data_changed_is_refused_listing_the_cha
         check_stored(load_study(path), None)
 
 
+def test_an_init_of_auto_is_the_draw_it_resolves_to_in_a_studys_identity(tmp_path, tiny_overrides):
+    """Linformer's ``init: auto`` stands for ``normal`` bidirectional and ``jl`` causal: a study recorded with
+    either spelling is the study of the other, and a draw that differs from what it recorded is refused."""
+    init = "model.attention.options.init"
+    path = study_file(tmp_path, tiny_overrides, "drawn", **{init: "normal"})
+    open_study(RunStorage(load_study(path), None))
+    study_file(tmp_path, tiny_overrides, "drawn", **{init: "auto"})
+    check_stored(load_study(path), None)  # auto is normal here: accepted
+    study_file(tmp_path, tiny_overrides, "drawn", **{init: "jl"})
+    with pytest.raises(ConfigError, match=r"config\.model\.attention\.options\.init: 'normal' there, 'jl' here"):
+        check_stored(load_study(path), None)
+
+    causal = {"task": "clm", "model.attention.causal": True}
+    path = study_file(tmp_path, tiny_overrides, "drawn_causal", **causal, **{init: "auto"})
+    open_study(RunStorage(load_study(path), None))
+    study_file(tmp_path, tiny_overrides, "drawn_causal", **causal, **{init: "jl"})
+    check_stored(load_study(path), None)  # auto is jl on the causal form
+    study_file(tmp_path, tiny_overrides, "drawn_causal", **causal, **{init: "normal"})
+    with pytest.raises(ConfigError, match=r"options\.init: 'jl' there, 'normal' here"):
+        check_stored(load_study(path), None)
+
+
 def test_a_study_of_the_same_name_that_another_program_made_is_refused_never_adopted(tmp_path, tiny_overrides, capsys):
     path = study_file(tmp_path, tiny_overrides, "theirs")
     study = load_study(path)

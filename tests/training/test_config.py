@@ -78,3 +78,28 @@ def test_cli_config_errors_exit_2_with_one_line_and_write_nothing(tmp_path, caps
 def test_every_shipped_experiment_file_validates():
     for path in sorted([*CONFIGS.glob("*.yaml"), *CONFIGS.glob("glue/*.yaml")]):
         run_config.load(path)
+
+
+@pytest.mark.parametrize(
+    "config, started, resumed, accepted",
+    [
+        ("bytes_mlm.yaml", "normal", "auto", True),  # auto is normal on the bidirectional form
+        ("bytes_mlm.yaml", "auto", "normal", True),
+        ("bytes_mlm.yaml", "auto", "jl", False),
+        ("causal_lm.yaml", "auto", "jl", True),  # and jl on the causal form
+        ("causal_lm.yaml", "normal", "auto", False),
+    ],
+)
+def test_a_resume_compares_the_draw_that_init_auto_stands_for(tmp_path, config, started, resumed, accepted):
+    from omegaconf import OmegaConf
+
+    from training.resume import CONFIG, check_same_config
+
+    init = "model.attention.options.init"
+    OmegaConf.save(run_config.load(CONFIGS / config, [f"{init}={started}"]), tmp_path / CONFIG)
+    cfg = run_config.load(CONFIGS / config, [f"{init}={resumed}"])
+    if accepted:
+        check_same_config(cfg, tmp_path)
+    else:
+        with pytest.raises(ConfigError, match=rf"differs at {init} \('\w+' there, '\w+' here\)"):
+            check_same_config(cfg, tmp_path)

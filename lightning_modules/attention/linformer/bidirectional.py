@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from foundation.errors import check_number, require
 from lightning_modules.attention.base import Linear, SelfAttention, kind_options
 from lightning_modules.attention.linformer import analysis
-from lightning_modules.attention.linformer.options import LinformerOptions, init_draw, layer_ks
+from lightning_modules.attention.linformer.options import LinformerOptions, init_draw, layer_ks, resolve_init
 from lightning_modules.attention.linformer.projections import PROJECTION_KINDS, ProjectionBank, ProjectionKind
 
 
@@ -123,6 +123,11 @@ class Linformer(SelfAttention):
     @classmethod
     def compressed_lengths(cls, model: DictConfig) -> list[int]:
         return layer_ks(model)
+
+    @classmethod
+    def settled_options(cls, options: dict, causal: bool) -> dict:
+        """``init: auto`` (given or by default) as the draw it resolves to for this form."""
+        return {**options, "init": resolve_init(options.get("init", "auto"), causal)}
 
     @classmethod
     def weight_options(cls, model: DictConfig) -> dict:

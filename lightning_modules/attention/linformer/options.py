@@ -67,10 +67,14 @@ def layer_ks(model: Any) -> list[int]:
     return [int(k)] * n_layers
 
 
-def init_draw(attention: Any) -> str:
-    """The E/F draw a layer uses: ``options.init``, with ``auto`` resolved per form (``normal`` bidirectional,
-    ``jl`` causal)."""
-    init = kind_options(attention).init
+def resolve_init(init: str, causal: bool) -> str:
+    """The E/F draw that ``init`` stands for: itself, or for ``auto`` each form's (``normal`` bidirectional, ``jl``
+    causal)."""
     if init != "auto":
         return init
-    return "jl" if attention.causal else "normal"
+    return "jl" if causal else "normal"
+
+
+def init_draw(attention: Any) -> str:
+    """The E/F draw a layer uses: ``options.init``, with ``auto`` resolved per form (:func:`resolve_init`)."""
+    return resolve_init(kind_options(attention).init, attention.causal)
