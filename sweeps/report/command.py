@@ -1,4 +1,4 @@
-"""``linformer-lab report STUDY.yaml [--preset P] [--storage URL]``: what a study found.
+"""``linformer-lab report STUDY.yaml [--preset P] [--storage URL] [--replicate]``: what a study found.
 
 Writes ``<output_dir>/<study>_<preset>/report/``:
 
@@ -23,6 +23,11 @@ Writes ``<output_dir>/<study>_<preset>/report/``:
   over size, time to target, and the reference's attention rank across sizes, with ``gap_vs_size.png``,
   ``rank_vs_size.png`` and ``time_to_target_vs_size.png`` (:mod:`sweeps.report.scale`).
 
+``--replicate`` reports the study's replication on fresh seeds (``sweep --replicate``, :mod:`sweeps.spec.replication`)
+under ``<output_dir>/<study>_<preset>_replicate/report/``: its summary opens with each decided verdict of the original
+beside the fresh seeds' own, replicated, not decided (with the seeds to add) or contradicted
+(:mod:`sweeps.report.replication`, also ``replication.csv``), followed by the fresh seeds' own report.
+
 The report is built in layers: numbers (:mod:`sweeps.report.stats`, :mod:`sweeps.report.findings`, computed once
 per report), and one module per section that owns its words, tables and figure (the control's power check
 :mod:`sweeps.report.power`, the comparisons and their verdicts :mod:`sweeps.report.comparisons`, the context gain
@@ -45,7 +50,7 @@ from optuna.trial import TrialState
 from foundation.atomic import atomic_text, atomic_write_text
 from foundation.errors import ConfigError
 from sweeps import stored
-from sweeps.report import comparisons, context, efficiency, figures, markdown, scale, stats
+from sweeps.report import comparisons, context, efficiency, figures, markdown, replication, scale, stats
 from sweeps.report.comparisons import comparisons_table, pair_sentence, seeds_advice
 from sweeps.report.findings import (
     Findings,
@@ -58,7 +63,7 @@ from sweeps.report.findings import (
     value,
 )
 from sweeps.report.power import has_power, power_section
-from sweeps.spec.schema import ADDED_SEEDS
+from sweeps.spec.schema import ADDED_SEEDS, REPLICATE_SUFFIX
 from sweeps.spec.study import Study, load_study
 from sweeps.stored import check_objective
 
@@ -282,7 +287,14 @@ def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_row
         )
     if study.added_seeds:
         out.append(f"- seeds added by `sweep --add-seeds`: {', '.join(map(str, study.added_seeds))}")
+    if study.replicate is None and url is None and (replica_root(study) / stored.JOURNAL).is_file():
+        out.append(f"- replicated on fresh seeds: `linformer-lab report {study.file_args} --replicate`")
     return out + [f"- sampler: {study.spec.sampler.kind}, pruner: {study.spec.pruner.kind}", ""]
+
+
+def replica_root(study: Study) -> Path:
+    """Where the study's replication (``sweep --replicate``) lies, beside it."""
+    return study.root.with_name(study.root.name + REPLICATE_SUFFIX)
 
 
 def failed_section(rows: list[Row]) -> list[str]:
@@ -309,12 +321,17 @@ def advice_of(study: Study) -> str:
     return "add seeds or training steps"
 
 
-def summary_md(report: "Report", plots: list[str], skipped: list[str], scale_lines: list[str] = ()) -> str:
+def summary_md(
+    report: "Report", plots: list[str], skipped: list[str], scale_lines: list[str] = (), replicated: list[str] = ()
+) -> str:
+    """The report's summary; ``replicated``: a replication's section (:func:`replication_lines`), which opens it."""
     study, found, advice = report.study, report.found, advice_of(report.study)
     arm_rows = (report.rows if study.arms else []) + report.control_rows
     lines = [
         f"# Study {study.name}",
         "",
+        *replicated,
+        *(["## The fresh seeds' own report", ""] if replicated else []),
         *header_section(study, answer(study, report.ostudy, found, report.ladder), found, advice),
         *study_lines(study, report.ostudy, report.rows, report.control_rows, report.url),
         *(power_section(study, found, advice) if study.control is not None else []),
@@ -334,6 +351,42 @@ def speeds_of(study: Study, rows: list[Row]) -> list[efficiency.ArmSpeed]:
     """Quality and speed of each arm of the study's own complete trials (none for a study without arms)."""
     complete = [r for r in rows if r.complete]
     return efficiency.arm_speeds(complete, study.metrics[0]) if study.arms else []
+
+
+# --------------------------------------------------------------------------------------- replication
+def seeds_words(study: Study) -> str:
+    """``seeds 0–4, control 0–2``: the seeds a study ran (those ``--add-seeds`` added included)."""
+    control = f", control {replication.seed_range(study.control.seeds)}" if study.control is not None else ""
+    return f"seeds {replication.seed_range(study.seeds)}{control}"
+
+
+def _gain_words(found: Findings) -> str:
+    gain = found.context
+    if gain is None:
+        return "not judged"
+    return f"{markdown.fmt(gain.gain)} {markdown.interval(*gain.comparison.ci())}"
+
+
+def replication_lines(report: "Report", out: Path) -> list[str]:
+    """A replication's section (:mod:`sweeps.report.replication`): each verdict of the original beside the fresh
+    seeds' own, also written to ``replication.csv``; one line when the original has not run."""
+    fresh = report.study
+    try:
+        original = Report(load_study(fresh.path, fresh.preset), report.url)
+    except ConfigError as err:
+        return [f"## Replication of {fresh.original_name} on fresh seeds", "", f"Nothing to compare yet: {err}.", ""]
+    outcomes = replication.replicate(original.found, report.found, fresh.control is not None)
+    replication.write_csv(outcomes, out / "replication.csv")
+    gains = f"{_gain_words(original.found)} on the design's seeds, {_gain_words(report.found)} on the fresh ones"
+    return replication.section(
+        original.study.name,
+        seeds_words(original.study),
+        seeds_words(fresh),
+        outcomes,
+        gains,
+        replication.undecided(original.found),
+        f"`linformer-lab sweep {fresh.file_args} --add-seeds {{n}}`",
+    )
 
 
 # --------------------------------------------------------------------------------------- command
@@ -396,7 +449,8 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
         drawn, not_drawn = scale.write_ladder(report.ladder, ttt, spectra, out)
         scale_lines = scale.section(report.ladder, ttt, spectra, drawn)
         plots, skipped = plots + drawn, skipped + not_drawn
-    atomic_write_text(out / "summary.md", summary_md(report, plots, skipped, scale_lines))
+    replicated = replication_lines(report, out) if study.replicate is not None else []
+    atomic_write_text(out / "summary.md", summary_md(report, plots, skipped, scale_lines, replicated))
     return out
 
 
@@ -404,11 +458,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study file, e.g. sweeps/random_vs_learned.yaml")
     parser.add_argument("--preset", help="preset of the study file (default: cpu when it has one)")
     parser.add_argument("--storage", help="Optuna RDB URL the study ran on (default: its journal file)")
+    parser.add_argument(
+        "--replicate",
+        action="store_true",
+        help="report the study's replication on fresh seeds (sweep --replicate): each verdict of the original "
+        "beside the fresh seeds' own, replicated, not decided or contradicted",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = load_study(args.study, args.preset)
+    study = load_study(args.study, args.preset, replicate=args.replicate)
     out = write_report(study, args.storage)
     print((out / "summary.md").read_text())
     print(f"report: {out}/ (summary.md, trials.csv, *.png)")

@@ -147,8 +147,7 @@ def blind(pairs: list[tuple[str, str]], gains: dict) -> str:
 
 
 def add_seeds_command(study: Study, n: int) -> str:
-    preset = f" --preset {study.preset}" if study.preset else ""
-    return f"`linformer-lab sweep {study.path}{preset} --add-seeds {n}`"
+    return f"`linformer-lab sweep {study.file_args} --add-seeds {n}`"
 
 
 def pair_sentence(study: Study, c, found: Findings) -> str:

@@ -1,5 +1,5 @@
 """``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W] [--add-seeds N]
-[--new-study] [--check]``.
+[--replicate] [--new-study] [--check]``.
 
 Launches, or resumes, an Optuna study. The command validates the study file, the sampler's and pruner's
 arguments and the storage URL (exit 2 before any trial; ``--check`` stops there, writing nothing), takes
@@ -37,6 +37,11 @@ numbers (above every seed of the file, of the control and of the stored trials),
 already run are not run again; only the new seeds' points are enqueued. Plan N from the report's power
 calculation before running, and do not stop adding seeds once a verdict appears: stopping on a result
 inflates the error rates the verdicts promise (docs/verdicts.md).
+
+``--replicate`` runs the study's replication instead (:mod:`sweeps.spec.replication`): its arms and control on the
+fresh seeds of the file's ``replicate:`` block, as the study ``<study>_<preset>_replicate`` beside the original. Its
+seeds are checked, before anything is written, against those ``--add-seeds`` stored on the original; every flag above
+applies to it as to any study (``--add-seeds`` grows the replication, with seeds above its own).
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Te
 from sweeps import stored
 from sweeps.run import storage
 from sweeps.run.storage import GridPointTaken, RunStorage
-from sweeps.spec import identity
+from sweeps.spec import identity, replication
 from sweeps.spec.schema import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM
 from sweeps.spec.study import Study, load_study
 from sweeps.spec.validation import requested_devices
@@ -340,11 +345,10 @@ def prepare(study: Study, runs: RunStorage) -> optuna.Study:
 
 
 def footer(study: Study, url: Optional[str]) -> str:
-    preset = f" --preset {study.preset}" if study.preset else ""
     where = f" --storage {stored.storage_display(study, url)}" if url else ""
     return "\n".join(
         [
-            f"report:      linformer-lab report {study.path}{preset}{where}",
+            f"report:      linformer-lab report {study.file_args}{where}",
             f"tensorboard: tensorboard --logdir {study.root} --host {HOST}",
             f"dashboard:   optuna-dashboard {stored.storage_display(study, url)} --host {HOST}",
         ]
@@ -548,6 +552,24 @@ def summarise(study: Study, ostudies: dict[str, optuna.Study], started: float, d
 
 
 # --------------------------------------------------------------------------------------- seeds
+def check_fresh(replica: Study, url: Optional[str]) -> None:
+    """A replication's seeds share none with those ``--add-seeds`` stored on the study it replicates (the file's own
+    were checked when it was loaded). Reads the original's storage where it exists; writes nothing."""
+    original = load_study(replica.path, replica.preset)
+    if url is None:
+        ostudy = RunStorage(original, None).stored_study()
+    else:
+        try:
+            opened = stored.open_storage(original, url, create=False)
+            ostudy = optuna.load_study(study_name=original.name, storage=opened)
+        except KeyError:  # the original has not run in this storage
+            ostudy = None
+    added = [int(s) for s in ostudy.user_attrs.get(ADDED_SEEDS, [])] if ostudy is not None else []
+    fresh = replica.replicate
+    for key in ("seeds", "control_seeds"):
+        replication.check_disjoint(f"replicate.{key}", fresh[key] or [], added)
+
+
 def with_added_seeds(study: Study, stores: dict[str, RunStorage], add: int = 0) -> Study:
     """``study`` (as its file says) grown by the seeds earlier ``--add-seeds`` stored on it, and ``add`` more (the
     next unused numbers, checked, then stored), through :meth:`Study.with_seeds`: the file is not read again.
@@ -594,6 +616,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "then resume it; plan N from the report's power calculation before running",
     )
     parser.add_argument(
+        "--replicate",
+        action="store_true",
+        help="run the study's replication: its arms and control again on fresh seeds (the file's replicate: block, "
+        "else the next hundred above the design's), as a study of its own beside the original",
+    )
+    parser.add_argument(
         "--new-study",
         action="store_true",
         help="start the study afresh: its folder (journal, trials, report) is moved aside to <folder>.<time>, "
@@ -615,7 +643,9 @@ def main(args: argparse.Namespace) -> int:
         check_number("--timeout-s", args.timeout_s, 0, 365 * 86400, low_open=True)
     if args.add_seeds is not None:
         check_number("--add-seeds", args.add_seeds, 1, 10_000, integer=True)
-    study = load_study(args.study, args.preset, args.n_trials, args.timeout_s)
+    study = load_study(args.study, args.preset, args.n_trials, args.timeout_s, replicate=args.replicate)
+    if args.replicate:
+        check_fresh(study, args.storage)
     check_optuna_arguments(study)
     stored.check_url(args.storage, args.workers)
     study_gpus(study, args.workers)  # before any storage is touched: trials the GPUs cannot hold are refused

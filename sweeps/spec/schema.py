@@ -43,6 +43,11 @@ every other arm is measured against at each rung (``{arm: full}``). Arms are the
 rung, and the report adds the gap to the reference per rung against parameters and training FLOPs, its
 trend over size, and the reference's attention spectrum across sizes (:mod:`sweeps.report.scale`).
 
+``replicate`` fixes the fresh seeds of ``linformer-lab sweep --replicate`` (:mod:`sweeps.spec.replication`): the study's
+arms run again on seeds disjoint from every seed the design saw, as a study of its own stored beside the original
+(``<study>_<preset>_replicate``), whose report says of each verdict of the original whether the fresh seeds replicate,
+leave undecided or contradict it.
+
 ``linformer-lab sweep --add-seeds N`` adds replicate seeds to a grid study and its control; they are
 stored on the study (user attr ``added_seeds``) and passed back here as ``added_seeds``, which extends
 the ``seed`` choices (and the control's seeds) so that every later ``sweep`` and ``report`` sees them.
@@ -62,6 +67,7 @@ CONTROL_PARAM = "control"
 DEFAULT_CONTROL_SEEDS = [0, 1, 2]
 MAX_TRIALS = 1_000_000
 SEED_PARAM = "seed"  # the replicate param that `sweep --add-seeds` extends
+REPLICATE_SUFFIX = "_replicate"  # a replication's study name: <study>_<preset>_replicate
 ADDED_SEEDS = "added_seeds"  # user attr of a stored study: the seeds `sweep --add-seeds` added, in order
 # The equivalence margin δ of a metric that a study file gives none, by the end of its name: 0.01 nats of a
 # loss, half an accuracy point of an accuracy in [0, 1]. Any other metric needs verdict.delta.<metric>.
@@ -157,6 +163,17 @@ class LadderSpec:
 
 
 @dataclass
+class ReplicateSpec:
+    # The fresh seeds of `sweep --replicate`, fixed before it runs, disjoint from every seed the design saw (the
+    # study's, its control's, those `--add-seeds` stored). null: as many as the study has, from the first multiple
+    # of 100 above every seed of the design (seeds 0-4 -> 100-104).
+    seeds: Optional[List[int]] = None
+    # The control's fresh seeds; null: as many as the control has, from the same start. More than the design's where the
+    # reference's exit from the no-context level depends on the seed.
+    control_seeds: Optional[List[int]] = None
+
+
+@dataclass
 class StudySpec:
     study: str = ""
     base: str = ""
@@ -171,4 +188,5 @@ class StudySpec:
     control: Optional[ControlSpec] = None
     verdict: VerdictSpec = field(default_factory=VerdictSpec)
     ladder: Optional[LadderSpec] = None  # a model-size ladder (see the module docstring)
+    replicate: ReplicateSpec = field(default_factory=ReplicateSpec)  # `sweep --replicate` (see the module docstring)
     presets: Dict[str, Any] = field(default_factory=dict)

@@ -36,7 +36,7 @@ from omegaconf.errors import OmegaConfBaseException
 from foundation.configfile import flatten, merge, read_yaml, to_container
 from foundation.errors import ConfigError, check_number
 from foundation.paths import check_folder, check_name
-from sweeps.spec import grids, validation
+from sweeps.spec import grids, replication, validation
 from sweeps.spec.controls import control_spec
 from sweeps.spec.ladders import check_ladder
 from sweeps.spec.schema import (
@@ -44,6 +44,7 @@ from sweeps.spec.schema import (
     DEFAULT_CONTEXT_GAIN,
     DEFAULT_DELTA,
     MAX_TRIALS,
+    REPLICATE_SUFFIX,
     SEED_PARAM,
     SWEEPS_DIR,
     StudySpec,
@@ -85,12 +86,27 @@ class Study:
     checked: dict[str, DictConfig] = field(default_factory=dict, repr=False, compare=False)
     # whether a conditional param is active at a partial point (:meth:`_active`), as the grid found it
     actives: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
+    # of a replication (``sweep --replicate``, :mod:`sweeps.spec.replication`): its fresh seeds as the file fixes them,
+    # {"seeds": [...], "control_seeds": [...] or None}; None for any other study
+    replicate: Optional[dict] = None
 
     @property
     def name(self) -> str:
         if self.parent is not None:
             return f"{self.parent.name}_control"
-        return f"{self.spec.study}_{self.preset}" if self.preset else self.spec.study
+        name = f"{self.spec.study}_{self.preset}" if self.preset else self.spec.study
+        return name + (REPLICATE_SUFFIX if self.replicate is not None else "")
+
+    @property
+    def original_name(self) -> str:
+        """The name of the study a replication replicates (its own name for any other study)."""
+        return self.name.removesuffix(REPLICATE_SUFFIX) if self.replicate is not None else self.name
+
+    @property
+    def file_args(self) -> str:
+        """The study's file and flags as a command takes them: ``sweeps/kv_side.yaml --preset cpu [--replicate]``."""
+        preset = f" --preset {self.preset}" if self.preset else ""
+        return f"{self.path}{preset}" + (" --replicate" if self.replicate is not None else "")
 
     @property
     def root(self) -> Path:
@@ -312,11 +328,13 @@ def load_study(
     n_trials: Optional[int] = None,
     timeout_s: Optional[float] = None,
     added_seeds: Sequence[int] = (),
+    replicate: bool = False,
 ) -> Study:
     """Read, merge (file < preset < command-line budget) and validate a study file.
 
     ``preset`` None picks ``cpu`` when the file has presets. ``added_seeds``: seeds ``sweep --add-seeds``
-    stored on the study, added to its grid and control. Raises :class:`ConfigError` (one line, prefixed
+    stored on the study, added to its grid and control. ``replicate``: the study's replication on fresh seeds
+    (:mod:`sweeps.spec.replication`) instead of the study. Raises :class:`ConfigError` (one line, prefixed
     with the file) on any problem, including a trial config that would not validate.
     """
     path = Path(path)
@@ -335,10 +353,23 @@ def load_study(
         command_line = {"n_trials": n_trials, "timeout_s": timeout_s}
         layers.append({"budget": {k: v for k, v in command_line.items() if v is not None}})
         spec = merge(StudySpec, layers)
+        fresh = _fresh(spec, raw, replicate)
+        if replicate:
+            replication.as_replicate(spec, fresh)
         study = _validate(path, preset, spec, validation.file_metrics(raw, presets), tuple(added_seeds), tuple(presets))
+        study.replicate = fresh if replicate else None
     except ConfigError as err:
         raise ConfigError(f"{_where(path, preset)}: {err}") from None
     return study
+
+
+def _fresh(spec: DictConfig, raw: dict, replicate: bool) -> Optional[dict]:
+    """The replication's fresh seeds, checked whenever the study is loaded with ``--replicate`` or its file gives a
+    ``replicate:`` block (so that ``sweep --check`` finds a bad one); None otherwise."""
+    block = spec.replicate
+    if not replicate and block.seeds is None and block.control_seeds is None:
+        return None
+    return replication.fresh_seeds(spec, replication.file_seeds(raw))
 
 
 def _where(path: Path, preset: Optional[str]) -> str:

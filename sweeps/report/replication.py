@@ -1,0 +1,282 @@
+"""A replication's report section: each decided verdict of the original study beside the fresh seeds' own
+(``linformer-lab report STUDY --preset P --replicate``; the study: :mod:`sweeps.spec.replication`).
+
+The fresh seeds are judged as any study is (:mod:`sweeps.report.findings`: Holm over the report's tests, the power
+plan at 80 %). Each verdict of the original then gets one of three statuses:
+
+* **replicated**: the fresh seeds reach the same verdict (the same arm better; on par within the same δ; the same arm
+  solving the task more often);
+* **contradicted**: the fresh seeds decide against it: the other arm better; or "on par within ±δ" where the
+  original's 95 % CI put the gain beyond δ; or, for an original "on par", a gain whose 95 % CI lies beyond δ;
+* **not decided**: anything else (undecided on the fresh seeds, or a verdict compatible with the original's but not
+  the same, such as "on par" beside a gain smaller than δ): the seeds per arm to add to the replication that would
+  decide it at 80 % power, planned from the fresh seeds' difference and spread (:func:`sweeps.report.stats.
+  seeds_for_better`, :func:`~sweeps.report.stats.seeds_for_on_par`); a replication whose reference did not learn to
+  use context, or whose power check failed, decides nothing.
+
+The original's undecided pairs are no verdict, so there is nothing to replicate; they are listed by name.
+Numbers first (:func:`replicate`, frozen dataclasses), then the words and table (:func:`section`) and
+``replication.csv`` (:func:`write_csv`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+from foundation.atomic import atomic_text
+from sweeps.report import stats
+from sweeps.report.findings import Compared, Findings, RatesCompared
+from sweeps.report.markdown import PCT, fmt, interval, table
+
+REPLICATED, NOT_DECIDED, CONTRADICTED = "replicated", "not decided", "contradicted"
+RATE = "solves more often"  # a claim of the success-rate comparisons
+Evidence = Union[Compared, RatesCompared]
+
+
+# --------------------------------------------------------------------------------------- numbers
+@dataclass(frozen=True)
+class Claim:
+    """A decided verdict of the original: ``first`` better than ``second`` (or solving more often), or the two on
+    par, on ``metric``."""
+
+    kind: str  # stats.BETTER, stats.ON_PAR or RATE
+    metric: str
+    first: str
+    second: str
+    original: Evidence
+
+
+@dataclass(frozen=True)
+class Outcome:
+    claim: Claim
+    fresh: Optional[Evidence]  # the same pair on the fresh seeds; None when they did not compare it
+    status: str  # REPLICATED, NOT_DECIDED or CONTRADICTED
+    why: str  # what the fresh seeds show, one phrase
+    more: Optional[int] = None  # not decided: seeds per arm to add to the replication (None: none can be planned)
+
+
+def edge(c: Compared, arm: str, level: float = stats.LEVEL) -> tuple[float, float, float]:
+    """``arm`` − the other arm of ``c`` in the metric's favour (> 0: ``arm`` is better), with its ``level`` CI."""
+    pair = c.pair
+    sign = (1 if pair.direction == "maximize" else -1) * (1 if arm == pair.a else -1)
+    lo, hi = sorted(sign * x for x in pair.comparison.ci(level))
+    return sign * pair.comparison.diff, lo, hi
+
+
+def claims(found: Findings) -> list[Claim]:
+    """The original's decided verdicts: every 'better' and 'on par' comparison, every success rate shown apart."""
+    out = []
+    for c in found.compared:
+        if c.verdict.kind == stats.BETTER:
+            g = c.pair.gain()
+            out.append(Claim(stats.BETTER, c.pair.metric, g.better, g.worse, c))
+        elif c.verdict.kind == stats.ON_PAR:
+            out.append(Claim(stats.ON_PAR, c.pair.metric, c.pair.a, c.pair.b, c))
+    for r in found.rates:
+        if r.better is not None:
+            out.append(Claim(RATE, r.metric, r.better, r.b if r.better == r.a else r.a, r))
+    return out
+
+
+def undecided(found: Findings) -> list[Compared]:
+    """The original's pairs with no verdict (nothing to replicate)."""
+    return [c for c in found.compared if c.verdict.kind == stats.UNDECIDED]
+
+
+def _find(claim: Claim, fresh: Findings) -> Optional[Evidence]:
+    arms = {claim.first, claim.second}
+    pool = fresh.rates if claim.kind == RATE else fresh.compared
+    for e in pool:
+        a, b, metric = (e.a, e.b, e.metric) if claim.kind == RATE else (e.pair.a, e.pair.b, e.pair.metric)
+        if {a, b} == arms and metric == claim.metric:
+            return e
+    return None
+
+
+def _more(total: Optional[int], n: int) -> Optional[int]:
+    return None if total is None else max(total - n, 1)
+
+
+def _better_claim(claim: Claim, c: Compared) -> Outcome:
+    size, lo, hi = edge(c, claim.first)
+    kind, delta = c.verdict.kind, c.pair.delta
+    if kind == stats.BETTER:
+        if size > 0:
+            return Outcome(claim, c, REPLICATED, f"{claim.first} better by {fmt(size)}")
+        return Outcome(claim, c, CONTRADICTED, f"{claim.second} better by {fmt(-size)}")
+    _, original_lo, _ = edge(claim.original, claim.first)
+    if kind == stats.ON_PAR and original_lo >= delta:
+        return Outcome(claim, c, CONTRADICTED, f"on par within ±{fmt(delta)}, where the original's CI lies beyond δ")
+    plan = c.verdict.seeds_better if kind == stats.UNDECIDED else stats.seeds_for_better(c.pair.comparison)
+    lean = "" if size > 0 else f", leaning to {claim.second}"
+    shown = f"on par within ±{fmt(delta)}" if kind == stats.ON_PAR else "undecided"
+    return Outcome(claim, c, NOT_DECIDED, f"{shown}{lean}", _more(plan, c.verdict.n))
+
+
+def _on_par_claim(claim: Claim, c: Compared) -> Outcome:
+    kind, delta = c.verdict.kind, c.pair.delta
+    if kind == stats.ON_PAR:
+        return Outcome(claim, c, REPLICATED, f"on par within ±{fmt(delta)}")
+    winner = c.pair.gain().better
+    size, lo, _ = edge(c, winner)
+    if kind == stats.BETTER and lo >= delta:
+        return Outcome(claim, c, CONTRADICTED, f"{winner} better by {fmt(size)}, its 95 % CI beyond δ")
+    plan = c.verdict.seeds_on_par if kind == stats.UNDECIDED else stats.seeds_for_on_par(c.pair.comparison, delta)
+    shown = f"{winner} better by {fmt(size)}, less than δ" if kind == stats.BETTER else "undecided"
+    return Outcome(claim, c, NOT_DECIDED, shown, _more(plan, c.verdict.n))
+
+
+def _rate_claim(claim: Claim, r: RatesCompared) -> Outcome:
+    if r.better == claim.first:
+        return Outcome(claim, r, REPLICATED, f"{claim.first} solves it more often")
+    if r.better == claim.second:
+        return Outcome(claim, r, CONTRADICTED, f"{claim.second} solves it more often")
+    return Outcome(claim, r, NOT_DECIDED, "no difference in success shown (seeds for rates are not planned)")
+
+
+def _blocked(fresh: Findings, controlled: bool) -> Optional[str]:
+    """Why the fresh seeds decide nothing (their control has not run, their reference did not learn to use context,
+    their power check failed), or None. ``controlled``: the study has a control."""
+    if controlled and fresh.context is None:
+        return "the fresh seeds' control has not run yet"
+    if not fresh.informative:
+        return "the reference did not learn to use context on the fresh seeds"
+    if fresh.power is not None and not fresh.power.has_power:
+        return "the control's power check failed on the fresh seeds"
+    return None
+
+
+def replicate(original: Findings, fresh: Findings, controlled: bool) -> list[Outcome]:
+    """Each decided verdict of ``original`` judged against ``fresh`` (the replication's findings); ``controlled``: the
+    study has a control, whose context gain and power check the fresh seeds must pass to decide anything."""
+    blocked = _blocked(fresh, controlled)
+    out = []
+    for claim in claims(original):
+        e = _find(claim, fresh)
+        if blocked is not None or e is None:
+            out.append(Outcome(claim, e, NOT_DECIDED, blocked or "not compared on the fresh seeds (not run yet?)"))
+        elif claim.kind == RATE:
+            out.append(_rate_claim(claim, e))
+        else:
+            out.append((_better_claim if claim.kind == stats.BETTER else _on_par_claim)(claim, e))
+    return out
+
+
+# --------------------------------------------------------------------------------------- words
+def seed_range(seeds: Sequence[int]) -> str:
+    """``0–4`` for a run of consecutive seeds, else ``0, 2, 5``."""
+    s = sorted(seeds)
+    if len(s) > 2 and s == list(range(s[0], s[-1] + 1)):
+        return f"{s[0]}–{s[-1]}"
+    return ", ".join(map(str, s))
+
+
+def claim_text(claim: Claim) -> str:
+    if claim.kind == stats.BETTER:
+        return f"{claim.first} better than {claim.second} on {claim.metric}"
+    if claim.kind == stats.ON_PAR:
+        return f"{claim.first} and {claim.second} on par within ±{fmt(claim.original.pair.delta)} on {claim.metric}"
+    return f"{claim.first} solves it more often than {claim.second} ({claim.metric})"
+
+
+def estimate(claim: Claim, e: Optional[Evidence]) -> str:
+    """The evidence as the claim reads it: the first arm's gain with its 95 % CI (better), A − B with the 90 % CI
+    the equivalence test uses (on par), the solved counts (success rates); with the seeds per arm."""
+    if e is None:
+        return "-"
+    if claim.kind == RATE:
+        first, second = (e.rate_a, e.rate_b) if e.a == claim.first else (e.rate_b, e.rate_a)
+        return f"{first.k}/{first.n} vs {second.k}/{second.n}"
+    if claim.kind == stats.BETTER:
+        size, lo, hi = edge(e, claim.first)
+        return f"{fmt(size)} {interval(lo, hi)} (n = {e.verdict.n})"
+    size, lo, hi = edge(e, claim.first, 1 - 2 * stats.ALPHA)
+    return f"{fmt(size)}, 90 % CI {interval(lo, hi)} (n = {e.verdict.n})"
+
+
+def tally(outcomes: list[Outcome]) -> str:
+    counts = {s: sum(o.status == s for o in outcomes) for s in (REPLICATED, NOT_DECIDED, CONTRADICTED)}
+    return f"of the original's {len(outcomes)} decided verdicts, " + ", ".join(f"{v} {s}" for s, v in counts.items())
+
+
+def _status_cell(o: Outcome, add_seeds: str) -> str:
+    text = f"**{o.status}**: {o.why}"
+    if o.status == NOT_DECIDED and o.more is not None:
+        text += f"; {o.more} more seeds per arm would decide it at {PCT} power ({add_seeds.format(n=o.more)})"
+    return text
+
+
+def section(
+    name: str, design: str, fresh: str, outcomes: list[Outcome], gains: str, left: list[Compared], add_seeds: str
+) -> list[str]:
+    """The replication section: ``name`` the original study, ``design``/``fresh`` their seeds in words, ``gains``
+    the two references' context gains, ``left`` the original's undecided pairs, ``add_seeds`` the command that grows
+    the replication (``{n}`` for the count)."""
+    body = [
+        [
+            claim_text(o.claim),
+            estimate(o.claim, o.claim.original),
+            estimate(o.claim, o.fresh),
+            _status_cell(o, add_seeds),
+        ]
+        for o in outcomes
+    ]
+    out = [
+        f"## Replication of {name} on fresh seeds",
+        "",
+        f"**Replication: {tally(outcomes)}.**" if outcomes else f"**Replication:** {name} decided no verdict.",
+        "",
+        f"The fresh {fresh} were fixed in the study file before this run and are disjoint from every seed the "
+        f"design saw ({design}). The fresh seeds are judged as any study (Holm over this report's tests, seeds "
+        f"planned at {PCT} power); a verdict is replicated when they reach the same one, contradicted when they "
+        "decide against it, and not decided otherwise. Estimates: the first arm's gain with its 95 % CI "
+        "('better'), A − B with the 90 % CI of the equivalence test ('on par'), solved runs (success rates); "
+        "n seeds per arm.",
+        "",
+        f"- Context gain of the reference: {gains}.",
+    ]
+    if left:
+        out.append(
+            "- Undecided in the original (no verdict, nothing to replicate): "
+            + ", ".join(f"{c.pair.a} vs {c.pair.b} ({c.pair.metric})" for c in left)
+            + "."
+        )
+    header = [f"verdict of {name}", "original: estimate", "fresh seeds: estimate", "replication"]
+    return out + ["", *table(header, body), ""] if body else out + [""]
+
+
+def write_csv(outcomes: list[Outcome], path: Path) -> None:
+    """``replication.csv``: one row per verdict of the original, with both estimates and the status."""
+
+    def numbers(claim: Claim, e: Optional[Evidence]) -> list:
+        if e is None or claim.kind == RATE:
+            return [None] * 4
+        level = stats.LEVEL if claim.kind == stats.BETTER else 1 - 2 * stats.ALPHA
+        return [*(round(x, 6) if math.isfinite(x) else None for x in edge(e, claim.first, level)), e.verdict.n]
+
+    with atomic_text(path) as fh:
+        w = csv.writer(fh)
+        w.writerow(
+            ["claim", "metric", "first", "second"]
+            + [f"{s}_{k}" for s in ("original", "fresh") for k in ("estimate", "lo", "hi", "n")]
+            + ["fresh_shows", "status", "more_seeds"]
+        )
+        for o in outcomes:
+            c = o.claim
+            w.writerow(
+                [
+                    c.kind,
+                    c.metric,
+                    c.first,
+                    c.second,
+                    *numbers(c, c.original),
+                    *numbers(c, o.fresh),
+                    o.why,
+                    o.status,
+                    o.more,
+                ]
+            )
