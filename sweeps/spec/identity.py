@@ -49,6 +49,8 @@ def identity_of(study: Study) -> dict[str, Any]:
                 "preset": study.preset,
                 "config": config,
                 "data": data_identity(study.shared),
+                # a replication's fresh seeds are fixed before it runs: changing them starts another replication
+                **({"replicate": study.replicate} if study.replicate is not None else {}),
             },
             default=str,
         )
@@ -73,7 +75,7 @@ def changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
         out.append("config: not recorded there (a study started without its config in its identity)")
     else:
         out += _differ("config.", settled(stored["config"]), current.get("config", {}))
-    for key in ("preset", "data"):
+    for key in ("preset", "data", "replicate"):
         if stored.get(key) != current.get(key):
             out.append(f"{key}: {stored.get(key)!r} there, {current.get(key)!r} here")
     return out
