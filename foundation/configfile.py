@@ -9,9 +9,12 @@ no options (the options it gives itself are kept), so ``model.attention.kind=ful
 not carry Linformer's options over. Overrides apply left to right, each one a layer.
 
 Bounds: a YAML file or override is refused in one line, before anything is built from it, when it is larger
-than ``MAX_FILE_BYTES`` or would expand to more than ``MAX_VALUES`` values. YAML aliases share one object, so
-a few hundred bytes of nested aliases (``a: &a [1, 1]``, ``b: &b [*a, *a]``, …) describe billions of values
-that a merge would copy one by one; :func:`expanded_size` counts them without expanding anything. In the same
+than ``MAX_FILE_BYTES`` or would expand to more than ``MAX_VALUES`` values or ``MAX_TEXT`` characters. YAML
+aliases share one object, so a few hundred bytes of nested aliases (``a: &a [1, 1]``, ``b: &b [*a, *a]``, …)
+describe billions of values that a merge would copy one by one, and a list of 99,000 aliases of one 400 kB string
+describes 40 GB of text that OmegaConf would scan character by character; :func:`expanded_size` counts both
+without expanding anything, whatever the aliases nest or repeat (an anchor defined twice is malformed YAML). The
+file is parsed by libyaml where PyYAML has it (50 times faster than the pure-Python parser). In the same
 way, interpolations repeated inside one another (``b: ${a}${a}``, ``c: ${b}${b}``, …) describe strings of billions
 of characters that resolving would build: :func:`check_interpolations` measures every interpolated string from
 the lengths of what it names, without building it, and refuses one longer than ``MAX_STRING`` characters.
@@ -33,31 +36,39 @@ from foundation.errors import ConfigError
 
 Misplaced = Callable[[str], Optional[str]]
 MAX_FILE_BYTES = 1 << 20  # a config or study file
-MAX_VALUES = 100_000  # values a file or an override may expand to (every config here has a few hundred)
+MAX_VALUES = 10_000  # values a file or an override may expand to (every config here has at most a few hundred)
+MAX_TEXT = 1 << 21  # characters (keys and string values) it may expand to: twice what a file may hold
 MAX_STRING = 100_000  # characters an interpolated string may resolve to (a path is at most 4,096 bytes)
 _REFERENCE = re.compile(r"\$\{([^${}]*)\}")  # an innermost ${...}
 
 
-def expanded_size(data: Any, limit: int = MAX_VALUES) -> int:
-    """How many values ``data`` (as loaded: aliases are shared objects) holds once every alias is expanded;
-    counting stops early at ``limit`` + 1. Linear in the number of distinct objects."""
-    memo: dict[int, int] = {}
+def expanded_size(data: Any, limit: int = MAX_VALUES, text_limit: int = MAX_TEXT) -> tuple[int, int]:
+    """(values, characters) that ``data`` (as loaded: an alias is the anchored object itself, shared) holds once every
+    alias is expanded: each value counts one, each string (a mapping's keys too) its length. Counting stops early,
+    at ``limit`` + 1 values or ``text_limit`` + 1 characters; a container is measured once (memoised by identity),
+    so the cost is linear in the number of distinct objects plus the values counted, whatever the nesting."""
+    over = (limit + 1, text_limit + 1)
+    memo: dict[int, tuple[int, int]] = {}
 
-    def size(node: Any, depth: int) -> int:
+    def size(node: Any, depth: int) -> tuple[int, int]:
+        if isinstance(node, (str, bytes)):
+            return 1, len(node)
+        if not isinstance(node, (dict, list, set)):
+            return 1, 0
         if depth > 100:
-            return limit + 1  # nesting this deep is no configuration
-        if not isinstance(node, (dict, list)):
-            return 1
+            return over  # nesting this deep is no configuration
         if id(node) in memo:
             return memo[id(node)]
-        memo[id(node)] = limit + 1  # a cycle (a recursive alias) expands forever
-        children = node.values() if isinstance(node, dict) else node
-        total = 1
-        for child in children:
-            total += size(child, depth + 1)
-            if total > limit:
+        memo[id(node)] = over  # a cycle (a recursive alias) expands forever
+        values, chars = 1, 0
+        if isinstance(node, dict):
+            chars = sum(len(key) for key in node if isinstance(key, str))
+        for child in node.values() if isinstance(node, dict) else node:
+            v, c = size(child, depth + 1)
+            values, chars = values + v, chars + c
+            if values > limit or chars > text_limit:
                 break
-        memo[id(node)] = min(total, limit + 1)
+        memo[id(node)] = (min(values, limit + 1), min(chars, text_limit + 1))
         return memo[id(node)]
 
     return size(data, 0)
@@ -106,7 +117,7 @@ def check_interpolations(cfg: Any, limit: int = MAX_STRING) -> None:
             )
 
 
-class _UniqueKeys(yaml.SafeLoader):
+class _UniqueKeys(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser where PyYAML was built with it
     """YAML's safe loader that refuses a mapping holding one key twice (plain YAML keeps the last silently: a
     file with two ``model:`` sections would lose the first)."""
 
@@ -145,11 +156,22 @@ def safe_yaml(text: str, where: str) -> Any:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+        if context:  # "found duplicate anchor; first occurrence at line 1, second occurrence"
+            problem = f"{context}{f' at line {start.line + 1}' if start is not None else ''}, {problem}"
         raise ConfigError(f"{where}: malformed YAML{at} ({problem})") from None
     except RecursionError:
         raise ConfigError(f"{where}: nested too deeply") from None
-    if expanded_size(data) > MAX_VALUES:
-        raise ConfigError(f"{where}: expands to more than {MAX_VALUES} values (nested YAML aliases?); refused")
+    except ValueError as err:  # a value its constructor refuses: an int of 5,000 digits, 2001-02-30
+        raise ConfigError(f"{where}: a value YAML cannot read ({str(err).splitlines()[0]})") from None
+    values, chars = expanded_size(data)
+    if values > MAX_VALUES:
+        raise ConfigError(f"{where}: expands to more than {MAX_VALUES:,} values (nested YAML aliases?); refused")
+    if chars > MAX_TEXT:
+        raise ConfigError(
+            f"{where}: expands to more than {MAX_TEXT:,} characters of text (YAML aliases repeating a long "
+            "value?); refused"
+        )
     return data
 
 
