@@ -96,6 +96,23 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def assert_same_curves(resumed_curves: dict, reference_curves: dict) -> None:
+    """Every TensorBoard tag of a resumed run at the uninterrupted run's steps, none duplicated or missing, with its
+    values (timings aside)."""
+    assert resumed_curves.keys() == reference_curves.keys()
+    for tag, points in reference_curves.items():
+        if tag == "val/ppl_vs_wallclock":  # its x axis is seconds, not steps: one point per validation
+            assert len(resumed_curves[tag]) == len(points)
+            continue
+        # ("epoch" is logged with the training and the validation metrics: twice at validation steps)
+        extra = Counter(step for step, _ in resumed_curves[tag]) - Counter(step for step, _ in points)
+        missing = Counter(step for step, _ in points) - Counter(step for step, _ in resumed_curves[tag])
+        assert not extra and not missing, f"{tag}: duplicated {sorted(extra)}, missing {sorted(missing)}"
+        if not tag.startswith("perf/"):  # perf/* are timings
+            resumed_values = [v for _, v in sorted(resumed_curves[tag])]  # hp/*: a NaN placeholder at step 0
+            assert resumed_values == pytest.approx([v for _, v in sorted(points)], abs=TOLERANCE, nan_ok=True), tag
+
+
 @pytest.mark.processes
 def test_a_run_killed_mid_training_resumes_to_the_same_weights_metrics_and_curves(tiny_overrides, tmp_path, one_thread):
     # 130 training blocks of 32 tokens in batches of 16: 9 batches an epoch. Checkpoints after the validations
@@ -137,19 +154,7 @@ def test_a_run_killed_mid_training_resumes_to_the_same_weights_metrics_and_curve
     for key in ("val/loss", "val/ppl", "val/accuracy", "tokens", "global_step"):
         assert resumed_metrics[key] == pytest.approx(reference_metrics[key], abs=TOLERANCE), key
 
-    resumed_curves, reference_curves = scalars(killed), scalars(straight)
-    assert resumed_curves.keys() == reference_curves.keys()
-    for tag, points in reference_curves.items():
-        if tag == "val/ppl_vs_wallclock":  # its x axis is seconds, not steps: one point per validation
-            assert len(resumed_curves[tag]) == len(points)
-            continue
-        # ("epoch" is logged with the training and the validation metrics: twice at validation steps)
-        extra = Counter(step for step, _ in resumed_curves[tag]) - Counter(step for step, _ in points)
-        missing = Counter(step for step, _ in points) - Counter(step for step, _ in resumed_curves[tag])
-        assert not extra and not missing, f"{tag}: duplicated {sorted(extra)}, missing {sorted(missing)}"
-        if not tag.startswith("perf/"):  # perf/* are timings
-            resumed_values = [v for _, v in sorted(resumed_curves[tag])]  # hp/*: a NaN placeholder at step 0
-            assert resumed_values == pytest.approx([v for _, v in sorted(points)], abs=TOLERANCE, nan_ok=True), tag
+    assert_same_curves(scalars(killed), scalars(straight))
 
     # A truncated checkpoint: one line and exit code 2 on resume, and the run directory left as it was.
     data = (killed / CHECKPOINT).read_bytes()

@@ -17,6 +17,28 @@ from training import config as run_config
 from training.train import build_datamodule, build_module
 
 
+def assert_fine_tuned_from_the_pretrained_encoder(root) -> None:
+    """The fine-tuned encoder starts as the pretrained one: same tokenizer, weights equal after loading."""
+    pre_dir, ft_dir = root / "pretrain" / "linformer", root / "finetune" / "linformer" / "rotten_tomatoes"
+    assert (ft_dir / "tokenizer.json").read_text() == (pre_dir / "tokenizer.json").read_text()
+    assert (ft_dir / "checkpoints" / "best.ckpt").is_file()
+    cfg = run_config.load(ft_dir / "config.yaml", ["run_dir=null"])
+    assert cfg.init_from == str(pre_dir)
+    dm = build_datamodule(cfg)
+    dm.setup("fit")
+    loaded_module = build_module(cfg, dm)
+    pretrained = torch.load(pre_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    encoder = {k.removeprefix("encoder."): v for k, v in pretrained.items() if k.startswith("encoder.")}
+    assert encoder.keys() == loaded_module.encoder.state_dict().keys()
+    assert all(torch.equal(v, encoder[k]) for k, v in loaded_module.encoder.state_dict().items())
+    fresh = SequenceClassifierModule(to_container(OmegaConf.merge(cfg, {"init_from": None})), dm.vocab_size, 2)
+    assert not torch.equal(fresh.encoder.tok.weight, encoder["tok.weight"])
+    assert math.isfinite(json.loads((ft_dir / "metrics.json").read_text())["best_val/accuracy"])
+    ft_events = EventAccumulator(str(ft_dir), size_guidance={"scalars": 0})
+    ft_events.Reload()
+    assert {"val/accuracy", "val/f1", "hp/val_accuracy", "test/accuracy", "test/f1"} <= set(ft_events.Tags()["scalars"])
+
+
 # ------------------------------------------------------------------------------- pipeline
 def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tiny_overrides, tmp_path):
     shrink = [
@@ -74,25 +96,7 @@ def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tin
     assert {"table2/imdb/full", "table2/average/linformer"} <= set(events.Tags()["scalars"])
     assert "table2/text_summary" in events.Tags()["tensors"]
 
-    # The fine-tuned encoder starts as the pretrained one: same tokenizer, weights equal after loading.
-    pre_dir, ft_dir = root / "pretrain" / "linformer", root / "finetune" / "linformer" / "rotten_tomatoes"
-    assert (ft_dir / "tokenizer.json").read_text() == (pre_dir / "tokenizer.json").read_text()
-    assert (ft_dir / "checkpoints" / "best.ckpt").is_file()
-    cfg = run_config.load(ft_dir / "config.yaml", ["run_dir=null"])
-    assert cfg.init_from == str(pre_dir)
-    dm = build_datamodule(cfg)
-    dm.setup("fit")
-    loaded_module = build_module(cfg, dm)
-    pretrained = torch.load(pre_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    encoder = {k.removeprefix("encoder."): v for k, v in pretrained.items() if k.startswith("encoder.")}
-    assert encoder.keys() == loaded_module.encoder.state_dict().keys()
-    assert all(torch.equal(v, encoder[k]) for k, v in loaded_module.encoder.state_dict().items())
-    fresh = SequenceClassifierModule(to_container(OmegaConf.merge(cfg, {"init_from": None})), dm.vocab_size, 2)
-    assert not torch.equal(fresh.encoder.tok.weight, encoder["tok.weight"])
-    assert math.isfinite(json.loads((ft_dir / "metrics.json").read_text())["best_val/accuracy"])
-    ft_events = EventAccumulator(str(ft_dir), size_guidance={"scalars": 0})
-    ft_events.Reload()
-    assert {"val/accuracy", "val/f1", "hp/val_accuracy", "test/accuracy", "test/f1"} <= set(ft_events.Tags()["scalars"])
+    assert_fine_tuned_from_the_pretrained_encoder(root)
 
 
 def test_the_shipped_table2_pipeline_checks_every_stage_and_names_a_bad_variant(tmp_path, capsys):

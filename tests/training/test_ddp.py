@@ -67,6 +67,25 @@ class RecordRank(L.Callback):
         )
 
 
+def block_losses(cfg, weights: dict) -> list[tuple]:
+    """(summed loss, target count) of every validation block in one process, in the set's order, with ``weights``."""
+    datamodule = build_datamodule(cfg)
+    datamodule.setup("fit")
+    module = build_module(cfg, datamodule)
+    module.load_state_dict(weights)
+    module.eval()
+    val = datamodule.val_set.tensors
+    assert len(val[0]) % WORLD == 1  # an odd count: a sampler that pads to equal shares would repeat a block
+    with torch.no_grad():
+        return [
+            (
+                F.cross_entropy(module(ids[None])[labels[None] != -100], labels[labels != -100], reduction="sum"),
+                (labels != -100).sum(),
+            )
+            for ids, labels in zip(val[0], val[1])
+        ]
+
+
 @pytest.mark.processes  # ddp_spawn: a second rank
 def test_two_process_ddp_keeps_ranks_identical_and_validates_on_the_whole_set(tiny_overrides, tmp_path, small_corpus):
     cfg = run_config.load(
@@ -102,21 +121,7 @@ def test_two_process_ddp_keeps_ranks_identical_and_validates_on_the_whole_set(ti
 
     # The logged validation loss (at the last step, with the final weights) is that of the whole validation set
     # in one process: every block once, token-weighted, although each rank saw only its half.
-    datamodule = build_datamodule(cfg)
-    datamodule.setup("fit")
-    module = build_module(cfg, datamodule)
-    module.load_state_dict(ranks[0]["weights"])
-    module.eval()
-    val = datamodule.val_set.tensors
-    assert len(val[0]) % WORLD == 1  # an odd count: a sampler that pads to equal shares would repeat a block
-    with torch.no_grad():
-        losses = [
-            (
-                F.cross_entropy(module(ids[None])[labels[None] != -100], labels[labels != -100], reduction="sum"),
-                (labels != -100).sum(),
-            )
-            for ids, labels in zip(val[0], val[1])
-        ]
+    losses = block_losses(cfg, ranks[0]["weights"])
     whole = float(sum(s for s, _ in losses) / sum(n for _, n in losses))
     half = float(sum(s for s, _ in losses[::2]) / sum(n for _, n in losses[::2]))
     acc = EventAccumulator(str(tmp_path / "ddp"))
