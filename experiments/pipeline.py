@@ -42,7 +42,7 @@ from foundation.checked import read_json
 from foundation.configfile import merge, parse_overrides, resolve_includes
 from foundation.errors import ConfigError
 from foundation.paths import check_folder, check_name
-from foundation.rundir import choose_run_dir
+from foundation.rundir import check_experiment_folder, choose_run_dir
 from training import config as run_config
 
 METRICS = "metrics.json"
@@ -87,6 +87,7 @@ def load(path: str | Path, overrides: list[str] = ()) -> DictConfig:
     cfg = merge(PipelineConfig, [resolve_includes(Path(path)), *parse_overrides(list(overrides))])
     check_name("experiment", cfg.experiment)
     check_folder("output_dir", cfg.output_dir)
+    check_experiment_folder(cfg.output_dir, cfg.experiment)
     if not cfg.pretrain.config:
         raise ConfigError("pretrain.config: required (the base MLM experiment YAML)")
     for key in ("variants", "tasks"):

@@ -62,8 +62,13 @@ def check_folder(key: str, value: str) -> Path:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{key}: {value} is a file, not a folder")
     existing = path.absolute()
-    while not existing.exists() and existing != existing.parent:
+    while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
+    if existing.is_symlink() and not existing.exists():  # mkdir would fail there, or loop taking it for a race
+        raise ConfigError(
+            f"{key}: {value}: {existing} is a symbolic link to {os.readlink(existing)}, which does not exist; "
+            "a folder belongs there"
+        )
     if not existing.is_dir():
         raise ConfigError(f"{key}: {value} lies inside {existing}, which is a file, not a folder")
     try:

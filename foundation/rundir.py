@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from foundation.errors import ConfigError
+from foundation.paths import check_folder
 
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
 # The run's tokenizer (runs whose data has one): fine-tuning from this run encodes text with it.
@@ -23,6 +24,19 @@ TOKENIZER = Path("tokenizer.json")
 def _versions(root: Path) -> list[Path]:
     found = [p for p in root.glob("version_*") if p.name.removeprefix("version_").isdigit()]
     return sorted(found, key=lambda p: int(p.name.removeprefix("version_")))
+
+
+def check_experiment_folder(output_dir: str, experiment: str) -> Path:
+    """``<output_dir>/<experiment>``, where a new run takes its numbered version: a folder, or a path where one can
+    be made (not a file, nothing inside a file, no link to nothing); else one ConfigError line naming it."""
+    root = Path(output_dir) / experiment
+    try:
+        return check_folder("experiment", str(root))
+    except ConfigError as err:
+        raise ConfigError(
+            f"{err} (the runs of experiment {experiment!r} go into {root}/version_<i>/: move it aside or choose "
+            "another experiment or output_dir)"
+        ) from None
 
 
 RUN_DIR_ENV = "LINFORMER_LAB_RUN_DIR"  # rank 0's run directory, for the DDP ranks it launches
@@ -50,7 +64,7 @@ def choose_run_dir(output_dir: str, experiment: str, run_dir: Optional[str], res
         if resume or not path.exists() or not any(path.iterdir()):
             return path
         raise ConfigError(f"run_dir: {path} already holds a run (set resume=true to continue it)")
-    root = Path(output_dir) / experiment
+    root = check_experiment_folder(output_dir, experiment)
     versions = _versions(root)
     if resume:
         with_ckpt = [v for v in versions if (v / CHECKPOINT).is_file()]

@@ -104,6 +104,8 @@ def _spectrum(
 ) -> tuple[dict, dict]:
     """Summary entries and figures of the spectrum (paper Fig. 1) and the suggested k."""
     spectrum = analysis.measure_spectrum(module.encoder, sample)
+    if index is not None:
+        _check_index(index, [s.shape[-1] for s in spectrum.singular_values])
     indices = (
         [index] * run.cfg.model.n_layers if index is not None else analysis.heatmap_indices(run.cfg.model, spectrum)
     )
@@ -162,6 +164,18 @@ def _check_arguments(samples: int, energy: float, index: Optional[int]) -> None:
         raise ConfigError(f"--index: must be >= 1, got {index}")
 
 
+def _check_index(index: int, lengths: list[int], why: str = "") -> None:
+    """``--index`` reads every layer's curve at one index: it must lie within the shortest, 1 … min_l m_l (the
+    number of singular values of layer l's context matrices); refused rather than clipped, so the index a figure
+    shows is the one asked."""
+    if index > min(lengths):
+        layers = ", ".join(f"layer {layer}: {m}" for layer, m in enumerate(lengths))
+        raise ConfigError(
+            f"--index: {index} is past the singular values of the attention matrices "
+            f"({why or layers}); allowed: 1 to {min(lengths)}"
+        )
+
+
 def _reference_run(run: Run, reference: Path) -> Run:
     """The full-attention run to compare ``run``'s E/F with, checked before any heavy work."""
     if attention_class(run.cfg.model).compressed_lengths(run.cfg.model) is None:
@@ -198,6 +212,8 @@ def analyze(
     """Write ``<run>/analysis/`` and the TensorBoard images; return the summary."""
     _check_arguments(samples, energy, index)
     run = read_run(path)
+    if index is not None:  # at most n singular values, whatever the kind: refused before the data is read
+        _check_index(index, [run.cfg.model.max_len], f"at most model.max_len={run.cfg.model.max_len} per layer")
     ref = None if reference is None else _reference_run(run, reference)
     datamodule = build_datamodule(run.cfg)
     datamodule.setup("validate")
@@ -214,6 +230,8 @@ def analyze(
     }
     try:
         part, figures = _spectrum(run, module, sample, energy, index)
+    except ConfigError:
+        raise
     except ValueError as err:  # a kind that forms no softmax matrix (SelfAttention.context_matrix)
         raise ConfigError(f"analyze {run.run_dir}: {err}") from None
     summary.update(part)

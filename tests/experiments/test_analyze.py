@@ -73,6 +73,22 @@ def test_callback_logs_spectrum_heatmaps_and_analyze_writes_figures(tiny_overrid
     assert cli.main(["analyze", str(linformer), "--reference", str(linformer)]) == 2
     assert cli.main(["analyze", str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("error: ") == 2
+    index_is_read_where_asked_or_refused(linformer, capsys)
+
+
+def index_is_read_where_asked_or_refused(linformer, capsys):
+    """--index reads every layer's curve where it is asked, or is refused in one line naming the range, nothing
+    written: Linformer's P (k = 8, n = 32) has 8 singular values per layer, no matrix more than n."""
+    out = linformer / "analysis"
+    assert cli.main(["analyze", str(linformer), "--samples", "2", "--index", "8"]) == 0
+    assert json.loads((out / "summary.json").read_text())["spectrum"]["index"] == [8, 8]
+    before = (out / "summary.json").read_bytes()
+    for index, allowed in (("9", "(layer 0: 8, layer 1: 8); allowed: 1 to 8"), ("33", "allowed: 1 to 32")):
+        capsys.readouterr()
+        assert cli.main(["analyze", str(linformer), "--samples", "2", "--index", index]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: --index: {index} is past") and err.endswith(allowed) and "\n" not in err, err
+    assert (out / "summary.json").read_bytes() == before
 
 
 def test_the_spectrum_callback_follows_a_causal_linformer_during_training(tiny_overrides, tmp_path):
