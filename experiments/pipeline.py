@@ -144,7 +144,57 @@ def stages(cfg: DictConfig, base_dir: Path, root: Path) -> list[Stage]:
             ft.model = pre.model  # the pretrained architecture, whatever the task YAML says
             run_config.check(ft)
             out.append(Stage(variant, task, ft))
+    for stage in out:
+        check_results_written(stage, cfg.metric)
     return out
+
+
+# What metrics.json holds whatever the task (training/train.py, run_metrics_of): numbers a table may read.
+RUN_NUMBERS = ("global_step", "parameters", "projection_parameters", "wall_time_s", "train_time_s", "tokens",
+               "tokens_per_sec", "flops_per_batch", "train_flops", "peak_mem_mb")  # fmt: skip
+
+
+def written_scores(run: DictConfig) -> set[str]:
+    """The scores a run of ``run`` writes to metrics.json, by its task: a classifier (classify, listops) the loss and
+    the metrics of :func:`~lightning_modules.classifier.score_metrics` on validation and on each test set; a token
+    predictor (mlm, clm, recall) validation loss and accuracy (also per target group: masked, random, kept) and
+    perplexity, and no test set."""
+    from datamodules.classification import eval_set_names
+    from datamodules.language_model import MLMDataModule
+    from foundation.configfile import to_container
+    from lightning_modules.classifier import score_metrics, task_settings
+    from lightning_modules.per_example import column_names
+
+    if run.task in ("classify", "listops"):
+        regression, metrics = task_settings(to_container(run))
+        names = ["loss", *score_metrics(regression, metrics, 2).keys()]
+        sets = ["val", *(eval_set_names(run.data) if run.task == "classify" else ["test"])]
+        return {f"{s}/{name}" for s in sets for name in names}
+    groups = MLMDataModule.target_groups if run.task == "mlm" else ()
+    return {"val/ppl", *(f"val/{prefix}{name}" for prefix in column_names(groups) for name in ("loss", "accuracy"))}
+
+
+def check_results_written(stage: Stage, metric: Optional[str]) -> None:
+    """Before anything trains: every number the results table reads from this stage's metrics.json is one its
+    task writes (a pretraining stage: ``val/ppl``; a fine-tuning: :func:`official_keys`), else one ConfigError
+    line naming the stage, its task, the key and what the task writes."""
+    needs = official_keys(stage.cfg, metric) if stage.task else ["val/ppl"]
+    scores = written_scores(stage.cfg)
+    missing = [key for key in needs if key not in scores and key not in RUN_NUMBERS]
+    if not missing:
+        return
+    writes = ", ".join(sorted(scores))
+    if not stage.task:
+        raise ConfigError(
+            f"variants.{stage.variant}: the results table reads {missing[0]!r} from its pretraining run, which task "
+            f"{stage.cfg.task!r} does not write (it writes {writes}); pretrain.config must train a language model "
+            "(task mlm or clm)"
+        )
+    reader = f"metric: {metric!r}" if metric is not None else "the results table"
+    raise ConfigError(
+        f"tasks.{stage.task}: {reader} reads {missing[0]!r} from its fine-tuning runs, which task {stage.cfg.task!r} "
+        f"does not write (it writes {writes}, and every run {', '.join(RUN_NUMBERS)})"
+    )
 
 
 def _stage_config(base_dir: Path, stage: DictConfig, extra: list[str], where: str) -> DictConfig:

@@ -97,6 +97,15 @@ def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tin
     assert "table2/text_summary" in events.Tags()["tensors"]
 
     assert_fine_tuned_from_the_pretrained_encoder(root)
+    assert_the_check_knows_what_each_stage_writes(root)
+
+
+def assert_the_check_knows_what_each_stage_writes(root) -> None:
+    """What the pipeline's check before training takes a stage's task to write is what its run wrote."""
+    for run_dir in (root / "pretrain" / "full", root / "finetune" / "full" / "imdb"):
+        written = json.loads((run_dir / "metrics.json").read_text())
+        expected = pipeline.written_scores(OmegaConf.load(run_dir / "config.yaml"))
+        assert expected <= set(written) and set(pipeline.RUN_NUMBERS) <= set(written), expected - set(written)
 
 
 def test_the_shipped_table2_pipeline_checks_every_stage_and_names_a_bad_variant(tmp_path, capsys):
@@ -117,3 +126,39 @@ def test_the_shipped_table2_pipeline_checks_every_stage_and_names_a_bad_variant(
         "error: variants.k64: model.attention.options.k: k=640 (layer 0) must be in [1, model.max_len=128]"
     )
     assert not (tmp_path / "runs").exists()
+
+
+PRETRAIN_CLASSIFY = "pretrain: {{config: {c}/finetune_imdb.yaml}}\nvariants: {{a: []}}\ntasks: {{t: {{config: {c}/finetune_imdb.yaml}}}}\n"
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        pytest.param(
+            PRETRAIN_CLASSIFY,
+            "variants.a: the results table reads 'val/ppl' from its pretraining run, which task 'classify' does not "
+            "write (it writes test/accuracy, test/f1, test/loss, val/accuracy, val/f1, val/loss); pretrain.config",
+            id="a classification config as pretraining",
+        ),
+        pytest.param(
+            "pretrain: {{config: {c}/base.yaml}}\nvariants: {{a: []}}\nscratch: [a]\ntasks: {{t: {{config: {c}/base.yaml}}}}\n",
+            "tasks.t: the results table reads 'test/accuracy' from its fine-tuning runs, which task 'mlm' does not",
+            id="a language model as a task",
+        ),
+        pytest.param(
+            PRETRAIN_CLASSIFY.replace("finetune_imdb.yaml}}\nvariants", "base.yaml}}\nvariants") + "metric: val/ppl\n",
+            "tasks.t: metric: 'val/ppl' reads 'val/ppl' from its fine-tuning runs, which task 'classify' does not",
+            id="a metric the tasks do not write",
+        ),
+    ],
+)
+def test_a_stage_whose_results_its_task_never_writes_is_refused_before_anything_trains(tmp_path, capsys, text, words):
+    """The table reads val/ppl from each pretraining run and the official metrics (or ``metric``) from each
+    fine-tuning: a stage whose task writes no such number is one line before the first step (it used to train both
+    stages and end in KeyError 'val/ppl')."""
+    path = tmp_path / "p.yaml"
+    path.write_text(text.format(c=run_config.CONFIG_DIR) + f"output_dir: {tmp_path / 'runs'}\n")
+    assert cli.main(["pipeline", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {words}") and len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]
