@@ -30,11 +30,10 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, TensorDataset
 
-from datamodules.cache import cache_key, fingerprint
+from datamodules.cache import NPY_HEADER, cache_key, fingerprint, write_cache
 from datamodules.corpus import iter_texts, load_text_corpus
 from datamodules.sampling import loader_options, make_loader
 from datamodules.tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID, build_tokenizer
-from foundation.atomic import atomic_write
 from foundation.checked import read_cache
 from foundation.errors import ConfigError
 
@@ -170,7 +169,7 @@ class PackedTextDataModule(L.LightningDataModule):
                 f"data.source: the {split} split of {self.data_cfg.source!r} is shorter than one "
                 f"block of model.max_len={self.max_len} tokens"
             )
-        atomic_write(path, lambda f: np.save(f, blocks))
+        write_cache(self.data_cfg.cache_dir, path, lambda f: np.save(f, blocks), blocks.nbytes + NPY_HEADER)
         return blocks
 
     def _loader(self, dataset, collate_fn, seed: Optional[int], draw=None) -> DataLoader:

@@ -34,9 +34,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from datamodules.cache import CODE_VERSION, cache_key
+from datamodules.cache import CODE_VERSION, NPY_HEADER, cache_key, write_cache
 from datamodules.classification import EncodedSplit, LabelledSequenceDataModule
-from foundation.atomic import atomic_write
 from foundation.checked import read_cache
 
 VOCAB = ("[PAD]", "]", "[MAX", "[MIN", "[MED", "[SM", *map(str, range(10)))
@@ -143,7 +142,9 @@ class ListOpsDataModule(LabelledSequenceDataModule):
             return cached
         sequences, labels = generate(n, c, random.Random(stream))
         ends = np.cumsum([len(s) for s in sequences])
-        atomic_write(path, lambda f: np.savez(f, ids=np.concatenate(sequences), ends=ends, labels=labels))
+        ids = np.concatenate(sequences)
+        size = ids.nbytes + ends.nbytes + np.asarray(labels).nbytes + 3 * 2 * NPY_HEADER  # + zip and .npy headers
+        write_cache(self.data_cfg.cache_dir, path, lambda f: np.savez(f, ids=ids, ends=ends, labels=labels), size)
         return sequences, labels
 
 

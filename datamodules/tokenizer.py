@@ -21,8 +21,7 @@ from typing import Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from datamodules.cache import cache_key, fingerprint
-from foundation.atomic import atomic_write
+from datamodules.cache import cache_key, fingerprint, write_cache
 from foundation.checked import read_cache
 from foundation.errors import ConfigError
 
@@ -44,7 +43,8 @@ def build_tokenizer(tok_cfg, texts: Sequence[str], cache_dir: str | Path) -> Tok
         tok = read_cache(path, lambda p: Tokenizer.from_file(str(p)))
         if tok is None:
             tok = _train_bpe(tok_cfg, texts)
-            atomic_write(path, lambda f: f.write(tok.to_str().encode("utf-8")))
+            data = tok.to_str().encode("utf-8")
+            write_cache(cache_dir, path, lambda f: f.write(data), len(data))
     tok.encode_special_tokens = True
     return tok
 
