@@ -109,11 +109,12 @@ class InputProjections(nn.Module):
         self.reset_parameters()
 
     def part(self, name: str) -> Optional[Linear]:
-        """The projection ``name`` (q, k or v) as views of the fused rows; None when the kind has none."""
+        """The projection ``name`` (q, k or v), or a block of consecutive rows (``"vk"``: [W_v; W_k], one product
+        for both), as views of the fused rows; None when the kind has none."""
         i = self.names.find(name)
         if i < 0:
             return None
-        rows = slice(i * self.d, (i + 1) * self.d)
+        rows = slice(i * self.d, (i + len(name)) * self.d)
         return Linear(self.weight[rows], self.bias[rows])
 
     def reset_parameters(self) -> None:

@@ -42,18 +42,7 @@ from torch import Tensor
 from lightning_modules import flops
 from lightning_modules.attention.base import SelfAttention, kind_options
 from lightning_modules.attention.blocked import Layout, blocked_attention
-
-_COMPILED_FLEX = None
-
-
-def compiled_flex_attention():
-    """``torch.compile(flex_attention)``, compiled once per process (about 30 s on 2 CPU cores the first time)."""
-    global _COMPILED_FLEX
-    if _COMPILED_FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _COMPILED_FLEX = torch.compile(flex_attention)
-    return _COMPILED_FLEX
+from lightning_modules.attention.flex import compiled_flex_attention, flex_cannot_run
 
 
 class PatternAttention(SelfAttention):
@@ -121,8 +110,7 @@ class PatternAttention(SelfAttention):
             return self.engine
         if self.engine == "auto" and q.device.type != "cuda":
             return "blocked"
-        cpu_backward = q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad
-        if dropout_p > 0 or cpu_backward or flops.counting():
+        if flex_cannot_run(q, dropout_p):
             return "blocked"
         return "compiled" if self.engine == "auto" else self.engine
 

@@ -25,12 +25,20 @@ commute with W_k, so conv uses ``project_first``):
   E 1 becomes E m (m the 0/1 mask), i.e. E's columns at padded positions are zero.
 
 ``auto`` picks the cheaper one from these counts.
+
+Two engines (``engine``) compute the same E K and F V. ``reference`` runs each side's products as written above
+(:meth:`Linformer.compressed_keys_values`: the numbers of every earlier run). ``fused``
+(:meth:`Linformer.fused_keys_values`; ``auto`` on CUDA) runs the same sums in fewer, larger kernels:
+``project_first`` takes [V | K] from one input product and compresses both sides in one batched product over (side,
+group) with the batch in the columns (no copy of E per sequence); ``compress_first`` applies [E; F] to X in one
+product and, when F is E, both W_k and W_v in one more.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Iterable, Optional
 
+import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, ListConfig
 from torch import Tensor, nn
@@ -106,13 +114,14 @@ class Linformer(SelfAttention):
     kind: ClassVar[str] = "linformer"
     Options = LinformerOptions
     context_label = "P̄ = softmax(Q(EK)ᵀ/√d)"
-    weight_free_options = ("order", "init", "delta")
+    weight_free_options = ("order", "init", "delta", "engine")
 
     def __init__(self, model: DictConfig, layer: int = 0, shared: Optional[ProjectionBank] = None) -> None:
         super().__init__(model, layer, shared)
         if shared is None:
             raise ValueError("linformer attention needs the model's ProjectionBank")
-        self.order = self._choose_order(kind_options(model.attention).order)
+        options = kind_options(model.attention)
+        self.order, self.engine = self._choose_order(options.order), str(options.engine)
 
     @property
     def bank(self) -> ProjectionBank:
@@ -223,10 +232,15 @@ class Linformer(SelfAttention):
 
     # ------------------------------------------------------------------------------ Eq. 7
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        k, v = self.compressed_keys_values(x, mask)  # E K, F V: (B, h, k', d_h) each
+        keys_values = self.fused_keys_values if self.fused(x) else self.compressed_keys_values
+        k, v = keys_values(x, mask)  # E K, F V: (B, h, k', d_h) each
         real = self.bank.nonempty_slots(self.layer, mask)  # (B, k') or None
         visible = None if real is None else real[:, None, None, :]  # (B, 1, 1, k')
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)  # (B, h, T, d_h)
+
+    def fused(self, x: Tensor) -> bool:
+        """Whether this call runs the fused engine: ``engine: fused``, or ``auto`` on CUDA."""
+        return self.engine == "fused" or (self.engine == "auto" and x.device.type == "cuda")
 
     def _choose_order(self, order: str) -> str:
         bank = self.bank
@@ -252,6 +266,31 @@ class Linformer(SelfAttention):
             xe, mass = bank.compress(layer, 1, x.unsqueeze(1), mask), bank.compress(layer, 1, ones, mask)
         v = self._apply_linear(xe, mass, self.v_proj)
         return k, v
+
+    def fused_keys_values(self, x: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        """E K and F V, each (B, h, k', d_h), as :meth:`compressed_keys_values` computes them, in fewer and larger
+        products (module docstring, ``engine: fused``)."""
+        b, t, _ = x.shape
+        if self.order == "project_first":
+            y = self.in_proj.part("vk")(x)  # [V | K] = X [W_v; W_k]ᵀ + [b_v; b_k]: (B, T, 2d)
+            return self.bank.compress_pair(self.layer, y.view(b, t, 2, self.n_heads, self.d_head), mask)
+        slots, mass = self.bank.compress_input(self.layer, x, mask)  # [E; F] X (B, S', G, k', d), [E; F] m
+        if slots.shape[1] == slots.shape[2] == 1:  # one E for both sides and every head: W_v, W_k in one product
+            vk = self.in_proj.part("vk")
+            y = torch.addcmul(F.linear(slots[:, 0, 0], vk.weight), mass[:, 0, 0], vk.bias)  # (B, k', 2d)
+            y = y.view(b, -1, 2, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)  # [F V ; E K]: (2, B, h, k', d_h)
+            return y[1], y[0]
+        return self._project_slots(slots[:, 0], mass[:, 0], self.k_proj), self._project_slots(
+            slots[:, -1], mass[:, -1], self.v_proj
+        )
+
+    def _project_slots(self, xe: Tensor, mass: Tensor, linear: Linear) -> Tensor:
+        """(E X) Wᵀ + (E m) bᵀ: xe (B, G, k', d), mass (B or 1, G, k', 1) → (B, h, k', d_h); with one E for every
+        head, one product of B·k' rows."""
+        if xe.shape[1] > 1:
+            return self._apply_linear(xe, mass, linear)
+        y = torch.addcmul(F.linear(xe[:, 0], linear.weight), mass[:, 0], linear.bias)  # (B, k', d)
+        return self.heads(y)
 
     def project_then_compress(self, x: Tensor, mask: Optional[Tensor], linear: Linear, side: int) -> Tensor:
         """E (X Wᵀ + 1 bᵀ) of one side → (B, h, k', d_h): the projection as its own product (no weights

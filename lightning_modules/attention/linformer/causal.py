@@ -8,6 +8,10 @@ j < b (every token of which is ≤ bw − 1 < i) and exactly, causally, to the k
     out_i    = softmax(scores_i) · [ F-slots j < b ; v_t for bw ≤ t ≤ i ]      O(T(k + w)d)
 
 Every key of the prefix enters exactly once (compressed or exact); nothing at a position > i does.
+Two engines compute it (``engine``): ``reference`` (:meth:`CausalLinformer.blockwise`) runs rows of queries through
+chunked SDPA calls with an additive mask, the numbers of every earlier run; ``fused`` (``auto`` on CUDA,
+:meth:`CausalLinformer.flex_blockwise`) is one FlexAttention call over the keys [K ; E-slots] with a block mask that
+lists only the tiles holding visible pairs: compiled on a GPU, one Triton kernel forward and one backward.
 Incremental decoding (:meth:`CausalLinformer.step`) keeps a fixed-size state per layer and head: the completed
 slots (≤ k) and the current block's keys/values (≤ w), so a token costs O((k + w)·d) whatever its position.
 """
@@ -15,14 +19,19 @@ slots (≤ k) and the current block's keys/values (≤ w), so a token costs O((k
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_modules.attention.flex import compiled_flex_attention, flex_cannot_run
 from lightning_modules.attention.linformer.bidirectional import Linformer
 from lightning_modules.attention.linformer.projections import blocks
+
+# The library's function: a call that finds it replaced (lightning_modules.analysis.recorded_attention, which reads
+# the probabilities of the SDPA calls) runs the reference engine, whose calls it can read.
+_SDPA = F.scaled_dot_product_attention
 
 
 def _bias(
@@ -108,15 +117,156 @@ def blockwise_context_matrix(chunks: list[Tensor], length: int, window: int) -> 
     return p[:, :, :length, : slots + length]
 
 
+# ------------------------------------------------------------------------------ the fused engine's block mask
+def _tiles(t: int, w: int, slots: int, tile: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Per query tile (rows r·tile …), the tiles of the key columns [keys ; slots] (T + slots of them) that hold a
+    pair visible to one of its queries: (partial, full), full where every pair is visible and the tile lies inside
+    both lengths (FlexAttention skips the mask there). Query i sees the keys ⌊i/w⌋w … i and the slot columns
+    T … T + ⌊i/w⌋ − 1; a tile of queries qa … qb, the key range ⌊qa/w⌋w … qb and T … T + min(⌊qb/w⌋, slots) − 1.
+    O(T/tile · (w + slots)/tile)."""
+    partial: list[list[int]] = []
+    full: list[list[int]] = []
+    for qa in range(0, t, tile):
+        qb = min(qa + tile, t) - 1
+        ranges = [(qa // w * w, qb)] + ([(t, t + min(qb // w, slots) - 1)] if min(qb // w, slots) > 0 else [])
+        touched = sorted({c for lo, hi in ranges for c in range(lo // tile, hi // tile + 1)})
+        inside = [c for c in touched if qa + tile <= t and (c + 1) * tile <= t + slots]
+        every = [c for c in inside if _every_pair_visible(qa, qb, c * tile, (c + 1) * tile - 1, t, w)]
+        partial.append([c for c in touched if c not in every])
+        full.append(every)
+    return partial, full
+
+
+def _every_pair_visible(qa: int, qb: int, ka: int, kb: int, t: int, w: int) -> bool:
+    """Queries qa … qb see every key column ka … kb: its keys (< T) lie in their one block at or before qa, its
+    slots (≥ T) all precede ⌊qa/w⌋."""
+    last_key = min(kb, t - 1)
+    keys = ka >= t or (qa // w == qb // w == ka // w == last_key // w and last_key <= qa)
+    return keys and (kb < t or kb - t < qa // w)
+
+
+class _Layout(NamedTuple):
+    """What the fused engine's block mask needs at one (T, w, slots, tile), on the device: each query's block, each
+    key column's block (a slot's: its own index) and slot flag, and the tile lists (:func:`_tiles`) as FlexAttention
+    takes them: counts (1, 1, R) and indices (1, 1, R, C), partial, full, and both together."""
+
+    query_block: Tensor  # (T,)
+    key_block: Tensor  # (T + slots,)
+    slot: Tensor  # (T + slots,) bool
+    partial: tuple[Tensor, Tensor]
+    full: tuple[Tensor, Tensor]
+    listed: tuple[Tensor, Tensor]
+
+
+def _tile_tensors(lists: list[list[int]], columns: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    counts = torch.tensor([len(row) for row in lists], dtype=torch.int32)
+    indices = torch.zeros(len(lists), max(columns, 1), dtype=torch.int32)
+    for r, row in enumerate(lists):
+        indices[r, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    return counts[None, None].to(device), indices[None, None].to(device)
+
+
+@functools.lru_cache(maxsize=32)
+def _layout(t: int, w: int, slots: int, tile: int, device: torch.device, inference: bool) -> _Layout:
+    """The :class:`_Layout` of one shape, built once (every layer of that w, every step); ``inference`` keys apart
+    the tensors built in inference mode, which autograd may not save for a training step."""
+    partial, full = _tiles(t, w, slots, tile)
+    columns = -(-(t + slots) // tile)
+    position = torch.arange(t + slots, device=device)
+    slot = position >= t
+    return _Layout(
+        position[:t] // w,
+        torch.where(slot, position - t, position // w),
+        slot,
+        _tile_tensors(partial, columns, device),
+        _tile_tensors(full, columns, device),
+        _tile_tensors([sorted(p + f) for p, f in zip(partial, full)], columns, device),
+    )
+
+
+def _visible(layout: _Layout, real: Optional[Tensor]) -> Callable[..., Tensor]:
+    """FlexAttention's mask_mod(b, h, i, j) over the key columns [keys ; slots]: key j of query i's own block with
+    j ≤ i, or slot j − T of a block before query i's; with padding (``real`` (B, T + slots): real keys, non-empty
+    slots) only real ones. Positions and blocks are captured tensors, so one compiled kernel serves every w."""
+    query_block, key_block, slot = layout.query_block, layout.key_block, layout.slot
+
+    def visible(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        own = (j <= i) & (key_block[j] == query_block[i])
+        past = slot[j] & (key_block[j] < query_block[i])
+        return own | past if real is None else (own | past) & real[b, j]
+
+    return visible
+
+
+def block_mask(t: int, w: int, slots: int, device: torch.device, real: Optional[Tensor] = None, tile: int = 128):
+    """The fused engine's ``BlockMask`` over queries × [keys ; slots] in tiles of ``tile``: without padding the listed
+    tiles split into partial and full (built once per shape); with it (``real`` (B, T + slots)) every listed tile
+    partial, its mask_mod deciding each pair."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    inference = torch.is_inference_mode_enabled()
+    if real is None:
+        return _unpadded_block_mask(t, w, slots, tile, device, inference)
+    layout = _layout(t, w, slots, tile, device, inference)
+    return BlockMask.from_kv_blocks(
+        *layout.listed, BLOCK_SIZE=tile, mask_mod=_visible(layout, real), seq_lengths=(t, t + slots)
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _unpadded_block_mask(t: int, w: int, slots: int, tile: int, device: torch.device, inference: bool):
+    """:func:`block_mask` without padding, built once per shape."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    layout = _layout(t, w, slots, tile, device, inference)
+    return BlockMask.from_kv_blocks(
+        *layout.partial, *layout.full, BLOCK_SIZE=tile, mask_mod=_visible(layout, None), seq_lengths=(t, t + slots)
+    )
+
+
 class CausalLinformer(Linformer):
     context_label = "P̃ = softmax over [past slots ; own block]"
+    FLEX_TILE = 128  # FlexAttention's tile (queries × keys) of the fused engine's block mask
 
     def context_matrix(self, calls: list[Tensor], length: int) -> Tensor:
         """P̃ (B, h, T, nb − 1 + T) from the layer's calls, one per chunk of rows (:func:`blockwise_context_matrix`)."""
         return blockwise_context_matrix(calls, length, self.bank.window(self.layer))
 
     def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        return self.blockwise(q, k, v, mask, dropout_p)  # (B, h, T, d_h)
+        if self.runs_flex(q, dropout_p):
+            return self.flex_blockwise(q, k, v, mask)  # (B, h, T, d_h): one FlexAttention call
+        return self.blockwise(q, k, v, mask, dropout_p)  # (B, h, T, d_h): rows through chunked SDPA calls
+
+    def runs_flex(self, q: Tensor, dropout_p: float) -> bool:
+        """The fused engine's call (:meth:`fused`), unless FlexAttention cannot run it
+        (:func:`~lightning_modules.attention.flex.flex_cannot_run`: the count of FLOPs is then the reference's) or
+        ``scaled_dot_product_attention`` is replaced (analysis reads the reference's calls)."""
+        return self.fused(q) and not flex_cannot_run(q, dropout_p) and F.scaled_dot_product_attention is _SDPA
+
+    def flex_blockwise(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], attention: Optional[Callable] = None
+    ) -> Tensor:
+        """Causal Linformer (module docstring) as one FlexAttention call: q, k, v (B, h, T, d_h) → (B, h, T, d_h).
+
+        The slots are :meth:`blockwise`'s; queries attend over [K ; E-slots] and [V ; F-slots] (B, h, T + nb − 1,
+        d_h) under :func:`block_mask`: query i sees the (real) keys of its own block up to i and the (non-empty)
+        slots j < ⌊i/w⌋. Compiled, Flex visits only the tiles holding such pairs: O(T·(w + k + tile)·d) work and no
+        mask in memory; a query with no visible key (padding only) gets zeros. ``attention``: the FlexAttention
+        function (default compiled on CUDA, eager elsewhere).
+        """
+        t, w = q.shape[2], self.bank.window(self.layer)
+        past = (-(-t // w) - 1) * w  # tokens in completed-able blocks
+        past_mask = None if mask is None else mask[:, :past]
+        sk = self.bank.compress(self.layer, 0, k[:, :, :past], past_mask)  # (B, h, nb-1, d_h)
+        sv = self.bank.compress(self.layer, 1, v[:, :, :past], past_mask)
+        keys, values = torch.cat([k, sk.to(k.dtype)], 2), torch.cat([v, sv.to(v.dtype)], 2)  # (B, h, T+nb-1, d_h)
+        real = None if mask is None else torch.cat([mask, self.bank.nonempty_slots(self.layer, past_mask)], 1)
+        blocked = block_mask(t, w, sk.shape[2], q.device, real, self.FLEX_TILE)
+        if attention is None:
+            from torch.nn.attention.flex_attention import flex_attention
+
+            attention = compiled_flex_attention() if q.device.type == "cuda" else flex_attention
+        return attention(q, keys, values, block_mask=blocked)
 
     def blockwise(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float) -> Tensor:
         """Causal Linformer (module docstring): q, k, v (B, h, T, d_h) → (B, h, T, d_h).

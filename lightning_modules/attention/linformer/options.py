@@ -48,6 +48,13 @@ class LinformerOptions:
     # Evaluation order of E K (exact either way): compress_first applies E to the layer input before W_k,
     # project_first computes K = X W_k first (Eq. 7 as written); auto picks the cheaper by FLOP count.
     order: Literal["auto", "compress_first", "project_first"] = "auto"
+    # How the layer computes it (the same function, different kernels; docs/gpu.md):
+    #   reference: each side's products as written, the causal rows through chunked SDPA calls: bit for bit the
+    #     numbers of every earlier run;
+    #   fused: E K and F V from one input product and one batched product, then one SDPA call; the causal form as
+    #     one FlexAttention call over [keys ; slots] (compiled on CUDA; where Flex cannot run, reference);
+    #   auto (default): fused on CUDA, reference elsewhere.
+    engine: Literal["auto", "reference", "fused"] = "auto"
 
 
 def layer_ks(model: Any) -> list[int]:

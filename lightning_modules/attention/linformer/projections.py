@@ -260,6 +260,11 @@ class ProjectionBank(nn.Module):
 
     def matrices(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
         """Dense (E, F) of a layer for a length-T input, each (G, k_l, T); F is E when shared."""
+        w = self.stacked(layer, length)
+        return w[0], w[-1]
+
+    def stacked(self, layer: int, length: int) -> Tensor:
+        """Dense [E; F] of a layer for a length-T input, (S, G, k_l, T): side 0 E, side S − 1 F (S = 1: F is E)."""
         if self.windowed:
             raise ValueError(
                 f"{'causal' if self.causal else self.projection} projections are windowed: "
@@ -268,8 +273,7 @@ class ProjectionBank(nn.Module):
         w = self._stored(layer)
         if self.share == "layerwise":
             w = w[:, :, : self.ks[layer]]
-        w = w[..., :length]
-        return w[0], w[-1]
+        return w[..., :length]
 
     def block_weights(self, layer: int, side: int, like: Tensor) -> Tensor:
         """Windowed weights of one side, (G, S', w, C') with S' ∈ {1, slots} and C' ∈ {1, d_h}."""
@@ -295,6 +299,60 @@ class ProjectionBank(nn.Module):
         if weight.shape[-1] == 1:  # one weight per window position: a (1 × w)·(w × C) product per slot
             return (weight.transpose(-1, -2) @ xb).squeeze(-2)  # (B, max(H, G), k', C)
         return (xb * weight).sum(-2)  # per-channel weights (conv)
+
+    def compress_input(self, layer: int, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """[E; F] X and [E; F] m, what ``order: compress_first`` projects, from one product for both sides.
+
+        x (B, T, d) → slots (B, S', G, k', d) and mass (B or 1, S', G, k', 1), S' ∈ {1, 2} the distinct sides (1 when
+        F is E or the kind has no weights), m the 0/1 real-token mask (ones without padding), padded rows of x zeroed
+        first. Dense: [E; F] (S'·G·k × T) times each sequence, one batched product with E shared by the batch (no
+        copy of E per sequence), O(S'·G·k·T·d); pool: each window's sum ÷ w, O(T·d). Per-channel kinds (conv) do not
+        commute with W_k and have no such form.
+        """
+        m = x.new_ones(1, x.shape[1]) if mask is None else mask.to(x.dtype)  # (B or 1, T)
+        if mask is not None:
+            x = x * m[..., None]
+        if self.windowed:  # the fixed window weights of a kind without parameters: E = F
+            weight = self.block_weights(layer, 0, x)[0, 0]  # (w, 1)
+            slots = (blocks(x, self.windows[layer]) * weight).sum(-2)  # (B, k', d)
+            mass = (blocks(m[..., None], self.windows[layer]) * weight).sum(-2)  # (B or 1, k', 1)
+            return slots[:, None, None], mass[:, None, None]
+        ef = self.stacked(layer, x.shape[1])  # (S', G, k, T)
+        flat = ef.flatten(0, 2)  # (S'·G·k, T)
+        # E broadcast over the batch as a stride-0 view (cast first under autocast, never copied per sequence)
+        slots = flat.unsqueeze(0) @ x  # (B, S'·G·k, d)
+        mass = (m @ flat.transpose(0, 1))[..., None]  # (B or 1, S'·G·k, 1)
+        return slots.unflatten(1, ef.shape[:3]), mass.unflatten(1, ef.shape[:3])
+
+    def compress_pair(self, layer: int, y: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """E K and F V from one product: y (B, T, 2, h, C) the values and the keys of every position, in that order
+        (the rows of a layer's one input product [W_v; W_k]) → (E K, F V), each (B, h, k', C); padded rows zeroed
+        first.
+
+        Dense: y regrouped once as (2·G, T, B·h·C/G) and multiplied by [F; E] (2·G, k, T) in one batched product
+        (G + G large products instead of B·h small ones per side, and no copy of E per sequence), O(k·T·B·h·C);
+        windowed: one weighted sum over the windows of both sides, O(T·h·C).
+        """
+        b, t, _, h, c = y.shape
+        if mask is not None:
+            y = y * mask[:, :, None, None, None].to(y.dtype)
+        if self.windowed:
+            return self._compress_pair_windows(layer, y)
+        ef = self.stacked(layer, t)  # (S, G, k, T): side 0 E
+        g, k = ef.shape[1], ef.shape[2]
+        fe = ef.flip(0) if self.sides == 2 else ef.expand(2, -1, -1, -1)  # (2, G, k, T): F then E, as y's sides
+        grouped = y.reshape(b, t, 2, g, h // g * c).permute(2, 3, 1, 0, 4).reshape(2 * g, t, -1)  # (2G, T, B·hC/G)
+        out = torch.bmm(fe.reshape(2 * g, k, t), grouped)  # (2G, k, B·hC/G)
+        out = out.view(2, g, k, b, h // g, c).permute(0, 3, 1, 4, 2, 5).flatten(2, 3)  # (2, B, h, k, C)
+        return out[1], out[0]
+
+    def _compress_pair_windows(self, layer: int, y: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`compress_pair` of a windowed kind: y (B, T, 2, h, C), padding zeroed → (E K, F V) (B, h, k', C)."""
+        yb = blocks(y.flatten(2), self.windows[layer]).unflatten(-1, y.shape[2:])  # (B, k', w, 2, h, C)
+        weight = torch.stack([self.block_weights(layer, 1, y), self.block_weights(layer, 0, y)])  # (2, G, S', w, C')
+        weight = weight[:, :, : yb.shape[1]].permute(2, 3, 0, 1, 4)  # (S', w, 2, G, C'): F then E
+        out = (yb * weight).sum(2)  # (B, k', 2, h, C)
+        return out[:, :, 1].transpose(1, 2), out[:, :, 0].transpose(1, 2)
 
     def compress_block(self, layer: int, side: int, block: Tensor, j: int) -> Tensor:
         """Slot j from its complete block: (B, H, w, C) → (B, max(H, G), C) (incremental decoding)."""
