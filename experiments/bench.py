@@ -88,85 +88,140 @@ def _seeds(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    _add_case_arguments(parser)
+    _add_shape_arguments(parser)
+    _add_timing_arguments(parser)
+    _add_parity_arguments(parser)
+    parser.add_argument("--out", default="bench", help="parent folder of the timestamped result folder")
+
+
+def _add_case_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("cases")
+    group.add_argument(
         "--n", type=_ints, default=[512, 1024, 2048, 4096, 8192, 16384], help="sequence lengths (default 512,...,16384)"
     )
-    parser.add_argument("--k", type=_ints, default=[128, 256], help="projected lengths (default 128,256)")
-    parser.add_argument(
+    group.add_argument("--k", type=_ints, default=[128, 256], help="projected lengths (default 128,256)")
+    group.add_argument(
         "--variants",
         type=_names,
         default=list(cases.VARIANTS),
         help=f"attention variants, from {','.join(cases.VARIANTS)} (default all); "
         "the baselines naive and sdpa always run",
     )
-    parser.add_argument(
+    group.add_argument(
         "--orders",
         type=_names,
         default=["auto"],
         help="exact evaluation orders of E K: auto,compress_first,project_first (default auto = the cheaper)",
     )
-    parser.add_argument("--mode", type=_names, default=list(MODES), help="fwd,fwdbwd (default both)")
-    parser.add_argument(
+    group.add_argument(
+        "--engines",
+        type=_names,
+        default=["auto"],
+        help="options.engine of the variants whose kind has one, e.g. auto,reference for Linformer's fused engine "
+        "(auto on CUDA) beside the reference in the same rounds (default auto)",
+    )
+    group.add_argument("--mode", type=_names, default=list(MODES), help="fwd,fwdbwd (default both)")
+    group.add_argument(
         "--levels",
         type=_names,
         default=list(DEFAULT_LEVELS),
         help="layer,model,decode,loop,libraries,parity (default all but libraries, the race against each kind's "
         "library, and parity, training beside it; both need the extra refs)",
     )
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument(
+
+
+def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("shape and device")
+
+    def sizes(key: str) -> str:
+        return f"default {SHAPE_DEFAULTS['cpu'][key]} on a CPU, {SHAPE_DEFAULTS['cuda'][key]} on a GPU"
+
+    group.add_argument("--device", default="auto", help="cpu|cuda|auto")
+    group.add_argument("--batch", type=int, default=None, help=sizes("batch"))
+    group.add_argument(
         "--dtype",
         default="auto",
         help="float32|bfloat16|float16 (auto: float32 on CPU; bfloat16 on a GPU of compute "
         "capability >= 8.0, float16 on older ones)",
     )
-    parser.add_argument("--device", default="auto", help="cpu|cuda|auto")
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=2, help="encoder layers of model, decode and loop cases")
-    parser.add_argument("--d-ff", type=int, default=1024)
-    parser.add_argument("--vocab", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds")
-    parser.add_argument("--min-time", type=float, default=0.05, help="seconds per timing sample (more calls if faster)")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument(
+    group.add_argument("--d-model", type=int, default=None, help=sizes("d_model"))
+    group.add_argument("--heads", type=int, default=None, help=sizes("heads"))
+    group.add_argument("--d-ff", type=int, default=None, help=sizes("d_ff"))
+    group.add_argument("--layers", type=int, default=2, help="encoder layers of model, decode and loop cases")
+    group.add_argument("--vocab", type=int, default=1000)
+
+
+def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("timing")
+    group.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds")
+    group.add_argument("--min-time", type=float, default=0.05, help="seconds per timing sample (more calls if faster)")
+    group.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    group.add_argument(
         "--memory-limit-mb",
         type=float,
         default=0.0,
         help="skip cases expected to need more (0: half the available RAM, 90%% of free GPU memory)",
     )
-    parser.add_argument("--decode-positions", type=_ints, default=None, help="default: the --n values")
-    parser.add_argument("--decode-window", type=int, default=128, help="steps per decode timing")
-    parser.add_argument("--loop-batch", type=int, default=8)
-    parser.add_argument("--loop-steps", type=int, default=12)
-    parser.add_argument("--loop-rounds", type=int, default=3)
-    parser.add_argument(
+    group = parser.add_argument_group("decode and loop levels")
+    group.add_argument("--decode-positions", type=_ints, default=None, help="default: the --n values")
+    group.add_argument("--decode-window", type=int, default=128, help="steps per decode timing")
+    group.add_argument("--loop-batch", type=int, default=8)
+    group.add_argument("--loop-steps", type=int, default=12)
+    group.add_argument("--loop-rounds", type=int, default=3)
+
+
+def _add_parity_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("parity level")
+    group.add_argument(
         "--kinds",
         type=_names,
         default=None,
         help="parity: the kinds trained beside their reference library (default every kind that has one)",
     )
-    parser.add_argument("--seeds", type=_seeds, default=[0, 1, 2], help="parity: seeds per side (default 0,1,2)")
-    parser.add_argument("--steps", type=int, default=None, help="parity: training steps (default the config's)")
-    parser.add_argument(
+    group.add_argument("--seeds", type=_seeds, default=[0, 1, 2], help="parity: seeds per side (default 0,1,2)")
+    group.add_argument("--steps", type=int, default=None, help="parity: training steps (default the config's)")
+    group.add_argument(
         "--settings",
         type=_settings,
         default={},
         help="parity: per kind, library constructor keywords overriding its defaults (an ablation), as YAML, "
         "e.g. '{nystrom: {residual: false}}'",
     )
-    parser.add_argument(
+    group.add_argument(
         "--parity-runs",
         default=None,
         help="parity: the folder of its runs (default <out>/<timestamp>/parity_runs); finished runs found there are "
         "read back, interrupted ones continued",
     )
-    parser.add_argument(
+    group.add_argument(
         "--parity-config",
         default=None,
         help="parity: the run config both sides train with (default experiments/configs/bytes_mlm.yaml)",
     )
-    parser.add_argument("--out", default="bench", help="parent folder of the timestamped result folder")
+
+
+# The sizes a run takes unless given: on a CPU what its cores time in minutes; on a GPU the paper's batch and width
+# (on an H200 a batch of 1 at d = 256 times kernel launches, not attention, below n = 8,192: ../docs/gpu.md).
+SHAPE_DEFAULTS = {
+    "cpu": {"batch": 1, "d_model": 256, "heads": 4, "d_ff": 1024},
+    "cuda": {"batch": 16, "d_model": 512, "heads": 8, "d_ff": 2048},
+}
+
+
+def _fill_shape(args: argparse.Namespace) -> None:
+    """The sizes not given take their device's defaults (:data:`SHAPE_DEFAULTS`); ``args.shape_note`` says which
+    when a GPU's were taken (None otherwise)."""
+    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    filled = [key for key, value in SHAPE_DEFAULTS[device].items() if getattr(args, key) is None]
+    for key in filled:
+        setattr(args, key, SHAPE_DEFAULTS[device][key])
+    args.shape_note = None
+    if device == "cuda" and filled:
+        taken = ", ".join(f"{key.replace('_', ' ')} {SHAPE_DEFAULTS[device][key]}" for key in filled)
+        args.shape_note = (
+            f"GPU defaults, the paper's batch and width: {taken} (--batch, --d-model, --heads, --d-ff to change)"
+        )
 
 
 MAX_LENGTH = 1 << 20  # sequence lengths and k the bench accepts
@@ -189,6 +244,8 @@ def _check(args: argparse.Namespace) -> None:
             f"--device: {args.device!r} not available (choose from auto,cpu"
             f"{',cuda' if torch.cuda.is_available() else ''})"
         )
+    _check_engines(args)
+    _fill_shape(args)
     for key in (
         "batch",
         "d_model",
@@ -219,6 +276,17 @@ def _check(args: argparse.Namespace) -> None:
     if "parity" in args.levels:
         _check_parity(args)
     check_folder("--out", args.out)
+
+
+def _check_engines(args: argparse.Namespace) -> None:
+    """Every engine asked for is one of a chosen variant's kind (a variant runs those of its own kind)."""
+    engines = sorted({e for v in args.variants for e in cases.engines_of(v)})
+    bad = [e for e in args.engines if e not in engines]
+    if bad or not args.engines:
+        raise ConfigError(
+            f"--engines: {','.join(bad) or 'empty'} not allowed for --variants {','.join(args.variants)} "
+            f"(choose from {','.join(engines)})"
+        )
 
 
 def _check_parity(args: argparse.Namespace) -> None:
@@ -290,6 +358,7 @@ def _identity(
     n: int,
     shape: cases.Shape,
     threads: int,
+    engine: str = "auto",
 ) -> dict:
     return {
         "level": level,
@@ -298,6 +367,7 @@ def _identity(
         "k": k,
         "order": order,
         "order_used": None,
+        "engine": engine,
         "causal": causal,
         "n": n,
         "batch": shape.batch,
@@ -348,6 +418,7 @@ class Bench:
         variant: str,
         k: Optional[int],
         order: str,
+        engine: str,
         causal: bool,
         alive: list[Probed],
     ) -> Optional[Probed]:
@@ -355,11 +426,11 @@ class Bench:
         timing samples; None (and a row with a note) if it is skipped or fails. ``alive``: the group's cases
         probed so far, whose memory stays held."""
         shape = self.shape
-        ident = _identity(level, mode, variant, k, order, causal, n, shape, self.threads)
+        ident = _identity(level, mode, variant, k, order, causal, n, shape, self.threads, engine)
         if k is not None and k >= n:
             self._skip(ident, f"k={k} ≥ n: nothing to compress")
             return None
-        key = (level, mode, variant, k, order, causal)
+        key = (level, mode, variant, k, order, engine, causal)
         expected = self._expected_bytes(key, variant, level, mode, n)
         others = sum(p.held_bytes for p in alive)
         if expected > self.limit - others:
@@ -370,7 +441,7 @@ class Bench:
             )
             return None
         try:
-            case = cases.build(level, mode, variant, k, order, n, shape, causal)
+            case = cases.build(level, mode, variant, k, order, n, shape, causal, engine=engine)
             flops, _ = count_flops(case.run)
             case.clear()
             peak_bytes = peak_memory_bytes(case.run, shape.device)
@@ -428,10 +499,15 @@ class Bench:
         self._free()
 
     def _probe_all(self, level: str, mode: str, n: int) -> list[Probed]:
-        """The baselines (once per causality the variants need) and every variant × k × order that fits alone."""
+        """The baselines (once per causality the variants need) and every variant × k × order × engine (those of its
+        kind, else auto) that fits alone."""
         a = self.args
-        specs = [(b, None, "-", c) for c in sorted({cases.is_causal(v) for v in a.variants}) for b in cases.BASELINES]
-        specs += [(v, k, p, cases.is_causal(v)) for v in a.variants for k in a.k for p in a.orders]
+        specs = [
+            (b, None, "-", "auto", c) for c in sorted({cases.is_causal(v) for v in a.variants}) for b in cases.BASELINES
+        ]
+        for v in a.variants:
+            engines = [e for e in a.engines if e in cases.engines_of(v)] or ["auto"]
+            specs += [(v, k, p, e, cases.is_causal(v)) for k in a.k for p in a.orders for e in engines]
         ready: list[Probed] = []
         for spec in specs:
             probed = self._probe(level, mode, n, *spec, alive=ready)
@@ -718,6 +794,8 @@ def _run(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()
     peak, per_shape = gemm_peak(_gemm_shapes(args, args.levels), dtype, device, args.min_time)
     peak_shape = max(per_shape, key=per_shape.get)
+    if args.shape_note:
+        print(f"shape: {args.shape_note}", flush=True)
     print(f"GEMM peak {peak / 1e9:.1f} GFLOP/s at {'×'.join(map(str, peak_shape))}; writing {out}", flush=True)
     bench = Bench(args, shape, peak, peak_shape)
     started = time.time()
@@ -737,7 +815,8 @@ def _run(args: argparse.Namespace) -> int:
     header = [
         f"- machine: {_machine(device)}; torch {torch.__version__}; {bench.threads} threads; dtype "
         f"{str(dtype).removeprefix('torch.')}; batch {args.batch}",
-        f"- shape: d_model {args.d_model}, {args.heads} heads, d_ff {args.d_ff}, {args.layers} layers in model cases",
+        f"- shape: d_model {args.d_model}, {args.heads} heads, d_ff {args.d_ff}, {args.layers} layers in model cases"
+        + (f" ({args.shape_note})" if args.shape_note else ""),
         f"- GEMM peak (best `torch.mm` over the cases' shapes, measured at start-up): {peak / 1e9:.1f} GFLOP/s "
         f"at m×k×n = {'×'.join(map(str, peak_shape))}; timed again in every group's rounds (paired efficiency)",
         f"- load average (1 min) before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f}; timing noise: "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -49,6 +50,16 @@ EXACT = next(kind for kind in ATTENTION_KINDS.values() if kind.exact)
 ORDERS = ("auto", "compress_first", "project_first")
 
 
+def engines_of(variant: str) -> tuple[str, ...]:
+    """The values of ``options.engine`` the variant's kind offers (its Options' ``Literal``); ("auto",) for a kind
+    without engines and for the baselines."""
+    if variant in BASELINES:
+        return ("auto",)
+    options = ATTENTION_KINDS[VARIANTS[variant](1, 1)["kind"]].Options
+    hints = typing.get_type_hints(options) if options is not None else {}
+    return typing.get_args(hints["engine"]) if "engine" in hints else ("auto",)
+
+
 @dataclass(frozen=True)
 class Shape:
     """Sizes shared by every case of a bench run."""
@@ -73,6 +84,7 @@ class Case:
     k: Optional[int]  # None for baselines
     order: str  # requested evaluation order of E K ("-" for baselines)
     order_used: str  # what the layer resolved it to
+    engine: str  # requested options.engine ("auto" for a kind without)
     causal: bool
     n: int
     tokens: int  # B·n tokens per call
@@ -83,7 +95,7 @@ class Case:
     @property
     def key(self) -> tuple:
         """What identifies the case at every n (one curve of the scaling plot)."""
-        return (self.level, self.mode, self.variant, self.k, self.order, self.causal)
+        return (self.level, self.mode, self.variant, self.k, self.order, self.engine, self.causal)
 
 
 class NaiveAttention(nn.Module):
@@ -109,18 +121,29 @@ class NaiveAttention(nn.Module):
         return a.out_proj(out.transpose(1, 2).reshape(b, t, d))
 
 
-def attention_config(variant: str, k: Optional[int], order: str, n: int, causal: bool = False) -> dict:
+def attention_config(
+    variant: str, k: Optional[int], order: str, n: int, causal: bool = False, engine: str = "auto"
+) -> dict:
     """The ``model.attention`` dict of a case at length n (baselines: full attention with the given causality)."""
     if variant in BASELINES:
         return {"kind": EXACT.kind, "causal": causal, "dropout": 0.0}
     att = VARIANTS[variant](k, n)
     if "order" in {f.name for f in dataclasses.fields(ATTENTION_KINDS[att["kind"]].Options or object)}:
         att["options"]["order"] = order  # a kind with an evaluation order takes the one asked for
+    if engine != "auto":
+        att["options"]["engine"] = engine  # one of the kind's engines (engines_of)
     return {**att, "dropout": 0.0}
 
 
 def model_config(
-    level: str, variant: str, k: Optional[int], order: str, n: int, shape: Shape, causal: bool = False
+    level: str,
+    variant: str,
+    k: Optional[int],
+    order: str,
+    n: int,
+    shape: Shape,
+    causal: bool = False,
+    engine: str = "auto",
 ) -> dict:
     return {
         "max_len": n,
@@ -129,7 +152,7 @@ def model_config(
         "n_layers": 1 if level == "layer" else shape.n_layers,
         "d_ff": shape.d_ff,
         "dropout": 0.0,
-        "attention": attention_config(variant, k, order, n, causal),
+        "attention": attention_config(variant, k, order, n, causal, engine),
     }
 
 
@@ -159,11 +182,12 @@ def build(
     shape: Shape,
     causal: bool = False,
     seed: int = 0,
+    engine: str = "auto",
 ) -> Case:
     """A ready-to-run case (its tensors allocated on ``shape.device``)."""
     causal = causal if variant in BASELINES else is_causal(variant)
     torch.manual_seed(seed)
-    encoder = TransformerEncoder(model_config(level, variant, k, order, n, shape, causal), shape.vocab)
+    encoder = TransformerEncoder(model_config(level, variant, k, order, n, shape, causal, engine), shape.vocab)
     if variant == "naive":
         for block in encoder.blocks:
             block.attn = NaiveAttention(block.attn)
@@ -197,6 +221,7 @@ def build(
         k,
         order if variant not in BASELINES else "-",
         order_used,
+        engine,
         causal,
         n,
         shape.batch * n,

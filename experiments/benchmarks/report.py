@@ -24,6 +24,7 @@ COLUMNS = (
     "k",
     "order",
     "order_used",
+    "engine",
     "causal",
     "n",
     "batch",
@@ -78,7 +79,12 @@ def _timed(rows: Iterable[dict]) -> list[dict]:
 def _label(row: dict) -> str:
     if row["variant"] in BASELINES:
         return row["variant"] + (" causal" if row["causal"] else "")
-    return row["variant"] + ("" if row["order"] == "auto" else f" ({row['order']})")
+    engine = row.get("engine", "auto")  # rows of an earlier results.csv have no engine: auto
+    return (
+        row["variant"]
+        + ("" if row["order"] == "auto" else f" ({row['order']})")
+        + ("" if engine == "auto" else f" engine={engine}")
+    )
 
 
 def _full_label(row: dict) -> str:
@@ -338,7 +344,7 @@ def kind_costs(rows: list[dict], command: str, machine: str, date: str) -> dict:
     for r in rows:
         if r.get("level") != "layer" or r.get("mode") != "fwdbwd" or r.get("time_ms_median") is None:
             continue
-        if r["variant"] == "naive" or r.get("causal"):
+        if r["variant"] == "naive" or r.get("causal") or r.get("engine", "auto") != "auto":
             continue
         kind = attention_config(r["variant"], r["k"], "auto", r["n"])["kind"]
         entry = kinds.setdefault(kind, {"kind": kind, "variant": r["variant"], "k": r["k"], "by_n": {}})

@@ -183,6 +183,78 @@ def test_the_bench_times_bf16_only_where_the_gpu_computes_it(monkeypatch, capabi
     assert bench._auto_dtype(torch.device("cuda", 0)) == dtype and bench._auto_dtype(CPU) == torch.float32
 
 
+def parsed(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def fake_cuda(monkeypatch) -> None:
+    """torch sees one GPU with 80 GiB free (nothing is allocated on it)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 2**30, 80 * 2**30))
+
+
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_on_a_gpu_the_bench_defaults_to_the_papers_batch_and_width_and_says_so(monkeypatch, tmp_path, device):
+    fake_cuda(monkeypatch)
+    args = parsed("--device", device, "--out", str(tmp_path))
+    bench._check(args)
+    assert (args.batch, args.d_model, args.heads, args.d_ff) == (16, 512, 8, 2048)
+    assert args.shape_note.startswith("GPU defaults, the paper's batch and width: batch 16, d model 512, heads 8")
+    given = parsed("--device", device, "--batch", "4", "--d-model", "256", "--heads", "4", "--out", str(tmp_path))
+    bench._check(given)
+    assert (given.batch, given.d_model, given.heads, given.d_ff) == (4, 256, 4, 2048)
+    assert "d ff 2048" in given.shape_note and "batch" not in given.shape_note.split(":")[1].split("(")[0]
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_on_a_cpu_the_bench_defaults_are_unchanged_and_unannounced(tmp_path, device):
+    if device == "auto" and torch.cuda.is_available():
+        pytest.skip("auto is the GPU here")
+    args = parsed("--device", device, "--out", str(tmp_path))
+    bench._check(args)
+    assert (args.batch, args.d_model, args.heads, args.d_ff, args.shape_note) == (1, 256, 4, 1024, None)
+
+
+def test_a_gpu_run_names_its_default_shape_in_its_table_and_console(monkeypatch, tmp_path, capsys):
+    """CUDA faked for the checks, the cases run on the CPU: the batch not given is the GPU's, and the run says so."""
+    fake_cuda(monkeypatch)
+    monkeypatch.setattr(bench, "_device", lambda name: CPU)
+    monkeypatch.setattr(bench, "_auto_dtype", lambda device: torch.float32)
+    argv = ["bench", *TINY, "--device", "cuda", "--n", "32", "--variants", "kv", "--levels", "layer", "--mode", "fwd"]
+    assert cli.main([*argv, "--out", str(tmp_path)]) == 0
+    note = "GPU defaults, the paper's batch and width: batch 16 (--batch, --d-model, --heads, --d-ff to change)"
+    assert f"shape: {note}" in capsys.readouterr().out
+    (out,) = tmp_path.iterdir()
+    assert note in (out / "table.md").read_text()
+    assert {r["batch"] for r in csv.DictReader((out / "results.csv").open())} == {"16"}
+
+
+def test_engines_are_timed_beside_each_other_in_the_same_rounds(tmp_path):
+    """Linformer's fused engine (auto on CUDA) and its reference in one run: rows, table sections and curves of
+    their own; the kind costs the study reports read keep the default engine's."""
+    argv = [*TINY, "--variants", "learned,causal", "--engines", "reference,fused", "--levels", "layer", "--mode", "fwd"]
+    assert cli.main(["bench", *argv, "--out", str(tmp_path)]) == 0
+    (out,) = tmp_path.iterdir()
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert not [r for r in rows if r["note"]]
+    timed = {(r["variant"], r["engine"], int(r["n"])) for r in rows}
+    for variant in ("learned", "causal"):
+        assert {(variant, e, n) for e in ("reference", "fused") for n in (32, 64)} <= timed
+    assert {r["engine"] for r in rows if r["variant"] in cases.BASELINES} == {"auto"}
+    table = (out / "table.md").read_text()
+    assert "### layer · forward (inference mode) · causal engine=fused" in table
+    assert "### layer · forward (inference mode) · learned engine=reference" in table
+
+
+def test_an_engine_no_chosen_variant_offers_is_a_one_line_error(capsys):
+    assert cli.main(["bench", "--variants", "learned,local", "--engines", "auto,compiled,turbo"]) == 2
+    err = capsys.readouterr().err
+    assert "--engines: turbo not allowed for --variants learned,local (choose from auto," in err
+    assert err.count("\n") == 1
+
+
 @pytest.mark.slow  # ~25 s on 2 shared cores: every kind probed and timed at 2 levels × 2 modes
 def test_every_attention_kind_runs_in_the_bench_with_ratios_against_sdpa():
     parser = argparse.ArgumentParser()
