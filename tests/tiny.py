@@ -1,9 +1,20 @@
 """The tiny model every fast test trains: seconds on a CPU."""
 
+import os
 from pathlib import Path
 
 # The repository's root, wherever in tests/ the test that asks lies.
 REPO = Path(__file__).resolve().parents[1]
+
+
+def child_env(**extra: str) -> dict:
+    """This process's environment for a child Python process that imports the project: the repository first on
+    ``PYTHONPATH``, the entries already there kept (a machine whose packages are installed into a ``--target``
+    folder named on ``PYTHONPATH``, as the GPU check installs optuna and omegaconf, would otherwise give the child
+    none of them), and ``extra`` on top."""
+    path = [str(REPO), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **extra}
+
 
 TINY_MODEL = [
     "model.max_len=32",

@@ -4,13 +4,22 @@ third-party noise.
 Each filter names one message at its source, so every other warning still shows:
 
 - Lightning's advert for its cloud logger ("💡 Tip: ... litlogger"), logged at INFO by its rank-zero logger;
+- Lightning's advice to call ``torch.set_float32_matmul_precision`` on a GPU with Tensor Cores (INFO, same logger):
+  a run on CUDA sets it itself (``training.train.use_tensor_cores``), in every process that trains, but a rank that
+  ``ddp_spawn`` starts is checked by Lightning before the run's callbacks can set it;
+- Lightning's ``PossibleUserWarning`` "GPU available but not used" on a run whose ``trainer.accelerator`` chose the
+  CPU (its "GPU available: True (cuda), used: False" line stays and says the same without advice);
 - torch's ``FutureWarning`` that ``isinstance(treespec, LeafSpec)`` is deprecated, raised by Lightning's own
-  ``utilities/_pytree.py`` (Lightning's code, not ours, uses the old name).
+  ``utilities/_pytree.py`` (Lightning's code, not ours, uses the old name);
+- the datasets library's progress bars ("Generating train split", "Map", "Filter") while a corpus is prepared,
+  switched off with its documented ``datasets.disable_progress_bars()`` unless the user set
+  ``HF_DATASETS_DISABLE_PROGRESS_BARS`` (then that setting decides, as datasets documents).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 import warnings
@@ -18,29 +27,41 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 ADVERT = "💡 Tip:"
+TENSOR_CORES = "that has Tensor Cores. To properly utilize them"
+GPU_UNUSED = "GPU available but not used"
 PYTREE = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+DATASETS_BARS = "HF_DATASETS_DISABLE_PROGRESS_BARS"
 # Lightning's rank-zero helpers log through whichever of these modules was imported last.
 RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 FALLBACK_COLUMNS = 100  # a terminal that reports zero columns gets a bar of this width
 
 
-class _NoAdvert(logging.Filter):
+class _NoAdvice(logging.Filter):
+    """Lightning's rank-zero records but its advert and its Tensor-Cores advice."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(ADVERT)
+        message = str(record.msg)
+        return not (message.startswith(ADVERT) or TENSOR_CORES in message)
 
 
-_NO_ADVERT = _NoAdvert()
+_NO_ADVICE = _NoAdvice()
 
 
 def quiet_third_parties() -> None:
     """Install the filters above (idempotent): process-wide, each for exactly one message."""
     warnings.filterwarnings("ignore", message=PYTREE, category=FutureWarning, module=r"lightning\..*_pytree")
+    warnings.filterwarnings("ignore", message=GPU_UNUSED, category=PossibleUserWarning)
     for name in RANK_ZERO_LOGGERS:
         logger = logging.getLogger(name)
-        if _NO_ADVERT not in logger.filters:
-            logger.addFilter(_NO_ADVERT)
+        if _NO_ADVICE not in logger.filters:
+            logger.addFilter(_NO_ADVICE)
+    if os.environ.get(DATASETS_BARS) is None:
+        import datasets  # (the data modules import it anyway)
+
+        datasets.disable_progress_bars()
 
 
 def _without_version(items: dict[str, Any]) -> dict[str, Any]:

@@ -53,6 +53,19 @@ RACED: dict[str, Reference] = {reference.variant: reference for reference in REF
 LIBRARIES = {variant: (reference.package, reference.module) for variant, reference in RACED.items()}
 
 
+# A row's measured columns (None in the row of a pair that failed, whose note says why)
+MEASURED = (
+    "project_ms",
+    "library_ms",
+    "ratio",
+    "ratio_min",
+    "ratio_max",
+    "project_mb",
+    "library_mb",
+    "max_difference",
+)
+
+
 @dataclass
 class Pair:
     """One race: the project's layer and the library's, both x (B, n, d) → (B, n, d)."""
@@ -117,48 +130,54 @@ def _runner(fn: Callable[[Tensor], Tensor], x: Tensor, params: list[Tensor], tra
 def race(
     variants: list[str], n: int, k: int, mode: str, shape: cases.Shape, repeats: int, min_time: float
 ) -> list[dict]:
-    """One row per variant at (n, mode): each side's median time and peak memory, and the paired ratio."""
+    """One row per variant at (n, mode): each side's median time and peak memory, and the paired ratio; a pair that
+    fails (a library that cannot run at the bench's dtype, such as nystrom-attention's pseudo-inverse in bfloat16,
+    or out of memory) is a row with the failure as its ``note``, and the race goes on."""
     rows = []
-    train = mode == "fwdbwd"
     with performer_without_eps():
         for variant in variants:
-            torch.manual_seed(0)
-            pair = build(variant, n, k, shape)
-            for module in pair.modules:
-                module.to(device=shape.device, dtype=shape.dtype).train(False)
-            x = torch.randn(shape.batch, n, shape.d_model, device=shape.device, dtype=shape.dtype)
-            difference = float("nan")
-            if pair.compare:
-                with torch.inference_mode():
-                    difference = float((pair.ours(x) - pair.theirs(x)).abs().max())
-            x.requires_grad_(train)
-            params = [p for module in pair.modules for p in module.parameters()]
-            fns = {
-                side: _runner(fn, x, params, train) for side, fn in (("project", pair.ours), ("library", pair.theirs))
-            }
-            calls = {side: calls_for(seconds_per_call(fn, shape.device), min_time) for side, fn in fns.items()}
-            memory = {side: peak_memory_bytes(fn, shape.device) for side, fn in fns.items()}
-            seconds = interleaved_seconds(fns, calls, repeats, shape.device)
-            ratios = [lib / mine for lib, mine in zip(seconds["library"], seconds["project"])]
-            rows.append(
-                {
-                    "variant": variant,
-                    "library": pair.library,
-                    "n": n,
-                    "k": k,
-                    "mode": mode,
-                    "project_ms": 1e3 * median(seconds["project"]),
-                    "library_ms": 1e3 * median(seconds["library"]),
-                    "ratio": median(ratios),
-                    "ratio_min": min(ratios),
-                    "ratio_max": max(ratios),
-                    "project_mb": memory["project"] / 2**20,
-                    "library_mb": memory["library"] / 2**20,
-                    "max_difference": difference,
-                }
-            )
-            del pair, fns
+            row = {"variant": variant, "library": RACED[variant].package, "n": n, "k": k, "mode": mode}
+            try:
+                rows.append({**row, **_race_pair(variant, n, k, mode == "fwdbwd", shape, repeats, min_time)})
+            except Exception as err:  # noqa: BLE001  (whatever a library raises: noted, as the bench notes its cases)
+                message = str(err).splitlines()[0] if str(err) else ""
+                rows.append({**row, **dict.fromkeys(MEASURED), "note": f"failed: {type(err).__name__}: {message}"})
+                if shape.device.type == "cuda":
+                    torch.cuda.empty_cache()
     return rows
+
+
+def _race_pair(
+    variant: str, n: int, k: int, train: bool, shape: cases.Shape, repeats: int, min_time: float
+) -> dict[str, Any]:
+    """The timings, memory and output difference of one pair (:func:`race`'s row without its identity)."""
+    torch.manual_seed(0)
+    pair = build(variant, n, k, shape)
+    for module in pair.modules:
+        module.to(device=shape.device, dtype=shape.dtype).train(False)
+    x = torch.randn(shape.batch, n, shape.d_model, device=shape.device, dtype=shape.dtype)
+    difference = float("nan")
+    if pair.compare:
+        with torch.inference_mode():
+            difference = float((pair.ours(x) - pair.theirs(x)).abs().max())
+    x.requires_grad_(train)
+    params = [p for module in pair.modules for p in module.parameters()]
+    fns = {side: _runner(fn, x, params, train) for side, fn in (("project", pair.ours), ("library", pair.theirs))}
+    calls = {side: calls_for(seconds_per_call(fn, shape.device), min_time) for side, fn in fns.items()}
+    memory = {side: peak_memory_bytes(fn, shape.device) for side, fn in fns.items()}
+    seconds = interleaved_seconds(fns, calls, repeats, shape.device)
+    ratios = [lib / mine for lib, mine in zip(seconds["library"], seconds["project"])]
+    return {
+        "project_ms": 1e3 * median(seconds["project"]),
+        "library_ms": 1e3 * median(seconds["library"]),
+        "ratio": median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "project_mb": memory["project"] / 2**20,
+        "library_mb": memory["library"] / 2**20,
+        "max_difference": difference,
+        "note": None,
+    }
 
 
 def markdown(rows: list[dict], header: list[str]) -> str:
@@ -175,6 +194,11 @@ def markdown(rows: list[dict], header: list[str]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if r.get("note"):
+            lines.append(
+                f"| {r['variant']} | {r['library']} | {r['n']:,} | {r['mode']} | – | – | {r['note']} | – | – | – |"
+            )
+            continue
         diff = "–" if r["max_difference"] != r["max_difference"] else f"{r['max_difference']:.1e}"
         lines.append(
             f"| {r['variant']} | {r['library']} | {r['n']:,} | {r['mode']} | {r['project_ms']:.1f} | "

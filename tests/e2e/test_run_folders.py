@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from tiny import REPO
+from tiny import REPO, child_env
 
 from experiments import cli
 from foundation.atomic import atomic_write_text
@@ -99,7 +99,7 @@ def test_a_worker_killed_during_a_journal_append_never_hangs_the_next_sweep(tmp_
     path = study_file(tmp_path, tiny_overrides, "killed_append", output_dir="runs")  # relative, as by default
     study = load_study(path)
     open_study(RunStorage(study, None)).enqueue_trial({"seed": 0})
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     died = subprocess.run([sys.executable, "-c", DIE_IN_AN_APPEND, str(path)], cwd=tmp_path, env=env)
     assert died.returncode == -signal.SIGKILL
     optuna_lock = study.root / f"{stored.JOURNAL}.lock"
@@ -249,7 +249,7 @@ def test_nested_interpolations_are_measured_not_built():
 
 # --------------------------------------------------------------------------------------- preempted studies
 def sweep_process(path: Path, cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "LINFORMER_LAB_HEARTBEAT_GRACE_S": "5"}
+    env = child_env(LINFORMER_LAB_HEARTBEAT_GRACE_S="5")
     return subprocess.Popen(
         [sys.executable, "-m", "experiments.cli", "sweep", str(path), "--workers", "2"],
         cwd=cwd,

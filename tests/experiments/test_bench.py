@@ -291,3 +291,28 @@ def test_library_race_is_its_own_level_written_beside_the_bench_tables(tmp_path)
     table = (out / "libraries.md").read_text()
     assert "library time ÷ project time" in table
     assert list(csv.DictReader((out / "libraries.csv").open()))[0]["variant"] in ("local", "nystrom")
+
+
+def test_a_library_that_fails_is_a_noted_row_and_the_race_goes_on(tmp_path, monkeypatch):
+    """On a GPU the race runs in bfloat16, where nystrom-attention's pseudo-inverse mixes in a float32 identity and
+    raises: that pair's row says so (the bench's own cases are noted the same way) and the other pairs are raced."""
+    pytest.importorskip("local_attention")
+    pytest.importorskip("nystrom_attention")
+    from experiments.benchmarks import libraries
+
+    build = libraries.build
+
+    def failing(variant, *args):
+        if variant == "nystrom":
+            raise RuntimeError("expected scalar type Float but found BFloat16\nsecond line")
+        return build(variant, *args)
+
+    monkeypatch.setattr(libraries, "build", failing)
+    shape = cases.Shape(32, 2, 2, 64, 50, 1, torch.float32, CPU)
+    rows = libraries.race(["nystrom", "local"], 32, 8, "fwd", shape, repeats=2, min_time=0.001)
+    assert [r["variant"] for r in rows] == ["nystrom", "local"]
+    assert rows[0]["note"] == "failed: RuntimeError: expected scalar type Float but found BFloat16"
+    assert rows[0]["ratio"] is None and list(rows[0]) == list(rows[1])  # the CSV's columns whichever row is first
+    assert rows[1]["note"] is None and rows[1]["ratio"] > 0
+    table = libraries.markdown(rows, [])
+    assert "| nystrom | nystrom-attention | 32 | fwd | – | – | failed: RuntimeError: expected scalar type" in table

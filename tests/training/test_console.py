@@ -16,13 +16,27 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
-from tiny import REPO, TINY_MODEL
+from tiny import REPO, TINY_MODEL, child_env
 
 from experiments import cli
 
 BYTES = REPO / "experiments" / "configs" / "bytes_mlm.yaml"
 
-NOISE = ("💡", "litlogger", "_pytree", "LeafSpec", "weights_only", "v_num", "Warning")
+# Third-party lines: Lightning's advert, advice and warnings, torch's deprecations, the datasets library's bars.
+NOISE = (
+    "💡",
+    "litlogger",
+    "_pytree",
+    "LeafSpec",
+    "weights_only",
+    "v_num",
+    "Warning",
+    "Tensor Cores",
+    "GPU available but not used",
+    "Generating train split",
+    "Map:",
+    "Filter:",
+)
 
 
 def tiny_bytes(tmp_path: Path) -> list[str]:
@@ -46,10 +60,13 @@ def tiny_bytes(tmp_path: Path) -> list[str]:
 
 
 def _in_terminal_of_width_zero(args: list[str], cwd: Path) -> str:
-    """The output of ``linformer-lab train ARGS`` run in a pseudo-terminal that reports 0 columns and 0 rows."""
+    """The output of ``linformer-lab train ARGS`` run in a pseudo-terminal that reports 0 columns and 0 rows, with a
+    Hugging Face cache of its own (the corpus is prepared, as by a first run on a machine: the datasets library's
+    bars would show)."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "0", "LINES": "0"}
+    hf = cwd / "hf"
+    env = child_env(COLUMNS="0", LINES="0", HF_HOME=str(hf), HF_DATASETS_CACHE=str(hf / "datasets"))
     env.pop("PYTHONWARNINGS", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "experiments.cli", "train", *args],
@@ -118,3 +135,70 @@ def test_without_a_terminal_progress_is_plain_lines_and_hparams_carry_the_object
     assert last["hp/val_masked_loss"] == pytest.approx(metrics["val/masked_loss"], abs=1e-6)
     gain = metrics["baselines"]["unigram/masked_loss"] - metrics["val/masked_loss"]
     assert last["hp/context_gain"] == pytest.approx(gain, abs=1e-6)
+
+
+def test_lightnings_advice_on_a_gpu_machine_stays_off_the_console_and_its_device_line_stays(monkeypatch, caplog):
+    """On a machine with a GPU (faked): a run that chose the CPU gets no "GPU available but not used" warning, and
+    the Tensor-Cores advice that Lightning logs before a spawned rank's callbacks set the precision is not shown;
+    the line that says which device is used is."""
+    import logging
+    import warnings
+
+    import lightning as L
+    from lightning.fabric.utilities import rank_zero
+    from lightning.pytorch.accelerators import CUDAAccelerator
+
+    from training.console import RANK_ZERO_LOGGERS, quiet_third_parties
+
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: True))
+    for name in RANK_ZERO_LOGGERS:  # without the filters a run in this process installed (restored afterwards)
+        monkeypatch.setattr(logging.getLogger(name), "filters", [])
+    advice = (
+        "You are using a CUDA device ('NVIDIA H200') that has Tensor Cores. To properly utilize them, you should set "
+        "`torch.set_float32_matmul_precision('medium' | 'high')` which will trade-off precision for performance."
+    )
+
+    def console() -> tuple[list[str], list[str]]:
+        caplog.clear()
+        with warnings.catch_warnings(record=True) as shown, caplog.at_level(logging.INFO):
+            warnings.simplefilter("always")
+            quiet and quiet_third_parties()
+            L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+            rank_zero.rank_zero_info(advice)
+        return [str(w.message) for w in shown], [r.getMessage() for r in caplog.records]
+
+    quiet = False  # the control: Lightning's own console says both
+    warned, logged = console()
+    assert any("GPU available but not used" in w for w in warned) and advice in logged
+    quiet = True
+    warned, logged = console()
+    assert not any("GPU available but not used" in w for w in warned) and advice not in logged
+    assert "GPU available: True (cuda), used: False" in logged
+
+
+@pytest.mark.processes  # two `linformer-lab train` processes
+def test_a_first_run_on_a_machine_shows_none_of_the_datasets_librarys_bars_unless_the_user_asks(tmp_path):
+    """Preparing a corpus for the first time (an empty Hugging Face cache), the datasets library draws "Generating
+    train split", "Map" and "Filter" bars; a run switches them off, unless HF_DATASETS_DISABLE_PROGRESS_BARS says
+    otherwise (the datasets library's own switch: the user's setting wins)."""
+
+    def console(run: str, **setting: str) -> str:
+        hf = tmp_path / run / "hf"  # a machine's first run: nothing prepared yet
+        env = child_env(HF_HOME=str(hf), HF_DATASETS_CACHE=str(hf / "datasets"))
+        env.pop("HF_DATASETS_DISABLE_PROGRESS_BARS", None)
+        args = [*tiny_bytes(tmp_path / run), "trainer.max_steps=1", "trainer.val_check_interval=1"]
+        done = subprocess.run(
+            [sys.executable, "-m", "experiments.cli", "train", *args],
+            cwd=tmp_path,
+            env={**env, **setting},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout + done.stderr
+
+    quiet = console("quiet")
+    assert not [w for w in ("Generating train split", "Map:", "Filter:") if w in quiet], quiet[-2000:]
+    asked = console("asked", HF_DATASETS_DISABLE_PROGRESS_BARS="0")
+    assert "Generating train split" in asked and "Map:" in asked  # the control: the bars this test looks for

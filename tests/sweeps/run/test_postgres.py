@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy
 import yaml
 from optuna.trial import TrialState
-from tiny import REPO
+from tiny import child_env
 
 from experiments import cli
 from sweeps import stored
@@ -125,12 +125,7 @@ def _workers(sweep_pid: int) -> list[int]:
 def test_a_sigkilled_worker_on_postgresql_is_found_stale_and_its_trial_retried(tiny_study, postgres_url, tmp_path):
     path = tiny_study("pg_kill", seeds=4, **{"trainer.max_steps": 30})
     # Heartbeat every second, stale after 4 s of silence (the defaults, 10 s and 60 s, suit real networks).
-    env = dict(
-        os.environ,
-        LINFORMER_LAB_HEARTBEAT_S="1",
-        LINFORMER_LAB_HEARTBEAT_GRACE_S="4",
-        PYTHONPATH=str(REPO),
-    )
+    env = child_env(LINFORMER_LAB_HEARTBEAT_S="1", LINFORMER_LAB_HEARTBEAT_GRACE_S="4")
     proc = subprocess.Popen(
         [sys.executable, "-m", "experiments.cli", "sweep", str(path), "--workers", "2", "--storage", postgres_url],
         env=env,

@@ -15,7 +15,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 from studies import ARMS, CONTROL, counted, trials_of, write_study
-from tiny import REPO
+from tiny import child_env
 
 from experiments import cli
 from sweeps import stored
@@ -26,7 +26,7 @@ from sweeps.spec.study import load_study
 # --------------------------------------------------------------------------------------- helpers
 def sweep_process(path: Path, *args: str) -> subprocess.Popen:
     """``linformer-lab sweep`` in its own process group, so a test can kill it whole."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     return subprocess.Popen(
         [sys.executable, "-m", "experiments.cli", "sweep", str(path), *args],
         env=env,
