@@ -28,12 +28,17 @@ replaced by the declared counts. Outside :func:`count_flops` :func:`counted` jus
 :func:`training_step_flops` counts one training step of a module: the forward pass of its training loss and
 the backward pass to every trainable parameter. For a Transformer of N non-embedding parameters on B·T
 tokens this is ≈ 6·N·B·T (2 per weight and token forward, 4 backward) plus the attention products.
+
+:func:`device_peak` names the peak a run's model FLOP/s are divided by (its MFU, model FLOPs utilisation): the dense
+16-bit tensor-core peak of a known GPU at a 16-bit precision, from the vendor's datasheet. Nothing else gets a peak:
+an unknown device, a CPU or a 32-bit run gets the reason instead, never a guessed number.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Optional
+import re
+from typing import Any, Callable, ContextManager, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -120,9 +125,11 @@ _ACTIVE: list[tuple[FlopCounterMode, list[int]]] = []
 
 
 def count_flops(fn: Callable[[], Any]) -> tuple[int, Any]:
-    """Run ``fn()`` once and return (flops of its matrix products, its result)."""
+    """Run ``fn()`` once and return (flops of its matrix products, its result). A ``torch.compile``'d module inside
+    ``fn`` runs eagerly here: the count is the model's, whatever kernels a compiler would fuse it into (and nothing
+    is compiled under the counter)."""
     correction = [0]
-    with FlopCounterMode(display=False) as counter:
+    with torch.compiler.set_stance("force_eager"), FlopCounterMode(display=False) as counter:
         _ACTIVE.append((counter, correction))
         try:
             result = fn()
@@ -198,3 +205,40 @@ def training_step_flops(
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         flops, _ = count_flops(step)
     return flops
+
+
+# Dense bf16/fp16 tensor-core peaks (FP32 accumulate), FLOP/s, by the tokens of torch.cuda.get_device_name (the first
+# entry whose tokens the name holds: the more specific first). NVIDIA's datasheets give these figures "with
+# sparsity" (2:4 structured sparsity doubles them): the dense peak is half the datasheet's number. A known variant
+# whose figure is not written here has None: its name does not fall through to a sibling's peak.
+PEAKS: tuple[tuple[tuple[str, ...], Optional[float], str], ...] = (
+    (("H200", "NVL"), None, ""),
+    (("H200",), 989e12, "NVIDIA H200 datasheet, SXM: 1,979 TFLOPS with sparsity"),
+    (("H100", "NVL"), None, ""),
+    (("H100", "PCIe"), 756e12, "NVIDIA H100 datasheet, PCIe: 1,513 TFLOPS with sparsity"),
+    (("H100",), 989e12, "NVIDIA H100 datasheet, SXM: 1,979 TFLOPS with sparsity"),
+    (("A100",), 312e12, "NVIDIA A100 datasheet: 624 TFLOPS with sparsity"),
+    (("L40S",), 362e12, "NVIDIA L40S datasheet: 733 TFLOPS with sparsity"),
+    (("L4",), 121e12, "NVIDIA L4 datasheet: 242 TFLOPS with sparsity"),
+    (("A10",), 125e12, "NVIDIA A10 datasheet: 250 TFLOPS with sparsity"),
+)
+SIXTEEN_BIT = {"bf16": "bf16", "16": "fp16"}  # a Lightning precision's prefix → the 16-bit format it multiplies in
+
+
+def device_peak(device_name: str, precision: str) -> Union[tuple[float, str], str]:
+    """(peak FLOP/s, its name) of a GPU called ``device_name`` (``torch.cuda.get_device_name``; "cpu" for the CPU)
+    training at Lightning's ``precision`` (``bf16-mixed``, ``16-mixed``, ``32-true`` ...), e.g. ``(989e12, "NVIDIA
+    H200 dense bf16 989 TFLOP/s (NVIDIA H200 datasheet, SXM: 1,979 TFLOPS with sparsity)")``; or, where there is
+    none, the reason, one phrase."""
+    if device_name == "cpu":
+        return "no peak for a CPU (linformer-lab bench measures its GEMM peak)"
+    fmt = next((f for prefix, f in SIXTEEN_BIT.items() if str(precision).split("-")[0] == prefix), None)
+    if fmt is None:
+        return f"precision {precision}: the peak table holds 16-bit tensor-core peaks only"
+    tokens = set(re.split(r"[\s\-]+", device_name))
+    for needed, peak, source in PEAKS:
+        if set(needed) <= tokens:
+            if peak is None:
+                break
+            return peak, f"{device_name} dense {fmt} {peak / 1e12:.0f} TFLOP/s ({source})"
+    return f"{device_name} is not in the peak table (lightning_modules/flops.py PEAKS)"

@@ -148,6 +148,16 @@ def answer_lines(objective: Objective, metrics: dict[str, Any]) -> list[str]:
     return lines
 
 
+def utilisation_words(metrics: dict[str, Any]) -> list[str]:
+    """The run's MFU beside its tokens/s with the peak it is a share of; on a GPU without a peak, why (a CPU run
+    says nothing: no CPU has a peak in the table)."""
+    if isinstance(metrics.get("mfu"), (int, float)):
+        return [f"mfu {100 * metrics['mfu']:.1f} % of {metrics['mfu_peak']}"]
+    if metrics.get("device", "cpu") != "cpu" and metrics.get("mfu_unavailable"):
+        return [f"mfu not measured: {metrics['mfu_unavailable']}"]
+    return []
+
+
 def ending_lines(objective: Objective, metrics: dict[str, Any], needs_gpu: Optional[str] = None) -> list[str]:
     """The last lines of a finished run: its other validation scores and speed, the objective, the
     no-context level and the gain, then the run directory and the TensorBoard command."""
@@ -156,7 +166,7 @@ def ending_lines(objective: Objective, metrics: dict[str, Any], needs_gpu: Optio
         for k in ("val/ppl", "val/loss", "val/accuracy")
         if k in metrics and k != objective.metric
     ]
-    lines = ["  ".join(others + [f"{metrics['tokens_per_sec']:.0f} tokens/s"])]
+    lines = ["  ".join(others + [f"{metrics['tokens_per_sec']:.0f} tokens/s", *utilisation_words(metrics)])]
     tested = sorted(k for k in metrics if k.startswith("test/") and not k.endswith("/loss"))
     if tested:
         lines.append("  ".join(f"{k} {metrics[k]:.4f}" for k in tested) + " (best validation checkpoint)")

@@ -5,8 +5,8 @@ Each filter names one message at its source, so every other warning still shows:
 
 - Lightning's advert for its cloud logger ("💡 Tip: ... litlogger"), logged at INFO by its rank-zero logger;
 - Lightning's advice to call ``torch.set_float32_matmul_precision`` on a GPU with Tensor Cores (INFO, same logger):
-  a run on CUDA sets it itself (``training.train.use_tensor_cores``), in every process that trains, but a rank that
-  ``ddp_spawn`` starts is checked by Lightning before the run's callbacks can set it;
+  a run on CUDA sets it itself (``lightning_modules.callbacks.Accelerate``), in every process that trains, but
+  Lightning checks it before any callback of the run can set it;
 - Lightning's ``PossibleUserWarning`` "GPU available but not used" on a run whose ``trainer.accelerator`` chose the
   CPU (its "GPU available: True (cuda), used: False" line stays and says the same without advice);
 - torch's ``FutureWarning`` that ``isinstance(treespec, LeafSpec)`` is deprecated, raised by Lightning's own

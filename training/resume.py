@@ -52,8 +52,9 @@ from training import config as run_config
 
 _STATE_KEY = "resume_state"
 CONFIG = "config.yaml"
-# What a resumed run may change: where its files go, how long it trains, how often it logs, threads and loader
-# processes. Nothing here changes what a step computes or which batches it sees.
+# What a resumed run may change: where its files go, how long it trains, how often it logs, threads, loader
+# processes and whether its model is compiled. Nothing here changes what a step computes (threads and compiled
+# kernels change only the order of its roundings) or which batches it sees.
 MAY_CHANGE_ON_RESUME = (
     "resume",
     "run_dir",
@@ -64,6 +65,7 @@ MAY_CHANGE_ON_RESUME = (
     "trainer.log_every_n_steps",
     "trainer.spectrum_every_n_val",
     "trainer.cpu_threads",
+    "trainer.compile",
 )
 _EVENTS_GLOB = "events.out.tfevents.*"
 

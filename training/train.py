@@ -40,7 +40,7 @@ from foundation.errors import ConfigError, Terminated
 from foundation.lock import LOCK, Owner
 from foundation.paths import check_folder
 from foundation.rundir import CHECKPOINT, TOKENIZER, choose_run_dir, shared_with_ranks
-from lightning_modules.callbacks import RunMetrics, SpectrumMonitor, TrainingFlops
+from lightning_modules.callbacks import Accelerate, RunMetrics, SpectrumMonitor, TrainingFlops
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.language_model import EXAMPLES
 from training import config as run_config
@@ -91,15 +91,25 @@ def build_module(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.Lightn
     return cls(to_container(cfg), datamodule.vocab_size, getattr(datamodule, "target_groups", ()))
 
 
+def on_gpu(cfg: DictConfig) -> bool:
+    """Whether the run trains on a GPU: ``trainer.accelerator`` gpu or cuda, or auto on a machine with one."""
+    t = cfg.trainer
+    # device_count() counts through NVML and, unlike is_available(), leaves CUDA uninitialised (fork-safe).
+    return t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and torch.cuda.device_count() > 0)
+
+
+def compiles(cfg: DictConfig) -> bool:
+    """``trainer.compile``, auto resolved: on for a run on a GPU, off on the CPU (training/config.py says why)."""
+    return on_gpu(cfg) if cfg.trainer.compile == "auto" else bool(cfg.trainer.compile)
+
+
 def _precision(cfg: DictConfig) -> str:
     """trainer.precision, or when null: 32-true on CPU; on a GPU bf16-mixed from compute capability 8.0 (Ampere)
     on, 16-mixed before (older GPUs emulate bf16, slowly)."""
     t = cfg.trainer
     if t.precision is not None:
         return t.precision
-    # device_count() counts through NVML and, unlike is_available(), leaves CUDA uninitialised (fork-safe).
-    gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and torch.cuda.device_count() > 0)
-    if not gpu:
+    if not on_gpu(cfg):
         return "32-true"
     return "bf16-mixed" if _compute_capability(t.strategy)[0] >= 8 else "16-mixed"
 
@@ -476,6 +486,7 @@ def validation_examples(callback_metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_metrics_of(
+    cfg: DictConfig,
     trainer: L.Trainer,
     module: L.LightningModule,
     datamodule: L.LightningDataModule,
@@ -497,9 +508,12 @@ def run_metrics_of(
         "parameters": module.n_parameters,
         "projection_parameters": module.encoder.attention_class.projection_parameters(module.encoder.shared),
         "wall_time_s": time.time() - started,
-        "train_time_s": run.train_seconds,
+        "train_time_s": run.train_seconds,  # the timed steps' (each process's first step: warmup_s)
         "tokens": run.tokens,
-        "tokens_per_sec": run.tokens / max(run.train_seconds, 1e-9),
+        "tokens_per_sec": run.tokens_per_sec,
+        # model FLOP/s of one device over its named peak (mfu, mfu_peak), or why there is none (mfu_unavailable)
+        **run.utilisation(),
+        "compiled": compiles(cfg),
         # matrix FLOPs of training (forward + backward): one batch counted, times the batches of every rank
         "flops_per_batch": flops.flops_per_batch,
         "train_flops": flops.train_flops,
@@ -558,7 +572,8 @@ def _fit(
     study_metrics = str((hparams or {}).get("sweep/objective", "")).split(",")
     answer = ObjectiveMetrics(run_objective(cfg, datamodule), [m for m in study_metrics if m.startswith("val/")])
     logger = _logger(cfg, module, run_dir, resume_from is not None, hparams, answer)
-    run, flops = RunMetrics(), TrainingFlops()
+    flops = TrainingFlops()
+    run = RunMetrics(flops)
     # Modules with a checkpoint_monitor (classifiers) also keep their best validation step, which is tested.
     monitor, mode = getattr(module, "checkpoint_monitor", (None, "min"))
     best = (
@@ -579,6 +594,7 @@ def _fit(
         run_dir,
         logger,
         [
+            Accelerate(compiles(cfg)),
             run,
             flops,
             *callbacks,
@@ -594,7 +610,7 @@ def _fit(
         global_step = trainer.global_step
         if not run.fit_here:  # fit ran in spawned/forked ranks (ddp_spawn, ddp_fork)
             global_step = adopt_final_state(trainer, run_dir / CHECKPOINT)
-        metrics = run_metrics_of(trainer, module, datamodule, best, run, flops, global_step, started, run_dir)
+        metrics = run_metrics_of(cfg, trainer, module, datamodule, best, run, flops, global_step, started, run_dir)
     if trainer.is_global_zero:
         write_json(run_dir / METRICS, metrics, run_dir)
     return metrics
@@ -632,10 +648,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def gpu_note(cfg: DictConfig) -> Optional[str]:
     """For a config that answers its question only on a GPU (``answers_on: gpu``), run on a machine without one:
     the sentence that says so; else None."""
-    on_gpu = cfg.trainer.accelerator in ("gpu", "cuda") or (
-        cfg.trainer.accelerator == "auto" and torch.cuda.device_count() > 0
-    )
-    if cfg.answers_on != "gpu" or on_gpu:
+    if cfg.answers_on != "gpu" or on_gpu(cfg):
         return None
     return (
         f"{cfg.experiment} needs a GPU to answer its question (the header of its config file says why); on a CPU "

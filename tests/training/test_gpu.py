@@ -37,6 +37,7 @@ def fake_trainer(**attrs) -> types.SimpleNamespace:
         loggers=[],
         callback_metrics={},
         is_global_zero=True,
+        precision="32-true",
     )
     return types.SimpleNamespace(**{**defaults, **attrs})
 
@@ -208,6 +209,7 @@ def test_run_metrics_synchronises_the_device_once_per_logging_window_not_every_s
     syncs = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     run_metrics, module = RunMetrics(), FakeModule(CUDA)
     batch = {"input_ids": torch.zeros(4, 8, dtype=torch.long)}
     run_metrics.on_train_start(fake_trainer(), module)
@@ -215,9 +217,11 @@ def test_run_metrics_synchronises_the_device_once_per_logging_window_not_every_s
         trainer = fake_trainer(global_step=step, log_every_n_steps=5)
         run_metrics.on_train_batch_start(trainer, module, batch, step - 1)
         run_metrics.on_train_batch_end(trainer, module, None, batch, step - 1)
-    assert len(syncs) == 2 and len(module.logged) == 2  # at steps 5 and 10
+    # after the first step (its own stretch: compiling, the FLOP count), then at steps 5 and 10
+    assert len(syncs) == 3 and len(module.logged) == 2
     run_metrics.on_train_end(fake_trainer(global_step=10), module)
-    assert len(syncs) == 2 and run_metrics.tokens == 10 * 32 and run_metrics.train_seconds > 0
+    assert len(syncs) == 3 and run_metrics.tokens == 10 * 32 and run_metrics.train_seconds > 0
+    assert run_metrics.timed_tokens == 9 * 32 and run_metrics.warmup_s > 0
     window = module.logged[-1]
     assert float(window["perf/tokens_per_sec"]) == pytest.approx(5 * 32 / (5 * float(window["perf/step_time_s"])))
 
@@ -291,3 +295,114 @@ def test_mixed_precision_is_bf16_only_where_the_gpu_computes_it(tiny_overrides, 
     assert _precision(config("trainer.accelerator=gpu")) == expected
     assert _precision(config("trainer.accelerator=cpu")) == "32-true"
     assert _precision(config("trainer.accelerator=auto", "trainer.precision=32-true")) == "32-true"
+
+
+# ---------------------------------------------------------------------------------------- 8. MFU
+def test_mfu_is_the_models_flops_per_second_over_the_named_peak_of_the_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    flops = callbacks.TrainingFlops()
+    flops.flops_per_batch = 10**12
+    run_metrics, module = RunMetrics(flops), FakeModule(CUDA)
+    batch = {"input_ids": torch.zeros(4, 8, dtype=torch.long)}
+    run_metrics.on_train_start(fake_trainer(precision="bf16-mixed"), module)
+    for step in range(1, 5):
+        trainer = fake_trainer(global_step=step, log_every_n_steps=2)
+        run_metrics.on_train_batch_start(trainer, module, batch, step - 1)
+        flops.on_train_batch_end(trainer, module, None, batch, step - 1)
+        run_metrics.on_train_batch_end(trainer, module, None, batch, step - 1)
+    run_metrics.on_train_end(fake_trainer(global_step=4), module)
+    window = module.logged[-1]  # steps 3 and 4: two batches of 10¹² FLOPs
+    seconds = 2 * float(window["perf/step_time_s"])
+    assert float(window["perf/mfu"]) == pytest.approx(2e12 / seconds / 989e12, rel=1e-5)
+    out = run_metrics.utilisation()
+    assert out["device"] == "NVIDIA H200" and out["warmup_s"] > 0
+    assert out["mfu"] == pytest.approx(3e12 / run_metrics.train_seconds / 989e12)  # the first step is not timed
+    assert out["mfu_peak"].startswith("NVIDIA H200 dense bf16 989 TFLOP/s (NVIDIA H200 datasheet")
+    restored = RunMetrics(flops)  # a resumed run, and the end of a ddp_spawn fit, keep the peak it was measured on
+    restored.load_state_dict(run_metrics.state_dict())
+    assert restored.utilisation() == out
+
+
+def test_a_device_without_a_known_peak_gets_no_mfu_but_the_reason(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA L40")
+    flops = callbacks.TrainingFlops()
+    flops.flops_per_batch = 10**12
+    run_metrics, module = RunMetrics(flops), FakeModule(CUDA)
+    batch = {"input_ids": torch.zeros(4, 8, dtype=torch.long)}
+    run_metrics.on_train_start(fake_trainer(precision="bf16-mixed"), module)
+    for step in range(1, 4):
+        run_metrics.on_train_batch_start(fake_trainer(global_step=step), module, batch, step - 1)
+        run_metrics.on_train_batch_end(fake_trainer(global_step=step), module, None, batch, step - 1)
+    assert module.logged and not any("perf/mfu" in logged for logged in module.logged)
+    out = run_metrics.utilisation()
+    assert (
+        "mfu" not in out
+        and out["mfu_unavailable"] == "NVIDIA L40 is not in the peak table (lightning_modules/flops.py PEAKS)"
+    )
+
+
+@pytest.mark.parametrize(
+    "name, precision, peak",
+    [
+        ("NVIDIA H200", "bf16-mixed", 989e12),
+        ("NVIDIA H100 80GB HBM3", "bf16-mixed", 989e12),  # the SXM board
+        ("NVIDIA H100 PCIe", "16-mixed", 756e12),
+        ("NVIDIA A100-SXM4-80GB", "bf16-true", 312e12),
+        ("NVIDIA A100 80GB PCIe", "bf16-mixed", 312e12),
+        ("NVIDIA A10", "16-mixed", 125e12),
+        ("NVIDIA L4", "bf16-mixed", 121e12),
+        ("NVIDIA L40S", "bf16-mixed", 362e12),
+        # variants whose peak is not in the table never borrow a sibling's
+        ("NVIDIA H200 NVL", "bf16-mixed", None),
+        ("NVIDIA H100 NVL", "bf16-mixed", None),
+        ("NVIDIA A10G", "bf16-mixed", None),
+        ("NVIDIA L40", "bf16-mixed", None),
+        ("NVIDIA H200", "32-true", None),  # TF32 matmuls: no 16-bit peak applies
+        ("cpu", "32-true", None),
+    ],
+)
+def test_the_peak_table_names_a_datasheet_peak_or_says_why_there_is_none(name, precision, peak):
+    from lightning_modules.flops import device_peak
+
+    found = device_peak(name, precision)
+    if peak is None:
+        assert isinstance(found, str) and found
+    else:
+        flops, named = found
+        fmt = "bf16" if precision.startswith("bf16") else "fp16"
+        assert flops == peak and named.startswith(f"{name} dense {fmt} {peak / 1e12:.0f} TFLOP/s (NVIDIA")
+
+
+# ---------------------------------------------------------------------------------------- 9. tensor cores, compile
+def test_a_process_that_trains_on_cuda_multiplies_float32_on_the_tensor_cores_and_one_on_the_cpu_does_not():
+    """Lightning advises set_float32_matmul_precision on a GPU with Tensor Cores whenever it is still "highest"."""
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        cpu = fake_trainer(strategy=types.SimpleNamespace(root_device=CPU))
+        callbacks.Accelerate(compile=False).setup(cpu, None, "fit")
+        assert torch.get_float32_matmul_precision() == "highest"
+        cuda = fake_trainer(strategy=types.SimpleNamespace(root_device=CUDA))
+        callbacks.Accelerate(compile=False).setup(cuda, None, "fit")
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_compile_auto_is_on_where_the_run_trains_on_a_gpu_and_off_on_the_cpu(tiny_overrides, monkeypatch):
+    from training.train import compiles
+
+    config = lambda *more: run_config.load(tiny_overrides.config, [*tiny_overrides.args, *more])  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert not compiles(config("trainer.accelerator=auto"))
+    assert not compiles(config("trainer.accelerator=cpu", "trainer.compile=auto"))
+    assert compiles(config("trainer.accelerator=cpu", "trainer.compile=true"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert compiles(config("trainer.accelerator=auto"))
+    assert compiles(config("trainer.accelerator=gpu"))
+    assert not compiles(config("trainer.accelerator=gpu", "trainer.compile=false"))
+    assert not compiles(config("trainer.accelerator=cpu"))

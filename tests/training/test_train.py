@@ -4,6 +4,7 @@ the parameters ``--check`` counts, and every shipped config answers on a CPU in 
 import json
 import math
 
+import lightning as L
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
@@ -125,3 +126,82 @@ def test_every_shipped_config_answers_on_a_cpu_in_minutes_or_says_at_its_top_tha
         assert gpu_note(cfg) is None
         assert cfg.model.max_len <= 32 and cfg.model.d_model <= 64 and cfg.trainer.max_steps <= 1500, path.name
         assert check_parameters(cfg)[0] < 200_000, path.name
+
+
+def test_a_cpu_run_records_its_device_and_why_it_has_no_mfu_and_compiles_nothing_by_default(tiny_overrides, tmp_path):
+    assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args]) == 0
+    metrics = json.loads((tmp_path / "runs" / "tiny" / "version_0" / "metrics.json").read_text())
+    assert metrics["device"] == "cpu" and metrics["compiled"] is False and "mfu" not in metrics
+    assert metrics["mfu_unavailable"].startswith("no peak for a CPU")
+    assert metrics["warmup_s"] > 0 and metrics["train_time_s"] > 0
+    # the throughput of the timed steps: every step but the first (compiling, the FLOP count) of the process
+    batch = metrics["tokens"] // metrics["global_step"]
+    assert metrics["tokens_per_sec"] == pytest.approx((metrics["tokens"] - batch) / metrics["train_time_s"])
+
+
+def test_compile_true_compiles_the_encoder_in_place_once_and_its_checkpoint_keeps_the_eager_keys(
+    tiny_overrides, tmp_path, monkeypatch
+):
+    """What is compiled, and how often (torch.compile replaced by a spy that returns the eager function: the
+    compiler itself is the slow test below's)."""
+    import torch
+
+    from training import config as run_config
+    from training.train import build_datamodule, build_module
+
+    compiled = []
+
+    def spy(fn=None, *args, **kwargs):
+        compiled.append(fn)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", spy)
+    assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, "trainer.compile=true"]) == 0
+    assert [type(fn.__self__).__name__ for fn in compiled] == ["TransformerEncoder"]  # fit and the last validate
+    run = tmp_path / "runs" / "tiny" / "version_0"
+    assert json.loads((run / "metrics.json").read_text())["compiled"] is True
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    cfg = run_config.load(tiny_overrides.config, tiny_overrides.args)
+    datamodule = build_datamodule(cfg)
+    datamodule.setup("fit")
+    eager = build_module(cfg, datamodule)
+    assert list(state) == list(eager.state_dict())  # no _orig_mod. anywhere
+    eager.load_state_dict(state)
+
+
+class StopAt(L.Callback):
+    """Ends a run with an exception at the start of ``step`` (after the checkpoint before it), as a kill would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise KeyboardInterrupt(f"stopped at step {self.step}")
+
+
+@pytest.mark.slow  # compiles the tiny model in three processes' worth of runs: 1-3 minutes on 2 shared cores
+def test_a_compiled_run_resumes_to_the_last_bit_of_an_uninterrupted_one(tiny_overrides, tmp_path):
+    """A compiled run with dropout stopped after its checkpoint at step 3 and resumed ends where the run that was
+    never stopped ends (the compiled graphs draw their dropout masks from the RNG state the checkpoint restores)."""
+    import torch
+
+    from foundation.checkpoint import read_checkpoint
+    from foundation.rundir import CHECKPOINT
+    from training import config as run_config
+    from training.train import train
+
+    args = [*tiny_overrides.args, "trainer.compile=true", "model.dropout=0.1", "trainer.cpu_threads=1"]
+    config = lambda *more: run_config.load(tiny_overrides.config, [*args, *more])  # noqa: E731
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    train(config(f"run_dir={straight}"))
+    with pytest.raises(KeyboardInterrupt):
+        train(config(f"run_dir={cut}"), callbacks=[StopAt(4)])
+    assert read_checkpoint(cut / CHECKPOINT)["global_step"] == 3
+    train(config(f"run_dir={cut}", "resume=true"))
+    ends = [read_checkpoint(d / CHECKPOINT) for d in (straight, cut)]
+    assert ends[0]["global_step"] == ends[1]["global_step"] == 6
+    for key, value in ends[0]["state_dict"].items():
+        assert torch.equal(value, ends[1]["state_dict"][key]), key
+    metrics = [json.loads((d / "metrics.json").read_text()) for d in (straight, cut)]
+    assert metrics[0]["val/loss"] == metrics[1]["val/loss"] and metrics[0]["compiled"] and metrics[1]["compiled"]
