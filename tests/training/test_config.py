@@ -38,6 +38,8 @@ def test_merge_order_defaults_then_yaml_then_overrides(tmp_path):
         ("model.attention.options.k=[8,16,32]", "model.attention.options.k: has 3 entries but model.n_layers=2"),
         ("model.n_heads=3", "model.d_model: 128 is not divisible by model.n_heads=3"),
         ("task=clm", "task: 'clm' needs model.attention.causal=true"),
+        ("trainer.compile=sometimes", "trainer.compile: 'sometimes' is not one of auto, true, false"),
+        ("trainer.compile=1", "trainer.compile: 1 is not one of auto, true, false"),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(override, message):
@@ -62,6 +64,7 @@ def test_per_layer_k_from_list_and_schedule():
         (["train", "missing.yaml"], "config file missing.yaml: not found"),
         (["train", "{bad}", "model.attention.kind=banana"], "model.attention.kind"),
         (["train", "{malformed}"], "malformed YAML at line"),
+        (["train", "{bad}", "trainer.compile=yes please"], "trainer.compile: 'yes please' is not one of auto, true"),
     ],
 )
 def test_cli_config_errors_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, args, fragment):
