@@ -71,6 +71,8 @@ from typing import Optional
 
 import lightning as L
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from datasets import ClassLabel, Dataset, DatasetDict, Value, load_from_disk
 from omegaconf import OmegaConf
@@ -78,9 +80,10 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
 from datamodules.cache import rule_kwargs, unit_hash
-from datamodules.corpus import FILE_BUILDERS, cap_texts, is_file_spec, load_hub, load_local_files
+from datamodules.corpus import cap_texts, load_hub
 from datamodules.embedded import SOURCES as EMBEDDED_SOURCES
 from datamodules.embedded import clean_text, load_embedded
+from datamodules.files import FILE_BUILDERS, is_file_spec, load_local_files, local_files, locate
 from datamodules.language_model import unigram_baseline
 from datamodules.sampling import loader_options, make_loader
 from datamodules.tokenizer import CLS_ID, PAD_ID, SEP_ID, build_tokenizer
@@ -112,9 +115,11 @@ def load_labelled(data_cfg) -> DatasetDict:
         return load_from_disk(str(Path(source).expanduser()))
     split_files = _split_files(source)
     if split_files:
-        return DatasetDict({split: load_local_files(str(path))["train"] for split, path in split_files.items()})
+        return DatasetDict(
+            {split: load_local_files(str(path), data_cfg)["train"] for split, path in split_files.items()}
+        )
     if is_file_spec(source):
-        return load_local_files(source)
+        return load_local_files(source, data_cfg)
     try:
         return load_hub(source, data_cfg.subset)
     except ConfigError as err:
@@ -157,6 +162,20 @@ def _split_files(source: str) -> dict[str, Path]:
     return found
 
 
+def row_at(data_cfg, split: str, row: int) -> str:
+    """Where row ``row`` (0-based) of raw split ``split`` sits: ``row 3 of DIR/train.tsv`` for local files (a
+    header not counted), ``row 3 of the train split of 'nyu-mll/glue'`` otherwise (the error path only)."""
+    source = data_cfg.source
+    if source not in EMBEDDED_SOURCES and not (Path(source).expanduser() / "dataset_dict.json").is_file():
+        files = {s: [str(p)] for s, p in _split_files(source).items()}
+        if not files and is_file_spec(source):
+            files = {"train": local_files(source)}
+        if split in files:
+            path, line = locate(files[split], row, data_cfg)
+            return f"row {line} of {path}"
+    return f"row {row + 1} of the {split} split of {source!r}"
+
+
 def eval_set_names(data_cfg) -> list[str]:
     """The prefixes of the run's test sets: ``test``, or ``test/<name>`` for each of ``data.classify.test_splits``."""
     splits = data_cfg.classify.test_splits
@@ -175,7 +194,8 @@ def labelled_splits(raw: DatasetDict, data_cfg) -> tuple[DatasetDict, int]:
     clean = source not in EMBEDDED_SOURCES  # load_embedded cleans its texts already
     tests = _named_test_splits(raw, data_cfg)
     wanted = dict.fromkeys(["train", "validation", "test", *tests.values()])
-    read = {split: _read(raw[split], split, data_cfg, clean) for split in wanted if split in raw}
+    classes = list(data_cfg.classify.label_names or names or []) or None  # every split's ClassLabel matched to these
+    read = {split: _read(raw[split], split, data_cfg, clean, classes) for split in wanted if split in raw}
     train, f = read["train"], data_cfg.val_fraction
     if tests:
         val = read.get("validation") if "validation" not in tests.values() else None
@@ -287,9 +307,9 @@ def _num_labels(names: Optional[list[str]], data_cfg) -> int:
     return len(names) if names is not None else 2
 
 
-def _read(ds: Dataset, split: str, data_cfg, clean: bool) -> Dataset:
+def _read(ds: Dataset, split: str, data_cfg, clean: bool, classes: Optional[list[str]] = None) -> Dataset:
     """One raw split as columns text, [pair,] label (class ids; no label column: unlabelled), texts cleaned
-    if ``clean``."""
+    if ``clean`` and checked (:func:`_check_texts`); a ClassLabel's ids are renumbered to ``classes`` by name."""
     columns = ", ".join(ds.column_names)
     keep = {}
     for key, name in (("text_column", "text"), ("text_pair_column", "pair")):
@@ -304,7 +324,8 @@ def _read(ds: Dataset, split: str, data_cfg, clean: bool) -> Dataset:
     column, label_names = data_cfg.label_column, data_cfg.classify.label_names
     as_names = False
     if column in ds.column_names:
-        as_names = _check_label_column(ds, column, split, label_names, data_cfg.classify.regression)
+        ds = _by_name(ds, column, split, classes, data_cfg)
+        as_names = _check_label_column(ds, split, data_cfg)
         keep[column] = "label"
     elif not split.startswith("test"):  # GLUE's test files have no label column: an unlabelled test split
         raise ConfigError(f"data.label_column: {column!r} not in columns [{columns}] of the {split} split")
@@ -315,15 +336,63 @@ def _read(ds: Dataset, split: str, data_cfg, clean: bool) -> Dataset:
         ds = ds.cast_column("label", Value("float32"))
     if split.startswith("test") and "label" in ds.column_names and len(ds) and (label_array(ds) == UNLABELLED).all():
         ds = ds.remove_columns("label")
-    return ds.map(_clean_texts, batched=True, fn_kwargs=rule_kwargs()) if clean else ds
+    ds = ds.map(_clean_texts, batched=True, fn_kwargs=rule_kwargs()) if clean else ds
+    _check_texts(ds, split, data_cfg)
+    return ds
 
 
-def _check_label_column(ds: Dataset, column: str, split: str, label_names, regression: bool = False) -> bool:
+def _check_texts(ds: Dataset, split: str, data_cfg) -> None:
+    """Every example has its text (and pair): one missing (a null, an absent JSON key, a short row) or empty (once
+    HTML tags and whitespace are cleaned away) is one ConfigError line naming the key, the file and the row."""
+    for name, key in (("text", "text_column"), ("pair", "text_pair_column")):
+        if name not in ds.column_names:
+            continue
+        texts = ds.with_format("arrow")[name]
+        bad = pc.or_kleene(pc.is_null(texts), pc.equal(pc.utf8_length(texts), 0)).fill_null(True)
+        count = pc.sum(bad).as_py() or 0
+        if count:
+            row = pc.index(bad, True).as_py()
+            what = "missing" if texts[row].as_py() is None else "empty (or only whitespace and HTML tags)"
+            raise ConfigError(
+                f"data.{key}: the {data_cfg[key]!r} text at {row_at(data_cfg, split, row)} is {what} ({count} such "
+                f"row{'s' if count > 1 else ''} in the {split} split); every example needs its text"
+            )
+
+
+def _by_name(ds: Dataset, column: str, split: str, classes: Optional[list[str]], data_cfg) -> Dataset:
+    """A ClassLabel column whose class names are ``classes`` in another order renumbered to ``classes``' order (a
+    parquet split whose names are ordered otherwise than train's would be scored with its labels swapped); other
+    names are one ConfigError line. -1 (GLUE's hidden test labels) stays -1."""
+    feature = ds.features[column]
+    if not isinstance(feature, ClassLabel) or classes is None or list(feature.names) == classes:
+        return ds
+    names, whose = list(feature.names), ("data.classify.label_names" if data_cfg.classify.label_names else "train")
+    if sorted(names) != sorted(classes) or len(set(names)) != len(names):
+        raise ConfigError(
+            f"data.label_column: the {split} split of {data_cfg.source!r} has the classes {names}, {whose} has "
+            f"{classes}: not the same classes"
+        )
+    features = ds.features.copy()
+    features[column] = ClassLabel(names=classes)
+    mapping = [classes.index(name) for name in names]
+    return ds.map(_renumber, batched=True, features=features, fn_kwargs=rule_kwargs(column=column, mapping=mapping))
+
+
+def _renumber(batch: dict, column: str, mapping: list[int], **_) -> dict:
+    return {column: [y if y < 0 else mapping[y] for y in batch[column]]}
+
+
+def _check_label_column(ds: Dataset, split: str, data_cfg) -> bool:
     """Whether the labels are class names to map through ``label_names`` (else they are integer ids, or a
     regression's numbers)."""
+    column, label_names, regression = data_cfg.label_column, data_cfg.classify.label_names, data_cfg.classify.regression
     values = ds.with_format("arrow")[column]
     if values.null_count:
-        raise ConfigError(f"data.label_column: {column!r} has {values.null_count} missing labels in the {split} split")
+        row = pc.index(pc.is_null(values), True).as_py()
+        raise ConfigError(
+            f"data.label_column: the {column!r} label at {row_at(data_cfg, split, row)} is missing "
+            f"({values.null_count} missing in the {split} split)"
+        )
     dtype = getattr(ds.features[column], "dtype", "")
     if regression:
         if not dtype.startswith(("int", "uint", "float", "double")):
@@ -340,14 +409,16 @@ def _check_label_column(ds: Dataset, column: str, split: str, label_names, regre
             f"data.label_column: {column!r} holds {dtype or ds.features[column]} values, not integer class ids{hint}"
         )
     if label_names is None:
+        row = max(0, pc.index(pc.invert(pc.match_substring_regex(values, r"^[+-]?\d+$")), True).as_py())
         raise ConfigError(
-            f"data.label_column: {column!r} holds strings (e.g. {values[0].as_py()!r}), not class "
-            f"ids; list the classes in order in data.classify.label_names"
+            f"data.label_column: {column!r} holds strings ({values[row].as_py()!r} at {row_at(data_cfg, split, row)})"
+            ", not class ids; list the classes in order in data.classify.label_names"
         )
-    unknown = sorted(set(values.unique().to_pylist()) - set(label_names))
-    if unknown:
+    unknown = pc.invert(pc.is_in(values, value_set=pa.array(list(label_names), values.type)))
+    if pc.any(unknown).as_py():
+        row = pc.index(unknown, True).as_py()
         raise ConfigError(
-            f"data.label_column: label {unknown[0]!r} in the {split} split is not one of "
+            f"data.label_column: label {values[row].as_py()!r} at {row_at(data_cfg, split, row)} is not one of "
             f"data.classify.label_names {list(label_names)}"
         )
     return True
@@ -359,7 +430,8 @@ def _names_to_ids(batch: dict, names: list[str], **_) -> dict:
 
 
 def _clean_texts(batch: dict, **_) -> dict:
-    return {key: [clean_text(t or "") for t in batch[key]] for key in ("text", "pair") if key in batch}
+    """Texts cleaned (:func:`~datamodules.embedded.clean_text`); a missing one stays missing, for the check."""
+    return {key: [None if t is None else clean_text(t) for t in batch[key]] for key in ("text", "pair") if key in batch}
 
 
 def _hold_out(ds: Dataset, low: float, high: float) -> Dataset:

@@ -85,6 +85,9 @@ class DataConfig:
     text_column: str = "text"
     text_pair_column: Optional[str] = None
     label_column: str = "label"
+    # The columns of header-less .csv/.tsv files, in order (GLUE's original CoLA: [source, label, original_label,
+    # sentence]); null: a file's first row names its columns.
+    column_names: Optional[List[str]] = None
     # Fraction of a corpus without its own validation split that is held out, by stable hash.
     val_fraction: float = 0.05
     # Use at most this many training texts (a CPU budget knob); null keeps all.
@@ -120,12 +123,29 @@ def check_data(data: DictConfig, task: str, max_len: int) -> None:
         check_path("data.tokenizer.path", data.tokenizer.path)
     require(_in_unit(data.mask_prob), f"data.mask_prob: must be in (0, 1), got {data.mask_prob}")
     require(_in_unit(data.val_fraction), f"data.val_fraction: must be in (0, 1), got {data.val_fraction}")
+    if data.column_names is not None:
+        _check_column_names(data, task)
     if task == "recall":
         _check_mqar(data.mqar, max_len)
     if task == "classify":
         _check_classify(data.classify)
     if task == "listops":
         _check_listops(data.listops, max_len)
+
+
+def _check_column_names(data: DictConfig, task: str) -> None:
+    """``data.column_names``: distinct names that include every column the task reads."""
+    names = list(data.column_names)
+    require(
+        names and all(isinstance(n, str) and n.strip() for n in names) and len(set(names)) == len(names),
+        f"data.column_names: needs distinct non-empty column names, got {names}",
+    )
+    read = ["text_column", *(["text_pair_column", "label_column"] if task == "classify" else [])]
+    for key in read:
+        require(
+            data[key] is None or data[key] in names,
+            f"data.{key}: {data[key]!r} is not one of data.column_names {names}",
+        )
 
 
 CLASSIFICATION_METRICS = ("accuracy", "f1", "matthews")

@@ -6,7 +6,8 @@ and a single column "text":
 - ``embedded``: the movie reviews' train/validation splits (see :mod:`datamodules.embedded`);
 - ``stdlib-code``: the Python standard library's ``.py`` files, one document per file, split by the
   hash of the path relative to the stdlib root (stable across machines);
-- a local file or glob (``.txt`` one example per line, ``.csv``, ``.tsv``, ``.json``/``.jsonl``, ``.parquet``);
+- a local file or glob (``.txt`` one example per line, ``.csv``, ``.tsv``, ``.json``/``.jsonl``, ``.parquet``), read
+  as written (:mod:`datamodules.files`);
 - anything else is given to ``load_dataset(source, data.subset)``: a hub id such as
   ``Salesforce/wikitext`` or a local directory laid out like a hub repository.
 
@@ -17,7 +18,6 @@ texts, evenly spaced through the corpus (deterministic, order-preserving, mixes 
 
 from __future__ import annotations
 
-import csv
 import glob
 import hashlib
 import os
@@ -28,16 +28,11 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 from datasets import Dataset, DatasetDict, load_dataset
-from datasets.exceptions import DatasetGenerationError
 
 from datamodules.cache import cache_key, rule_kwargs, unit_hash
 from datamodules.embedded import csv_path, load_embedded
+from datamodules.files import is_file_spec, load_local_files
 from foundation.errors import ConfigError
-
-FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
-# TSV as GLUE distributes it: tab-separated, quote characters are literal text (QUOTE_NONE).
-_BUILDER_ARGS = {"tsv": ("csv", {"sep": "\t", "quoting": csv.QUOTE_NONE})}
-_GLOB_CHARS = "*?["
 
 
 def load_text_corpus(data_cfg) -> DatasetDict:
@@ -48,7 +43,7 @@ def load_text_corpus(data_cfg) -> DatasetDict:
     elif source == "stdlib-code":
         corpus = _stdlib_code(data_cfg.val_fraction)
     elif is_file_spec(source):
-        corpus = load_local_files(source)
+        corpus = load_local_files(source, data_cfg)
     else:
         corpus = load_hub(source, data_cfg.subset)
     if "train" not in corpus:
@@ -90,37 +85,6 @@ def _stdlib_code(val_fraction: float) -> DatasetDict:
         raise ConfigError(f"data.val_fraction: {val_fraction} holds out no file of 'stdlib-code'")
     # A few test modules are deliberately not UTF-8; decode them leniently rather than fail.
     return load_dataset("text", data_files=data_files, sample_by="document", encoding_errors="replace")
-
-
-def is_file_spec(source: str) -> bool:
-    """Whether ``data.source`` names local files (a supported suffix, a glob, or an existing file)."""
-    return (
-        Path(source).suffix.lower() in FILE_BUILDERS or any(c in source for c in _GLOB_CHARS) or os.path.isfile(source)
-    )
-
-
-def load_local_files(source: str) -> DatasetDict:
-    """All files matching ``source`` (a file or glob, one type) as one "train" split."""
-    pattern = os.path.expanduser(source)
-    if any(c in pattern for c in _GLOB_CHARS):
-        files = sorted(f for f in glob.glob(pattern, recursive=True) if os.path.isfile(f))
-    else:
-        files = [pattern] if os.path.isfile(pattern) else []
-    if not files:
-        raise ConfigError(f"data.source: file {source!r} not found")
-    builders = {FILE_BUILDERS.get(Path(f).suffix.lower()) for f in files}
-    if None in builders or len(builders) > 1:
-        raise ConfigError(f"data.source: {source!r} must name files of one type among {', '.join(FILE_BUILDERS)}")
-    if all(os.path.getsize(f) == 0 for f in files):
-        raise ConfigError(f"data.source: {source!r} is empty")
-    kind = builders.pop()
-    builder, options = _BUILDER_ARGS.get(kind, (kind, {}))
-    try:
-        return load_dataset(builder, data_files=files, **options)
-    except (ValueError, DatasetGenerationError) as err:  # a file without rows, malformed CSV/JSON
-        cause = err.__cause__ if isinstance(err, DatasetGenerationError) and err.__cause__ else err
-        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-        raise ConfigError(f"data.source: cannot read {source!r}: {reason}") from err
 
 
 def load_hub(source: str, subset: str | None) -> DatasetDict:

@@ -311,14 +311,14 @@ LABEL_ERRORS = {
         "a.csv",
         "text,label\nhello,pos\n",
         {},
-        "data.label_column: 'label' holds strings (e.g. 'pos'), not class ids; list the classes in "
+        "data.label_column: 'label' holds strings ('pos' at row 1 of {src}), not class ids; list the classes in "
         "order in data.classify.label_names",
     ),
     "unknown_name": (
         "a.csv",
         "text,label\nhello,pos\nbye,meh\n",
         {"classify": {"label_names": ["neg", "pos"]}},
-        "data.label_column: label 'meh' in the train split is not one of data.classify.label_names ['neg', 'pos']",
+        "data.label_column: label 'meh' at row 2 of {src} is not one of data.classify.label_names ['neg', 'pos']",
     ),
     "outside_classes": (
         "a.csv",
@@ -330,7 +330,7 @@ LABEL_ERRORS = {
         "a.jsonl",
         '{"text": "a", "label": 1}\n{"text": "b", "label": null}\n',
         {},
-        "data.label_column: 'label' has 1 missing labels in the train split",
+        "data.label_column: the 'label' label at row 2 of {src} is missing (1 missing in the train split)",
     ),
 }
 
@@ -338,10 +338,11 @@ LABEL_ERRORS = {
 @pytest.mark.parametrize("case", sorted(LABEL_ERRORS))
 def test_label_problems_are_one_line_errors_naming_the_key(tmp_path, case):
     name, content, overrides, message = LABEL_ERRORS[case]
-    cfg = tiny.data_cfg(tmp_path, val_fraction=0.2, source=write(tmp_path / name, content), **overrides)
+    source = write(tmp_path / name, content)
+    cfg = tiny.data_cfg(tmp_path, val_fraction=0.2, source=source, **overrides)
     with pytest.raises(ConfigError) as err:
         loaded(cfg)
-    assert str(err.value) == message
+    assert str(err.value) == message.replace("{src}", str(source))
 
 
 def test_an_empty_split_is_an_error_and_the_cli_exits_2_writing_nothing(tmp_path, tiny_overrides, capsys):

@@ -734,8 +734,129 @@ CASES: dict[str, tuple[Callable, str]] = {
 }
 
 
+# ----------------------------------------------------------------------------------------- data read as written
+def raw_source(w, name: str, data: bytes) -> str:
+    (w.files / name).write_bytes(data)
+    return f"data.source={w.files / name}"
+
+
+LATIN_1_JSONL = b'{"text": "ok"}\n{"text": "caf\xe9"}\n'  # a string of a .jsonl file in Latin-1, not UTF-8
+
+
+def classes_in_other_orders(w) -> str:
+    """A folder of parquet splits whose validation split names other classes than train's."""
+    from datasets import ClassLabel, Dataset, Features, Value
+
+    folder = w.files / "parquet_classes"
+    if not folder.exists():
+        folder.mkdir()
+        for split, names in (("train", ["neg", "pos"]), ("validation", ["neg", "pos", "mid"])):
+            features = Features({"text": Value("string"), "label": ClassLabel(names=names)})
+            rows = {"text": [f"{split} {i}" for i in range(20)], "label": [i % 2 for i in range(20)]}
+            Dataset.from_dict(rows, features=features).to_parquet(str(folder / f"{split}.parquet"))
+    return f"data.source={folder}"
+
+
+def experiment_file(w, name: str, link: bool = False) -> str:
+    """``runs/<name>`` a file (or a link to nothing) where the experiment's folder of versions belongs."""
+    target = w.root / "runs" / name
+    if not os.path.lexists(target):
+        target.parent.mkdir(exist_ok=True)
+        target.symlink_to(w.root / "runs" / "gone") if link else target.write_text("x\n")
+    return f"experiment={name}"
+
+
+def classify(w, *args: str) -> list[str]:
+    return train(w, "task=classify", "data.tokenizer.kind=byte", *args)
+
+
+PIPELINE_PRETRAIN_CLASSIFY = (
+    f"pretrain: {{{{config: {CONFIG.parent}/finetune_imdb.yaml}}}}\nvariants: {{{{a: []}}}}\n"
+    f"tasks: {{{{t: {{{{config: {CONFIG.parent}/finetune_imdb.yaml}}}}}}}}\noutput_dir: {{w.root}}/runs\n"
+)
+LONG_ALIASES = f"experiment: &a {'x' * 400_000}\nnotes: [{', '.join(['*a'] * 99_000)}]\n"  # 40 GB once expanded
+ROWS = "".join(f"review {i},{i % 2}\n" for i in range(20))
+
+CASES.update(
+    {
+        "train/an empty text in a classification file": (
+            lambda w: classify(w, source(w, "empty_text.csv", f"text,label\n{ROWS},1\n{ROWS}")),
+            "data.text_column: the 'text' text at row 21 of",
+        ),
+        "train/a missing text in a .jsonl file": (
+            lambda w: classify(w, source(w, "null_text.jsonl", '{"text": "a", "label": 1}\n{"label": 0}\n')),
+            "null_text.jsonl is missing",
+        ),
+        "train/invalid UTF-8 inside a .jsonl string": (
+            lambda w: train(w, raw_source(w, "latin.jsonl", LATIN_1_JSONL)),
+            "latin.jsonl: line 2 is not UTF-8 text (byte 0xe9)",
+        ),
+        "train/a UTF-16 text file": (
+            lambda w: train(w, raw_source(w, "u16.txt", "one line\nanother\n".encode("utf-16"))),
+            "u16.txt: line 1 is not UTF-8 text (byte 0xff) (a UTF-16 file?)",
+        ),
+        "train/a label NA in a csv": (
+            lambda w: classify(w, source(w, "na_label.csv", f"text,label\n{ROWS}more,NA\n")),
+            "data.label_column: 'label' holds strings ('NA' at row 21 of",
+        ),
+        "train/parquet splits that name other classes": (
+            lambda w: classify(w, classes_in_other_orders(w)),
+            "has the classes ['neg', 'pos', 'mid'], train has ['neg', 'pos']: not the same classes",
+        ),
+        "train/a header-less file with other columns than named": (
+            lambda w: classify(
+                w, source(w, "cola.tsv", "gj04\t1\t\tA sentence.\n" * 20), "data.column_names=[label,text]"
+            ),
+            "data.column_names: names 2 columns (label, text), but the first row of",
+        ),
+        "train/column_names without the text column": (
+            lambda w: train(w, "data.column_names=[source,label,original,sentence]"),
+            "data.text_column: 'text' is not one of data.column_names",
+        ),
+        "train/a data file that is a folder": (
+            lambda w: train(
+                w, f"data.source={(w.files / 'folder.csv').mkdir(exist_ok=True) or w.files / 'folder.csv'}"
+            ),
+            "folder.csv' is a folder, not a data file",
+        ),
+        "train/runs/<experiment> a file": (
+            lambda w: train(w, experiment_file(w, "afile")),
+            "runs/afile is a file, not a folder (the runs of experiment 'afile' go into",
+        ),
+        "train/runs/<experiment> a link to nothing": (
+            lambda w: train(w, experiment_file(w, "alink", link=True)),
+            "runs/alink is a symbolic link to",
+        ),
+        "pipeline/runs/<experiment> a file": (
+            lambda w: [
+                "pipeline",
+                str(w.write("p_file.yaml", PIPELINE_PRETRAIN_CLASSIFY.format(w=w))),
+                experiment_file(w, "pfile"),
+            ],
+            "runs/pfile is a file, not a folder",
+        ),
+        "pipeline/a classification config as pretraining": (
+            lambda w: ["pipeline", str(w.write("p_cls.yaml", PIPELINE_PRETRAIN_CLASSIFY.format(w=w)))],
+            "variants.a: the results table reads 'val/ppl' from its pretraining run, which task 'classify' does not",
+        ),
+        "analyze/index past the singular values": (
+            lambda w: ["analyze", str(w.trained), "--index", "9"],
+            "--index: 9 is past the singular values of the attention matrices (layer 0: 8, layer 1: 8); allowed: 1 to 8",
+        ),
+        "analyze/index past n": (
+            lambda w: ["analyze", str(w.trained), "--index", "1000"],
+            "(at most model.max_len=32 per layer); allowed: 1 to 32",
+        ),
+        "train/yaml list of 99,000 aliases of a 400 kB string": (
+            lambda w: ["train", str(w.write("long_aliases.yaml", LONG_ALIASES))],
+            "expands to more than 2,097,152 characters of text",
+        ),
+    }
+)
+
+
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+    return {str(p.relative_to(root)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in root.rglob("*")}  # links too
 
 
 @pytest.mark.parametrize("case", CASES)
