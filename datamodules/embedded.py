@@ -66,7 +66,7 @@ def load_embedded(sources: Optional[str | Sequence[str]] = None) -> DatasetDict:
     ``sources`` keeps only "imdb", "rotten_tomatoes" or a list of them (default: both). Every step goes
     through ``datasets`` with named functions, so repeated loads hit its cache.
     """
-    ds = load_dataset("csv", data_files=str(csv_path()), split="train")
+    ds = load_dataset("csv", data_files=str(csv_path()), split="train", keep_default_na=False)  # text as written
     if sources is not None:
         wanted = [sources] if isinstance(sources, str) else list(sources)
         unknown = sorted(set(wanted) - set(SOURCES))

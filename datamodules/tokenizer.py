@@ -90,7 +90,8 @@ def _train_bpe(tok_cfg, texts: Sequence[str]) -> Tokenizer:
 
 def _load_given(path: str) -> Tokenizer:
     if not Path(path).is_file():
-        raise ConfigError(f"data.tokenizer.path: file {path!r} not found")
+        what = "is a folder, not a tokenizer.json file" if Path(path).is_dir() else "not found"
+        raise ConfigError(f"data.tokenizer.path: {path!r} {what}")
     try:
         tok = Tokenizer.from_file(path)
     except Exception as err:  # tokenizers raises a bare Exception for malformed JSON

@@ -175,7 +175,15 @@ def test_input_errors_are_one_line_and_name_the_key(tmp_path, case):
     else:
         cfg = tiny.data_cfg(tmp_path, tokenizer={"path": "nope.json"})
         assert_config_error(
-            "data.tokenizer.path: file 'nope.json' not found", build_tokenizer, cfg.tokenizer, ["text"], tmp_path
+            "data.tokenizer.path: 'nope.json' not found", build_tokenizer, cfg.tokenizer, ["text"], tmp_path
+        )
+        cfg = tiny.data_cfg(tmp_path, tokenizer={"path": str(tmp_path)})
+        assert_config_error(
+            f"data.tokenizer.path: '{tmp_path}' is a folder, not a tokenizer.json file",
+            build_tokenizer,
+            cfg.tokenizer,
+            ["text"],
+            tmp_path,
         )
 
 
