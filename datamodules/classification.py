@@ -18,9 +18,11 @@ Sources (``data.source``), all read through ``datasets.load_dataset``:
   offline, the one-line error says what to run once (``linformer-lab glue-download DIR``).
 
 Columns: ``data.text_column``, optionally ``data.text_pair_column`` (sentence pairs) and
-``data.label_column``. Texts are cleaned like the embedded reviews (HTML breaks removed, whitespace
-squeezed). GLUE's columns: sst2 ``sentence``; qnli ``question`` + ``sentence``; qqp ``question1`` +
-``question2``.
+``data.label_column`` (``data.column_names`` names those of a header-less file). Local files are read as
+written (:mod:`datamodules.files`: a sentence ``NA`` is that text). Texts are cleaned like the embedded reviews
+(HTML breaks removed, whitespace squeezed); a missing or empty one is a one-line :class:`ConfigError` naming the
+file and the row (:func:`row_at`). GLUE's columns: sst2 ``sentence``; qnli ``question`` + ``sentence``; qqp
+``question1`` + ``question2``.
 
 Splits. A test split is *labelled* unless it lacks the label column or all its labels are -1 (GLUE
 hides its test labels that way). With u = the stable hash (:func:`~datamodules.cache.unit_hash`) of
@@ -48,7 +50,8 @@ C = 1). C is ``data.classify.num_labels`` if set, else the number of
 ``data.classify.label_names`` (which map a column of strings to ids in list order), else the number of
 the label feature's class names (hub datasets), else 2. A missing label column, labels that are not
 integers (or not among ``label_names``), missing labels, a label outside 0 … C-1 and an empty split are
-one-line :class:`ConfigError`\\ s naming the key.
+one-line :class:`ConfigError`\\ s naming the key. A split whose ClassLabel names are train's (or ``label_names``) in
+another order is renumbered to that order by name; one naming other classes is refused.
 
 Encoding: ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``, cut to ``model.max_len`` tokens, always at the
 end of a segment. A single text keeps its first m = max_len − 2 tokens. A pair shares m = max_len − 3
