@@ -1,8 +1,9 @@
 """A study as its storage holds it, for the command that runs it and the report that reads it alike: where it lies
 (Optuna's ``JournalStorage`` on ``<output_dir>/<study>/journal.log`` by default, else an Optuna RDB URL), how it is
-opened (the journal in whole lines: :class:`WholeLines`, :func:`check_journal`), which of its trials count (retried
-and discarded ones do not) and whether the stored study is the study file's (:func:`check_objective`, its identity:
-:mod:`sweeps.spec.identity`). Only public Optuna API is used.
+opened (the journal in whole lines of Optuna's records: :class:`WholeLines`, :func:`check_journal`; a database with
+a connect timeout: :func:`connect_args`), which of its trials count (retried and discarded ones do not) and whether
+the stored study is the study file's (:func:`check_objective`, its identity: :mod:`sweeps.spec.identity`). Only
+public Optuna API is used.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import fcntl
 import json
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
@@ -34,6 +36,28 @@ MAX_RETRIES = 2  # a trial that kills its worker every time (out of memory) is g
 DISCARDED = "discarded"  # user attr of a trial started after the budget was met by other workers
 JOURNAL = "journal.log"
 JOURNAL_LOCK = "journal.lock"  # the journal's flock (see WholeLines)
+# The lock Optuna's JournalFileBackend takes by default (a symlink, or a file with JournalFileOpenLock) beside the
+# journal: never ours (WholeLines), but left behind by another program's writer killed mid-append.
+OPTUNA_LOCK = JOURNAL + ".lock"
+# The operations a journal record may name (``op_code``): Optuna 5's journal operations (its ``JournalOperation``
+# enum, which no public module exports: create/delete study, study user/system attr, create trial, trial param,
+# state and values, intermediate value, trial user/system attr, discard trials). Optuna's replay fails on any
+# other code (``assert False``); tests/sweeps/test_stored.py checks this set against the installed Optuna.
+JOURNAL_OPS = frozenset(range(11))
+# Seconds a database storage may take to answer a connection (then one line names the URL and this), settable for
+# slow networks and for tests.
+STORAGE_TIMEOUT_S = int(os.environ.get("LINFORMER_LAB_STORAGE_TIMEOUT_S", "30"))
+# Each database driver's name for its connect timeout (SQLAlchemy's driver names); libpq's also keeps the connection
+# alive with TCP keepalives, so a server that vanishes during a sweep is noticed in about a minute.
+_CONNECT_TIMEOUT = {
+    "psycopg2": "connect_timeout",
+    "psycopg": "connect_timeout",
+    "pg8000": "timeout",
+    "mysqldb": "connect_timeout",
+    "pymysql": "connect_timeout",
+    "mysqlconnector": "connection_timeout",
+}
+_LIBPQ = ("psycopg2", "psycopg")
 
 
 def check_url(url: Optional[str], workers: int = 1) -> None:
@@ -59,38 +83,64 @@ def check_url(url: Optional[str], workers: int = 1) -> None:
 
 def open_storage(study: Study, url: Optional[str], workers: int = 1, create: bool = True) -> BaseStorage:
     """The study's storage: the journal file by default (its heartbeats: :class:`sweeps.run.storage.RunStorage`, which
-    opens it for the ``sweep`` command and its workers), else an Optuna RDB URL (with Optuna's heartbeats).
-    ``create=False`` (a reader such as ``report``) creates nothing: an SQLite file that does not exist is refused, and
-    no tables are made in an empty database."""
+    opens it for the ``sweep`` command and its workers), else an Optuna RDB URL (with Optuna's heartbeats and a
+    connect timeout). ``create=False`` (a reader such as ``report``) creates nothing: an SQLite file that does not
+    exist is refused, and no tables are made in an empty database."""
     check_url(url, workers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
         if url is None:
             journal = study.root / JOURNAL
             check_journal(journal)
             journal.parent.mkdir(parents=True, exist_ok=True)
             check_inside(study.root, journal)
-            # an absolute path: Optuna's file opens do not depend on the working directory
-            return JournalStorage(JournalFileBackend(str(journal.absolute()), lock_obj=WholeLines(journal)))
+            return replayed(journal)
         if not create:
             _check_database_exists(url)
-        try:
-            return RDBStorage(
-                url,
-                heartbeat_interval=HEARTBEAT_S,
-                grace_period=GRACE_S,
-                heartbeat_stale_trial_callback=retry,
-                skip_table_creation=not create,
-            )
-        except ImportError:
+        return _open_database(url, create)
+
+
+def _open_database(url: str, create: bool) -> RDBStorage:
+    """Optuna's RDB storage on ``url``, connected (Optuna checks its schema at once) within
+    :data:`STORAGE_TIMEOUT_S`; any failure one ConfigError line naming the URL, its password masked."""
+    started = time.monotonic()
+    try:
+        return RDBStorage(
+            url,
+            engine_kwargs={"connect_args": connect_args(url)},
+            heartbeat_interval=HEARTBEAT_S,
+            grace_period=GRACE_S,
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES),
+            skip_table_creation=not create,
+        )
+    except ImportError:
+        raise ConfigError(
+            f"--storage {redact(url)}: its database driver is not installed; for PostgreSQL use "
+            "postgresql+psycopg2://... with pip install 'linformer-lab[postgres]' (a bare "
+            "postgresql:// means psycopg 3 to SQLAlchemy 2.1)"
+        ) from None
+    except Exception as err:  # sqlalchemy's many connection/URL errors
+        first = redact(str(err).splitlines()[0]) if str(err) else type(err).__name__
+        if time.monotonic() - started >= STORAGE_TIMEOUT_S or "timeout expired" in first or "timed out" in first:
             raise ConfigError(
-                f"--storage {redact(url)}: its database driver is not installed; for PostgreSQL use "
-                "postgresql+psycopg2://... with pip install 'linformer-lab[postgres]' (a bare "
-                "postgresql:// means psycopg 3 to SQLAlchemy 2.1)"
+                f"--storage {redact(url)}: no answer within {STORAGE_TIMEOUT_S} s (the storage's connect timeout, "
+                "LINFORMER_LAB_STORAGE_TIMEOUT_S); check that the server is up and that this is its address"
             ) from None
-        except Exception as err:  # sqlalchemy's many connection/URL errors
-            raise ConfigError(f"--storage {redact(url)}: cannot open ({redact(str(err).splitlines()[0])})") from None
+        raise ConfigError(f"--storage {redact(url)}: cannot open ({first})") from None
+
+
+def connect_args(url: str) -> dict:
+    """The database driver's arguments that bound the wait for a connection to :data:`STORAGE_TIMEOUT_S` (none for
+    SQLite, a file, whose lock waits are its own busy timeout; none for a driver not known here)."""
+    from sqlalchemy.engine import make_url
+
+    driver = make_url(url).get_driver_name()
+    if driver not in _CONNECT_TIMEOUT:
+        return {}
+    args = {_CONNECT_TIMEOUT[driver]: STORAGE_TIMEOUT_S}
+    if driver in _LIBPQ:  # probes after 30 s of silence, every 10 s, given up after 3 unanswered
+        args.update(keepalives=1, keepalives_idle=30, keepalives_interval=10, keepalives_count=3)
+    return args
 
 
 def _check_database_exists(url: str) -> None:
@@ -105,9 +155,12 @@ def _check_database_exists(url: str) -> None:
 
 
 def check_journal(path: Path, repair: bool = False) -> None:
-    """Every line of the journal ``path`` but the last is a whole JSON record, or one ConfigError line names the
-    first that is not. A last line without its newline is a write killed half-way (or one in flight): cut off
-    when ``repair`` (saying so on stderr), else left for Optuna, which skips it."""
+    """Every line of the journal ``path`` but the last is a record of Optuna's (a JSON object naming a known
+    operation, :data:`JOURNAL_OPS`, and the worker that wrote it), or one ConfigError line names the first that is
+    not, and what to do. A last line without its newline is a write killed half-way (or one in flight): Optuna's
+    reader skips it, but its next append would follow it on the same line and break the journal for every later
+    read; so it is cut off when ``repair`` (saying so on stderr), else left (every append cuts it first:
+    :class:`WholeLines`). Read once, a JSON parse per line: the cost of Optuna's own replay."""
     if not path.exists():
         return
     if not path.is_file():
@@ -118,17 +171,62 @@ def check_journal(path: Path, repair: bool = False) -> None:
         raise ConfigError(f"{path}: cannot read the study journal ({err.strerror or type(err).__name__})") from None
     *lines, tail = data.split(b"\n")
     for number, line in enumerate(lines, start=1):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict):
-            raise ConfigError(
-                f"{path}: line {number} of {len(lines) + bool(tail)} is not a journal record ({line[:40]!r}); "
-                "refused: restore the journal from a backup or move it aside to start the study afresh"
-            )
+        wrong = _not_a_record(line)
+        if wrong:
+            raise not_a_record(path, number, len(lines) + bool(tail), f"{wrong}: {line[:40]!r}")
     if tail and repair:
         cut_torn_tail(path)
+
+
+def _not_a_record(line: bytes) -> Optional[str]:
+    """What makes ``line`` no journal record of Optuna's, or None when it is one."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return "not JSON"
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    op = record.get("op_code")
+    if op is None:
+        return "no op_code"
+    if type(op) is not int or op not in JOURNAL_OPS:
+        return f"unknown op_code {op!r}"
+    if not isinstance(record.get("worker_id"), str):
+        return "no worker_id"
+    return None
+
+
+def not_a_record(path: Path, number: int, lines: int, why: str) -> ConfigError:
+    """The one line for line ``number`` of the journal ``path`` that is not a record Optuna can replay."""
+    return ConfigError(
+        f"{path}: line {number} of {lines} is not a journal record of this study ({why}); refused: move that "
+        "line out of the file or restore the journal from a backup"
+    )
+
+
+class _CountedLines(JournalFileBackend):
+    """Optuna's journal file backend that remembers the line of the last record it handed to the replay, so that a
+    record Optuna cannot replay (a known operation without the fields it needs) is named by its line."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path.absolute()), lock_obj=WholeLines(path))  # absolute: opens ignore the cwd
+        self.path, self.line = path, 0
+
+    def read_logs(self, log_number_from: int) -> Iterator[dict[str, Any]]:
+        for number, record in enumerate(super().read_logs(log_number_from), start=log_number_from + 1):
+            self.line = number
+            yield record
+
+
+def replayed(journal: Path) -> JournalStorage:
+    """Optuna's journal storage on ``journal``, its records replayed (what opening it means): a record that fails
+    the replay is one ConfigError line naming its line (:func:`not_a_record`), never Optuna's traceback."""
+    backend = _CountedLines(journal)
+    try:
+        return JournalStorage(backend)
+    except (KeyError, AssertionError, TypeError, ValueError, IndexError, AttributeError) as err:
+        why = f"Optuna cannot replay it: {type(err).__name__} {err}"
+        raise not_a_record(journal, backend.line, journal.read_bytes().count(b"\n"), why) from None
 
 
 def cut_torn_tail(path: Path) -> None:
