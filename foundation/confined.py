@@ -48,10 +48,13 @@ def open_inside(root: Path, path: Path, flags: int, mode: int = 0o644) -> int:
         raise ConfigError(f"{path}: cannot open ({err.strerror or type(err).__name__})") from None
 
 
-def check_tree(root: Path, key: str, files: Iterable[str] = (), folders: Iterable[str] = ()) -> None:
-    """Before anything is written into the existing folder ``root``: no symbolic link anywhere under it, each of
-    ``files`` (paths relative to it) a regular file where it exists and each of ``folders`` a folder. One
-    ConfigError line naming ``key`` and the path otherwise; nothing to check when ``root`` does not exist."""
+def check_tree(
+    root: Path, key: str, files: Iterable[str] = (), folders: Iterable[str] = (), links: Iterable[str] = ()
+) -> None:
+    """Before anything is written into the existing folder ``root``: no symbolic link anywhere under it but at
+    ``links`` (paths relative to it that are never opened, only removed: another program's lock left behind), each
+    of ``files`` a regular file where it exists and each of ``folders`` a folder. One ConfigError line naming ``key``
+    and the path otherwise; nothing to check when ``root`` does not exist."""
     root = Path(root)
     if not root.exists():
         return
@@ -66,8 +69,9 @@ def check_tree(root: Path, key: str, files: Iterable[str] = (), folders: Iterabl
         path = root / name
         if path.exists() and not path.is_symlink() and not path.is_dir():
             raise ConfigError(f"{key}: {path} is a file where a folder belongs; remove it")
+    allowed = {root / name for name in links}
     for folder, dirs, names in os.walk(root):  # never follows links: a link to a folder is listed in dirs
         for name in (*dirs, *names):
             path = Path(folder) / name
-            if path.is_symlink():
+            if path.is_symlink() and path not in allowed:
                 raise ConfigError(f"{key}: {path} is a symbolic link (to {os.readlink(path)}); {NO_LINKS}")

@@ -17,16 +17,18 @@ which the next free worker runs, continuing from the dead attempt's last checkpo
 (:func:`sweeps.run.trials.continue_dead_attempt`). Only public Optuna API is used.
 
 Owner and journal. A journal study is owned by the ``sweep`` command that launched its workers
-(:meth:`RunStorage.own`: an advisory lock on ``<study dir>/.lock``, see :mod:`foundation.lock`; a second ``sweep`` of
-the same study gets one line naming the owner); RDB studies are shared by design (launchers on several machines join
-one). Optuna appends to the journal in whole lines, fsynced, under the journal's lock
-(:class:`sweeps.stored.WholeLines`: a ``flock``, released by the operating system when its holder dies); a write
-killed half-way leaves a torn last line. :func:`sweeps.stored.check_journal` reads every line on open: a torn last
-line is cut off by the owner before its workers start (saying so) and under Optuna's lock before every append
-(:class:`sweeps.stored.WholeLines`), so no record is ever appended after half a line; a line before the last that is
-not a record is refused in one line. Before anything is written, :meth:`RunStorage.check_folder` refuses a link
-anywhere in the study's folder, and a known name of the wrong type; every file written there is opened without
-following a link (:mod:`foundation.confined`).
+(:meth:`RunStorage.own`: an advisory lock on ``<study dir>/.lock``, see :mod:`foundation.lock`; a second ``sweep``
+of the same study gets one line naming the owner); RDB studies are shared by design (launchers on several machines
+join one). Optuna appends to the journal in whole lines, fsynced, under the journal's lock
+(:class:`sweeps.stored.WholeLines`: a ``flock``, released by the operating system when its holder dies; the lock
+Optuna's default backend takes, a symbolic link that another program's writer killed mid-append leaves, is removed
+by the owner: :meth:`RunStorage.own`); a write killed half-way leaves a torn last line.
+:func:`sweeps.stored.check_journal` reads every line on open: a torn last line is cut off by the owner before its
+workers start (saying so) and under Optuna's lock before every append (:class:`sweeps.stored.WholeLines`), so no
+record is ever appended after half a line; a line before the last that is not a record of Optuna's is refused in one
+line naming it. Before anything is written, :meth:`RunStorage.check_folder` refuses a link anywhere in the study's
+folder (Optuna's lock aside, which the owner removes), and a known name of the wrong type; every file written there
+is opened without following a link (:mod:`foundation.confined`).
 
 Budget. ``n_trials`` counts finished trials (complete, pruned, failed), except failed trials that were
 retried (their copy counts instead: trials that failed on an input error, interrupted ones and those of dead
@@ -69,6 +71,7 @@ from sweeps.stored import (
     JOURNAL,
     JOURNAL_LOCK,
     MAX_RETRIES,
+    OPTUNA_LOCK,
     check_journal,
     excluded_numbers,
     open_storage,
@@ -158,20 +161,32 @@ class RunStorage:
     # ----------------------------------------------------------------------------- the journal's folder and owner
     def own(self) -> Optional[Owner]:
         """The ``sweep`` command's ownership of a journal study, for the command's life (None for an RDB study,
-        which launchers on several machines share by design); then the journal's torn last line, if any, is cut
-        off, and Optuna's own lock left by a process that died is removed."""
+        which launchers on several machines share by design); then, for the study and its control, the journal's
+        torn last line, if any, is cut off and Optuna's own lock left behind is removed (:meth:`_recover`)."""
         if self.journal is None:
             return None
-        check_journal(self.journal)  # a garbage line is refused before anything is written
+        journals = [one.root / JOURNAL for one in self.study.studies]
+        for journal in journals:  # a garbage line is refused before anything is written
+            check_journal(journal)
         self.study.root.mkdir(parents=True, exist_ok=True)
         owner = Owner(self.study.root, f"study {self.study.name} ({self.study.root})")
         owner.record()
-        check_journal(self.journal, repair=True)
-        optuna_lock = self.study.root / f"{JOURNAL}.lock"  # Optuna's own symlink lock, which a process that died left
-        if optuna_lock.is_symlink():
-            optuna_lock.unlink()
-            print(f"{optuna_lock}: removed Optuna's journal lock, left by a process that died", file=sys.stderr)
+        for journal in journals:
+            check_journal(journal, repair=True)
+            self._recover(journal.parent / OPTUNA_LOCK)
         return owner
+
+    @staticmethod
+    def _recover(optuna_lock: Path) -> None:
+        """Remove Optuna's own lock of a journal (a symbolic link, or the empty file of its open lock), which a
+        writer of another program killed mid-append leaves behind: its holder is dead, since this process owns the
+        study and its workers lock the journal with :class:`sweeps.stored.WholeLines` alone, never with it; left
+        there, it would make any program that opens the journal with Optuna's default lock wait on it. Only the
+        link is removed, never what it names."""
+        if not optuna_lock.is_symlink() and not (optuna_lock.is_file() and optuna_lock.stat().st_size == 0):
+            return
+        optuna_lock.unlink()
+        print(f"{optuna_lock}: removed Optuna's journal lock, left by a process that died", file=sys.stderr)
 
     def check_folder(self) -> None:
         """Before anything is written: the study's folder (and its control's, inside it) holds no link and no known
@@ -183,6 +198,7 @@ class RunStorage:
             f"study {self.study.name}",
             files=(JOURNAL, LOCK, JOURNAL_LOCK, "control/" + JOURNAL, "control/" + LOCK, "control/" + JOURNAL_LOCK),
             folders=("logs", HEARTBEATS, "control", "control/" + HEARTBEATS),
+            links=(OPTUNA_LOCK, "control/" + OPTUNA_LOCK),  # removed by the owner (own), never opened
         )
 
     def aside_path(self) -> Optional[Path]:
