@@ -3,9 +3,11 @@
 Stored on the study when it is created (user attr ``identity``): the search space (the ``seed`` param's values
 aside), the objective, the preset, the config every trial starts from (the base experiment resolved with the
 study's ``overrides``, flattened, each ``auto`` option of its attention kind written as what it resolves to
-(:func:`training.resume.settled`); where files go, thread and loader counts aside: the keys a resumed run may
-change) and the data's identity (a fingerprint of the corpus files, :func:`training.resume.data_identity`).
-Together with a trial's params they decide its config, so two trials of one study always answer one question.
+(:func:`training.resume.settled`); only the keys of :data:`NOT_IDENTITY` aside, which never change a trial's numbers)
+and the data's identity (a fingerprint of the corpus files, :func:`training.resume.data_identity`). Together with a
+trial's params they decide its config, so two trials of one study always answer one question. A resumed *run* may
+train for more steps (``training.resume.MAY_CHANGE_ON_RESUME``); a *study* may not: trials of 8 and 16 steps would
+be pooled in one arm.
 
 A study file whose identity changed since is refused in one line listing what changed: its old trials answer
 another question, and a grid with a param added would count them toward points they never ran. The ``seed``
@@ -25,11 +27,30 @@ from omegaconf import OmegaConf
 from foundation.configfile import flatten, to_container
 from sweeps.spec.schema import SEED_PARAM
 from sweeps.spec.study import Study
-from training.resume import MAY_CHANGE_ON_RESUME, data_identity, settled
+from training.resume import data_identity, settled
 
 IDENTITY = "identity"  # user attr of a stored study
-# Config keys that do not decide a trial's result: where files go, and those a resumed run may change
-NOT_IDENTITY = (*MAY_CHANGE_ON_RESUME, "experiment")
+# The config keys a study's identity leaves out: those that never change a trial's numbers (its scores, its curve,
+# its pruning), so that a study run again with them changed is the same study. Tested: a trial trained with every one
+# of them changed scores the same to the last bit (tests/sweeps/spec/test_identity.py).
+NOT_IDENTITY = (
+    # where files go
+    "experiment",
+    "resume",
+    "run_dir",
+    "output_dir",
+    "data.cache_dir",
+    # how fast: loader processes (batches and MLM masks are drawn per batch from the seed, the epoch, the rank and the
+    # batch index, whichever process draws them) and threads (which the sweep sets to cores/W per worker anyway)
+    "data.num_workers",
+    "trainer.cpu_threads",
+    # what is logged, and when: no draw and no step depends on it (the spectrum is measured in eval mode, no grad)
+    "trainer.log_every_n_steps",
+    "trainer.spectrum_every_n_val",
+)
+# Keys the identity holds since a later version: a study stored before it held them is not compared on them (its
+# stored identity lacks them), rather than refused as a study that changed.
+HELD_SINCE_LATER = ("trainer.max_steps",)
 
 
 def identity_of(study: Study) -> dict[str, Any]:
@@ -74,7 +95,9 @@ def changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     if "config" not in stored:
         out.append("config: not recorded there (a study started without its config in its identity)")
     else:
-        out += _differ("config.", settled(stored["config"]), current.get("config", {}))
+        there = settled(stored["config"])
+        here = {k: v for k, v in current.get("config", {}).items() if k in there or k not in HELD_SINCE_LATER}
+        out += _differ("config.", there, here)
     for key in ("preset", "data", "replicate"):
         if stored.get(key) != current.get(key):
             out.append(f"{key}: {stored.get(key)!r} there, {current.get(key)!r} here")
