@@ -198,6 +198,9 @@ def _visible(layout: _Layout, real: Optional[Tensor]) -> Callable[..., Tensor]:
     return visible
 
 
+# Built eagerly (and cached) even inside a compiled model: traced, a mask_mod whose captured tensors are made in the
+# graph fails to lower or gives wrong outputs (torch 2.13, measured on a CPU); made outside, they are kernel inputs.
+@torch.compiler.disable
 def block_mask(t: int, w: int, slots: int, device: torch.device, real: Optional[Tensor] = None, tile: int = 128):
     """The fused engine's ``BlockMask`` over queries × [keys ; slots] in tiles of ``tile``: without padding the listed
     tiles split into partial and full (built once per shape); with it (``real`` (B, T + slots)) every listed tile
