@@ -10,11 +10,12 @@ while one is still writing) never sees a partial file.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Optional
+from typing import IO, Any, Callable, Iterable, Optional, TypeVar
 
 from foundation.atomic import atomic_write
 from foundation.errors import ConfigError
@@ -25,6 +26,8 @@ from foundation.errors import ConfigError
 CODE_VERSION = hashlib.sha1(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))).hexdigest()
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)  # a full disk, a full quota
 NPY_HEADER = 128  # bytes numpy's .npy format puts before an array's data (a multiple of 64; 128 for ours)
 
 
@@ -69,7 +72,7 @@ def write_cache(cache_dir: str | Path, path: Path, write: Callable[[IO[bytes]], 
         atomic_write(path, write)
     except OSError as err:
         free = _free_bytes(Path(path))
-        if err.errno in (errno.ENOSPC, errno.EDQUOT) or (free is not None and free < size):
+        if err.errno in NO_ROOM or (free is not None and free < size):
             raise _no_room(cache_dir, path, size, free) from None
         raise ConfigError(f"data.cache_dir: {cache_dir}: cannot write {path} ({err.strerror or err})") from None
 
@@ -95,3 +98,32 @@ def _no_room(cache_dir: str | Path, path: Path, size: int, free: Optional[int]) 
 
 def _mb(n: int) -> str:
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def hf_cache_room(fn: F) -> F:
+    """``fn`` (a step that has ``datasets`` convert a source to Arrow, map or filter it: files in the Hugging Face
+    cache) with a full disk there as one ConfigError line naming the cache, not a traceback."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OSError as err:
+            cause = err if err.errno in NO_ROOM else err.__cause__ or err.__context__
+            if not isinstance(cause, OSError) or cause.errno not in NO_ROOM:
+                raise
+            raise no_room_in_hf_cache(cause) from None
+
+    return wrapped  # type: ignore[return-value]
+
+
+def no_room_in_hf_cache(err: OSError) -> ConfigError:
+    import datasets
+
+    folder = datasets.config.HF_DATASETS_CACHE
+    free = _free_bytes(Path(folder) / "x")
+    left = "" if free is None else f", {_mb(free)} free"
+    return ConfigError(
+        f"HF_DATASETS_CACHE: {folder}: no room for the data's Arrow files ({err.strerror}{left}); free some space or "
+        "set HF_HOME to a folder on another disk"
+    )

@@ -82,7 +82,7 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from datamodules.cache import rule_kwargs, unit_hash
+from datamodules.cache import hf_cache_room, rule_kwargs, unit_hash
 from datamodules.corpus import cap_texts, load_hub
 from datamodules.embedded import SOURCES as EMBEDDED_SOURCES
 from datamodules.embedded import clean_text, load_embedded
@@ -109,6 +109,7 @@ _ENCODE_BATCH = 1000
 
 
 # ------------------------------------------------------------------------------------- loading
+@hf_cache_room
 def load_labelled(data_cfg) -> DatasetDict:
     """The raw splits of ``data.source`` (see the module docstring), before any check."""
     source = data_cfg.source
@@ -185,6 +186,7 @@ def eval_set_names(data_cfg) -> list[str]:
     return ["test"] if not splits else [f"test/{name}" for name in splits]
 
 
+@hf_cache_room
 def labelled_splits(raw: DatasetDict, data_cfg) -> tuple[DatasetDict, int]:
     """(splits "train", "validation" and the test sets of :func:`eval_set_names`, with columns text, [pair,] label;
     number of classes, 1 for a regression): columns read and checked, splits assigned by the table of the module

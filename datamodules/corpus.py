@@ -29,12 +29,13 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from datasets import Dataset, DatasetDict, load_dataset
 
-from datamodules.cache import cache_key, rule_kwargs, unit_hash
+from datamodules.cache import cache_key, hf_cache_room, rule_kwargs, unit_hash
 from datamodules.embedded import csv_path, load_embedded
 from datamodules.files import is_file_spec, load_local_files
 from foundation.errors import ConfigError
 
 
+@hf_cache_room
 def load_text_corpus(data_cfg) -> DatasetDict:
     """ "train" and "validation" splits with one non-empty "text" column for ``data_cfg.source``."""
     source = data_cfg.source

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict, Value, load_dataset
 from datasets.exceptions import DatasetGenerationError
 
+from datamodules.cache import NO_ROOM, no_room_in_hf_cache
 from foundation.errors import ConfigError
 
 FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -79,6 +80,8 @@ def load_local_files(source: str, data_cfg) -> DatasetDict:
         loaded = load_dataset(builder, data_files=files, **options)
     except (ValueError, DatasetGenerationError) as err:  # a file without rows, malformed CSV/JSON
         cause = err.__cause__ if isinstance(err, DatasetGenerationError) and err.__cause__ else err
+        if isinstance(cause, OSError) and cause.errno in NO_ROOM:  # converting it to Arrow filled the disk
+            raise no_room_in_hf_cache(cause) from None
         reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         raise ConfigError(f"data.source: cannot read {source!r}: {reason}") from err
     if kind in TABLES and data_cfg.get("label_column") in loaded["train"].column_names:

@@ -98,3 +98,21 @@ def test_a_disk_filled_while_a_cache_is_written_is_one_line_and_the_partial_file
     assert out.startswith(f"error: data.cache_dir: {tmp_path / 'disk'}: no room for the cache file "), done
     assert "31.4 KiB needed, " in out and " free); free some space" in out
     assert left.split() == [str(tmp_path / "disk" / "other-writer")]  # the temporary file was removed
+
+
+@needs_a_small_disk
+@pytest.mark.processes
+def test_a_full_hugging_face_cache_is_one_line_naming_it(tmp_path):
+    """``datasets`` converts a data file to Arrow files in its cache (HF_HOME): a disk that cannot take them is one
+    line naming that cache, not the data file and not a traceback."""
+    rows = "".join(f"review number {i} of a file the cache cannot take,{i % 2}\n" for i in range(5000))
+    (tmp_path / "big.csv").write_text("text,label\n" + rows)
+    args = ["task=classify", "data.tokenizer.kind=byte", f"data.source={tmp_path / 'big.csv'}"]
+    args += [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'cache'}", "trainer.accelerator=cpu"]
+    run = f'HF_HOME="$DISK/hf" HF_DATASETS_CACHE="$DISK/hf/datasets" {sys.executable} -m experiments.cli train '
+    run += f"experiments/configs/base.yaml {' '.join(args)} || echo exit=$?"
+    done = on_a_full_disk(tmp_path, run)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ") or "Traceback" in line]
+    assert "exit=2" in done.stdout and len(errors) == 1, done.stderr[-3000:]
+    assert errors[0].startswith(f"error: HF_DATASETS_CACHE: {tmp_path / 'disk'}/hf/datasets: no room for the data's")
+    assert not (tmp_path / "runs").exists()
