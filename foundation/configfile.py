@@ -200,15 +200,19 @@ def read_yaml(path: Path) -> dict:
     if "\x00" in str(path):
         raise ConfigError(f"config file {str(path)!r}: a path cannot hold a NUL byte")
     if not path.is_file():
-        raise ConfigError(f"config file {path}: not found")
+        raise ConfigError(f"config file {path}: {'a folder, not a file' if path.is_dir() else 'not found'}")
     if path.stat().st_size > MAX_FILE_BYTES:
         raise ConfigError(
             f"config file {path}: {path.stat().st_size} bytes, more than the {MAX_FILE_BYTES} a config file may have"
         )
     try:
-        text = path.read_text(encoding="utf-8")
-    except (UnicodeDecodeError, OSError) as err:
-        raise ConfigError(f"config file {path}: cannot read ({type(err).__name__})") from None
+        data = path.read_bytes()
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ConfigError(f"config file {path}: line {line} is not UTF-8 text (byte 0x{data[err.start]:02x})") from None
+    except OSError as err:
+        raise ConfigError(f"config file {path}: cannot read ({err.strerror or type(err).__name__})") from None
     data = safe_yaml(text, f"config file {path}")
     if data is None:
         return {}

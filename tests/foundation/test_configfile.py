@@ -5,6 +5,7 @@ anchors and merges still load."""
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 
 import pytest
@@ -114,3 +115,22 @@ def test_the_measure_counts_every_alias_as_its_expansion():
     assert expanded_size([shared, shared, shared]) == (10, 3 * 7)
     assert expanded_size([LONG] * 100)[1] == MAX_TEXT + 1  # counting stopped at the bound
     assert expanded_size(list(range(MAX_VALUES * 2)))[0] == MAX_VALUES + 1
+
+
+@pytest.mark.parametrize(
+    "build, words",
+    [
+        (lambda path: path.mkdir(), "a folder, not a file"),
+        (
+            lambda path: path.write_bytes(b"model:\n  d_model: 32\nexperiment: caf\xe9\n"),
+            "line 3 is not UTF-8 text (byte 0xe9)",
+        ),
+    ],
+    ids=["a folder", "Latin-1"],
+)
+def test_a_config_file_that_is_a_folder_or_not_utf8_is_one_line_naming_it(tmp_path, build, words):
+    from foundation.configfile import read_yaml
+
+    build(tmp_path / "x.yaml")
+    with pytest.raises(ConfigError, match=f"^config file {tmp_path / 'x.yaml'}: {re.escape(words)}$"):
+        read_yaml(tmp_path / "x.yaml")
