@@ -20,9 +20,10 @@ construction). A variant listed in ``scratch`` is not pretrained: its fine-tunin
                                     ``table2/<task>/<variant>``
 
 Config paths are relative to the pipeline file. Every stage config is loaded and checked before anything
-trains, so a mistake in the last variant fails at once (exit 2, nothing written). ``resume=true`` reopens
-the newest run of the pipeline: stages with a ``metrics.json`` are kept, an interrupted one resumes from
-its last checkpoint, the rest run.
+trains, so a mistake in the last variant fails at once (exit 2, nothing written), and so is every number the
+results table reads: one the stage's task writes (:func:`check_results_written`). ``resume=true`` reopens
+the newest run of the pipeline: stages with a ``metrics.json`` are kept (if their config is the one the pipeline
+gives them now: :func:`finished_stages`), an interrupted one resumes from its last checkpoint, the rest run.
 """
 
 from __future__ import annotations
@@ -210,14 +211,13 @@ def run(cfg: DictConfig, base_dir: Path) -> Path:
 
     root = choose_run_dir(cfg.output_dir, cfg.experiment, None, False) if not cfg.resume else _newest(cfg)
     plan = stages(cfg, base_dir, root)  # everything checked before the first directory is made
+    results = finished_stages(plan, cfg.metric)
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(root / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    results: dict[tuple[str, str], dict] = {}
     keys = {s.task: official_keys(s.cfg, cfg.metric) for s in plan if s.task}
     for stage in plan:
         run_dir = Path(stage.cfg.run_dir)
-        if (run_dir / METRICS).is_file():
-            results[stage.variant, stage.task] = read_json(run_dir / METRICS)
+        if (stage.variant, stage.task) in results:
             continue
         stage.cfg.resume = run_dir.is_dir()
         results[stage.variant, stage.task] = train(
@@ -226,6 +226,33 @@ def run(cfg: DictConfig, base_dir: Path) -> Path:
     notes = table_notes(cfg, {s.task: s.cfg.data.max_texts for s in plan if s.task and s.variant == plan[-1].variant})
     write_results(root, cfg, keys, results, notes)
     return root
+
+
+def finished_stages(plan: list[Stage], metric: Optional[str]) -> dict[tuple[str, str], dict]:
+    """The metrics.json of every stage a resumed pipeline keeps (those that hold one), checked before anything
+    trains: the stage's run was started with the config the pipeline gives it now (a resumed run's rule,
+    :func:`training.resume.check_same_config`) and holds every number the table reads from it; else one ConfigError
+    line naming the stage."""
+    from training.resume import check_same_config
+
+    kept = {}
+    for stage in plan:
+        run_dir = Path(stage.cfg.run_dir)
+        if not (run_dir / METRICS).is_file():
+            continue
+        where = f"tasks.{stage.task} (variant {stage.variant})" if stage.task else f"variants.{stage.variant}"
+        try:
+            check_same_config(stage.cfg, run_dir)
+        except ConfigError as err:
+            reason = str(err).removeprefix("resume: ")
+            raise ConfigError(f"{where}: the finished run resume=true would keep: {reason}") from None
+        metrics = read_json(run_dir / METRICS)
+        needs = official_keys(stage.cfg, metric) if stage.task else ["val/ppl"]
+        missing = [key for key in needs if key not in metrics]
+        if missing:
+            raise ConfigError(f"{where}: {run_dir / METRICS} holds no {missing[0]!r}, which the results table reads")
+        kept[stage.variant, stage.task] = metrics
+    return kept
 
 
 def official_keys(ft: DictConfig, metric: Optional[str] = None) -> list[str]:

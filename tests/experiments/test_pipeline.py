@@ -40,7 +40,7 @@ def assert_fine_tuned_from_the_pretrained_encoder(root) -> None:
 
 
 # ------------------------------------------------------------------------------- pipeline
-def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tiny_overrides, tmp_path):
+def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tiny_overrides, tmp_path, capsys):
     shrink = [
         a
         for a in tiny_overrides.args
@@ -98,6 +98,25 @@ def test_pipeline_pretrains_fine_tunes_from_the_encoder_and_writes_the_table(tin
 
     assert_fine_tuned_from_the_pretrained_encoder(root)
     assert_the_check_knows_what_each_stage_writes(root)
+    assert_resume_keeps_finished_stages_and_refuses_changed_ones(tmp_path, pipeline, root, capsys)
+
+
+def assert_resume_keeps_finished_stages_and_refuses_changed_ones(tmp_path, pipeline, root, capsys) -> None:
+    """resume=true keeps every finished stage (nothing trains again); a stage whose config changed since its run
+    finished is one line before anything is written (its table would mix two configs)."""
+    table = (root / "results.csv").read_text()
+    assert cli.main(["pipeline", str(tmp_path / "p.yaml"), "resume=true"]) == 0
+    assert (root / "results.csv").read_text() == table
+    pipeline["tasks"]["imdb"]["overrides"].append("optim.lr=0.5")
+    (tmp_path / "p2.yaml").write_text(OmegaConf.to_yaml(pipeline))
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
+    capsys.readouterr()
+    assert cli.main(["pipeline", str(tmp_path / "p2.yaml"), "resume=true"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: tasks.imdb (variant full): the finished run resume=true would keep: ") and (
+        "differs at optim.lr (" in err
+    ), err
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
 
 
 def assert_the_check_knows_what_each_stage_writes(root) -> None:
