@@ -430,3 +430,58 @@ def test_the_layout_check_would_catch_one(tmp_path):
         "tests/test_loose.py",
         "tests/training/test_study.py",
     ]
+
+
+# --------------------------------------------------------------------------------------- functions and the README
+MAX_FUNCTION_LINES = 59  # the house keeps a function under 60 lines, a test's included
+
+
+def long_functions(source: str) -> list[str]:
+    """The functions of ``source`` that span 60 lines or more (decorators aside), as ``name (N lines)``."""
+    return [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
+def test_no_function_of_ours_spans_60_lines_or_more():
+    found = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for name in long_functions(path.read_text())
+    ]
+    assert found == []
+
+
+def test_the_long_function_check_would_catch_one():
+    body = "".join(f"    x{i} = {i}\n" for i in range(58))
+    assert long_functions(f"def fits():\n{body}") == []
+    assert long_functions(f"def spills():\n{body}    return 0\n") == ["spills (60 lines)"]
+
+
+def readme_layout_offenders(readme: str, root: Path) -> list[str]:
+    """The file and folder names of the README's layout table (backticked ``name.py`` and ``name/``) that its row's
+    folder does not hold (at any depth): a layout a newcomer cannot find."""
+    found = []
+    for row in re.findall(r"^\| `(\w+)/` \|([^\n]*)$", readme, re.MULTILINE):
+        folder, text = root / row[0], row[1]
+        for name in re.findall(r"`([\w*]+(?:\.py|/))`", text):
+            kind = "folder" if name.endswith("/") else "file"
+            matches = [p for p in folder.rglob(name.rstrip("/")) if p.is_dir() == (kind == "folder")]
+            if "*" not in name and not matches:
+                found.append(f"{row[0]}/: no {kind} {name}")
+    return found
+
+
+def test_the_readme_layout_names_what_the_tree_holds():
+    assert readme_layout_offenders((ROOT / "README.md").read_text(), ROOT) == []
+
+
+def test_the_readme_layout_check_would_catch_one(tmp_path):
+    (tmp_path / "sweeps" / "spec").mkdir(parents=True)
+    (tmp_path / "sweeps" / "spec" / "study.py").write_text("")
+    readme = "| `sweeps/` | `spec/` with `study.py`, `sweep.py` and `report/` | `training` |\n"
+    assert readme_layout_offenders(readme, tmp_path) == ["sweeps/: no file sweep.py", "sweeps/: no folder report/"]
