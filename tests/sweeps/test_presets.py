@@ -137,3 +137,31 @@ def test_the_largest_rung_trains_one_step_at_a_sixteenth_of_its_width(gpu_preset
     optimizer.step()
     assert torch.isfinite(loss) and len(module.encoder.blocks) == 24 and module.encoder.blocks[0].attn.n_heads == 16
     assert not torch.equal(before, module.encoder.blocks[-1].attn.q_proj.weight)
+
+
+# --------------------------------------------------------------------------------------- gpu_quick
+# One eager trial of sweeps/bases/gpu.yaml alone on one H200, tokens/s (2026-12-04, docs/gpu.md): the figures
+# random_vs_learned's gpu_quick derives its 10 minutes from.
+H200_TOKENS_PER_S = {"full": 504e3, "linformer": 335e3}
+GPU_QUICK_TRAINING_S = 460  # of its 600: the rest for the data's first preparation, the workers' start, the report
+
+
+def test_gpu_quick_trains_the_paper_scale_model_within_the_gpu_time_its_file_derives():
+    """Every trial of random_vs_learned's gpu_quick is the paper's model (n = 512, d = 512, 8 heads, 8 layers, batch 32,
+    k = 128; the control's degraded arm k = 1), and its trials' GPU time at the measured throughput, one at a time (the
+    worst case: sharing the GPU gains nothing) with a third of a step for each validation batch, stays within the
+    training time the study file derives: raising its steps or seeds past that needs a new derivation."""
+    study = load_study(SWEEPS_DIR / "random_vs_learned.yaml", "gpu_quick")
+    seconds, trials = 0.0, 0
+    for one in study.studies:
+        for params in one.points:
+            cfg = one.config(params)
+            m, t = cfg.model, cfg.trainer
+            assert (m.max_len, m.d_model, m.n_heads, m.n_layers, cfg.data.batch_size) == (512, 512, 8, 8, 32)
+            if m.attention.kind == "linformer":
+                assert m.attention.options.k == (1 if params.get("control") == "degraded" else 128)
+            validated = t.max_steps // t.val_check_interval * t.limit_val_batches
+            tokens = (t.max_steps + validated / 3) * cfg.data.batch_size * m.max_len
+            seconds += tokens / H200_TOKENS_PER_S[m.attention.kind]
+            trials += 1
+    assert trials == 16 and seconds <= GPU_QUICK_TRAINING_S, (trials, seconds)
