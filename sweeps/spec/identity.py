@@ -49,8 +49,9 @@ NOT_IDENTITY = (
     "trainer.spectrum_every_n_val",
 )
 # Keys the identity holds since a later version: a study stored before it held them is not compared on them (its
-# stored identity lacks them), rather than refused as a study that changed.
-HELD_SINCE_LATER = ("trainer.max_steps",)
+# stored identity lacks them), rather than refused as a study that changed. (trainer.compile: a key since 2026-12-04;
+# its default, auto, is off on the CPU, where every study stored before it ran.)
+HELD_SINCE_LATER = ("trainer.max_steps", "trainer.compile")
 
 
 def identity_of(study: Study) -> dict[str, Any]:

@@ -51,12 +51,14 @@ def test_a_study_whose_steps_or_validation_changed_is_refused_by_sweep_and_repor
 def test_a_study_stored_before_its_identity_held_its_steps_is_still_compared_on_everything_else(
     tmp_path, tiny_overrides
 ):
-    """A study an earlier version stored, whose identity lacks ``trainer.max_steps``, is not refused for it (its
-    steps are unknown there), but is for any other change."""
+    """A study an earlier version stored, whose identity lacks ``trainer.max_steps`` (and ``trainer.compile``, a key
+    since), is not refused for it (its steps are unknown there), but is for any other change."""
     path = write_study(tmp_path, tiny_overrides, "earlier", SEEDS)
     ostudy = open_study(RunStorage(load_study(path), None))
     recorded = ostudy.user_attrs[identity.IDENTITY]
-    earlier = {**recorded, "config": {k: v for k, v in recorded["config"].items() if k != "trainer.max_steps"}}
+    later = ("trainer.max_steps", "trainer.compile")
+    assert set(later) <= set(recorded["config"])
+    earlier = {**recorded, "config": {k: v for k, v in recorded["config"].items() if k not in later}}
     ostudy.set_user_attr(identity.IDENTITY, earlier)
     write_study(tmp_path, tiny_overrides, "earlier", SEEDS, overrides={"trainer.max_steps": 8})
     check_stored(load_study(path), None)
