@@ -57,6 +57,7 @@ class Outcome:
     status: str  # REPLICATED, NOT_DECIDED or CONTRADICTED
     why: str  # what the fresh seeds show, one phrase
     more: Optional[int] = None  # not decided: seeds per arm to add to the replication (None: none can be planned)
+    plans: str = "would decide it"  # what those seeds would do
 
 
 def edge(c: Compared, arm: str, level: float = stats.LEVEL) -> tuple[float, float, float]:
@@ -138,27 +139,33 @@ def _rate_claim(claim: Claim, r: RatesCompared) -> Outcome:
     return Outcome(claim, r, NOT_DECIDED, "no difference in success shown (seeds for rates are not planned)")
 
 
-def _blocked(fresh: Findings, controlled: bool) -> Optional[str]:
+def _blocked(fresh: Findings, controlled: bool) -> tuple[Optional[str], Optional[int]]:
     """Why the fresh seeds decide nothing (their control has not run, their reference did not learn to use context,
-    their power check failed), or None. ``controlled``: the study has a control."""
+    their power check failed), or None; with the seeds per arm to add that would let the control separate at 80 %
+    power, where its contrast can be planned. ``controlled``: the study has a control."""
     if controlled and fresh.context is None:
-        return "the fresh seeds' control has not run yet"
+        return "the fresh seeds' control has not run yet", None
     if not fresh.informative:
-        return "the reference did not learn to use context on the fresh seeds"
+        return "the reference did not learn to use context on the fresh seeds", None
     if fresh.power is not None and not fresh.power.has_power:
-        return "the control's power check failed on the fresh seeds"
-    return None
+        contrast = fresh.power.contrast
+        return "the control's power check failed on the fresh seeds", _more(
+            stats.seeds_for_better(contrast), contrast.n
+        )
+    return None, None
 
 
 def replicate(original: Findings, fresh: Findings, controlled: bool) -> list[Outcome]:
     """Each decided verdict of ``original`` judged against ``fresh`` (the replication's findings); ``controlled``: the
     study has a control, whose context gain and power check the fresh seeds must pass to decide anything."""
-    blocked = _blocked(fresh, controlled)
+    blocked, more = _blocked(fresh, controlled)
     out = []
     for claim in claims(original):
         e = _find(claim, fresh)
-        if blocked is not None or e is None:
-            out.append(Outcome(claim, e, NOT_DECIDED, blocked or "not compared on the fresh seeds (not run yet?)"))
+        if blocked is not None:
+            out.append(Outcome(claim, e, NOT_DECIDED, blocked, more, "would let the control separate"))
+        elif e is None:
+            out.append(Outcome(claim, e, NOT_DECIDED, "not compared on the fresh seeds (not run yet?)"))
         elif claim.kind == RATE:
             out.append(_rate_claim(claim, e))
         else:
@@ -206,7 +213,7 @@ def tally(outcomes: list[Outcome]) -> str:
 def _status_cell(o: Outcome, add_seeds: str) -> str:
     text = f"**{o.status}**: {o.why}"
     if o.status == NOT_DECIDED and o.more is not None:
-        text += f"; {o.more} more seeds per arm would decide it at {PCT} power ({add_seeds.format(n=o.more)})"
+        text += f"; {o.more} more seeds per arm {o.plans} at {PCT} power ({add_seeds.format(n=o.more)})"
     return text
 
 

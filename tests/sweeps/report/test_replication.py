@@ -25,24 +25,24 @@ CONTROL = {"reference": {"optim.lr": 1e-3}, "degraded": {"optim.lr": 5e-3}}  # r
 NO_CONTEXT = 3.1
 
 
-def study_file(tmp_path, tiny_overrides, seeds=(0, 1, 2, 3), **keys):
+def study_file(tmp_path, tiny_overrides, seeds=(0, 1, 2, 3), control=CONTROL, **keys):
     return write_study(
         tmp_path,
         tiny_overrides,
         "rep",
         {"seed": {"type": "categorical", "choices": list(seeds)}, "arm": {"choices": ARMS}},
         arms=["arm"],
-        control=CONTROL,
+        control=control,
         verdict={"delta": {"val/loss": 0.05}},
         **keys,
     )
 
 
-def add(ostudy: optuna.Study, params: dict, value: float) -> None:
+def add(ostudy: optuna.Study, params: dict, value: float, **metrics) -> None:
     dists = {p: IntDistribution(0, 999) if p == "seed" else CategoricalDistribution([v]) for p, v in params.items()}
     ostudy.add_trial(
         optuna.trial.create_trial(
-            params=params, distributions=dists, value=value, user_attrs={"metrics": {"val/loss": value}}
+            params=params, distributions=dists, value=value, user_attrs={"metrics": {"val/loss": value, **metrics}}
         )
     )
 
@@ -257,3 +257,26 @@ def test_sweep_replicate_trains_the_fresh_seeds_and_leaves_the_original_untouche
     assert not load_study(path).root.exists()  # the original's folder: never touched
     assert cli.main(["report", str(path), "--replicate"]) == 0
     assert "Nothing to compare yet" in (replica.root / "report" / "summary.md").read_text()
+
+
+def test_a_fresh_control_that_does_not_separate_decides_nothing_and_plans_the_seeds_it_needs(tmp_path, tiny_overrides):
+    # the no-context level is the runs' trivial baseline; the degraded arm is only the contrast known to be worse
+    path = study_file(tmp_path, tiny_overrides, control={**CONTROL, "no_context": "baseline"})
+    values = {"a": [2.00, 2.02, 1.98, 2.01], "b": [2.30, 2.31, 2.29, 2.30], "c": [2.6, 2.6, 2.6, 2.6]}
+    # the degraded arm is as good as the reference at two fresh seeds: a contrast of 1.1, 0, 0.05, 1.0 (CI holds 0)
+    for study, degraded in ((load_study(path), [3.1] * 4), (load_study(path, replicate=True), [3.1, 2.02, 2.03, 3.0])):
+        ostudy = sweep.open_study(RunStorage(study, None))
+        ocontrol = sweep.open_study(RunStorage(study.control, None))
+        for arm, vs in values.items():
+            for seed, v in zip(study.seeds, vs):
+                add(ostudy, {"seed": seed, "arm": arm}, v, trivial_loss=NO_CONTEXT)
+        for seed, v in zip(study.control.seeds, degraded):
+            add(ocontrol, {"control": "degraded", "seed": seed}, v, trivial_loss=NO_CONTEXT)
+    out = write_report(load_study(path, replicate=True))
+    rows = statuses(out / "replication.csv")
+    assert {r["status"] for r in rows.values()} == {"not decided"}
+    assert {r["fresh_shows"] for r in rows.values()} == {"the control's power check failed on the fresh seeds"}
+    more = {int(r["more_seeds"]) for r in rows.values()}
+    assert len(more) == 1 and more.pop() >= 1
+    summary = (out / "summary.md").read_text()
+    assert "more seeds per arm would let the control separate at 80 % power" in summary
