@@ -485,3 +485,54 @@ def test_the_readme_layout_check_would_catch_one(tmp_path):
     (tmp_path / "sweeps" / "spec" / "study.py").write_text("")
     readme = "| `sweeps/` | `spec/` with `study.py`, `sweep.py` and `report/` | `training` |\n"
     assert readme_layout_offenders(readme, tmp_path) == ["sweeps/: no file sweep.py", "sweeps/: no folder report/"]
+
+
+# --------------------------------------------------------------------------------------- links between the documents
+def page_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation but ``-`` and ``_`` dropped, spaces to
+    ``-``, ``-1``, ``-2`` … for a repeat; a heading inside a code fence is none."""
+    seen: dict[str, int] = {}
+    anchors, fenced = set(), False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        heading = None if fenced else re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading:
+            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1))
+            slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+            anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def link_offenders(root: Path) -> list[str]:
+    """Links ``page.md#anchor`` (in the README, docs, study and experiment files, code) and ``(#anchor)`` within a page
+    whose page or heading does not exist."""
+    pages = {p.name: p for p in [root / "README.md", *(root / "docs").glob("*.md")] if p.exists()}
+    anchors = {name: page_anchors(p.read_text()) for name, p in pages.items()}
+    files = [*pages.values(), *(root / "sweeps").rglob("*.yaml"), *(root / "experiments").rglob("*.yaml")]
+    files += [p for package in PACKAGES if package != "tests" for p in (root / package).rglob("*.py")]
+    found = []
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            links = re.findall(r"([\w./-]*\.md)#([^)\s`\"',]+)", line)
+            if path.suffix == ".md":
+                links += [(path.name, a) for a in re.findall(r"\]\(#([^)\s]+)\)", line)]
+            for page, anchor in links:
+                name = Path(page).name
+                if anchor not in anchors.get(name, ()):
+                    found.append(f"{path.relative_to(root)}:{number}: {page}#{anchor}")
+    return found
+
+
+def test_every_link_to_a_heading_names_one_that_exists():
+    assert link_offenders(ROOT) == []
+
+
+def test_the_link_check_would_catch_one(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# Lab\n\n[ok](docs/a.md#the-b-part) [gone](docs/a.md#renamed) [up](#lab)\n")
+    (tmp_path / "docs" / "a.md").write_text("# A\n\n## The B part\n\n```\n# not a heading\n```\n[x](#not-a-heading)\n")
+    assert link_offenders(tmp_path) == ["README.md:3: docs/a.md#renamed", "docs/a.md:8: a.md#not-a-heading"]
+    assert page_anchors("# A\n## B\n## B\n") == {"a", "b", "b-1"}
