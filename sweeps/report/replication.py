@@ -68,6 +68,16 @@ def edge(c: Compared, arm: str, level: float = stats.LEVEL) -> tuple[float, floa
     return sign * pair.comparison.diff, lo, hi
 
 
+def shown(claim: Claim, e: Compared) -> tuple[float, float, float]:
+    """What the table and replication.csv show of a comparison: the first arm's gain with its 95 % CI (better), or
+    first − second in the metric's units with the 90 % CI the equivalence test reads (on par)."""
+    if claim.kind == stats.BETTER:
+        return edge(e, claim.first)
+    sign = 1 if e.pair.a == claim.first else -1
+    lo, hi = sorted(sign * x for x in e.pair.comparison.ci(1 - 2 * stats.ALPHA))
+    return sign * e.pair.comparison.diff, lo, hi
+
+
 def claims(found: Findings) -> list[Claim]:
     """The original's decided verdicts: every 'better' and 'on par' comparison, every success rate shown apart."""
     out = []
@@ -191,17 +201,16 @@ def claim_text(claim: Claim) -> str:
 
 
 def estimate(claim: Claim, e: Optional[Evidence]) -> str:
-    """The evidence as the claim reads it: the first arm's gain with its 95 % CI (better), A − B with the 90 % CI
-    the equivalence test uses (on par), the solved counts (success rates); with the seeds per arm."""
+    """The evidence as the claim reads it (:func:`shown`; the solved counts of success rates), with the seeds per
+    arm."""
     if e is None:
         return "-"
     if claim.kind == RATE:
         first, second = (e.rate_a, e.rate_b) if e.a == claim.first else (e.rate_b, e.rate_a)
         return f"{first.k}/{first.n} vs {second.k}/{second.n}"
+    size, lo, hi = shown(claim, e)
     if claim.kind == stats.BETTER:
-        size, lo, hi = edge(e, claim.first)
         return f"{fmt(size)} {interval(lo, hi)} (n = {e.verdict.n})"
-    size, lo, hi = edge(e, claim.first, 1 - 2 * stats.ALPHA)
     return f"{fmt(size)}, 90 % CI {interval(lo, hi)} (n = {e.verdict.n})"
 
 
@@ -262,8 +271,7 @@ def write_csv(outcomes: list[Outcome], path: Path) -> None:
     def numbers(claim: Claim, e: Optional[Evidence]) -> list:
         if e is None or claim.kind == RATE:
             return [None] * 4
-        level = stats.LEVEL if claim.kind == stats.BETTER else 1 - 2 * stats.ALPHA
-        return [*(round(x, 6) if math.isfinite(x) else None for x in edge(e, claim.first, level)), e.verdict.n]
+        return [*(round(x, 6) if math.isfinite(x) else None for x in shown(claim, e)), e.verdict.n]
 
     with atomic_text(path) as fh:
         w = csv.writer(fh)

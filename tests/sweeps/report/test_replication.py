@@ -180,6 +180,7 @@ def test_each_verdict_of_the_original_is_replicated_not_decided_or_contradicted(
     assert rows[("better", "a", "b")]["status"] == "replicated"
     assert rows[("better", "a", "c")]["status"] == "contradicted"
     assert rows[("on par", "b", "c")]["status"] == "contradicted"  # c better than b by 0.5, far beyond δ
+    assert float(rows[("on par", "b", "c")]["fresh_estimate"]) == pytest.approx(0.5025, abs=1e-6)  # b − c, as A − B
     original = rows[("better", "a", "b")]
     assert float(original["original_estimate"]) == pytest.approx(0.2975, abs=1e-6)
     assert float(original["fresh_estimate"]) == pytest.approx(0.3025, abs=1e-6)
