@@ -28,6 +28,12 @@ from lightning_modules.per_example import PerExampleSums, column_names, example_
 from lightning_modules.step_logs import log_training_step
 
 EXAMPLES = "validation_examples/"  # callback-metric prefix of the per-example sums (metrics.json)
+TARGET_INDEX = "target_index"  # batch key: the flat positions whose label is not -100, found on the host
+
+
+def target_index(labels: Tensor) -> Tensor:
+    """The flat positions (row-major, as a boolean index takes them) whose label is not -100: (…) → (N,)."""
+    return (labels.flatten() != -100).nonzero().squeeze(1)
 
 
 class LMHead(nn.Module):
@@ -70,14 +76,23 @@ class TokenPredictionModule(L.LightningModule):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         return self.head(self.encoder(input_ids, attention_mask))
 
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Find the supervised positions while the batch is still on the host: a boolean index on the GPU makes the
+        host wait for the device (it must learn how many there are), once every step."""
+        if isinstance(batch, dict) and "labels" in batch:
+            batch[TARGET_INDEX] = target_index(batch["labels"])
+        return batch
+
     def _loss(self, batch: dict) -> tuple[Tensor, Tensor]:
-        labels = batch["labels"]
-        target = labels != -100  # (B, T)
+        labels = batch["labels"].flatten()  # (B·T,)
+        index = batch.get(TARGET_INDEX)
+        index = target_index(labels) if index is None else index  # (N,) flat positions of the targets
         # Only supervised positions go through the (large) vocabulary projection.
-        hidden = self.encoder(batch["input_ids"], batch.get("attention_mask"))
-        logits = self.head(hidden[target])  # (N, V)
-        loss = F.cross_entropy(logits.float(), labels[target])
-        correct = (logits.argmax(-1) == labels[target]).float().mean()
+        hidden = self.encoder(batch["input_ids"], batch.get("attention_mask")).flatten(0, 1)  # (B·T, d)
+        logits = self.head(hidden.index_select(0, index))  # (N, V)
+        targets = labels.index_select(0, index)  # (N,)
+        loss = F.cross_entropy(logits.float(), targets)
+        correct = (logits.argmax(-1) == targets).float().mean()
         return loss, correct
 
     def training_loss(self, batch: dict) -> Tensor:
