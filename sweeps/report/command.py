@@ -355,9 +355,11 @@ def speeds_of(study: Study, rows: list[Row]) -> list[efficiency.ArmSpeed]:
 
 # --------------------------------------------------------------------------------------- replication
 def seeds_words(study: Study) -> str:
-    """``seeds 0–4, control 0–2``: the seeds a study ran (those ``--add-seeds`` added included)."""
+    """``seeds 0–4, control 0–2``: the seeds a study ran, those ``--add-seeds`` added included and named
+    (``…; 5, 6 added by `sweep --add-seeds```)."""
     control = f", control {replication.seed_range(study.control.seeds)}" if study.control is not None else ""
-    return f"seeds {replication.seed_range(study.seeds)}{control}"
+    added = f"; {replication.seed_range(study.added_seeds)} added by `sweep --add-seeds`" if study.added_seeds else ""
+    return f"seeds {replication.seed_range(study.seeds)}{control}{added}"
 
 
 def _gain_words(found: Findings) -> str:

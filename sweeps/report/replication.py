@@ -246,11 +246,12 @@ def section(
         "",
         f"**Replication: {tally(outcomes)}.**" if outcomes else f"**Replication:** {name} decided no verdict.",
         "",
-        f"The fresh {fresh} were fixed in the study file before this run and are disjoint from every seed the "
-        f"design saw ({design}). The fresh seeds are judged as any study (Holm over this report's tests, seeds "
-        f"planned at {PCT} power); a verdict is replicated when they reach the same one, contradicted when they "
-        "decide against it, and not decided otherwise. Estimates: the first arm's gain with its 95 % CI "
-        "('better'), A − B with the 90 % CI of the equivalence test ('on par'), solved runs (success rates); "
+        f"The fresh {fresh} were fixed before they ran (by the study file, or by the count given to "
+        f"`--add-seeds`) and are disjoint from every seed the design saw ({design}). The fresh seeds are judged "
+        f"as any study (Holm over this report's tests, seeds planned at {PCT} power); a verdict is replicated "
+        "when they reach the same one, contradicted when they decide against it, and not decided otherwise. "
+        "Estimates: the first arm's gain with its 95 % CI ('better'), A − B with the 90 % CI of the equivalence "
+        "test ('on par'), solved runs (success rates); "
         "n seeds per arm.",
         "",
         f"- Context gain of the reference: {gains}.",

@@ -14,7 +14,7 @@ from studies import write_study
 from experiments import cli
 from foundation.errors import ConfigError
 from sweeps import stored
-from sweeps.report.command import write_report
+from sweeps.report.command import seeds_words, write_report
 from sweeps.run import command as sweep
 from sweeps.run.storage import RunStorage
 from sweeps.spec.schema import ADDED_SEEDS, SWEEPS_DIR
@@ -281,3 +281,10 @@ def test_a_fresh_control_that_does_not_separate_decides_nothing_and_plans_the_se
     assert len(more) == 1 and more.pop() >= 1
     summary = (out / "summary.md").read_text()
     assert "more seeds per arm would let the control separate at 80 % power" in summary
+
+
+def test_seeds_added_to_a_replication_are_named_as_added_in_its_report(tmp_path, tiny_overrides):
+    path = study_file(tmp_path, tiny_overrides, replicate={"seeds": [40, 41, 42], "control_seeds": [40, 41]})
+    assert seeds_words(load_study(path, replicate=True)) == "seeds 40–42, control 40, 41"
+    grown = load_study(path, replicate=True, added_seeds=[43])  # `sweep --replicate --add-seeds 1` after a first look
+    assert seeds_words(grown) == "seeds 40–43, control 40, 41, 43; 43 added by `sweep --add-seeds`"
