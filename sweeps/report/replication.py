@@ -216,13 +216,17 @@ def estimate(claim: Claim, e: Optional[Evidence]) -> str:
 
 def tally(outcomes: list[Outcome]) -> str:
     counts = {s: sum(o.status == s for o in outcomes) for s in (REPLICATED, NOT_DECIDED, CONTRADICTED)}
-    return f"of the original's {len(outcomes)} decided verdicts, " + ", ".join(f"{v} {s}" for s, v in counts.items())
+    n = len(outcomes)
+    return f"of the original's {n} decided verdict{'s' if n != 1 else ''}, " + ", ".join(
+        f"{v} {s}" for s, v in counts.items()
+    )
 
 
 def _status_cell(o: Outcome, add_seeds: str) -> str:
     text = f"**{o.status}**: {o.why}"
     if o.status == NOT_DECIDED and o.more is not None:
-        text += f"; {o.more} more seeds per arm {o.plans} at {PCT} power ({add_seeds.format(n=o.more)})"
+        seeds = "seed" if o.more == 1 else "seeds"
+        text += f"; {o.more} more {seeds} per arm {o.plans} at {PCT} power ({add_seeds.format(n=o.more)})"
     return text
 
 
