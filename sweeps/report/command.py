@@ -365,8 +365,9 @@ def seeds_words(study: Study) -> str:
 def _gain_words(found: Findings) -> str:
     gain = found.context
     if gain is None:
-        return "not judged"
-    return f"{markdown.fmt(gain.gain)} {markdown.interval(*gain.comparison.ci())}"
+        return "not judged yet"
+    words = f"{markdown.fmt(gain.gain)} {markdown.interval(*gain.comparison.ci())}"
+    return words if gain.informative else f"{words} (below the {markdown.fmt(gain.threshold)} it needs: uninformative)"
 
 
 def replication_lines(report: "Report", out: Path) -> list[str]:
@@ -376,7 +377,14 @@ def replication_lines(report: "Report", out: Path) -> list[str]:
     try:
         original = Report(load_study(fresh.path, fresh.preset), report.url)
     except ConfigError as err:
-        return [f"## Replication of {fresh.original_name} on fresh seeds", "", f"Nothing to compare yet: {err}.", ""]
+        return [
+            f"## Replication of {fresh.original_name} on fresh seeds",
+            "",
+            f"**Context gain of the reference:** {_gain_words(report.found)} on the fresh seeds.",
+            "",
+            f"Nothing to compare yet: {err}.",
+            "",
+        ]
     outcomes = replication.replicate(original.found, report.found, fresh.control is not None)
     replication.write_csv(outcomes, out / "replication.csv")
     gains = f"{_gain_words(original.found)} on the design's seeds, {_gain_words(report.found)} on the fresh ones"

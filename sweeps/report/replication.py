@@ -233,9 +233,9 @@ def _status_cell(o: Outcome, add_seeds: str) -> str:
 def section(
     name: str, design: str, fresh: str, outcomes: list[Outcome], gains: str, left: list[Compared], add_seeds: str
 ) -> list[str]:
-    """The replication section: ``name`` the original study, ``design``/``fresh`` their seeds in words, ``gains``
-    the two references' context gains, ``left`` the original's undecided pairs, ``add_seeds`` the command that grows
-    the replication (``{n}`` for the count)."""
+    """The replication section, opened by the references' context gains: ``name`` the original study,
+    ``design``/``fresh`` their seeds in words, ``gains`` the two references' context gains, ``left`` the original's
+    undecided pairs, ``add_seeds`` the command that grows the replication (``{n}`` for the count)."""
     body = [
         [
             claim_text(o.claim),
@@ -248,6 +248,8 @@ def section(
     out = [
         f"## Replication of {name} on fresh seeds",
         "",
+        f"**Context gain of the reference:** {gains}.",
+        "",
         f"**Replication: {tally(outcomes)}.**" if outcomes else f"**Replication:** {name} decided no verdict.",
         "",
         f"The fresh {fresh} were fixed before they ran (by the study file, or by the count given to "
@@ -257,15 +259,14 @@ def section(
         "Estimates: the first arm's gain with its 95 % CI ('better'), A − B with the 90 % CI of the equivalence "
         "test ('on par'), solved runs (success rates); "
         "n seeds per arm.",
-        "",
-        f"- Context gain of the reference: {gains}.",
     ]
     if left:
-        out.append(
+        out += [
+            "",
             "- Undecided in the original (no verdict, nothing to replicate): "
             + ", ".join(f"{c.pair.a} vs {c.pair.b} ({c.pair.metric})" for c in left)
-            + "."
-        )
+            + ".",
+        ]
     header = [f"verdict of {name}", "original: estimate", "fresh seeds: estimate", "replication"]
     return out + ["", *table(header, body), ""] if body else out + [""]
 

@@ -222,11 +222,27 @@ def test_a_fresh_reference_that_did_not_learn_decides_nothing(tmp_path, tiny_ove
     }
 
 
+def first_line(summary: str) -> str:
+    """The report's first line below the study's and the replication's headings."""
+    return next(line for line in summary.splitlines() if line and not line.startswith("#"))
+
+
+def test_a_replication_report_opens_with_the_references_context_gains(tmp_path, tiny_overrides):
+    path = study_file(tmp_path, tiny_overrides)
+    fill(load_study(path), {"a": [2.00, 2.02, 1.98, 2.01], "b": [2.30, 2.31, 2.29, 2.30], "c": [2.6, 2.6, 2.6, 2.6]})
+    fresh = load_study(path, replicate=True)
+    fill(fresh, {"a": [3.09, 3.10, 3.08, 3.09], "b": [3.2, 3.21, 3.2, 3.21], "c": [3.3, 3.31, 3.3, 3.31]})
+    line = first_line((write_report(fresh) / "summary.md").read_text())
+    assert line.startswith("**Context gain of the reference:** 1.1 [") and "on the design's seeds" in line
+    assert line.endswith("on the fresh ones.") and "it needs: uninformative)" in line  # the fresh reference's gain
+
+
 def test_a_replication_report_before_the_original_ran_says_so_in_one_line(tmp_path, tiny_overrides):
     path = study_file(tmp_path, tiny_overrides)
     fill(load_study(path, replicate=True), {"a": [2.0, 2.01, 2.0, 2.01], "b": [2.3] * 4, "c": [2.6] * 4})
     summary = (write_report(load_study(path, replicate=True)) / "summary.md").read_text()
     assert "Nothing to compare yet:" in summary and "no study journal here" in summary
+    assert first_line(summary).startswith("**Context gain of the reference:** ")  # the fresh seeds', even so
 
 
 def test_the_original_report_points_to_its_replication(tmp_path, tiny_overrides):
