@@ -83,14 +83,18 @@ class TokenPredictionModule(L.LightningModule):
             batch[TARGET_INDEX] = target_index(batch["labels"])
         return batch
 
-    def _loss(self, batch: dict) -> tuple[Tensor, Tensor]:
+    def _scored(self, batch: dict) -> tuple[Tensor, Tensor, Tensor]:
+        """Logits (N, V) and labels (N,) of the batch's N supervised positions, and those positions (N,) in the
+        flattened batch (found on the host when the batch came through :meth:`on_before_batch_transfer`)."""
         labels = batch["labels"].flatten()  # (B·T,)
-        index = batch.get(TARGET_INDEX)
-        index = target_index(labels) if index is None else index  # (N,) flat positions of the targets
+        where = batch.get(TARGET_INDEX)
+        where = target_index(labels) if where is None else where  # (N,)
         # Only supervised positions go through the (large) vocabulary projection.
         hidden = self.encoder(batch["input_ids"], batch.get("attention_mask")).flatten(0, 1)  # (B·T, d)
-        logits = self.head(hidden.index_select(0, index))  # (N, V)
-        targets = labels.index_select(0, index)  # (N,)
+        return self.head(hidden.index_select(0, where)), labels.index_select(0, where), where
+
+    def _loss(self, batch: dict) -> tuple[Tensor, Tensor]:
+        logits, targets, _ = self._scored(batch)  # (N, V), (N,)
         loss = F.cross_entropy(logits.float(), targets)
         correct = (logits.argmax(-1) == targets).float().mean()
         return loss, correct
@@ -105,16 +109,14 @@ class TokenPredictionModule(L.LightningModule):
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        labels = batch["labels"]
-        target = labels != -100  # (B, T)
-        logits = self.head(self.encoder(batch["input_ids"], batch.get("attention_mask"))[target])  # (N, V)
-        losses = F.cross_entropy(logits.float(), labels[target], reduction="none")  # (N,)
-        correct = logits.argmax(-1) == labels[target]  # (N,)
-        group = batch["target_group"][target] if self.target_groups else None  # (N,)
-        b = len(labels)
+        logits, targets, where = self._scored(batch)  # (N, V), (N,), (N,)
+        losses = F.cross_entropy(logits.float(), targets, reduction="none")  # (N,)
+        correct = logits.argmax(-1) == targets  # (N,)
+        group = batch["target_group"].flatten().index_select(0, where) if self.target_groups else None  # (N,)
+        b, t = batch["labels"].shape
         # The example's index in the validation set (in one process without it: the batches' running order).
-        index = batch.get("example_index", torch.arange(b, device=labels.device) + batch_idx * b)
-        example = target.nonzero()[:, 0]  # (N,) each target's row
+        index = batch.get("example_index", torch.arange(b, device=targets.device) + batch_idx * b)
+        example = where // t  # (N,) each target's row
         self.val_sums.update(index, example_sums(losses, correct, example, group, b, len(self.target_groups)))
 
     def on_validation_epoch_end(self) -> None:
