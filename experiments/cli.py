@@ -41,16 +41,21 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    # Import only the chosen command's module (torch and friends are slow to import).
-    chosen = {k: v for k, v in COMMANDS.items() if argv and argv[0] == k} or COMMANDS
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser, with the arguments of ``command`` only (or of none when it is not one of ``COMMANDS``):
+    importing every command's module would import torch and friends, which are slow to import."""
     parser = _Parser(prog="linformer-lab", description="Linformer ablations with Lightning and Optuna")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        if name in chosen and len(chosen) == 1:
+        if name == command:
             importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv else None)
     try:
         args = parser.parse_args(argv)
         return importlib.import_module(COMMANDS[args.command][0]).main(args)

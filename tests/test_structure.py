@@ -364,12 +364,12 @@ def test_the_process_tier_check_would_catch_one():
 # -------------------------------------------------------------------------------------------- where a test file lies
 # tests/ mirrors the packages: the tests of a module lie under its package's path in tests/ (lightning_modules/
 # attention/local.py → tests/lightning_modules/attention/test_local.py), named after the module where one module is
-# their subject. Cross-cutting tests lie at the top of tests/ (the house's structure, its security) or in tests/e2e/
-# (the commands end to end: hostile input, config fuzzing, crash safety, run folders). The helpers tests share lie at
-# the top of tests/, on pytest's pythonpath. No test folder holds an __init__.py: pytest puts each test file's folder
+# their subject. Cross-cutting tests lie at the top of tests/ (the house's structure, its security, its pages) or in
+# tests/e2e/ (the commands end to end: hostile input, config fuzzing, crash safety, run folders). The helpers tests
+# share lie at the top of tests/, on pytest's pythonpath. No test folder holds an __init__.py: pytest puts each test file's folder
 # on sys.path (import mode prepend) and imports the file by its name, so no two test files share a name.
 MIRRORED = tuple(p for p in PACKAGES if p != "tests")
-CROSS_CUTTING = {"test_security.py", "test_structure.py"}
+CROSS_CUTTING = {"test_pages.py", "test_security.py", "test_structure.py"}
 CROSS_CUTTING_FOLDERS = {"e2e"}
 HELPERS = {"conftest.py", "kinds.py", "pg.py", "studies.py", "tiny.py"}
 

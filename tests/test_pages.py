@@ -1,0 +1,346 @@
+"""The pages (README.md, docs/*.md) keep true: what they tell a user to type runs.
+
+Every ``linformer-lab …`` command line of a page (a line of a fenced code block, with its ``\\`` continuations, or an
+inline code span) parses with the CLI's own parser (:func:`experiments.cli.build_parser`); the study, config and
+pipeline files it names load and pass every check (``--check`` does the same); every repository file it names exists.
+Every config key a page names in inline code (``model.attention.kind``, ``trainer.max_steps=600``) is a key of
+:class:`training.config.RunConfig`, a key under ``model.attention.options`` an option of some attention kind.
+
+Placeholders, by one rule: a bracketed optional part is dropped when it holds an ellipsis (``[key=value ...]``), else
+kept without its brackets and with the first of its ``a|b`` alternatives; the placeholders of ``SUBSTITUTES`` become
+one concrete file or value; a ``<name>`` under ``runs/`` (a folder a run writes) becomes ``x``; a shell variable
+(``$c``) makes the command one that is parsed, not loaded (its values come from the shell). A command with an
+elided argument (a lone ``…`` or ``...``) is skipped; an inline span of the program and a command alone
+(```linformer-lab analyze```) names the command, which must exist. A file outside the repository's folders
+(``gpu_check.yaml`` at the root, which the page's recipe has the user write) is the user's own: parsed, not loaded. A
+pipeline is loaded without its ``data_dir`` (GLUE, a folder the user downloads first). A command followed in its code
+block by an ``error: …`` line shows a refusal: it must fail with that very line. docs/extending.md shows what a user
+adds (a kind, a projection kind, an option, a study file): its commands are parsed, not loaded, and the files and
+options it names need not exist yet. A key whose last part is a file suffix (``optim.py``) is a file name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import re
+import shlex
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import COMMANDS, build_parser
+from foundation.configfile import flatten, to_container
+from foundation.errors import ConfigError
+from lightning_modules.attention import ATTENTION_KINDS
+from training.config import merge_run, open_mappings
+
+ROOT = Path(__file__).resolve().parents[1]
+REPO_FOLDERS = ("experiments", "sweeps", "training", "lightning_modules", "datamodules", "foundation", "tests", "docs")
+SUBSTITUTES = {
+    "sweeps/<study>.yaml": "sweeps/k_sweep.yaml",
+    "STUDY.yaml": "sweeps/k_sweep.yaml",
+    "<file>": "sweeps/k_sweep.yaml",
+    "experiments/configs/<name>.yaml": "experiments/configs/bytes_mlm.yaml",
+    "<config>": "experiments/configs/bytes_mlm.yaml",
+    "CONFIG": "experiments/configs/bytes_mlm.yaml",
+    "PIPELINE.yaml": "experiments/pipelines/table2.yaml",
+    "<p>": "cpu",
+    "DIR": "glue",
+    "W": "2",
+    "N": "2",
+    "S": "60",
+    "K": "8",
+    "URL": "postgresql://localhost/lab",
+}
+ELLIPSES = ("…", "...")
+SCHEMA_GROUPS = ("model.", "data.", "optim.", "trainer.")
+FILE_SUFFIXES = (".py", ".json", ".yaml", ".md", ".csv", ".png", ".log", ".ckpt", ".txt")
+ADDED_BY_THE_USER = ("extending.md",)
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+# ---------------------------------------------------------------------------------------------- finding the commands
+def _command_start(text: str) -> int:
+    """Where ``linformer-lab`` starts as a program (after a prompt, ``time``, ``srun .venv/bin/``), or -1."""
+    found = re.search(r"(?:^|[\s/])linformer-lab\s+\S", text)
+    return -1 if found is None else found.start() + (found.group(0)[0] in " \t/")
+
+
+def _split_commands(text: str) -> list[str]:
+    """The ``linformer-lab`` commands of one shell line (``a && b`` holds two)."""
+    out = []
+    for part in re.split(r"\s&&\s|\s;\s", text):
+        start = _command_start(part)
+        if start >= 0:
+            out.append(part[start:].strip())
+    return out
+
+
+def page_commands(markdown: str) -> list[tuple[int, str]]:
+    """(line number, command) for every ``linformer-lab`` command of a page, in fenced blocks and inline code."""
+    return [(number, command) for number, command, _ in shown_commands(markdown)]
+
+
+def shown_commands(markdown: str) -> list[tuple[int, str, str]]:
+    """(line number, command, the ``error:`` line the page shows it print, or "") for every command of a page."""
+    found, fenced, pending, prose = [], False, "", []
+    lines = markdown.splitlines()
+    for number, line in enumerate(lines, 1):
+        if line.lstrip().startswith("```"):
+            fenced, pending = not fenced, ""
+            prose.append("")
+            continue
+        if not fenced:
+            prose.append(line)
+            continue
+        prose.append("")
+        pending += line.rstrip()
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
+            continue
+        shown = lines[number] if number < len(lines) and lines[number].startswith("error: ") else ""
+        found += [(number, command, shown) for command in _split_commands(without_comment(pending))]
+        pending = ""
+    text = "\n".join(prose)
+    for span in re.finditer(r"`([^`]+)`", text):
+        number = text.count("\n", 0, span.start()) + 1
+        found += [(number, command, "") for command in _split_commands(span.group(1).replace("\n", " "))]
+    return sorted(found)
+
+
+def without_comment(line: str) -> str:
+    """The line without its shell comment (a ``#`` after whitespace, outside quotes)."""
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line
+
+
+# ---------------------------------------------------------------------------------------------- placeholders
+def _optional(match: re.Match) -> str:
+    inner = match.group(1)
+    if any(e in inner for e in ELLIPSES):
+        return ""
+    return re.sub(r"(\S+?)\|\S+", r"\1", inner)
+
+
+def concrete(command: str) -> list[str] | None:
+    """The command's tokens with its placeholders substituted (the module's rule), or None when an argument is
+    elided."""
+    text = re.sub(r"\[([^\[\]]*)\]", _optional, command)
+    for placeholder, value in SUBSTITUTES.items():
+        text = re.sub(rf"(?<![\w/<.-]){re.escape(placeholder)}(?![\w>.])", value, text)
+    tokens = shlex.split(text)
+    if any(t in ELLIPSES for t in tokens):
+        return None
+    tokens = [re.sub(r"<[^<>]*>", "x", t) if t.startswith("runs/") else t for t in tokens]
+    return tokens[1:]
+
+
+# ---------------------------------------------------------------------------------------------- checking a command
+def _in_repository(path: str) -> bool:
+    return path.split("/", 1)[0] in REPO_FOLDERS
+
+
+def _loaded(args) -> None:
+    """The files a parsed command names, loaded and checked as the command would before its first write."""
+    if args.command == "train" and _in_repository(args.config):
+        _load("train", args.config, tuple(args.overrides))
+    elif args.command in ("sweep", "report") and _in_repository(args.study):
+        _load("study", args.study, (args.preset, args.replicate))
+    elif args.command == "pipeline" and _in_repository(args.config):
+        _load("pipeline", args.config, (*args.overrides, "data_dir=null"))
+
+
+@functools.cache
+def _load(what: str, path: str, rest: tuple) -> None:
+    """One load of a file (pages name the same study with the same preset many times)."""
+    if what == "train":
+        from training.config import load
+
+        load(path, list(rest))
+    elif what == "study":
+        from sweeps.spec.study import load_study
+
+        load_study(path, rest[0], replicate=rest[1])
+    else:
+        from experiments.pipeline import load
+
+        load(path, list(rest))
+
+
+def command_error(tokens: list[str], load: bool = True) -> str:
+    """The ``error:`` line the command prints before it writes anything, or "" when it would run."""
+    if len(tokens) == 1 and not tokens[0].startswith("-"):  # the name of a command
+        return "" if tokens[0] in COMMANDS else f"no command {tokens[0]}"
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # --help prints its usage
+            args = build_parser(tokens[0] if tokens else None).parse_args(tokens)
+        if load:
+            _loaded(args)
+    except SystemExit as stop:  # --help prints and exits
+        return "" if stop.code == 0 else f"exit {stop.code}"
+    except ConfigError as err:
+        return "error: " + " ".join(str(err).splitlines())
+    return ""
+
+
+def command_offenders(command: str, shown: str = "", root: Path = ROOT, added: bool = False) -> list[str]:
+    """What is wrong with one command of a page: it does not parse, a file it names is missing, a study, config or
+    pipeline it names does not load, or it does not print the error the page shows; [] when nothing is (or when an
+    argument is elided). ``added``: the command names what a user adds (parsed only)."""
+    tokens = concrete(command)
+    if tokens is None:
+        return []
+    missing = [t for t in tokens if _in_repository(t) and "<" not in t and not (root / t).exists()]
+    if missing and not added:
+        return [f"no file {t}" for t in missing]
+    shell = any(re.search(r"\$\{?\w", t) for t in tokens)
+    error = command_error(tokens, load=not (added or shell))
+    if error != shown:
+        return [f"prints {error!r}, the page shows {shown!r}" if shown else error]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------- keys and paths
+def schema_keys() -> set[str]:
+    """Every key of a run config, the groups included (``model``, ``model.attention``, ``model.attention.kind``)."""
+    leaves = set(flatten(to_container(merge_run([])))) | set(open_mappings())
+    return {".".join(key.split(".")[:i]) for key in leaves for i in range(1, key.count(".") + 2)}
+
+
+def kind_options() -> set[str]:
+    return {f.name for kind in ATTENTION_KINDS.values() if kind.Options for f in fields(kind.Options)}
+
+
+def key_offenders(markdown: str, keys: set[str], options: set[str]) -> list[str]:
+    """(line: key) for every inline-code config key (``model.…``, ``data.…``, ``optim.…``, ``trainer.…``, with or
+    without ``=value``) that the schema does not have."""
+    found = []
+    for span in re.finditer(r"`([^`\s]+)`", markdown):
+        key = span.group(1).split("=", 1)[0]
+        if not key.startswith(SCHEMA_GROUPS) or not re.fullmatch(r"[\w.]+", key) or key.endswith(FILE_SUFFIXES):
+            continue
+        number = markdown.count("\n", 0, span.start()) + 1
+        if key.startswith("model.attention.options."):
+            if key.split(".")[3] not in options:
+                found.append(f"{number}: {key} is an option of no attention kind")
+        elif key not in keys:
+            found.append(f"{number}: {key} is not a config key")
+    return found
+
+
+def path_offenders(markdown: str, root: Path = ROOT) -> list[str]:
+    """(line: path) for every inline-code repository path (``sweeps/bases/gpu.yaml``) that does not exist."""
+    found = []
+    for span in re.finditer(r"`([^`\s]+)`", markdown):
+        path = span.group(1).rstrip(".,:;")
+        if _in_repository(path) and "/" in path and re.fullmatch(r"[\w./-]+", path) and not (root / path).exists():
+            found.append(f"{markdown.count(chr(10), 0, span.start()) + 1}: no file {path}")
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- the tests
+def page_offenders(page: Path, keys: set[str], options: set[str]) -> list[str]:
+    markdown, where, added = page.read_text(), page.relative_to(ROOT), page.name in ADDED_BY_THE_USER
+    found = [
+        f"{where}:{n}: {command}: {why}"
+        for n, command, shown in shown_commands(markdown)
+        for why in command_offenders(command, shown, added=added)
+    ]
+    if not added:
+        found += [f"{where}:{line}" for line in key_offenders(markdown, keys, options)]
+        found += [f"{where}:{line}" for line in path_offenders(markdown)]
+    return found
+
+
+def test_every_command_key_and_path_of_the_pages_holds(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    keys, options = schema_keys(), kind_options()
+    found = [line for page in pages() for line in page_offenders(page, keys, options)]
+    assert found == []
+
+
+def test_the_pages_hold_commands_of_every_kind():
+    commands = [c for page in pages() for _, c in page_commands(page.read_text())]
+    assert {c.split()[1] for c in commands} >= {"train", "sweep", "report", "bench", "analyze", "pipeline"}
+    assert len(commands) > 80
+
+
+PAGE = """Run it:
+
+```
+$ linformer-lab train experiments/configs/bytes_mlm.yaml \\
+    trainer.max_stepz=600      # a key the schema lacks
+linformer-lab sweep sweeps/k_sweep.yaml --preset cpu --workerz 2 && linformer-lab report sweeps/nope.yaml
+time linformer-lab train experiments/configs/<name>.yaml [key=value ...]
+```
+
+Then `linformer-lab sweep sweeps/k_sweep.yaml --preset gpux`, set `model.attention.kindz` or
+`model.attention.options.kk=3` (`model.attention.options.k=3` is fine), read `sweeps/bases/nope.yaml`; and
+`linformer-lab report … --storage <same URL>` is elided. The cache lives in `.cache/linformer-lab/x`.
+"""
+
+
+def test_the_pages_check_reports_every_broken_line_of_a_page(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    commands = page_commands(PAGE)
+    assert [n for n, _ in commands] == [5, 6, 6, 7, 10, 12]
+    found = [command_offenders(c) for _, c in commands]
+    assert len(found[0]) == 1 and "trainer.max_stepz: unknown key" in found[0][0]
+    assert found[1] == ["no file sweeps/nope.yaml"]
+    assert len(found[2]) == 1 and "unrecognized arguments: --workerz" in found[2][0]
+    assert found[3] == [] and found[5] == []
+    assert len(found[4]) == 1 and "gpux" in found[4][0]
+    refused = "linformer-lab train experiments/configs/bytes_mlm.yaml seed=-1"
+    shown = command_error(concrete(refused))
+    assert shown.startswith("error: seed") and command_offenders(refused, shown) == []
+    assert command_offenders(refused, "error: something else") == [
+        f"prints {shown!r}, the page shows 'error: something else'"
+    ]
+    assert command_offenders("linformer-lab train mine/new.yaml", added=True) == []
+    assert key_offenders(PAGE, schema_keys(), kind_options()) == [
+        "10: model.attention.kindz is not a config key",
+        "11: model.attention.options.kk is an option of no attention kind",
+    ]
+    assert path_offenders(PAGE) == ["11: no file sweeps/bases/nope.yaml"]
+
+
+def test_placeholders_become_concrete_by_the_stated_rule():
+    assert concrete("linformer-lab sweep sweeps/<study>.yaml [--preset cpu|gpu] [--workers W]") == [
+        "sweep",
+        "sweeps/k_sweep.yaml",
+        "--preset",
+        "cpu",
+        "--workers",
+        "2",
+    ]
+    assert concrete("linformer-lab analyze runs/<experiment>/version_<i> [--samples 16]") == [
+        "analyze",
+        "runs/x/version_x",
+        "--samples",
+        "16",
+    ]
+    assert concrete("linformer-lab time-to-target runs/x --target 60[,45] [more dirs ...]") == [
+        "time-to-target",
+        "runs/x",
+        "--target",
+        "60,45",
+    ]
+    assert concrete("linformer-lab report … --storage URL") is None
+
+
+@pytest.mark.parametrize("line", ["pip install 'linformer-lab[postgres]'", "ls .cache/linformer-lab/tokenizers"])
+def test_a_name_that_is_not_the_program_is_no_command(line):
+    assert page_commands(f"```\n{line}\n```\n`{line}`\n") == []
