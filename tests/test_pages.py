@@ -4,7 +4,8 @@ Every ``linformer-lab …`` command line of a page (a line of a fenced code bloc
 inline code span) parses with the CLI's own parser (:func:`experiments.cli.build_parser`); the study, config and
 pipeline files it names load and pass every check (``--check`` does the same); every repository file it names exists.
 Every config key a page names in inline code (``model.attention.kind``, ``trainer.max_steps=600``) is a key of
-:class:`training.config.RunConfig`, a key under ``model.attention.options`` an option of some attention kind.
+:class:`training.config.RunConfig`, a key under ``model.attention.options`` an option of some attention kind; every
+default docs/configuration.md's key tables state is the schema's.
 
 Placeholders, by one rule: a bracketed optional part is dropped when it holds an ellipsis (``[key=value ...]``), else
 kept without its brackets and with the first of its ``a|b`` alternatives; the placeholders of ``SUBSTITUTES`` become
@@ -30,6 +31,8 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+import yaml
+from omegaconf import OmegaConf
 
 from experiments.cli import COMMANDS, build_parser
 from foundation.configfile import flatten, to_container
@@ -251,6 +254,66 @@ def path_offenders(markdown: str, root: Path = ROOT) -> list[str]:
     return found
 
 
+# ---------------------------------------------------------------------------------------------- stated defaults
+SCHEMA_SECTIONS = {
+    "Run-level keys": "",
+    "`model`": "model.",
+    "`model.attention`": "model.attention.",
+    "`data`": "data.",
+    "`optim`": "optim.",
+    "`trainer`": "trainer.",
+}
+
+
+def _default_at(defaults: dict, dotted: str):
+    node = defaults
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return KeyError(dotted)
+        node = node[part]
+    return node
+
+
+def _same(stated: str, actual) -> bool:
+    value = yaml.safe_load(stated)
+    if isinstance(actual, (int, float)) and not isinstance(actual, bool):
+        try:
+            return float(value) == float(actual)
+        except (TypeError, ValueError):
+            return False
+    return value == actual
+
+
+def default_offenders(markdown: str, defaults: dict, linformer: dict) -> list[str]:
+    """(line: key) for every row ``| `key` | default | …`` of a key table (under the headings of ``SCHEMA_SECTIONS``,
+    or a table of Linformer's ``options.`` keys) whose stated default is not the schema's."""
+    found, prefix = [], None
+    for number, line in enumerate(markdown.splitlines(), 1):
+        heading = re.match(r"#+ (.*)", line)
+        if heading:
+            prefix = SCHEMA_SECTIONS.get(heading.group(1).strip())
+            continue
+        if line.startswith("| `options.` key"):
+            prefix = "options."
+        row = re.match(r"\| `([\w.]+)` \| ([^|]*) \|", line)
+        if row is None or prefix is None:
+            continue
+        key, stated = row.group(1), row.group(2).strip().strip("`")
+        if prefix == "options.":
+            actual = linformer.get(key, KeyError(key))
+        else:
+            actual = _default_at(defaults, prefix + key)
+        if isinstance(actual, KeyError) or not _same(stated, actual):
+            shown = "no such key" if isinstance(actual, KeyError) else f"the schema's is {actual!r}"
+            found.append(f"{number}: {prefix}{key} default {stated}: {shown}")
+    return found
+
+
+def schema_defaults() -> tuple[dict, dict]:
+    options = OmegaConf.structured(ATTENTION_KINDS["linformer"].Options)
+    return to_container(merge_run([])), OmegaConf.to_container(options)
+
+
 # ---------------------------------------------------------------------------------------------- the tests
 def page_offenders(page: Path, keys: set[str], options: set[str]) -> list[str]:
     markdown, where, added = page.read_text(), page.relative_to(ROOT), page.name in ADDED_BY_THE_USER
@@ -270,6 +333,25 @@ def test_every_command_key_and_path_of_the_pages_holds(monkeypatch, tmp_path):
     keys, options = schema_keys(), kind_options()
     found = [line for page in pages() for line in page_offenders(page, keys, options)]
     assert found == []
+
+
+def test_every_default_configuration_md_states_is_the_schemas():
+    markdown = (ROOT / "docs" / "configuration.md").read_text()
+    assert default_offenders(markdown, *schema_defaults()) == []
+    assert len(re.findall(r"^\| `[\w.]+` \| ", markdown, re.MULTILINE)) > 40
+
+
+def test_the_defaults_check_would_catch_one():
+    page = (
+        "## `trainer`\n\n| key | default | meaning |\n|---|---|---|\n| `max_steps` | 600 | x |\n| `nope` | 1 | x |\n"
+        "| `precision` | `null` | x |\n\n## `model.attention`\n\n| `options.` key | default | meaning |\n"
+        "| `k` | 64 | x |\n| `share` | `kv` | x |\n\n## Exit codes\n\n| `max_steps` | 1 | x |\n"
+    )
+    assert default_offenders(page, *schema_defaults()) == [
+        "5: trainer.max_steps default 600: the schema's is 500",
+        "6: trainer.nope default 1: no such key",
+        "13: options.share default kv: the schema's is 'none'",
+    ]
 
 
 def test_the_pages_hold_commands_of_every_kind():
