@@ -354,6 +354,25 @@ def test_the_defaults_check_would_catch_one():
     ]
 
 
+def long_cells(markdown: str, limit: int = 40) -> list[str]:
+    """The cells of a page's first table with more than ``limit`` words (a link counts as its text)."""
+    rows = re.search(r"^\|.*\|\n(?:\|.*\|\n?)+", markdown, re.MULTILINE).group(0).splitlines()
+    found = []
+    for row in rows[2:]:
+        for cell in row.strip("|").split(" | "):
+            words = len(re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", cell).split())
+            if words > limit:
+                found.append(f"{words} words: {cell[:60]}…")
+    return found
+
+
+def test_the_answers_open_with_a_table_a_person_reads_in_one_screen():
+    markdown = (ROOT / "docs" / "answers.md").read_text()
+    assert long_cells(markdown) == []
+    assert len(re.search(r"^\|.*\|\n(?:\|.*\|\n?)+", markdown, re.MULTILINE).group(0).splitlines()) > 15
+    assert long_cells("| q | a |\n|---|---|\n| [x](#x) | " + "w " * 41 + "|\n") == [f"41 words: {'w ' * 30}…"]
+
+
 def test_the_pages_hold_commands_of_every_kind():
     commands = [c for page in pages() for _, c in page_commands(page.read_text())]
     assert {c.split()[1] for c in commands} >= {"train", "sweep", "report", "bench", "analyze", "pipeline"}
