@@ -2,7 +2,7 @@
 
 Every ``linformer-lab …`` command line of a page (a line of a fenced code block, with its ``\\`` continuations, or an
 inline code span) parses with the CLI's own parser (:func:`experiments.cli.build_parser`); the study, config and
-pipeline files it names load and pass every check (``--check`` does the same); every repository file it names exists.
+pipeline files it names load and pass every check (``--check`` does the same); every repository file it names exists, and so does every file a page links to.
 Every config key a page names in inline code (``model.attention.kind``, ``trainer.max_steps=600``) is a key of
 :class:`training.config.RunConfig`, a key under ``model.attention.options`` an option of some attention kind; every
 default docs/configuration.md's key tables state is the schema's.
@@ -244,13 +244,18 @@ def key_offenders(markdown: str, keys: set[str], options: set[str]) -> list[str]
     return found
 
 
-def path_offenders(markdown: str, root: Path = ROOT) -> list[str]:
-    """(line: path) for every inline-code repository path (``sweeps/bases/gpu.yaml``) that does not exist."""
+def path_offenders(markdown: str, root: Path = ROOT, folder: Path = ROOT / "docs") -> list[str]:
+    """(line: path) for every inline-code repository path (``sweeps/bases/gpu.yaml``) and every link to a file
+    (``[k_sweep](../sweeps/k_sweep.yaml)``, relative to the page's ``folder``) that does not exist."""
     found = []
     for span in re.finditer(r"`([^`\s]+)`", markdown):
         path = span.group(1).rstrip(".,:;")
         if _in_repository(path) and "/" in path and re.fullmatch(r"[\w./-]+", path) and not (root / path).exists():
             found.append(f"{markdown.count(chr(10), 0, span.start()) + 1}: no file {path}")
+    for link in re.finditer(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", markdown):
+        target = link.group(1)
+        if "://" not in target and not target.startswith("mailto:") and not (folder / target).exists():
+            found.append(f"{markdown.count(chr(10), 0, link.start()) + 1}: no file {target} (a link)")
     return found
 
 
@@ -324,7 +329,7 @@ def page_offenders(page: Path, keys: set[str], options: set[str]) -> list[str]:
     ]
     if not added:
         found += [f"{where}:{line}" for line in key_offenders(markdown, keys, options)]
-        found += [f"{where}:{line}" for line in path_offenders(markdown)]
+        found += [f"{where}:{line}" for line in path_offenders(markdown, folder=page.parent)]
     return found
 
 
@@ -416,6 +421,8 @@ def test_the_pages_check_reports_every_broken_line_of_a_page(monkeypatch, tmp_pa
         "11: model.attention.options.kk is an option of no attention kind",
     ]
     assert path_offenders(PAGE) == ["11: no file sweeps/bases/nope.yaml"]
+    links = "See [k](../sweeps/k_sweep.yaml), [gone](../sweeps/gone.yaml#x), [web](https://x.org/a.md).\n"
+    assert path_offenders(links) == ["1: no file ../sweeps/gone.yaml (a link)"]
 
 
 def test_placeholders_become_concrete_by_the_stated_rule():
