@@ -2,8 +2,8 @@
 
 Every ``linformer-lab …`` command line of a page (a line of a fenced code block, with its ``\\`` continuations, or an
 inline code span) parses with the CLI's own parser (:func:`experiments.cli.build_parser`); the study, config and
-pipeline files it names load and pass every check (``--check`` does the same); every repository file it names exists, and so does every file a page links to.
-Every config key a page names in inline code (``model.attention.kind``, ``trainer.max_steps=600``) is a key of
+pipeline files it names load and pass every check (``--check`` does the same); every repository file it names exists,
+and so does every file a page links to. Every config key a page names in inline code (``model.attention.kind``, ``trainer.max_steps=600``) is a key of
 :class:`training.config.RunConfig`, a key under ``model.attention.options`` an option of some attention kind; every
 default docs/configuration.md's key tables state is the schema's.
 
