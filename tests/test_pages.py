@@ -3,9 +3,10 @@
 Every ``linformer-lab …`` command line of a page (a line of a fenced code block, with its ``\\`` continuations, or an
 inline code span) parses with the CLI's own parser (:func:`experiments.cli.build_parser`); the study, config and
 pipeline files it names load and pass every check (``--check`` does the same); every repository file it names exists,
-and so does every file a page links to. Every config key a page names in inline code (``model.attention.kind``, ``trainer.max_steps=600``) is a key of
-:class:`training.config.RunConfig`, a key under ``model.attention.options`` an option of some attention kind; every
-default docs/configuration.md's key tables state is the schema's.
+and so does every file a page links to. Every config key a page names in inline code (``model.attention.kind``,
+``trainer.max_steps=600``) is a key of :class:`training.config.RunConfig`, a key under ``model.attention.options`` an
+option of some attention kind; every default docs/configuration.md's key tables state is the schema's; answers.md's
+first table keeps every cell within 40 words.
 
 Placeholders, by one rule: a bracketed optional part is dropped when it holds an ellipsis (``[key=value ...]``), else
 kept without its brackets and with the first of its ``a|b`` alternatives; the placeholders of ``SUBSTITUTES`` become
