@@ -301,6 +301,16 @@ def objective_of(study: Study) -> list[str]:
     return [f"{m} ({d})" for m, d in zip(study.metrics, study.directions)]
 
 
+def name_metrics(ostudy: optuna.Study, study: Study) -> None:
+    """Name the stored study's objectives by the study file's metrics (``val/masked_loss``, not optuna-dashboard's
+    "Objective 0"): written once, when the stored study has no names yet, so a study stored before names were set
+    gets them when it is resumed."""
+    if ostudy.metric_names != list(study.metrics):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            ostudy.set_metric_names(list(study.metrics))
+
+
 def check_objective(study: Study, ostudy: optuna.Study, url: Optional[str]) -> None:
     """The stored study was created by this suite and its identity is the file's (see :mod:`sweeps.spec.identity`)."""
     stored = ostudy.user_attrs.get("objective")

@@ -70,7 +70,7 @@ from sweeps.spec import identity, replication
 from sweeps.spec.schema import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM
 from sweeps.spec.study import Study, load_study
 from sweeps.spec.validation import requested_devices
-from sweeps.stored import check_objective, objective_of
+from sweeps.stored import check_objective, name_metrics, objective_of
 from training.config import MAX_STEPS
 from training.console import clock
 from training.train import check_machine
@@ -137,6 +137,7 @@ def open_study(runs: RunStorage, study: Optional[Study] = None) -> optuna.Study:
             ostudy.set_user_attr("objective", objective_of(study))
             ostudy.set_user_attr(identity.IDENTITY, identity.identity_of(study))
     check_objective(study, ostudy, runs.url)
+    name_metrics(ostudy, study)  # optuna-dashboard's names of the objectives, set when missing
     return ostudy
 
 
@@ -350,7 +351,7 @@ def footer(study: Study, url: Optional[str]) -> str:
         [
             f"report:      linformer-lab report {study.file_args}{where}",
             f"tensorboard: tensorboard --logdir {study.root} --host {HOST}",
-            f"dashboard:   optuna-dashboard {stored.storage_display(study, url)} --host {HOST}",
+            f"dashboard:   linformer-lab dashboard {study.file_args}{where} --host {HOST}  (the study and its control)",
         ]
     )
 
