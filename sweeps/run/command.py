@@ -328,9 +328,10 @@ def _describe(t: FrozenTrial, study: Study) -> str:
     elif t.state == TrialState.PRUNED:
         outcome = f"at step {t.last_step}" if t.last_step is not None else ""
     else:
-        outcome = t.user_attrs.get("fail_reason") or "its worker died"
+        outcome = t.user_attrs.get(stored.INTERRUPTED) or t.user_attrs.get("fail_reason") or "its worker died"
     took = f"{t.duration.total_seconds():.0f} s" if t.duration is not None else ""
-    return f"trial {t.number:>3}  {t.state.name:<8} {params}  {outcome}  {took}".rstrip()
+    state = "INTERRUPTED" if stored.INTERRUPTED in t.user_attrs else t.state.name
+    return f"trial {t.number:>3}  {state:<8} {params}  {outcome}  {took}".rstrip()
 
 
 def prepare(study: Study, runs: RunStorage) -> optuna.Study:
