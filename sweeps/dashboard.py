@@ -12,7 +12,8 @@ served through the same read-only storage. The page refreshes what the journals 
 The objectives carry their names (``val/masked_loss``, not "Objective 0"): the ``sweep`` command stores them on
 every study and its control (:func:`sweeps.stored.name_metrics`); a study stored before they were is shown with the
 study file's names. A trial interrupted by SIGTERM or Ctrl-C is a failed trial to Optuna, which has no other state
-for it: its user attr ``interrupted`` says so and names the trial that continues it (:mod:`sweeps.run.trials`).
+for it: its user attr ``interrupted`` says so and names the trial that continues it (:mod:`sweeps.run.trials`), and
+the page shows it as the trial's note ("Interrupted, not failed").
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ HOST = "127.0.0.1"
 PORT = 8080
 # Where Optuna keeps a study's metric names (``Study.set_metric_names``), which optuna-dashboard reads.
 METRIC_NAMES = "study:metric_names"
+# optuna-dashboard's keys of a trial's note (Markdown, shown above the trial's details), in the study's system attrs;
+# tests/sweeps/test_dashboard.py checks them through the dashboard's own API.
+NOTE_VERSION, NOTE_TEXT = "dashboard:{trial_id}:note_ver", "dashboard:{trial_id}:note_str:0"
 
 
 class ReadOnly(RuntimeError):
@@ -57,10 +61,21 @@ class ReadOnlyStudies(BaseStorage):
     def _join(self, local: int, storage: BaseStorage) -> int:
         return local * len(self.storages) + self.storages.index(storage)
 
-    def _named(self, name: str, system_attrs: dict[str, Any]) -> dict[str, Any]:
-        if METRIC_NAMES in system_attrs or name not in self.names:
-            return system_attrs
-        return {**system_attrs, METRIC_NAMES: self.names[name]}
+    def _shown(self, storage: BaseStorage, local: int, system_attrs: dict[str, Any]) -> dict[str, Any]:
+        """A study's system attrs as the dashboard is shown them: its metric names where it has none stored, and a
+        note on each interrupted trial (Optuna has no state for it: the dashboard says "Fail")."""
+        shown, name = dict(system_attrs), storage.get_study_name_from_id(local)
+        if METRIC_NAMES not in shown and name in self.names:
+            shown[METRIC_NAMES] = self.names[name]
+        for t in storage.get_all_trials(local, deepcopy=False):
+            if stored.INTERRUPTED in t.user_attrs:
+                number = self._join(t._trial_id, storage)
+                shown[NOTE_VERSION.format(trial_id=number)] = 1
+                shown[NOTE_TEXT.format(trial_id=number)] = (
+                    f"**Interrupted, not failed**: {t.user_attrs[stored.INTERRUPTED]}. Optuna has no state for an "
+                    'interrupted trial, hence "Fail"; it does not count toward the budget.'
+                )
+        return shown
 
     def _trial(self, trial: FrozenTrial, storage: BaseStorage) -> FrozenTrial:
         shown = copy.copy(trial)
@@ -73,8 +88,8 @@ class ReadOnlyStudies(BaseStorage):
         for storage in self.storages:
             for one in storage.get_all_studies():
                 one = copy.copy(one)
+                one.system_attrs = self._shown(storage, one._study_id, one.system_attrs)
                 one._study_id = self._join(one._study_id, storage)
-                one.system_attrs = self._named(one.study_name, one.system_attrs)
                 shown.append(one)
         return sorted(shown, key=lambda s: s._study_id)
 
@@ -100,7 +115,7 @@ class ReadOnlyStudies(BaseStorage):
 
     def get_study_system_attrs(self, study_id: int) -> dict[str, Any]:
         storage, local = self._split(study_id)
-        return self._named(storage.get_study_name_from_id(local), storage.get_study_system_attrs(local))
+        return self._shown(storage, local, storage.get_study_system_attrs(local))
 
     # --------------------------------------------------------------------------- trials
     def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int) -> int:
@@ -145,10 +160,22 @@ def served(study: Study, url: Optional[str]) -> tuple[ReadOnlyStudies, list[str]
             continue
         ostudy = optuna.load_study(study_name=one.name, storage=view)
         stored.check_objective(one, ostudy, url)
-        lines.append(
-            f"  {role} {one.name}: {len(ostudy.trials)} trial(s), objective {', '.join(one.metrics)} ({where})"
-        )
+        lines.append(f"  {role} {one.name}: {counts(ostudy.trials)}; objective {', '.join(one.metrics)} ({where})")
     return view, lines
+
+
+def counts(trials: list[FrozenTrial]) -> str:
+    """``7 trials: 5 complete, 1 interrupted, 1 waiting``: a study's trials by state, interrupted ones apart."""
+    states = [
+        "interrupted"
+        if stored.INTERRUPTED in t.user_attrs
+        else "failed"
+        if t.state == TrialState.FAIL
+        else t.state.name.lower()
+        for t in trials
+    ]
+    by_state = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(sorted(states)))
+    return f"{len(trials)} trial{'' if len(trials) == 1 else 's'}" + (f": {by_state}" if trials else "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

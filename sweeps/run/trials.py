@@ -147,7 +147,7 @@ def reason(err: BaseException) -> str:
 
 
 def interrupted_words(trial: optuna.Trial, err: BaseException) -> str:
-    """``terminated (SIGTERM): not a failure; put back, trial 7 continues it``: what an interrupted trial's user attr
+    """``terminated (SIGTERM): put back, trial 7 continues it``: what an interrupted trial's user attr
     ``interrupted`` says, once its copy is enqueued."""
     how = "interrupted (Ctrl-C)" if isinstance(err, KeyboardInterrupt) else "terminated (SIGTERM)"
     copies = [
@@ -155,7 +155,7 @@ def interrupted_words(trial: optuna.Trial, err: BaseException) -> str:
         for t in trial.study.get_trials(deepcopy=False)
         if t.system_attrs.get("retry_history", [None])[-1] == trial.number
     ]
-    return f"{how}: not a failure; put back, trial {max(copies)} continues it" if copies else f"{how}: put back"
+    return f"{how}: put back, trial {max(copies)} continues it" if copies else f"{how}: put back"
 
 
 def record_failure(trial: optuna.Trial, err: BaseException) -> None:

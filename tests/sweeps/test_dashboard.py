@@ -11,6 +11,7 @@ import optuna
 import optuna_dashboard
 import pytest
 from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
 from studies import ARMS, CONTROL, write_study
 
 from experiments import cli
@@ -54,6 +55,15 @@ def test_the_dashboard_lists_the_study_and_its_control_with_their_metric_names(t
     ostudy = open_study(RunStorage(study, None))
     for seed, v in enumerate((3.0, 2.9)):
         add(ostudy, {"seed": seed, "arm": "full"}, v)
+    words = "terminated (SIGTERM): put back, trial 3 continues it"
+    ostudy.add_trial(
+        optuna.trial.create_trial(
+            params={"seed": 1, "arm": "linformer"},
+            distributions={"seed": CategoricalDistribution([1]), "arm": CategoricalDistribution(["linformer"])},
+            state=TrialState.FAIL,
+            user_attrs={stored.INTERRUPTED: words},
+        )
+    )
     journals = {one.name: (one.root / stored.JOURNAL).read_bytes() for one in study.studies}
 
     view, lines = served(study, None)
@@ -62,13 +72,21 @@ def test_the_dashboard_lists_the_study_and_its_control_with_their_metric_names(t
     assert status.startswith("200")
     ids = {s["study_name"]: s["study_id"] for s in listed["study_summaries"]}
     assert set(ids) == {study.name, study.control.name} and len(set(ids.values())) == 2
-    for name, trials in ((study.name, 2), (study.control.name, 1)):
+    for name, trials in ((study.name, 3), (study.control.name, 1)):
         status, detail = ask(app, f"/api/studies/{ids[name]}")
         assert status.startswith("200"), detail
         assert detail["objective_names"] == ["val/loss"]
         assert len(detail["trials"]) == trials
         assert len({t["trial_id"] for t in detail["trials"]}) == trials
-    assert [line.split(":")[0].split()[0] for line in lines] == ["control", "study"]
+    _, detail = ask(app, f"/api/studies/{ids[study.name]}")
+    notes = {t["number"]: t["note"]["body"] for t in detail["trials"]}
+    assert (
+        notes[2]
+        == f'**Interrupted, not failed**: {words}. Optuna has no state for an interrupted trial, hence "Fail"; it does not count toward the budget.'
+    )
+    assert notes[0] == ""
+    assert lines[0].startswith(f"  control {study.control.name}: 1 trial: 1 complete; objective val/loss")
+    assert lines[1].startswith(f"  study {study.name}: 3 trials: 2 complete, 1 interrupted; objective val/loss")
     with pytest.raises(ReadOnly):
         view.set_trial_user_attr(0, "note", "x")
     assert {one.name: (one.root / stored.JOURNAL).read_bytes() for one in study.studies} == journals
@@ -107,5 +125,5 @@ def test_a_control_alone_is_shown_and_a_study_not_run_is_one_line(tmp_path, tiny
     open_study(RunStorage(study.control, None))  # the control runs first
     view, lines = served(study, None)
     assert [s.study_name for s in view.get_all_studies()] == [study.control.name]
-    assert lines[0].startswith(f"  control {study.control.name}: 0 trial(s), objective val/loss")
+    assert lines[0].startswith(f"  control {study.control.name}: 0 trials; objective val/loss")
     assert lines[1].startswith(f"  study {study.name}: not run yet")

@@ -94,7 +94,7 @@ def test_figures_are_shown_in_summary_md_at_the_section_they_illustrate(tmp_path
 
 def test_an_interrupted_trial_is_reported_as_interrupted_not_failed(tmp_path, tiny_overrides):
     study, ostudy, _ = three_seeds(tmp_path, tiny_overrides)
-    words = "terminated (SIGTERM): not a failure; put back, trial 1 continues it"
+    words = "terminated (SIGTERM): put back, trial 1 continues it"
     add(ostudy, {"seed": 0, "arm": "a"}, state=TrialState.FAIL, fail_reason="terminated", **{stored.INTERRUPTED: words})
     copy = optuna.trial.create_trial(
         params={"seed": 0, "arm": "a"},
