@@ -6,8 +6,9 @@ A journal study keeps its control in a second journal (``<study dir>/control/jou
 control runs first. This command opens every journal of the study that exists and serves them through one storage,
 :class:`ReadOnlyStudies`, which numbers their studies and trials apart and refuses every write: the workers of a
 running sweep append to those journals, and nothing here writes to them (the dashboard's notes and its buttons that
-tell a trial fail with one line). An RDB study (``--storage URL``) holds its control in the same database: it is
-served through the same read-only storage. The page refreshes what the journals hold as the workers append.
+tell a trial fail with one line). An RDB study (``--storage URL``) holds its control in the same database: the two
+are served through the same read-only storage, the database's other studies left out. The page refreshes what the
+storages hold as the workers append.
 
 The objectives carry their names (``val/masked_loss``, not "Objective 0"): the ``sweep`` command stores them on
 every study and its control (:func:`sweeps.stored.name_metrics`); a study stored before they were is shown with the
@@ -50,7 +51,8 @@ def _refuse(self: "ReadOnlyStudies", *args: Any, **kwargs: Any) -> Any:
 class ReadOnlyStudies(BaseStorage):
     """Several Optuna storages (a study's journal and its control's) as one, read only. Study and trial ids are
     numbered apart: the id ``i`` of storage ``k`` of ``n`` is ``i * n + k``. ``names``: each study's metric names by
-    study name, shown where the stored study has none."""
+    study name, shown where the stored study has none; when given, the studies listed are these alone (a database
+    holds others)."""
 
     def __init__(self, storages: Sequence[BaseStorage], names: Optional[dict[str, list[str]]] = None) -> None:
         self.storages, self.names = list(storages), dict(names or {})
@@ -87,6 +89,8 @@ class ReadOnlyStudies(BaseStorage):
         shown = []
         for storage in self.storages:
             for one in storage.get_all_studies():
+                if self.names and one.study_name not in self.names:  # a database's other studies
+                    continue
                 one = copy.copy(one)
                 one.system_attrs = self._shown(storage, one._study_id, one.system_attrs)
                 one._study_id = self._join(one._study_id, storage)

@@ -127,3 +127,14 @@ def test_a_control_alone_is_shown_and_a_study_not_run_is_one_line(tmp_path, tiny
     assert [s.study_name for s in view.get_all_studies()] == [study.control.name]
     assert lines[0].startswith(f"  control {study.control.name}: 0 trials; objective val/loss")
     assert lines[1].startswith(f"  study {study.name}: not run yet")
+
+
+def test_a_database_study_is_shown_with_its_control_and_without_the_databases_other_studies(tmp_path, tiny_overrides):
+    study = study_file(tmp_path, tiny_overrides)
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    for one in study.studies:
+        open_study(RunStorage(one, url))
+    optuna.create_study(study_name="someone_elses", storage=url)
+    view, lines = served(study, url)
+    assert sorted(s.study_name for s in view.get_all_studies()) == sorted([study.name, study.control.name])
+    assert all("0 trials; objective val/loss" in line for line in lines)
