@@ -27,7 +27,7 @@ run: setup
 	$(VENV)/bin/linformer-lab report sweeps/random_vs_learned.yaml --preset cpu
 	@echo "report:      runs/$(QUICKSTART)/report/summary.md  (the answer first, then the control's power check; trials.csv, *.png beside it)"
 	@echo "tensorboard: $(VENV)/bin/tensorboard --logdir runs/$(QUICKSTART) --host $(HOST)"
-	@echo "dashboard:   $(VENV)/bin/optuna-dashboard runs/$(QUICKSTART)/journal.log --host $(HOST)   (or: make dashboard)"
+	@echo "dashboard:   $(VENV)/bin/linformer-lab dashboard sweeps/random_vs_learned.yaml --preset cpu --host $(HOST)   (or: make dashboard)"
 
 test: setup
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n auto --dist worksteal
@@ -53,10 +53,13 @@ format: setup
 tensorboard: setup
 	$(VENV)/bin/tensorboard --logdir runs --host $(HOST)
 
-# Optuna's dashboard on a study's storage: make dashboard STORAGE=runs/<study>_<preset>/journal.log (or an RDB URL).
-STORAGE ?= runs/$(QUICKSTART)/journal.log
+# Optuna's dashboard on a study and its control, read only (default the quickstart study):
+# make dashboard STUDY=sweeps/<study>.yaml PRESET=gpu [PORT=8080]; for an RDB study add ARGS="--storage URL".
+STUDY ?= sweeps/random_vs_learned.yaml
+PRESET ?= cpu
+PORT ?= 8080
 dashboard: setup
-	$(VENV)/bin/optuna-dashboard $(STORAGE) --host $(HOST)
+	$(VENV)/bin/linformer-lab dashboard $(STUDY) --preset $(PRESET) --host $(HOST) --port $(PORT) $(ARGS)
 
 clean:
 	rm -rf runs bench .cache

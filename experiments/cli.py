@@ -31,6 +31,7 @@ COMMANDS = {
     "analyze": ("experiments.analyze", "attention spectrum, suggested k and what E/F learned, as figures"),
     "sweep": ("sweeps.run.command", "launch or resume an Optuna study from a study file (sweeps/*.yaml)"),
     "report": ("sweeps.report.command", "write a study's report: trials.csv, summary.md with verdicts, plots"),
+    "dashboard": ("sweeps.dashboard", "serve optuna-dashboard on a study and its control, read only"),
 }
 
 

@@ -34,6 +34,9 @@ HEARTBEAT_S = int(os.environ.get("LINFORMER_LAB_HEARTBEAT_S", "10"))
 GRACE_S = int(os.environ.get("LINFORMER_LAB_HEARTBEAT_GRACE_S", "60"))
 MAX_RETRIES = 2  # a trial that kills its worker every time (out of memory) is given up after this
 DISCARDED = "discarded"  # user attr of a trial started after the budget was met by other workers
+# User attr of a trial stopped by SIGTERM or Ctrl-C and put back (Optuna has no state for it: it is FAIL): why, and the
+# trial that continues it. It counts for nothing; reports and progress lines call it interrupted, not failed.
+INTERRUPTED = "interrupted"
 JOURNAL = "journal.log"
 JOURNAL_LOCK = "journal.lock"  # the journal's flock (see WholeLines)
 # The lock Optuna's JournalFileBackend takes by default (a symlink, or a file with JournalFileOpenLock) beside the
@@ -299,6 +302,16 @@ def excluded_numbers(trials: list[FrozenTrial]) -> set[int]:
 # --------------------------------------------------------------------------------------- the study file's?
 def objective_of(study: Study) -> list[str]:
     return [f"{m} ({d})" for m, d in zip(study.metrics, study.directions)]
+
+
+def name_metrics(ostudy: optuna.Study, study: Study) -> None:
+    """Name the stored study's objectives by the study file's metrics (``val/masked_loss``, not optuna-dashboard's
+    "Objective 0"): written once, when the stored study has no names yet, so a study stored before names were set
+    gets them when it is resumed."""
+    if ostudy.metric_names != list(study.metrics):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            ostudy.set_metric_names(list(study.metrics))
 
 
 def check_objective(study: Study, ostudy: optuna.Study, url: Optional[str]) -> None:

@@ -31,6 +31,9 @@ def test_checkpoints_load_weights_only_and_yaml_loads_safely():
 def test_servers_bind_to_loopback():
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^HOST \?= 127\.0\.0\.1$", makefile, re.M)
-    for server in ("tensorboard", "optuna-dashboard"):
+    for server in ("tensorboard", "linformer-lab dashboard"):
         lines = [line for line in makefile.splitlines() if f"/{server} " in line and not line.lstrip().startswith("@")]
         assert lines and all("--host $(HOST)" in line for line in lines), server
+    from sweeps import dashboard
+
+    assert dashboard.HOST == "127.0.0.1"  # the dashboard command's own default

@@ -117,12 +117,41 @@ def _open_answer(study: Study, ostudy: optuna.Study, found: Findings) -> list[st
     ]
 
 
-def answer(study: Study, ostudy: optuna.Study, found: Findings, ladder: Optional[scale.Ladder]) -> list[str]:
-    """The answer to the study's question, one sentence per objective metric, from its own arms."""
+def control_progress(study: Study, control_rows: list[Row]) -> Optional[str]:
+    """``1 of 6 control trials finished``, or ``none of the 6 control trials has finished``; None for a study without
+    a control. Its points that are the study's own trials (reused) are not counted."""
+    if study.control is None:
+        return None
+    ran, planned = sum(not r.reused for r in control_rows), study.control.n_trials
+    return (
+        f"{ran} of {planned} control trials finished" if ran else f"none of the {planned} control trials has finished"
+    )
+
+
+def waiting_for(study: Study, rows: list[Row], found: Findings, progress: Optional[str]) -> Optional[str]:
+    """The answer while a grid study designed with two arms or more has fewer than two with a finished trial: how many
+    of its own trials (and of its control's, which runs first) have finished; None otherwise."""
+    designed = {study.arm_label(p) for p in (study.points or [])[: study.n_trials]}
+    if len(found.own) >= 2 or len(designed) < 2:
+        return None
+    first = f" (its control runs first: {progress})" if progress is not None else ""
+    return (
+        f"Nothing to compare yet: {len(rows)} of {study.n_trials} of the study's own trials finished, "
+        f"{len(found.own)} of its {len(designed)} arms so far{first}; the verdicts wait for them."
+    )
+
+
+def answer(
+    study: Study, ostudy: optuna.Study, found: Findings, ladder: Optional[scale.Ladder], waiting: Optional[str] = None
+) -> list[str]:
+    """The answer to the study's question, one sentence per objective metric, from its own arms (``waiting``: the
+    answer while the arms have not run, :func:`waiting_for`)."""
     if not study.is_grid:
         return _open_answer(study, ostudy, found)
     if ladder is not None and found.own:
         return scale.answer(ladder)
+    if waiting is not None:
+        return [waiting]
     if len(found.own) < 2:
         what = f"one arm ({found.own[0]})" if found.own else "no arm"
         return [f"Nothing to compare: the study has {what} of its own; the control's arms are compared below."]
@@ -145,17 +174,21 @@ def answer(study: Study, ostudy: optuna.Study, found: Findings, ladder: Optional
     return lines
 
 
-def header_section(study: Study, answered: list[str], found: Findings, advice: str) -> list[str]:
-    """The first lines of summary.md: the reference's context gain (a study with a control), the answer, the δ
-    used, the Holm statement. A reference that did not learn to use context leaves one answer: uninformative."""
-    out = [context.line(found.context, control_label(study.control, "reference")), ""] if study.control else []
+def header_section(
+    study: Study, answered: list[str], found: Findings, advice: str, progress: Optional[str] = None
+) -> list[str]:
+    """The first lines of summary.md: the reference's context gain (a study with a control; ``progress``: how far the
+    control has run, :func:`control_progress`), the answer, the δ used, the Holm statement. A reference that did not
+    learn to use context leaves one answer: uninformative."""
+    reference = control_label(study.control, "reference") if study.control else ""
+    out = [context.line(found.context, reference, progress), ""] if study.control else []
     if not found.informative:
         return out + [f"**Answer:** {context.uninformative(found.context)}", ""]
     label = "**Answer:**"
     if has_power(found) is False:
         label = f"**Answer (uninformative: the control's power check below failed; {advice}):**"
     elif found.power is None and study.control is not None:
-        label = "**Answer (power not judged yet: the control has not run):**"
+        label = f"**Answer (power not judged yet: {progress}):**"
     out += [f"{label} {line}" for line in answered] + [""]
     deltas = [f"{m} ±{markdown.fmt(d)} ({source})" for m in study.metrics for d, source in [study.delta(m)]]
     out.append(f"- δ, the margin within which two arms are on par: {', '.join(deltas)}.")
@@ -265,7 +298,9 @@ def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_row
     counts = {
         s: sum(r.trial.state == s for r in rows) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     }
-    retried = sorted(stored.retried_numbers(ostudy.get_trials(deepcopy=False)))
+    trials = ostudy.get_trials(deepcopy=False)
+    retried = sorted(stored.retried_numbers(trials))
+    interrupted = [t.number for t in trials if t.number in retried and stored.INTERRUPTED in t.user_attrs]
     out = [
         f"- study file: `{study.path}`" + (f", preset `{study.preset}`" if study.preset else ""),
         f"- storage: `{stored.storage_display(study, url)}`",
@@ -280,11 +315,14 @@ def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_row
             + (f"; {reused} more are the study's own trials, reused" if reused else "")
         )
     out.append("- objective: " + ", ".join(f"{m} ({d})" for m, d in zip(study.metrics, study.directions)))
-    if retried:
+    if interrupted:
         out.append(
-            "- retried with the same params after their worker died or was interrupted: trials "
-            + ", ".join(map(str, retried))
+            "- interrupted (SIGTERM or Ctrl-C), not failed: trials "
+            + ", ".join(map(str, interrupted))
+            + ", each put back and continued by a copy from its last checkpoint (not counted)"
         )
+    if died := [n for n in retried if n not in interrupted]:
+        out.append("- retried with the same params after their worker died: trials " + ", ".join(map(str, died)))
     if study.added_seeds:
         out.append(f"- seeds added by `sweep --add-seeds`: {', '.join(map(str, study.added_seeds))}")
     if study.replicate is None and url is None and (replica_root(study) / stored.JOURNAL).is_file():
@@ -327,24 +365,36 @@ def summary_md(
     """The report's summary; ``replicated``: a replication's section (:func:`replication_lines`), which opens it."""
     study, found, advice = report.study, report.found, advice_of(report.study)
     arm_rows = (report.rows if study.arms else []) + report.control_rows
+    progress = control_progress(study, report.control_rows)
+    answered = answer(study, report.ostudy, found, report.ladder, waiting_for(study, report.rows, found, progress))
+    curves = [figures.embed(figures.LEARNING_CURVES, study), ""] if figures.LEARNING_CURVES in plots else []
     lines = [
         f"# Study {study.name}",
         "",
         *replicated,
         *(["## The fresh seeds' own report", ""] if replicated else []),
-        *header_section(study, answer(study, report.ostudy, found, report.ladder), found, advice),
+        *header_section(study, answered, found, advice, progress),
         *study_lines(study, report.ostudy, report.rows, report.control_rows, report.url),
-        *(power_section(study, found, advice) if study.control is not None else []),
+        *(power_section(study, found, advice, progress) if study.control is not None else []),
         *scale_lines,
-        *(arm_section(study, arm_rows, found, advice) if arm_rows else []),
+        *(arm_section(study, arm_rows, found, advice) + curves if arm_rows else []),
         *efficiency.section(
             speeds_of(study, report.rows), study.metrics[0], study.directions[0] == "maximize", report.blind
         ),
         *(best_section(study, report.ostudy) if not study.is_grid else []),
         *failed_section(report.rows + [r for r in report.control_rows if not r.reused]),
     ]
-    lines += ["## Plots", ""] + [f"- `{p}`" for p in plots] + [f"- skipped: {s}" for s in skipped] + [""]
-    return "\n".join(lines)
+    return "\n".join(lines + figures_section(study, plots, skipped, "\n".join(lines)))
+
+
+def figures_section(study: Study, plots: list[str], skipped: list[str], above: str) -> list[str]:
+    """The figures not already shown in the section they illustrate (``above``: summary.md so far), each with what it
+    shows, and those not drawn with the reason."""
+    rest = [p for p in plots if f"]({p})" not in above]
+    if not rest and not skipped:
+        return []
+    shown = [line for p in rest for line in (figures.embed(p, study), "")]
+    return ["## Figures", "", *shown, *[f"- skipped: {s}" for s in skipped], ""]
 
 
 def speeds_of(study: Study, rows: list[Row]) -> list[efficiency.ArmSpeed]:

@@ -18,12 +18,14 @@ from sweeps.report.markdown import fmt, interval
 from sweeps.spec.study import Study
 
 
-def line(gain: Optional[ContextGain], reference: str) -> str:
-    """The report's first line: the reference's context gain, its CI and the threshold it is held to."""
+def line(gain: Optional[ContextGain], reference: str, progress: Optional[str] = None) -> str:
+    """The report's first line: the reference's context gain, its CI and the threshold it is held to (``progress``:
+    how far the control has run, said while it is not judged)."""
     if gain is None:
         return (
-            "**Context gain:** not judged yet: the control needs at least 2 complete runs of the reference and "
-            "of the model without context; until then nothing below says whether the reference uses its context."
+            f"**Context gain:** not judged yet{f' ({progress})' if progress else ''}: the control needs at least 2 "
+            "complete runs of the reference and of the model without context; until then nothing below says whether "
+            "the reference uses its context."
         )
     c = gain.comparison
     lo, hi = c.ci()

@@ -13,6 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from foundation.atomic import write_figure
+from sweeps.report import markdown
 from sweeps.report.findings import Row, no_context_key, run_baselines
 from sweeps.spec.study import Study
 
@@ -20,6 +21,33 @@ if TYPE_CHECKING:
     pass
 
 CURVE_TAG = "val/loss"  # the curve of a study whose objective is not a validation metric (tokens_per_sec)
+LEARNING_CURVES = "learning_curves.png"
+# What each of Optuna's plots (by the name it is written under, less a metric suffix) shows, for summary.md.
+CAPTIONS = {
+    "history": "{metric} of each trial in the order they ran, with the best so far (Optuna's optimisation history)",
+    "parallel_coordinate": "each complete trial's params and its {metric} (Optuna's parallel coordinates)",
+    "param_importances": "how much of {metric}'s spread each param explains (Optuna's parameter importances)",
+    "pareto_front": "the trials on both objectives, the Pareto-optimal ones marked (Optuna's Pareto front)",
+    "learning_curves": "{metric} of every trial against training step, by arm, the no-context level dashed",
+}
+
+
+def curve_metric(metric: str) -> str:
+    """The metric the learning curves draw: the objective where it is a validation metric, else val/loss."""
+    return metric if metric.startswith("val/") else CURVE_TAG
+
+
+def embed(name: str, study: Study) -> str:
+    """The summary.md line that shows the figure ``name`` written by :func:`write_plots`, with what it shows."""
+    stem = name.removesuffix(".png")
+    key = next((k for k in CAPTIONS if stem.startswith(k)), None)
+    if key is None:
+        return markdown.figure(name, stem)
+    suffix = stem[len(key) :].lstrip("_")
+    metric = next((m for m in study.metrics if m.replace("/", "_") == suffix), study.metrics[0])
+    if key == "learning_curves":
+        metric = curve_metric(metric)
+    return markdown.figure(name, CAPTIONS[key].format(metric=metric))
 
 
 # --------------------------------------------------------------------------------------- the study's plots
@@ -60,7 +88,7 @@ def plot_learning_curves(rows: list[Row], path: Path, metric: str = CURVE_TAG) -
     """``metric`` (the study's objective) of every trial against step, by arm, with the no-context level dashed."""
     import matplotlib.pyplot as plt
 
-    metric = metric if metric.startswith("val/") else CURVE_TAG
+    metric = curve_metric(metric)
     curves = _curves(rows, metric)
     if not curves:
         return False
@@ -112,7 +140,10 @@ def write_plots(study: Study, ostudy: optuna.Study, rows: list[Row], out: Path) 
     if len(study.metrics) == 2:
         plans.append(("pareto_front.png", vis.plot_pareto_front, {"target_names": study.metrics}))
     written, skipped = [], []
-    if len(varying) < 2:
+    if not complete:  # Optuna would draw empty axes
+        skipped += [f"{name} (no complete trial of the study yet)" for name, _, _ in plans]
+        plans = []
+    elif len(varying) < 2:
         skipped.append("param_importances.png (fewer than 2 params vary)")
     for name, fn, kwargs in plans:
         try:
@@ -127,10 +158,10 @@ def write_plots(study: Study, ostudy: optuna.Study, rows: list[Row], out: Path) 
             skipped.append(f"{name} ({str(err).splitlines()[0] if str(err) else type(err).__name__})")
         finally:
             plt.close("all")
-    if plot_learning_curves(rows, out / "learning_curves.png", study.metrics[0]):
-        written.append("learning_curves.png")
+    if plot_learning_curves(rows, out / LEARNING_CURVES, study.metrics[0]):
+        written.append(LEARNING_CURVES)
     else:
-        skipped.append("learning_curves.png (no trial run directory with TensorBoard events here)")
+        skipped.append(f"{LEARNING_CURVES} (no trial run directory with TensorBoard events here)")
     return written, skipped
 
 

@@ -61,3 +61,8 @@ def at_or_beyond(direction: str) -> str:
 def mean_std(values: Sequence[float]) -> str:
     s = stats.summarize(values)
     return "-" if s.n == 0 else fmt(s.mean) if s.n == 1 else f"{fmt(s.mean)} ± {fmt(s.std)}"
+
+
+def figure(file: str, caption: str) -> str:
+    """A figure of the report folder shown in summary.md where it is read: ``![caption](file)``."""
+    return f"![{caption}]({file})"

@@ -50,8 +50,9 @@ def phrase(check: stats.PowerCheck, advice: str = "run the GPU preset") -> list[
     return lines
 
 
-def power_section(study: Study, found: Findings, advice: str) -> list[str]:
-    """The control contrast of the first objective."""
+def power_section(study: Study, found: Findings, advice: str, progress: Optional[str] = None) -> list[str]:
+    """The control contrast of the first objective (``progress``: how far the control has run, said while it is not
+    judged)."""
     c = study.control
     lines = [
         "## Power check (control contrast)",
@@ -63,7 +64,8 @@ def power_section(study: Study, found: Findings, advice: str) -> list[str]:
     if found.power is None:
         return lines + [
             "Not judged: the control's reference and degraded arms have fewer than 2 complete trials "
-            "(run the same `sweep` command again). Without it, nothing below says whether this "
+            f"({f'{progress}; ' if progress else ''}run the same `sweep` command again). Without it, nothing below "
+            "says whether this "
             "budget can see an effect at all.",
             "",
         ]

@@ -392,7 +392,8 @@ def section(ladder: Ladder, ttt: Optional[TimeToTarget], spectra: list[RungSpect
         *(_time_lines(ladder, ttt) if ttt is not None else []),
         *(_spectrum_lines(ladder, spectra) if spectra else []),
     ]
-    return out + [f"Figures: {', '.join(f'`{f}`' for f in written) or 'none (see Plots below)'}.", ""]
+    shown = [line for f in written for line in (markdown.figure(f, CAPTIONS.get(f, f)), "")]
+    return out + (shown or ["No figure of the scale drawn (the reasons are under Figures below).", ""])
 
 
 def _gap_row(ladder: Ladder, rung: str, line: str, cell: Cell) -> list[str]:
@@ -477,6 +478,11 @@ def _spectrum_lines(ladder: Ladder, spectra: list[RungSpectrum]) -> list[str]:
 
 
 GAP_FIGURE, RANK_FIGURE, TIME_FIGURE = "gap_vs_size.png", "rank_vs_size.png", "time_to_target_vs_size.png"
+CAPTIONS = {
+    GAP_FIGURE: "each arm's gap to the reference against parameters and training FLOPs, with its trend and the ±δ band",
+    RANK_FIGURE: "the reference's effective rank of P per layer against parameters",
+    TIME_FIGURE: "each arm's training time to the target over the reference's, against parameters",
+}
 
 
 # the verdict of a rung as the marker of its point: (marker, filled)

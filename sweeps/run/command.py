@@ -70,7 +70,7 @@ from sweeps.spec import identity, replication
 from sweeps.spec.schema import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM
 from sweeps.spec.study import Study, load_study
 from sweeps.spec.validation import requested_devices
-from sweeps.stored import check_objective, objective_of
+from sweeps.stored import check_objective, name_metrics, objective_of
 from training.config import MAX_STEPS
 from training.console import clock
 from training.train import check_machine
@@ -137,6 +137,7 @@ def open_study(runs: RunStorage, study: Optional[Study] = None) -> optuna.Study:
             ostudy.set_user_attr("objective", objective_of(study))
             ostudy.set_user_attr(identity.IDENTITY, identity.identity_of(study))
     check_objective(study, ostudy, runs.url)
+    name_metrics(ostudy, study)  # optuna-dashboard's names of the objectives, set when missing
     return ostudy
 
 
@@ -327,9 +328,10 @@ def _describe(t: FrozenTrial, study: Study) -> str:
     elif t.state == TrialState.PRUNED:
         outcome = f"at step {t.last_step}" if t.last_step is not None else ""
     else:
-        outcome = t.user_attrs.get("fail_reason") or "its worker died"
+        outcome = t.user_attrs.get(stored.INTERRUPTED) or t.user_attrs.get("fail_reason") or "its worker died"
     took = f"{t.duration.total_seconds():.0f} s" if t.duration is not None else ""
-    return f"trial {t.number:>3}  {t.state.name:<8} {params}  {outcome}  {took}".rstrip()
+    state = "INTERRUPTED" if stored.INTERRUPTED in t.user_attrs else t.state.name
+    return f"trial {t.number:>3}  {state:<8} {params}  {outcome}  {took}".rstrip()
 
 
 def prepare(study: Study, runs: RunStorage) -> optuna.Study:
@@ -350,7 +352,7 @@ def footer(study: Study, url: Optional[str]) -> str:
         [
             f"report:      linformer-lab report {study.file_args}{where}",
             f"tensorboard: tensorboard --logdir {study.root} --host {HOST}",
-            f"dashboard:   optuna-dashboard {stored.storage_display(study, url)} --host {HOST}",
+            f"dashboard:   linformer-lab dashboard {study.file_args}{where} --host {HOST}  (the study and its control)",
         ]
     )
 

@@ -14,10 +14,11 @@
   mid-write: a trial asked to stop before it trains, or while it trains (its step saved), is put back; one that
   has finished training is recorded; the worker then exits 143 (``sweeps.run.objective.STOP_ASKED``);
 * :func:`record_failure`: a failed trial keeps its reason (user attr ``fail_reason``); an interrupted or
-  terminated one is re-enqueued for the resumed study; one that failed on an input error (a ``ConfigError``: the
-  same for every process, e.g. a data file that is missing or an accelerator this machine lacks) is re-enqueued
-  too and marked ``input_error``, and its worker stops: such trials never consume the budget, and a rerun after
-  the fix runs them;
+  terminated one is re-enqueued for the resumed study and marked ``interrupted`` (why, and the trial that continues
+  it: Optuna records it FAIL, having no state for it; it counts for nothing); one that failed on an input error
+  (a ``ConfigError``: the same for every process, e.g. a data file that is missing or an accelerator this machine
+  lacks) is re-enqueued too and marked ``input_error``, and its worker stops: such trials never consume the budget,
+  and a rerun after the fix runs them;
 * a trial's own failure (divergence, out of memory, any other exception of its training) reaches Optuna as
   :class:`TrialFailed`, the one exception the worker's ``optimize(catch=...)`` lets the study go on after (the
   trial is FAIL, counted); an input error and a stop end the worker.
@@ -54,6 +55,7 @@ INHERITED = (
     "fail_reason",
     "resumed_from",
     INPUT_ERROR,
+    stored.INTERRUPTED,
 )  # user attrs a retry copies from its attempt, which are not its own
 
 
@@ -144,6 +146,18 @@ def reason(err: BaseException) -> str:
     return text[0] if isinstance(err, Diverged) else f"{type(err).__name__}: {text[0] if text else ''}"
 
 
+def interrupted_words(trial: optuna.Trial, err: BaseException) -> str:
+    """``terminated (SIGTERM): put back, trial 7 continues it``: what an interrupted trial's user attr
+    ``interrupted`` says, once its copy is enqueued."""
+    how = "interrupted (Ctrl-C)" if isinstance(err, KeyboardInterrupt) else "terminated (SIGTERM)"
+    copies = [
+        t.number
+        for t in trial.study.get_trials(deepcopy=False)
+        if t.system_attrs.get("retry_history", [None])[-1] == trial.number
+    ]
+    return f"{how}: put back, trial {max(copies)} continues it" if copies else f"{how}: put back"
+
+
 def record_failure(trial: optuna.Trial, err: BaseException) -> None:
     """Keep why the trial failed; an interrupted or terminated trial (Optuna fails it) gets an identical copy
     enqueued, which continues from its last checkpoint."""
@@ -152,6 +166,7 @@ def record_failure(trial: optuna.Trial, err: BaseException) -> None:
         storage.requeue(
             trial.study, next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
         )
+        trial.set_user_attr(stored.INTERRUPTED, interrupted_words(trial, err))
     elif isinstance(err, ConfigError):  # every trial would meet it: put back, uncounted; the worker stops
         trial.set_user_attr("fail_reason", reason(err))
         trial.set_user_attr(INPUT_ERROR, " ".join(str(err).split()))

@@ -28,3 +28,33 @@ def test_a_retry_continues_from_its_attempts_checkpoint_only_when_there_is_one(t
     assert previous.number == 0 and step == 9
     assert (tmp_path / "trial_1" / "events.out.tfevents.1").read_bytes() == b"curve"
     assert (tmp_path / "trial_1" / "checkpoints" / "last.ckpt").is_file() and (old / "checkpoints").is_dir()
+
+
+def test_an_interrupted_trial_is_put_back_and_marked_interrupted_not_failed(tmp_path, tiny_overrides):
+    from studies import ARMS, write_study
+
+    from foundation.errors import Terminated
+    from sweeps import stored
+    from sweeps.run.command import _describe
+    from sweeps.run.trials import record_failure
+    from sweeps.spec.study import load_study
+
+    path = write_study(tmp_path, tiny_overrides, "stopped", {"arm": {"choices": ARMS}}, arms=["arm"])
+    study = load_study(path)
+    ostudy = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    trial = ostudy.ask({"arm": optuna.distributions.CategoricalDistribution(["full", "linformer"])})
+    record_failure(trial, Terminated("SIGTERM"))
+    ostudy.tell(trial, state=TrialState.FAIL)  # what Optuna does with the trial whose objective raised
+    first, copy = ostudy.get_trials()
+    assert (
+        copy.state == TrialState.WAITING and copy.params == first.params and stored.INTERRUPTED not in copy.user_attrs
+    )
+    assert first.user_attrs[stored.INTERRUPTED] == "terminated (SIGTERM): put back, trial 1 continues it"
+    assert stored.excluded_numbers(ostudy.get_trials()) == {0}  # it counts for nothing
+    line = _describe(first, study)
+    assert "INTERRUPTED" in line and "FAIL" not in line and "trial 1 continues it" in line
+
+    second = ostudy.ask()  # the copy, run and interrupted by Ctrl-C in turn
+    record_failure(second, KeyboardInterrupt())
+    ostudy.tell(second, state=TrialState.FAIL)
+    assert ostudy.get_trials()[1].user_attrs[stored.INTERRUPTED].startswith("interrupted (Ctrl-C): put back, trial 2")

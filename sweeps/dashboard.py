@@ -1,0 +1,209 @@
+"""``linformer-lab dashboard STUDY.yaml [--preset P] [--storage URL] [--replicate] [--host H] [--port N]``: Optuna's
+dashboard (optuna-dashboard) on a study and its control, both in one page's list of studies, read only.
+
+A journal study keeps its control in a second journal (``<study dir>/control/journal.log``, beside
+``<study dir>/journal.log``): ``optuna-dashboard <study dir>/journal.log`` shows the study alone, blank while the
+control runs first. This command opens every journal of the study that exists and serves them through one storage,
+:class:`ReadOnlyStudies`, which numbers their studies and trials apart and refuses every write: the workers of a
+running sweep append to those journals, and nothing here writes to them (the dashboard's notes and its buttons that
+tell a trial fail with one line). An RDB study (``--storage URL``) holds its control in the same database: the two
+are served through the same read-only storage, the database's other studies left out. The page refreshes what the
+storages hold as the workers append.
+
+The objectives carry their names (``val/masked_loss``, not "Objective 0"): the ``sweep`` command stores them on
+every study and its control (:func:`sweeps.stored.name_metrics`); a study stored before they were is shown with the
+study file's names. A trial interrupted by SIGTERM or Ctrl-C is a failed trial to Optuna, which has no other state
+for it: its user attr ``interrupted`` says so and names the trial that continues it (:mod:`sweeps.run.trials`), and
+the page shows it as the trial's note ("Interrupted, not failed").
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from typing import Any, Optional, Sequence
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from foundation.errors import ConfigError, check_number
+from sweeps import stored
+from sweeps.spec.study import Study, load_study
+
+HOST = "127.0.0.1"
+PORT = 8080
+# Where Optuna keeps a study's metric names (``Study.set_metric_names``), which optuna-dashboard reads.
+METRIC_NAMES = "study:metric_names"
+# optuna-dashboard's keys of a trial's note (Markdown, shown above the trial's details), in the study's system attrs;
+# tests/sweeps/test_dashboard.py checks them through the dashboard's own API.
+NOTE_VERSION, NOTE_TEXT = "dashboard:{trial_id}:note_ver", "dashboard:{trial_id}:note_str:0"
+
+
+class ReadOnly(RuntimeError):
+    """A write asked of :class:`ReadOnlyStudies`."""
+
+
+def _refuse(self: "ReadOnlyStudies", *args: Any, **kwargs: Any) -> Any:
+    raise ReadOnly("linformer-lab dashboard is read only: the study's workers write its storage")
+
+
+class ReadOnlyStudies(BaseStorage):
+    """Several Optuna storages (a study's journal and its control's) as one, read only. Study and trial ids are
+    numbered apart: the id ``i`` of storage ``k`` of ``n`` is ``i * n + k``. ``names``: each study's metric names by
+    study name, shown where the stored study has none; when given, the studies listed are these alone (a database
+    holds others)."""
+
+    def __init__(self, storages: Sequence[BaseStorage], names: Optional[dict[str, list[str]]] = None) -> None:
+        self.storages, self.names = list(storages), dict(names or {})
+
+    def _split(self, any_id: int) -> tuple[BaseStorage, int]:
+        return self.storages[any_id % len(self.storages)], any_id // len(self.storages)
+
+    def _join(self, local: int, storage: BaseStorage) -> int:
+        return local * len(self.storages) + self.storages.index(storage)
+
+    def _shown(self, storage: BaseStorage, local: int, system_attrs: dict[str, Any]) -> dict[str, Any]:
+        """A study's system attrs as the dashboard is shown them: its metric names where it has none stored, and a
+        note on each interrupted trial (Optuna has no state for it: the dashboard says "Fail")."""
+        shown, name = dict(system_attrs), storage.get_study_name_from_id(local)
+        if METRIC_NAMES not in shown and name in self.names:
+            shown[METRIC_NAMES] = self.names[name]
+        for t in storage.get_all_trials(local, deepcopy=False):
+            if stored.INTERRUPTED in t.user_attrs:
+                number = self._join(t._trial_id, storage)
+                shown[NOTE_VERSION.format(trial_id=number)] = 1
+                shown[NOTE_TEXT.format(trial_id=number)] = (
+                    f"**Interrupted, not failed**: {t.user_attrs[stored.INTERRUPTED]}. Optuna has no state for an "
+                    'interrupted trial, hence "Fail"; it does not count toward the budget.'
+                )
+        return shown
+
+    def _trial(self, trial: FrozenTrial, storage: BaseStorage) -> FrozenTrial:
+        shown = copy.copy(trial)
+        shown._trial_id = self._join(trial._trial_id, storage)
+        return shown
+
+    # --------------------------------------------------------------------------- studies
+    def get_all_studies(self) -> list:  # Optuna's FrozenStudy, whose module is private
+        shown = []
+        for storage in self.storages:
+            for one in storage.get_all_studies():
+                if self.names and one.study_name not in self.names:  # a database's other studies
+                    continue
+                one = copy.copy(one)
+                one.system_attrs = self._shown(storage, one._study_id, one.system_attrs)
+                one._study_id = self._join(one._study_id, storage)
+                shown.append(one)
+        return sorted(shown, key=lambda s: s._study_id)
+
+    def get_study_id_from_name(self, study_name: str) -> int:
+        for storage in self.storages:
+            try:
+                return self._join(storage.get_study_id_from_name(study_name), storage)
+            except KeyError:
+                continue
+        raise KeyError(f"no study {study_name}")
+
+    def get_study_name_from_id(self, study_id: int) -> str:
+        storage, local = self._split(study_id)
+        return storage.get_study_name_from_id(local)
+
+    def get_study_directions(self, study_id: int) -> list[optuna.study.StudyDirection]:
+        storage, local = self._split(study_id)
+        return storage.get_study_directions(local)
+
+    def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
+        storage, local = self._split(study_id)
+        return storage.get_study_user_attrs(local)
+
+    def get_study_system_attrs(self, study_id: int) -> dict[str, Any]:
+        storage, local = self._split(study_id)
+        return self._shown(storage, local, storage.get_study_system_attrs(local))
+
+    # --------------------------------------------------------------------------- trials
+    def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int) -> int:
+        storage, local = self._split(study_id)
+        return self._join(storage.get_trial_id_from_study_id_trial_number(local, trial_number), storage)
+
+    def get_trial(self, trial_id: int) -> FrozenTrial:
+        storage, local = self._split(trial_id)
+        return self._trial(storage.get_trial(local), storage)
+
+    def get_all_trials(
+        self, study_id: int, deepcopy: bool = True, states: Optional[Sequence[TrialState]] = None
+    ) -> list[FrozenTrial]:
+        storage, local = self._split(study_id)
+        return [self._trial(t, storage) for t in storage.get_all_trials(local, deepcopy=deepcopy, states=states)]
+
+    # --------------------------------------------------------------------------- writes: refused
+    create_new_study = delete_study = set_study_user_attr = set_study_system_attr = _refuse
+    create_new_trial = set_trial_param = set_trial_state_values = set_trial_intermediate_value = _refuse
+    set_trial_user_attr = set_trial_system_attr = _refuse
+
+
+def served(study: Study, url: Optional[str]) -> tuple[ReadOnlyStudies, list[str]]:
+    """The storage the dashboard serves for ``study`` (its control's included) and one line per study it holds. A
+    study of the file that has not run yet is left out (the line says so); none at all is one ConfigError line."""
+    names = {one.name: list(one.metrics) for one in study.studies}
+    if url is not None:
+        storages = [stored.open_storage(study, url, create=False)]
+    else:  # each journal that exists, opened to read: nothing is created
+        storages = [stored.open_storage(one, None) for one in study.studies if (one.root / stored.JOURNAL).is_file()]
+    if not storages:
+        raise ConfigError(
+            f"{study.root / stored.JOURNAL}: no study journal here; run `linformer-lab sweep {study.file_args}` first"
+        )
+    view, lines = ReadOnlyStudies(storages, names), []
+    held = {s.study_name for s in view.get_all_studies()}
+    for one in study.studies:
+        role = "control" if one.parent is not None else "study"
+        where = stored.storage_display(one, url)
+        if one.name not in held:
+            lines.append(f"  {role} {one.name}: not run yet ({where})")
+            continue
+        ostudy = optuna.load_study(study_name=one.name, storage=view)
+        stored.check_objective(one, ostudy, url)
+        lines.append(f"  {role} {one.name}: {counts(ostudy.trials)}; objective {', '.join(one.metrics)} ({where})")
+    return view, lines
+
+
+def counts(trials: list[FrozenTrial]) -> str:
+    """``7 trials: 5 complete, 1 interrupted, 1 waiting``: a study's trials by state, interrupted ones apart."""
+    states = [
+        "interrupted"
+        if stored.INTERRUPTED in t.user_attrs
+        else "failed"
+        if t.state == TrialState.FAIL
+        else t.state.name.lower()
+        for t in trials
+    ]
+    by_state = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(sorted(states)))
+    return f"{len(trials)} trial{'' if len(trials) == 1 else 's'}" + (f": {by_state}" if trials else "")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", help="study file, e.g. sweeps/random_vs_learned.yaml")
+    parser.add_argument("--preset", help="preset of the study file (default: cpu when it has one)")
+    parser.add_argument("--storage", help="Optuna RDB URL the study runs on (default: its journal files)")
+    parser.add_argument("--replicate", action="store_true", help="show the study's replication (sweep --replicate)")
+    parser.add_argument("--host", default=HOST, help=f"address to listen on (default {HOST}: this machine only)")
+    parser.add_argument("--port", type=int, default=PORT, help=f"port to listen on (default {PORT})")
+
+
+def main(args: argparse.Namespace) -> int:
+    check_number("--port", args.port, 1, 65535, integer=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = load_study(args.study, args.preset, replicate=args.replicate)
+    view, lines = served(study, args.storage)
+    import optuna_dashboard
+
+    print(f"dashboard: http://{args.host}:{args.port}/dashboard  (read only; Ctrl-C stops it)", flush=True)
+    print("\n".join(lines), flush=True)
+    try:
+        optuna_dashboard.run_server(view, host=args.host, port=args.port)
+    except OSError as err:
+        raise ConfigError(
+            f"--host {args.host} --port {args.port}: cannot listen there ({err.strerror or err}); choose another --port"
+        ) from None
+    return 0

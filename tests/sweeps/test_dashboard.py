@@ -1,0 +1,140 @@
+"""The ``dashboard`` command (sweeps/dashboard.py): optuna-dashboard on a study and its control at once, their
+objectives named, read only; asked through the dashboard's own WSGI app, as the browser asks it."""
+
+from __future__ import annotations
+
+import json
+import warnings
+import wsgiref.util
+
+import optuna
+import optuna_dashboard
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+from studies import ARMS, CONTROL, write_study
+
+from experiments import cli
+from sweeps import stored
+from sweeps.dashboard import METRIC_NAMES, ReadOnly, served
+from sweeps.run.command import open_study
+from sweeps.run.storage import RunStorage
+from sweeps.spec import identity
+from sweeps.spec.study import load_study
+
+
+def ask(app, path: str) -> tuple[str, dict]:
+    """GET ``path`` of a WSGI app: its status line and JSON body."""
+    environ: dict = {"PATH_INFO": path}
+    wsgiref.util.setup_testing_defaults(environ)
+    status = []
+    body = b"".join(app(environ, lambda line, headers, exc_info=None: status.append(line)))
+    return status[0], json.loads(body)
+
+
+def add(ostudy: optuna.Study, params: dict, value: float) -> None:
+    dists = {p: CategoricalDistribution([v]) for p, v in params.items()}
+    ostudy.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value))
+
+
+def study_file(tmp_path, tiny_overrides):
+    path = write_study(
+        tmp_path,
+        tiny_overrides,
+        "shown",
+        {"seed": {"type": "categorical", "choices": [0, 1]}, "arm": {"choices": ARMS}},
+        arms=["arm"],
+        control=CONTROL,
+    )
+    return load_study(path)
+
+
+def test_the_dashboard_lists_the_study_and_its_control_with_their_metric_names(tmp_path, tiny_overrides):
+    study = study_file(tmp_path, tiny_overrides)
+    add(open_study(RunStorage(study.control, None)), {"control": "reference", "seed": 0}, 2.5)
+    ostudy = open_study(RunStorage(study, None))
+    for seed, v in enumerate((3.0, 2.9)):
+        add(ostudy, {"seed": seed, "arm": "full"}, v)
+    words = "terminated (SIGTERM): put back, trial 3 continues it"
+    ostudy.add_trial(
+        optuna.trial.create_trial(
+            params={"seed": 1, "arm": "linformer"},
+            distributions={"seed": CategoricalDistribution([1]), "arm": CategoricalDistribution(["linformer"])},
+            state=TrialState.FAIL,
+            user_attrs={stored.INTERRUPTED: words},
+        )
+    )
+    journals = {one.name: (one.root / stored.JOURNAL).read_bytes() for one in study.studies}
+
+    view, lines = served(study, None)
+    app = optuna_dashboard.wsgi(view)
+    status, listed = ask(app, "/api/studies")
+    assert status.startswith("200")
+    ids = {s["study_name"]: s["study_id"] for s in listed["study_summaries"]}
+    assert set(ids) == {study.name, study.control.name} and len(set(ids.values())) == 2
+    for name, trials in ((study.name, 3), (study.control.name, 1)):
+        status, detail = ask(app, f"/api/studies/{ids[name]}")
+        assert status.startswith("200"), detail
+        assert detail["objective_names"] == ["val/loss"]
+        assert len(detail["trials"]) == trials
+        assert len({t["trial_id"] for t in detail["trials"]}) == trials
+    _, detail = ask(app, f"/api/studies/{ids[study.name]}")
+    notes = {t["number"]: t["note"]["body"] for t in detail["trials"]}
+    assert (
+        notes[2]
+        == f'**Interrupted, not failed**: {words}. Optuna has no state for an interrupted trial, hence "Fail"; it does not count toward the budget.'
+    )
+    assert notes[0] == ""
+    assert lines[0].startswith(f"  control {study.control.name}: 1 trial: 1 complete; objective val/loss")
+    assert lines[1].startswith(f"  study {study.name}: 3 trials: 2 complete, 1 interrupted; objective val/loss")
+    with pytest.raises(ReadOnly):
+        view.set_trial_user_attr(0, "note", "x")
+    assert {one.name: (one.root / stored.JOURNAL).read_bytes() for one in study.studies} == journals
+
+
+def test_a_study_stored_without_metric_names_gets_them_when_resumed_and_in_the_dashboard(tmp_path, tiny_overrides):
+    study = study_file(tmp_path, tiny_overrides)
+    for one in study.studies:  # stored as the sweep stored it before it named the objectives
+        o = optuna.create_study(study_name=one.name, storage=stored.open_storage(one, None), directions=one.directions)
+        o.set_user_attr("objective", stored.objective_of(one))
+        o.set_user_attr(identity.IDENTITY, identity.identity_of(one))
+        assert o.metric_names is None
+    view, _ = served(study, None)
+    assert all(view.get_study_system_attrs(s._study_id)[METRIC_NAMES] == ["val/loss"] for s in view.get_all_studies())
+    for one in study.studies:
+        open_study(RunStorage(one, None))  # what every sweep, resumed or replicated, opens its studies with
+        reloaded = optuna.load_study(study_name=one.name, storage=stored.open_storage(one, None))
+        assert reloaded.metric_names == ["val/loss"]
+
+
+def test_optunas_metric_names_live_where_the_dashboard_view_supplies_them():
+    storage = optuna.storages.InMemoryStorage()
+    ostudy = optuna.create_study(study_name="named", storage=storage)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        ostudy.set_metric_names(["val/masked_loss"])
+    assert storage.get_study_system_attrs(storage.get_study_id_from_name("named"))[METRIC_NAMES] == ["val/masked_loss"]
+
+
+def test_a_control_alone_is_shown_and_a_study_not_run_is_one_line(tmp_path, tiny_overrides, capsys):
+    study = study_file(tmp_path, tiny_overrides)
+    with pytest.raises(Exception, match="no study journal here; run `linformer-lab sweep"):
+        served(study, None)
+    assert cli.main(["dashboard", str(study.path), "--port", "0"]) == 2
+    assert "--port: must be an integer in [1, 65535], got 0" in capsys.readouterr().err
+    open_study(RunStorage(study.control, None))  # the control runs first
+    view, lines = served(study, None)
+    assert [s.study_name for s in view.get_all_studies()] == [study.control.name]
+    assert lines[0].startswith(f"  control {study.control.name}: 0 trials; objective val/loss")
+    assert lines[1].startswith(f"  study {study.name}: not run yet")
+
+
+def test_a_database_study_is_shown_with_its_control_and_without_the_databases_other_studies(tmp_path, tiny_overrides):
+    study = study_file(tmp_path, tiny_overrides)
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    for one in study.studies:
+        open_study(RunStorage(one, url))
+    optuna.create_study(study_name="someone_elses", storage=url)
+    view, lines = served(study, url)
+    assert sorted(s.study_name for s in view.get_all_studies()) == sorted([study.name, study.control.name])
+    assert all("0 trials; objective val/loss" in line for line in lines)
