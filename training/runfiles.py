@@ -167,8 +167,9 @@ def _check_recorded_config(cfg: DictConfig, state: dict[str, Any], ckpt: Path) -
     differ = config_differences(flatten(recorded), flatten(to_container(cfg)), shared_only=True)
     if differ is not None:
         raise ConfigError(
-            f"resume: checkpoint {ckpt} was saved by a run of another config ({differ}): not this run's checkpoint; "
-            "restore the run's own, or start a new run"
+            f"resume: checkpoint {ckpt} was saved by a run of another config ({differ}) than the one given and in "
+            "config.yaml: the checkpoint, or an edited config.yaml, is not this run's; restore the run's own files, "
+            "or start a new run"
         )
 
 

@@ -16,6 +16,7 @@ from typing import Callable
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 from tiny import REPO, TINY_MODEL
 
@@ -290,3 +291,14 @@ def test_a_resume_cuts_longer_event_files_back_and_ends_with_each_step_once(runs
     assert cli.main(resume(runs, run, "trainer.max_steps=3")) == 0, capsys.readouterr().err[-2000:]
     steps, hparams = curves(run)
     assert steps == [0, 1, 2] and hparams == 1
+
+
+def test_a_config_yaml_edited_to_match_a_changed_command_is_refused_by_the_checkpoints_recorded_config(runs, capsys):
+    def edit_rate(r: Path) -> None:
+        first, *rest = (r / "config.yaml").read_text().splitlines(keepends=True)
+        config = yaml.safe_load("".join(rest))
+        config["optim"]["lr"] = 0.5
+        (r / "config.yaml").write_text(first + yaml.safe_dump(config))
+
+    line = refused(runs, capsys, copy_of(runs, "edited_rate", edit_rate), "optim.lr=0.5")
+    assert "another config (optim.lr (" in line and "0.5 here)" in line
