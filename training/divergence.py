@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import lightning as L
 import torch
+import torch.distributed as dist
 
 from foundation.errors import Diverged
 
@@ -83,13 +84,30 @@ class DivergenceGuard(L.Callback):
     def _check(self) -> None:
         if self._first is None:
             return
-        step = int(self._first[0])  # the one host read
+        step_t, loss_t = _agreed(*self._first)
+        step = int(step_t)  # the one host read
         if step < 0:  # the learning rates of the steps read are no longer needed (the latest's may be)
             latest = max(self._lrs, default=None)
             self._lrs = {latest: self._lrs[latest]} if latest is not None else {}
             return
-        loss, lr = float(self._first[1]), self._lrs.get(step)
+        loss, lr = float(loss_t), self._lrs.get(step)
         raise Diverged(f"diverged: train/loss={loss:.4g} at step {step}{_at(None, lr)}", step, loss, lr)
+
+
+def _agreed(step: torch.Tensor, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Under DDP, the first step at which any rank's loss was not finite, and that rank's loss (every rank checks at
+    the same steps, so every rank stops together; a rank that stopped alone would leave the others waiting in a
+    collective); else this process's own record. Two all-reduces, only where there are several ranks."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return step, loss
+    never = torch.iinfo(torch.int64).max
+    first = torch.where(step >= 0, step, never).to(torch.int64)
+    dist.all_reduce(first, op=dist.ReduceOp.MIN)
+    mine = (step >= 0) & (step == first)
+    found = torch.stack([torch.where(mine, loss, torch.zeros_like(loss)), mine.to(loss.dtype)])
+    dist.all_reduce(found, op=dist.ReduceOp.SUM)
+    agreed = torch.where(first == never, torch.full_like(first, -1), first)
+    return agreed, found[0] / found[1].clamp(min=1)
 
 
 def _at(loss: Optional[float], lr: Optional[float]) -> str:

@@ -127,3 +127,19 @@ def test_the_train_command_at_a_huge_learning_rate_exits_3_with_one_line_and_no_
     assert done.returncode == 3 and len(errors) == 1 and "diverged" in errors[0], done.stderr[-2000:]
     assert "train longer" not in done.stdout + done.stderr
     assert "diverged" in json.loads((tmp_path / "run" / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.processes  # strategy=ddp: rank 1 is a second process
+def test_under_two_rank_ddp_every_rank_stops_at_the_same_step_and_the_command_exits_3(tiny_overrides, tmp_path):
+    """The ranks agree on the first step any of them diverged at (a rank that stopped alone would leave the other
+    waiting in a collective for good)."""
+    run_dir = tmp_path / "ddp"
+    command = [sys.executable, "-m", "experiments.cli", *diverging(tiny_overrides, run_dir)]
+    command += ["trainer.strategy=ddp", "trainer.devices=2", "trainer.max_steps=30", "trainer.val_check_interval=5"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=child_env())
+    assert done.returncode == EXIT_DIVERGED, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    recorded = json.loads((run_dir / "metrics.json").read_text())["diverged"]
+    lines = {line for line in done.stderr.splitlines() if line.startswith("error: ")}
+    assert len(lines) == 1 and f"at step {recorded['step']}" in lines.pop()  # each rank's line, the same
