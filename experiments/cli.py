@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated
+from foundation.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Diverged, Terminated
 from foundation.redact import redact
 
 COMMANDS = {
@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:  # one line whatever the message holds, with any password in a URL masked
         print(f"error: {redact(' '.join(str(err).splitlines()))}", file=sys.stderr)
         return 2
+    except Diverged as err:  # the run stopped at a non-finite loss, its last finite checkpoint kept
+        print(f"error: {redact(' '.join(str(err).splitlines()))}", file=sys.stderr)
+        return EXIT_DIVERGED
     except Terminated as err:
         print(f"terminated: {redact(' '.join(str(err).splitlines()))}", file=sys.stderr)
         return EXIT_TERMINATED

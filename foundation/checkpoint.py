@@ -73,6 +73,33 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
+def saved_step(state: dict[str, Any], path: str | Path) -> int:
+    """The step a Lightning checkpoint was saved at: its ``global_step``, a whole number >= 0 that its training loop
+    counted too (the optimiser steps of its progress record, where it has one); else one line naming the file."""
+    step = state.get("global_step")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**62:
+        raise ConfigError(f"checkpoint {path}: global_step must be a whole number >= 0, got {step!r:.60}; refused")
+    counted = _loop_steps(state)
+    if counted is not None and counted != step:
+        raise ConfigError(
+            f"checkpoint {path}: records global_step {step} but its training loop counted {counted} steps "
+            "(edited or damaged); refused"
+        )
+    return step
+
+
+def _loop_steps(state: dict[str, Any]) -> Optional[int]:
+    """The optimiser steps a checkpoint's training loop counted (automatic and manual optimisation, as Lightning
+    sums them into ``global_step`` when it restores), or None when it holds no such record."""
+    try:
+        loop = state["loops"]["fit_loop"]
+        automatic = loop["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"]["total"]["completed"]
+        manual = loop["epoch_loop.manual_optimization.optim_step_progress"]["total"]["completed"]
+    except (KeyError, TypeError):
+        return None
+    return automatic + manual if all(isinstance(n, int) for n in (automatic, manual)) else None
+
+
 def _atomic_torch_save(obj: Any, path: Path, inside: Optional[Path] = None) -> None:
     # One writer per run directory (rank 0): temporaries beside the checkpoint were left by a killed save.
     for stale in path.parent.glob(f".{path.name}.*.tmp"):

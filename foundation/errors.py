@@ -54,3 +54,19 @@ class Terminated(Exception):
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT (Ctrl-C)
 EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Diverged(RuntimeError):
+    """A run's training loss (or, at a checkpoint, its weights) became NaN or infinite: the run stopped at that step,
+    without saving a non-finite checkpoint. The CLI prints the message as one ``error:`` line and exits with
+    :data:`EXIT_DIVERGED`; a sweep counts the trial as failed, with the message as its reason. ``step``, ``loss``
+    and ``lr`` (the learning rate of that step) when known."""
+
+    def __init__(
+        self, message: str, step: int | None = None, loss: float | None = None, lr: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.step, self.loss, self.lr = step, loss, lr
+
+
+EXIT_DIVERGED = 3  # the training loss became non-finite: the run stopped there, its last finite checkpoint kept

@@ -9,9 +9,11 @@ checkpoint files of :mod:`foundation.checkpoint`:
 - :class:`LastCheckpoint` saves ``last.ckpt`` after each validation with the RNG states (dropout draws from
   the global RNG, which Lightning does not checkpoint; MLM masks draw from a generator per batch, see
   ``datamodules/sampling.py``) and the size of each TensorBoard event
-  file, flushed first; :func:`rollback_events` cuts the event files back to those sizes before the resumed
-  run logs, so the steps the killed process logged after its checkpoint are dropped and logged once more by
-  the resumed run;
+  file, flushed first, and the run's identity (``training/runfiles.py``); :func:`rollback_events` cuts the event
+  files back to those sizes before the resumed run logs, so the steps the killed process logged after its
+  checkpoint are dropped and logged once more by the resumed run; an event file shorter than recorded, or not
+  whole up to there, is refused (:func:`check_events`), and a resume with no checkpoint starts from clean event
+  files (:func:`clean_start`);
 - :func:`check_same_config`: a resumed run continues the run that was started, so its config must equal the
   stored ``config.yaml`` except the keys of :data:`MAY_CHANGE_ON_RESUME` (where files go, how long it trains, how
   often it logs, threads and loader processes); any other difference is one line listing the keys, before any
@@ -25,7 +27,9 @@ from __future__ import annotations
 import atexit
 import os
 import random
+import re
 import signal
+import struct
 import threading
 import time
 from pathlib import Path
@@ -46,9 +50,10 @@ from foundation.checkpoint import read_checkpoint
 from foundation.configfile import flatten, read_yaml, to_container
 from foundation.confined import open_inside
 from foundation.errors import ConfigError
-from foundation.rundir import TOKENIZER
+from foundation.rundir import CHECKPOINT, TOKENIZER
 from lightning_modules.attention import ATTENTION_KINDS
 from training import config as run_config
+from training.divergence import DivergenceGuard
 
 _STATE_KEY = "resume_state"
 CONFIG = "config.yaml"
@@ -68,6 +73,8 @@ MAY_CHANGE_ON_RESUME = (
     "trainer.compile",
 )
 _EVENTS_GLOB = "events.out.tfevents.*"
+EVENT_NAME = re.compile(r"events\.out\.tfevents\.[^/\\\x00]+")
+HPARAMS = "hparams.yaml"  # Lightning's record of the HPARAMS entry, beside the event files
 
 
 # --------------------------------------------------------------------------------------- state
@@ -120,14 +127,23 @@ class LastCheckpoint(Checkpoint):
     know (more ranks than when it was written) takes rank 0's CPU generators and keeps its device's as seeded.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, run_id: Optional[str] = None, guard: Optional[DivergenceGuard] = None) -> None:
         self.path = Path(path)
+        self.run_id = run_id  # the run's identity (training/runfiles.py), recorded in every checkpoint
+        self.guard = guard  # checked before each save: a non-finite checkpoint is never written
         self._saved_step = -1
+
+    @property
+    def saved_step(self) -> int:
+        """The step of the last checkpoint this process saved (-1: none yet)."""
+        return self._saved_step
 
     def _save(self, trainer: L.Trainer) -> None:
         # every rank calls it; rank 0 writes. weights_only=False: the full state (optimiser, loops, callbacks) that
         # exact resumption needs; said explicitly, since Lightning otherwise logs that it chose it. (Saving: the
         # file is read back with weights_only=True, foundation/checkpoint.py.)
+        if self.guard is not None:
+            self.guard.check_before_saving(trainer, trainer.lightning_module)
         trainer.save_checkpoint(self.path, weights_only=False)
         self._saved_step = trainer.global_step
 
@@ -157,10 +173,10 @@ class LastCheckpoint(Checkpoint):
         events: dict[str, int] = {}
         if trainer.is_global_zero:
             for logger in _event_dirs(trainer):
-                logger.experiment.flush()
+                logger.save()  # flushed, and its hparams.yaml written (a resume requires it beside the checkpoint)
                 events.update({p.name: p.stat().st_size for p in Path(logger.log_dir).glob(_EVENTS_GLOB)})
         rng = _gathered(trainer, _rng_states(trainer.strategy.root_device))
-        checkpoint[_STATE_KEY] = {"rng_by_rank": rng, "events": events}
+        checkpoint[_STATE_KEY] = {"rng_by_rank": rng, "events": events, "run_id": self.run_id}
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         state = checkpoint.get(_STATE_KEY, {})
@@ -240,15 +256,103 @@ def adopt_final_state(trainer: L.Trainer, path: str | Path) -> int:
     return int(state["global_step"])
 
 
+def checkpoint_record(state: dict[str, Any], path: Path) -> tuple[Any, Optional[dict[str, int]]]:
+    """What a checkpoint of :class:`LastCheckpoint` records of its run: the run identity (as stored: checked by
+    ``training/runfiles.py``) and each TensorBoard event file's size, checked here (names of event files, whole
+    numbers of bytes); (None, None) for a checkpoint from before these records. A malformed record is one line."""
+    record = state.get(_STATE_KEY)
+    if record is None:
+        return None, None
+    sizes = record.get("events") if isinstance(record, dict) else None
+    whole = isinstance(sizes, dict) and all(
+        isinstance(k, str) and EVENT_NAME.fullmatch(k) and _whole(v) for k, v in sizes.items()
+    )
+    if not isinstance(record, dict) or (sizes is not None and not whole) or not _rng_record(record.get("rng_by_rank")):
+        raise ConfigError(
+            f"checkpoint {path}: its record of the run ({_STATE_KEY}: the event files' sizes, the generators' "
+            "states) is malformed; refused"
+        )
+    return record.get("run_id"), sizes
+
+
+def _rng_record(by_rank: Any) -> bool:
+    """Whether ``by_rank`` is absent or a list of generator states as :func:`_rng_states` writes them."""
+    if by_rank is None:
+        return True
+    return isinstance(by_rank, list) and all(
+        isinstance(one, dict)
+        and isinstance(one.get("torch"), torch.Tensor)
+        and isinstance(one.get("numpy"), list)
+        and len(one["numpy"]) == 5
+        and isinstance(one.get("python"), (list, tuple))
+        for one in by_rank
+    )
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**62
+
+
+def check_events(run_dir: Path, sizes: Optional[dict[str, int]]) -> None:
+    """Before anything is written: every TensorBoard event file in ``run_dir`` is a plain file, and each one the
+    checkpoint recorded (``sizes``) is there, at least that long and whole up to there (each record's frame intact),
+    so that cutting it back (:func:`rollback_events`) leaves the curves with no step missing. Else one line."""
+    run_dir = Path(run_dir)
+    for path in run_dir.glob(_EVENTS_GLOB):
+        if path.is_symlink() or not path.is_file():
+            raise ConfigError(f"resume: {path}: not a file, where a TensorBoard event file belongs; move it aside")
+    for name, size in (sizes or {}).items():
+        path = run_dir / name
+        if not path.is_file():
+            raise ConfigError(
+                f"resume: {path}: missing, its checkpoint recorded {size} bytes of curves there; the resumed curves "
+                "would miss every step before it: restore the file, or start a new run"
+            )
+        have = path.stat().st_size
+        if have < size:
+            raise ConfigError(
+                f"resume: {path}: {have} bytes, shorter than the {size} its checkpoint recorded (cut short?); the "
+                "resumed curves would miss steps: restore the file, or start a new run"
+            )
+        broken = _broken_record(path, size)
+        if broken is not None:
+            raise ConfigError(
+                f"resume: {path}: damaged (no whole TensorBoard record at byte {broken} of the {size} its checkpoint "
+                "recorded); restore the file, or start a new run"
+            )
+
+
+def _broken_record(path: Path, size: int) -> Optional[int]:
+    """The offset of the first record of the event file ``path`` that is not whole within its first ``size`` bytes
+    (a length, its masked CRC-32C, the data and its CRC: TensorBoard's record frame), or None when they end exactly
+    at ``size``. The lengths' checksums are checked, not the data's."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    at = 0
+    with open(path, "rb") as f:
+        while at < size:
+            head = f.read(12)
+            if len(head) < 12 or at + 12 > size:
+                return at
+            (length,), (crc,) = struct.unpack("<Q", head[:8]), struct.unpack("<I", head[8:])
+            if masked_crc32c(head[:8]) != crc or at + 16 + length > size:
+                return at
+            at += 16 + length
+            f.seek(at)
+    return None
+
+
 def rollback_events(run_dir: Path, state: dict[str, Any]) -> None:
     """Cut the run's TensorBoard event files back to their size at the checkpoint ``state``.
 
     Files written after it (by a process killed before its first checkpoint) are removed. TensorBoard's record
-    format is append-only and the sizes were taken after a flush, so each cut falls on a record boundary.
+    format is append-only and the sizes were taken after a flush, so each cut falls on a record boundary. A file
+    shorter than recorded, or not whole up to there, is refused (:func:`check_events`), never continued.
     """
-    sizes = state.get(_STATE_KEY, {}).get("events")
+    _, sizes = checkpoint_record(state, Path(run_dir) / "checkpoints")
     if not sizes:  # no TensorBoard logger, or a checkpoint from before this mechanism
         return
+    check_events(run_dir, sizes)
     for path in Path(run_dir).glob(_EVENTS_GLOB):
         size = sizes.get(path.name)
         if size is None:
@@ -259,6 +363,15 @@ def rollback_events(run_dir: Path, state: dict[str, Any]) -> None:
                 os.ftruncate(fd, size)
             finally:
                 os.close(fd)
+
+
+def clean_start(run_dir: Path) -> None:
+    """A resume with no checkpoint (its run killed before the first one) starts afresh: the event files and
+    ``hparams.yaml`` its first process wrote are removed, so no step is logged twice and HPARAMS once."""
+    check_events(run_dir, None)
+    for path in [*Path(run_dir).glob(_EVENTS_GLOB), Path(run_dir) / HPARAMS]:
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
 
 
 # --------------------------------------------------------------------------------------- same config
@@ -291,22 +404,28 @@ def settled(flat: dict[str, Any]) -> dict[str, Any]:
     return {**rest, **{prefix + key: value for key, value in options.items()}}
 
 
+def config_differences(there: dict[str, Any], here: dict[str, Any], shared_only: bool = False) -> Optional[str]:
+    """The keys at which two flattened run configs differ, keys of :data:`MAY_CHANGE_ON_RESUME` aside (each with
+    both values, at most six shown), or None when they agree; ``shared_only``: keys only one of them has aside."""
+    there, here = settled(there), settled(here)
+    keys = set(there) & set(here) if shared_only else set(there) | set(here)
+    differ = [k for k in sorted(keys) if k not in MAY_CHANGE_ON_RESUME and there.get(k) != here.get(k)]
+    if not differ:
+        return None
+    shown = ", ".join(f"{k} ({_shown(there.get(k))} there, {_shown(here.get(k))} here)" for k in differ[:6])
+    return shown + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
+
+
 def check_same_config(cfg: DictConfig, run_dir: Path) -> None:
     """Refuse to resume ``run_dir`` with a config other than the one it was started with (keys of
     :data:`MAY_CHANGE_ON_RESUME` aside): one line listing each differing key with both values."""
     if not (Path(run_dir) / CONFIG).exists():
-        return  # a directory a run has not written to yet
-    there = settled(flatten(to_container(stored_config(run_dir))))
-    here = settled(flatten(to_container(cfg)))
-    differ = [
-        k for k in sorted(set(there) | set(here)) if k not in MAY_CHANGE_ON_RESUME and there.get(k) != here.get(k)
-    ]
-    if not differ:
+        return  # a directory a run has not written to yet (beside a checkpoint it is refused: training/runfiles.py)
+    differ = config_differences(flatten(to_container(stored_config(run_dir))), flatten(to_container(cfg)))
+    if differ is None:
         return
-    shown = ", ".join(f"{k} ({_shown(there.get(k))} there, {_shown(here.get(k))} here)" for k in differ[:6])
-    more = f" and {len(differ) - 6} more" if len(differ) > 6 else ""
     raise ConfigError(
-        f"resume: {Path(run_dir) / CONFIG} differs at {shown}{more}; a resumed run may change only "
+        f"resume: {Path(run_dir) / CONFIG} differs at {differ}; a resumed run may change only "
         f"{', '.join(MAY_CHANGE_ON_RESUME[1:])} (start a new run for another config)"
     )
 
@@ -327,13 +446,24 @@ def data_identity(cfg: DictConfig) -> str:
     return data_fingerprint(cfg.data)
 
 
+def data_record(run_dir: Path) -> tuple[str, Any]:
+    """The data fingerprint and the run identity (as stored: ``training/runfiles.py`` checks it) that the run's
+    ``data.json`` records; one line when the file is missing, malformed or its fingerprint is not a short string."""
+    path = Path(run_dir) / DATA
+    record = read_json(path)
+    fingerprint = record.get("fingerprint")
+    if not isinstance(fingerprint, str) or not 0 < len(fingerprint) <= 200:
+        raise ConfigError(f"{path}: fingerprint must be the data's digest (a string), got {fingerprint!r:.60}")
+    return fingerprint, record.get("run_id")
+
+
 def check_same_data(cfg: DictConfig, run_dir: Path, tokenizer: Optional[str]) -> None:
     """Refuse to resume ``run_dir`` on data other than its own: the fingerprint its ``data.json`` records, and its
     ``tokenizer.json`` against ``tokenizer`` (the one the data gives now, as JSON; None without one). One line."""
     run_dir = Path(run_dir)
     recorded = run_dir / DATA
     if recorded.exists():
-        there, here = read_json(recorded).get("fingerprint"), data_identity(cfg)
+        there, here = data_record(run_dir)[0], data_identity(cfg)
         if there != here:
             raise ConfigError(
                 f"resume: the data of {run_dir} changed since it started (fingerprint {there} in {recorded}, "
@@ -341,7 +471,12 @@ def check_same_data(cfg: DictConfig, run_dir: Path, tokenizer: Optional[str]) ->
                 "with: restore it, or start a new run"
             )
     saved = run_dir / TOKENIZER
-    if tokenizer is not None and saved.is_file() and saved.read_text(encoding="utf-8") != tokenizer:
+    if tokenizer is not None and not saved.is_file() and (run_dir / CHECKPOINT).is_file():
+        raise ConfigError(
+            f"resume: {saved}: missing beside {CHECKPOINT}; the run encodes its text with it and a resume never "
+            "re-creates it: restore it, or start a new run"
+        )
+    if tokenizer is not None and saved.is_file() and saved.read_bytes() != tokenizer.encode("utf-8"):
         raise ConfigError(
             f"resume: {saved} differs from the tokenizer the data gives now (the corpus changed?); it is never "
             "replaced: restore the data, or start a new run"

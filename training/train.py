@@ -29,11 +29,11 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from foundation.atomic import atomic_write_text, write_json
 from foundation.checked import read_json
-from foundation.checkpoint import AtomicCheckpointIO, check_architecture, read_checkpoint
+from foundation.checkpoint import AtomicCheckpointIO, check_architecture
 from foundation.configfile import flatten, to_container
 from foundation.confined import check_tree
 from foundation.errors import ConfigError, Terminated
@@ -46,22 +46,25 @@ from lightning_modules.language_model import EXAMPLES
 from training import config as run_config
 from training.answer import Objective, ObjectiveMetrics, ending_lines, objective_of
 from training.console import progress, quiet_third_parties
+from training.divergence import DivergenceGuard, recorded
 from training.resume import (
     DATA,
+    HPARAMS,
     LastCheckpoint,
     StopTogether,
     adopt_final_state,
     check_same_config,
     check_same_data,
+    clean_start,
     data_identity,
     rollback_events,
 )
+from training.runfiles import METRICS, Resumed, check_run_files, config_text, new_run_id
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
 FORKING_STRATEGIES = ("ddp_fork", "ddp_notebook")
-METRICS = "metrics.json"
 # What a run directory holds as files (a resume refuses a folder or a link in their place)
-RUN_FILES = (LOCK, "config.yaml", DATA, str(TOKENIZER), METRICS, str(CHECKPOINT))
+RUN_FILES = (LOCK, "config.yaml", DATA, HPARAMS, str(TOKENIZER), METRICS, str(CHECKPOINT))
 
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
@@ -189,27 +192,31 @@ def _keep_earlier_metrics(run_dir: Path) -> None:
         os.replace(run_dir / METRICS, kept)
 
 
-def check_resume(cfg: DictConfig) -> None:
+def check_resume(cfg: DictConfig) -> Optional[Resumed]:
     """A resumed run continues the run that was started and can write its end: its config equals the stored
-    ``config.yaml`` (keys of ``MAY_CHANGE_ON_RESUME`` aside), and the ``metrics.json`` it will replace (or move to
-    ``metrics.step_<N>.json``) is a readable JSON file. Checked before the data is prepared, anything written or
-    a step trained; a problem is one ConfigError line. Nothing to check for a new run.
+    ``config.yaml`` (keys of ``MAY_CHANGE_ON_RESUME`` aside), its files are its own and whole
+    (:func:`training.runfiles.check_run_files`: one run identity, none missing, each parsed and range-checked), and
+    the ``metrics.json`` it will replace (or move to ``metrics.step_<N>.json``) is a readable JSON file. Checked
+    before the data is prepared, anything written or a step trained; a problem is one ConfigError line. Returns
+    what the resume continues; nothing to check for a new run (None).
 
     The run directory holds no link and no known name of the wrong type (a folder where ``.lock`` or
     ``last.ckpt`` belongs, a file where ``checkpoints/`` belongs: :func:`foundation.confined.check_tree`), and its
     checkpoint folder takes a new file: a resume that could not save fails here, not at its first save."""
     if not cfg.resume:
-        return
+        return None
     run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, True, rank_zero_only.rank)
     check_tree(run_dir, "resume", files=RUN_FILES, folders=(str(CHECKPOINT.parent),))
     check_folder("resume: checkpoints", str(run_dir / CHECKPOINT.parent))
     check_same_config(cfg, run_dir)
+    resumed = check_run_files(cfg, run_dir)
     try:
         kept = _earlier_metrics(run_dir)
         if kept is not None and kept.exists() and not kept.is_file():
             raise ConfigError(f"{kept}: not a file")
     except ConfigError as err:
         raise ConfigError(f"resume: {err}; the resumed run would replace it at its end (move it aside)") from None
+    return resumed
 
 
 def _own_run_dir(cfg: DictConfig, run_dir: Path) -> tuple[Path, Optional[Owner]]:
@@ -229,52 +236,68 @@ def _own_run_dir(cfg: DictConfig, run_dir: Path) -> tuple[Path, Optional[Owner]]
 
 
 def _open_run_dir(
-    cfg: DictConfig, datamodule: L.LightningDataModule, module: L.LightningModule
-) -> tuple[Path, Optional[str], Optional[dict], Optional[Owner]]:
-    """The run directory, owned by this process (rank 0) and with config.yaml (and the tokenizer) written; the
+    cfg: DictConfig, datamodule: L.LightningDataModule, module: L.LightningModule, resumed: Optional[Resumed]
+) -> tuple[Path, Optional[str], Optional[dict], Optional[Owner], Optional[str]]:
+    """The run directory, owned by this process (rank 0) and with its files written (:func:`_write_run_files`); the
     checkpoint to resume from; when the run to resume has already finished and recorded its metrics, those
-    metrics (then nothing is written); and the ownership, for the caller to release.
+    metrics (then nothing is written); the ownership, for the caller to release; and the run's identity.
 
-    A DDP launch runs this in every rank (RANK / LOCAL_RANK / SLURM_PROCID); only rank 0 owns and writes. A
-    truncated or foreign checkpoint is refused before anything is written (a changed config or an unusable
-    metrics.json earlier, by :func:`check_resume`); resuming drops the TensorBoard events the interrupted
-    process logged after its checkpoint.
+    A DDP launch runs this in every rank (RANK / LOCAL_RANK / SLURM_PROCID); only rank 0 owns and writes. What a
+    resume continues (``resumed``) was checked by :func:`check_resume` before anything was written; here a foreign
+    architecture is refused, and resuming drops the TensorBoard events the interrupted process logged after its
+    checkpoint (with no checkpoint, all of them: the run starts afresh).
     """
     rank = rank_zero_only.rank
     run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, cfg.resume, rank)
     owner = None
     if rank == 0:
         run_dir, owner = _own_run_dir(cfg, run_dir)
+    resume_state = resumed.state if resumed is not None else None
+    # a new run's identity; a resumed one keeps its own (a run from before identities stays without one)
+    run_id = resumed.run_id if resumed is not None and (resumed.run_id or resume_state is not None) else new_run_id()
     try:
-        ckpt = run_dir / CHECKPOINT
-        resume_from = str(ckpt) if cfg.resume and ckpt.is_file() else None
-        resume_state = None
-        if resume_from is not None:
-            resume_state = read_checkpoint(ckpt)
-            check_architecture(resume_state, module, ckpt)
-            done = finished_metrics(run_dir, int(resume_state.get("global_step", -1)), cfg.trainer.max_steps)
+        resume_from = str(run_dir / CHECKPOINT) if resume_state is not None else None
+        if resume_state is not None:
+            check_architecture(resume_state, module, run_dir / CHECKPOINT)
+            done = finished_metrics(run_dir, resumed.step, cfg.trainer.max_steps)
             if done is not None:
                 if owner is not None:
                     owner.release()
-                return run_dir, resume_from, done, None
+                return run_dir, resume_from, done, None, run_id
         if rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             if owner is None:
                 owner = Owner(run_dir)
             owner.record()
-            if resume_state is not None:
-                rollback_events(run_dir, resume_state)
-            atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True), run_dir)
-            write_json(run_dir / DATA, {"fingerprint": data_identity(cfg)}, run_dir)  # a resume checks it
-            if getattr(datamodule, "tokenizer", None) is not None:  # fine-tuning from this run encodes text with it
-                atomic_write_text(run_dir / TOKENIZER, datamodule.tokenizer.to_str(), run_dir)
-            if resume_state is not None:
-                _keep_earlier_metrics(run_dir)
+            _write_run_files(cfg, run_dir, datamodule, resume_state, run_id)
     except BaseException:
         if owner is not None:
             owner.release()
         raise
-    return run_dir, resume_from, None, owner
+    return run_dir, resume_from, None, owner, run_id
+
+
+def _write_run_files(
+    cfg: DictConfig,
+    run_dir: Path,
+    datamodule: L.LightningDataModule,
+    resume_state: Optional[dict],
+    run_id: Optional[str],
+) -> None:
+    """Rank 0, owning ``run_dir``: the event files rolled back to the checkpoint (or cleaned, for a resume without
+    one), then ``config.yaml`` and ``data.json`` (each with the run identity), the tokenizer, and a finished run
+    trained further keeps its earlier ``metrics.json``."""
+    if resume_state is not None:
+        rollback_events(run_dir, resume_state)
+    elif cfg.resume:
+        clean_start(run_dir)
+    atomic_write_text(run_dir / "config.yaml", config_text(cfg, run_id), run_dir)
+    data = {"fingerprint": data_identity(cfg), **({"run_id": run_id} if run_id else {})}
+    write_json(run_dir / DATA, data, run_dir)  # a resume checks it
+    if getattr(datamodule, "tokenizer", None) is not None:  # fine-tuning from this run encodes text with it
+        atomic_write_text(run_dir / TOKENIZER, datamodule.tokenizer.to_str(), run_dir)
+    if resume_state is not None:
+        _keep_earlier_metrics(run_dir)
 
 
 def _logger(
@@ -535,7 +558,7 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
     quiet_third_parties()
     check_machine(cfg)
     preflight(cfg)
-    check_resume(cfg)
+    resumed = check_resume(cfg)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.cpu_threads > 0:
         torch.set_num_threads(cfg.trainer.cpu_threads)
@@ -547,7 +570,7 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, True, rank_zero_only.rank)
         check_same_data(cfg, run_dir, tokenizer.to_str() if tokenizer is not None else None)
     module = build_module_or_refuse(cfg, datamodule)
-    run_dir, resume_from, done, owner = _open_run_dir(cfg, datamodule, module)  # the first write
+    run_dir, resume_from, done, owner, run_id = _open_run_dir(cfg, datamodule, module, resumed)  # the first write
     if done is not None:
         print(
             f"{run_dir}: already finished at step {done['global_step']} (trainer.max_steps={cfg.trainer.max_steps}); "
@@ -555,7 +578,8 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         )
         return done
     with owner or contextlib.nullcontext():
-        return _fit(cfg, datamodule, module, run_dir, resume_from, list(callbacks), hparams, started)
+        kept = resumed.step if resumed is not None and resumed.state is not None else None
+        return _fit(cfg, datamodule, module, run_dir, (resume_from, kept, run_id), list(callbacks), hparams, started)
 
 
 def _fit(
@@ -563,31 +587,20 @@ def _fit(
     datamodule: L.LightningDataModule,
     module: L.LightningModule,
     run_dir: Path,
-    resume_from: Optional[str],
+    resuming: tuple[Optional[str], Optional[int], Optional[str]],
     callbacks: list[L.Callback],
     hparams: Optional[dict],
     started: float,
 ) -> dict[str, Any]:
-    """Train in the opened run directory and write its ``metrics.json``."""
+    """Train in the opened run directory and write its ``metrics.json``. ``resuming``: the checkpoint to resume from
+    and its step (None, None for a run that starts afresh) and the run's identity."""
+    resume_from, kept, run_id = resuming
     study_metrics = str((hparams or {}).get("sweep/objective", "")).split(",")
     answer = ObjectiveMetrics(run_objective(cfg, datamodule), [m for m in study_metrics if m.startswith("val/")])
     logger = _logger(cfg, module, run_dir, resume_from is not None, hparams, answer)
     flops = TrainingFlops()
     run = RunMetrics(flops)
-    # Modules with a checkpoint_monitor (classifiers) also keep their best validation step, which is tested.
-    monitor, mode = getattr(module, "checkpoint_monitor", (None, "min"))
-    best = (
-        ModelCheckpoint(
-            dirpath=str(run_dir / "checkpoints"),
-            filename="best",
-            monitor=monitor,
-            mode=mode,
-            save_top_k=1,
-            save_on_train_epoch_end=False,
-        )
-        if monitor
-        else None
-    )
+    best = _best_checkpoint(module, run_dir)
     every = cfg.trainer.spectrum_every_n_val
     trainer = _trainer(
         cfg,
@@ -595,6 +608,7 @@ def _fit(
         logger,
         [
             Accelerate(compiles(cfg)),
+            guard := DivergenceGuard(),  # the one rule, for every run: a non-finite loss stops it
             run,
             flops,
             *callbacks,
@@ -602,18 +616,51 @@ def _fit(
             *([SpectrumMonitor(every)] if every > 0 else []),
             *([best] if best else []),
             StopTogether(),
-            LastCheckpoint(run_dir / CHECKPOINT),
+            last := LastCheckpoint(run_dir / CHECKPOINT, run_id, guard),
         ],
     )  # after `best`: last.ckpt holds its state after each validation
-    with shared_with_ranks(run_dir), honest_ending(trainer, run_dir):
+    with (
+        shared_with_ranks(run_dir),
+        honest_ending(trainer, run_dir),
+        _recorded_divergence(cfg, trainer, run_dir, last, kept, run_id),
+    ):
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
         global_step = trainer.global_step
         if not run.fit_here:  # fit ran in spawned/forked ranks (ddp_spawn, ddp_fork)
             global_step = adopt_final_state(trainer, run_dir / CHECKPOINT)
         metrics = run_metrics_of(cfg, trainer, module, datamodule, best, run, flops, global_step, started, run_dir)
+    metrics["run_id"] = run_id
     if trainer.is_global_zero:
         write_json(run_dir / METRICS, metrics, run_dir)
     return metrics
+
+
+def _best_checkpoint(module: L.LightningModule, run_dir: Path) -> Optional[ModelCheckpoint]:
+    """Modules with a checkpoint_monitor (classifiers) also keep their best validation step, which is tested."""
+    monitor, mode = getattr(module, "checkpoint_monitor", (None, "min"))
+    if not monitor:
+        return None
+    return ModelCheckpoint(
+        dirpath=str(run_dir / "checkpoints"),
+        filename="best",
+        monitor=monitor,
+        mode=mode,
+        save_top_k=1,
+        save_on_train_epoch_end=False,
+    )
+
+
+def _recorded_divergence(
+    cfg: DictConfig, trainer: L.Trainer, run_dir: Path, last: LastCheckpoint, kept: Optional[int], run_id: Optional[str]
+) -> contextlib.AbstractContextManager:
+    """Around ``fit``: a divergence recorded in ``metrics.json`` (rank 0), with the step of the last checkpoint kept
+    (this process's last save, else the one it resumed from), and ended as one line (``training/divergence.py``)."""
+
+    def record(diverged: dict[str, Any]) -> None:
+        if trainer.is_global_zero:
+            write_json(run_dir / METRICS, {**diverged, "run_id": run_id, "run_dir": str(run_dir)}, run_dir)
+
+    return recorded(run_dir, lambda: last.saved_step if last.saved_step >= 0 else kept, cfg.optim.lr, record)
 
 
 @contextlib.contextmanager

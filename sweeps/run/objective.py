@@ -11,64 +11,20 @@ from __future__ import annotations
 import math
 import threading
 import types
-from typing import Any, Optional
+from typing import Any
 
 import lightning as L
 import optuna
-import torch
 from optuna_integration import PyTorchLightningPruningCallback
 
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, Diverged
 from sweeps.spec.study import Study
 
 PRUNE_MONITOR = "val/loss"
 
 
-class Diverged(RuntimeError):
-    """The loss became NaN or infinite."""
-
-
 class StudyMisconfigured(ConfigError):
     """A problem every trial would hit (e.g. an objective metric that metrics.json lacks): stop the sweep."""
-
-
-class DivergenceGuard(L.Callback):
-    """Stops a run at the first non-finite training loss (cheaper and narrower than ``detect_anomaly``).
-
-    Without a host synchronisation per step: every step only records, on the device, the first step whose loss
-    was not finite and that loss; the host reads the record every ``every`` steps (default: the trainer's
-    ``log_every_n_steps``), before each validation and at the end of training, so a diverged run never reaches
-    a checkpoint, and stops with the step where it diverged."""
-
-    def __init__(self, every: Optional[int] = None) -> None:
-        self.every = every
-        self._first: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (step or -1, loss there)
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if loss is None:
-            return
-        loss = loss.detach().float()
-        if self._first is None:
-            self._first = (torch.full((), -1, device=loss.device), torch.zeros((), device=loss.device))
-        step, value = self._first
-        new = (step < 0) & ~torch.isfinite(loss).all()
-        self._first = (torch.where(new, trainer.global_step, step), torch.where(new, loss.sum(), value))
-        if trainer.global_step % (self.every or max(1, trainer.log_every_n_steps)) == 0:
-            self._check()
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self._check()
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._check()
-
-    def _check(self) -> None:
-        if self._first is not None and int(self._first[0]) >= 0:  # the one host read
-            raise Diverged(f"diverged: train/loss={float(self._first[1])} at step {int(self._first[0])}")
 
 
 # Set by a sweep worker's SIGTERM handler, which only notes the signal: the worker stops at the next safe point
@@ -115,7 +71,7 @@ def objective(study: Study, trial: optuna.Trial, run: dict[str, Any]) -> float |
     }
     metrics = train(
         study.config(params, run),
-        callbacks=[DivergenceGuard(), StopWhenAsked(), *([pruning] if pruning else [])],
+        callbacks=[StopWhenAsked(), *([pruning] if pruning else [])],  # train() guards against divergence
         hparams=hparams,
     )
     if pruning is not None:

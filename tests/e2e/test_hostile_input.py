@@ -10,6 +10,7 @@ Hugging Face cache, the run's folders), and a real process's one line. The helpe
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -160,6 +161,18 @@ def spoiled_run(w, name: str, spoil: Callable[[Path], None]) -> Path:
         shutil.copytree(w.trained, run)
         spoil(run)
     return run
+
+
+def set_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, **changes}))
+
+
+def cut_events(run: Path) -> None:
+    """The TensorBoard event file of the curves cut 40 bytes short of the size its checkpoint recorded."""
+    sizes = torch.load(run / CHECKPOINT, weights_only=True)["resume_state"]["events"]
+    name = max(sizes, key=sizes.get)
+    (run / name).write_bytes((run / name).read_bytes()[: sizes[name] - 40])
 
 
 def truncate_text(path: Path) -> None:
@@ -384,6 +397,60 @@ CASES: dict[str, tuple[Callable, str]] = {
             "trainer.max_steps=4",
         ),
         "metrics.step_2.json: not a file",
+    ),
+    # a run's files are the run's (training/runfiles.py): none missing, none of another run, each range-checked
+    "train/resume with config.yaml deleted and another learning rate": (
+        lambda w: train(
+            w,
+            f"run_dir={spoiled_run(w, 'r_nocfg', lambda r: (r / 'config.yaml').unlink())}",
+            "resume=true",
+            "optim.lr=0.5",
+        ),
+        "config.yaml: missing beside checkpoints/last.ckpt",
+    ),
+    "train/resume with data.json deleted": (
+        lambda w: train(
+            w, f"run_dir={spoiled_run(w, 'r_nodata', lambda r: (r / 'data.json').unlink())}", "resume=true"
+        ),
+        "data.json: missing beside checkpoints/last.ckpt",
+    ),
+    "train/resume with hparams.yaml deleted": (
+        lambda w: train(
+            w, f"run_dir={spoiled_run(w, 'r_nohp', lambda r: (r / 'hparams.yaml').unlink())}", "resume=true"
+        ),
+        "hparams.yaml: missing beside checkpoints/last.ckpt",
+    ),
+    "train/resume with hparams.yaml a folder": (
+        lambda w: train(w, f"run_dir={wrong_type(w, 'w_hp', 'hparams.yaml', True)}", "resume=true"),
+        "hparams.yaml is a folder where a file belongs",
+    ),
+    "train/resume with an events file cut short": (
+        lambda w: train(w, f"run_dir={spoiled_run(w, 'r_evcut', cut_events)}", "resume=true", "trainer.max_steps=4"),
+        "shorter than the",
+    ),
+    "train/resume with an absurd metrics.json global_step": (
+        lambda w: train(
+            w,
+            f"run_dir={spoiled_run(w, 'r_mstep', lambda r: set_json(r / 'metrics.json', global_step=10**300))}",
+            "resume=true",
+            "trainer.max_steps=4",
+        ),
+        "metrics.json: global_step must be a whole number",
+    ),
+    "train/resume with metrics.json of another step than its checkpoint": (
+        lambda w: train(
+            w,
+            f"run_dir={spoiled_run(w, 'r_mother', lambda r: set_json(r / 'metrics.json', global_step=1))}",
+            "resume=true",
+            "trainer.max_steps=4",
+        ),
+        "records the end at step 1 but",
+    ),
+    "train/resume with its identity edited in data.json": (
+        lambda w: train(
+            w, f"run_dir={spoiled_run(w, 'r_rid', lambda r: set_json(r / 'data.json', run_id='0' * 32))}", "resume=true"
+        ),
+        "holds files of different runs",
     ),
     "train/resume with a malformed config.yaml": (
         lambda w: train(w, f"run_dir={resumable(w, 'r_cfg', spoil_config)}", "resume=true"),

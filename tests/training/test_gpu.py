@@ -227,7 +227,8 @@ def test_run_metrics_synchronises_the_device_once_per_logging_window_not_every_s
 
 
 def test_the_divergence_guard_reads_the_loss_on_the_host_only_every_n_steps_and_names_the_step():
-    from sweeps.run.objective import Diverged, DivergenceGuard
+    from foundation.errors import Diverged
+    from training.divergence import DivergenceGuard
 
     guard, module = DivergenceGuard(every=4), FakeModule(CPU)
     losses = {1: 2.0, 2: float("nan"), 3: 1.0, 4: float("nan")}
