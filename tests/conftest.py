@@ -11,7 +11,11 @@ import tempfile
 _HF_HOME = tempfile.mkdtemp(prefix="linformer-lab-hf-")
 atexit.register(shutil.rmtree, _HF_HOME, ignore_errors=True)
 os.environ.update(
-    HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=_HF_HOME, HF_DATASETS_CACHE=os.path.join(_HF_HOME, "datasets")
+    LINFORMER_LAB_PREFLIGHT="0",  # sweeps in tests start at once; tests/sweeps/run/test_preflight.py turns it on
+    HF_DATASETS_OFFLINE="1",
+    HF_HUB_OFFLINE="1",
+    HF_HOME=_HF_HOME,
+    HF_DATASETS_CACHE=os.path.join(_HF_HOME, "datasets"),
 )
 
 import importlib.util  # noqa: E402

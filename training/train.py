@@ -40,7 +40,7 @@ from foundation.errors import ConfigError, Terminated
 from foundation.lock import LOCK, Owner
 from foundation.paths import check_folder
 from foundation.rundir import CHECKPOINT, TOKENIZER, choose_run_dir, shared_with_ranks
-from lightning_modules.callbacks import Accelerate, RunMetrics, SpectrumMonitor, TrainingFlops
+from lightning_modules.callbacks import Accelerate, RunMetrics, SpectrumMonitor, TrainingFlops, compile_failures
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.language_model import EXAMPLES
 from training import config as run_config
@@ -605,7 +605,7 @@ def _fit(
             LastCheckpoint(run_dir / CHECKPOINT),
         ],
     )  # after `best`: last.ckpt holds its state after each validation
-    with shared_with_ranks(run_dir), honest_ending(trainer, run_dir):
+    with shared_with_ranks(run_dir), honest_ending(trainer, run_dir), compile_failures(compiles(cfg)):
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
         global_step = trainer.global_step
         if not run.fit_here:  # fit ran in spawned/forked ranks (ddp_spawn, ddp_fork)

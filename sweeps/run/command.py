@@ -64,7 +64,7 @@ from optuna.trial import FrozenTrial, TrialState
 from foundation.confined import open_inside
 from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
 from sweeps import stored
-from sweeps.run import storage
+from sweeps.run import plan, preflight, storage
 from sweeps.run.storage import GridPointTaken, RunStorage
 from sweeps.spec import identity, replication
 from sweeps.spec.schema import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM
@@ -384,9 +384,44 @@ def _stop(procs: list) -> None:
         p.join(timeout=120)
 
 
-def run(study: Study, stores: dict[str, RunStorage], workers: int) -> int:
+def _layout(study: Study, workers: int) -> tuple[int, int, int]:
+    """(workers that will start, torch threads each, GPUs visible) as :func:`start_workers` sets them."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    started = usable_workers(workers, sum(len(preflight.trial_points(s)) for s in study.studies), cores)
+    return started, max(1, cores // started), len(study_gpus(study, workers))
+
+
+def _preflight(study: Study, workers: int) -> Optional[list[preflight.Shape]]:
+    """The preflight (:mod:`sweeps.run.preflight`) on the first worker's device and threads; None after printing one
+    ``error:`` line per failed shape."""
+    started, threads, _ = _layout(study, workers)
+    gpus = worker_gpus(study_gpus(study, workers), started)[0][0]
+    try:
+        return preflight.check(study, threads, gpus)
+    except preflight.PreflightFailed as failed:
+        for line in failed.lines:
+            print(f"error: {line}", file=sys.stderr)
+        print("error: the preflight failed: nothing of the study was written", file=sys.stderr)
+        return None
+
+
+def _plan(
+    study: Study, shapes: list[preflight.Shape], ostudies: dict[str, optuna.Study], workers: int, visible: list
+) -> dict:
+    """The projection of the trials left, printed and written beside the study (plan.json)."""
+    left = plan.left_of(study, {s.name: ostudies[s.name].get_trials(deepcopy=False) for s in study.studies})
+    started, threads, _ = _layout(study, workers)
+    projected = plan.project(study, shapes, started, threads, len(visible), left)
+    print("\n".join(plan.lines(projected)), flush=True)
+    plan.write(study, projected)
+    return projected
+
+
+def run(
+    study: Study, stores: dict[str, RunStorage], workers: int, shapes: Optional[list[preflight.Shape]] = None
+) -> int:
     """Prepare the study and its control (``stores``: their storages, by name), start the workers, report each
-    finished trial, summarise."""
+    finished trial, summarise. ``shapes``: the preflight's measurements, projected and written as plan.json."""
     url = stores[study.name].url
     visible = study_gpus(study, workers)
     ostudies = {s.name: prepare(s, stores[s.name]) for s in study.studies}
@@ -399,6 +434,7 @@ def run(study: Study, stores: dict[str, RunStorage], workers: int) -> int:
     if all(_met(s, ostudies[s.name].trials) for s in study.studies):
         print("budget already met: nothing to run")
         return 0
+    projected = _plan(study, shapes, ostudies, workers, visible) if shapes else None
     deadline = time.time() + study.spec.budget.timeout_s if study.spec.budget.timeout_s else None
     before = {(s.name, t.number) for s in study.studies for t in ostudies[s.name].trials}
     procs = start_workers(study, url, workers, visible, _trials_left(study, ostudies), deadline)
@@ -417,6 +453,8 @@ def run(study: Study, stores: dict[str, RunStorage], workers: int) -> int:
     finally:
         signal.signal(signal.SIGTERM, on_sigterm)
     met = summarise(study, ostudies, started, deadline)
+    if projected is not None:
+        print(plan.measured_line(projected, time.time() - started))
     print(footer(study, url))
     stopped = input_error(study, ostudies, before)
     if stopped is not None:
@@ -628,6 +666,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "nothing is deleted; for a study file whose search space or objective changed",
     )
     parser.add_argument(
+        "--preflight",
+        action="store_true",
+        help="train every distinct trial shape of the study and its control a few steps, each in a fresh process on "
+        "the trials' device; print its seconds per step, peak memory and the study's projected cost; write nothing",
+    )
+    parser.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="start the trials without the preflight (also LINFORMER_LAB_PREFLIGHT=0)",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="validate the study file (schema, every trial config, sampler, pruner, grid size, storage URL) and "
@@ -660,6 +709,15 @@ def main(args: argparse.Namespace) -> int:
         return 0
     for s in study.studies:  # the accelerator its trials ask for is on this machine: refused before any write
         check_machine(s.shared)
+    shapes = None
+    if args.preflight or not (args.no_preflight or preflight.turned_off()):
+        shapes = _preflight(study, args.workers)  # before any write: a shape that fails refuses the study
+        if shapes is None:
+            return 2
+        if args.preflight:
+            print("\n".join(plan.lines(plan.project(study, shapes, *_layout(study, args.workers)))))
+            print("preflight OK: nothing written")
+            return 0
     _optuna_quiet()
     stores = storage.run_storages(study, args.storage, args.workers)
     runs = stores[study.name]  # the study's storage; its control's lies inside its folder
@@ -675,4 +733,4 @@ def main(args: argparse.Namespace) -> int:
             print(f"study {study.name}: the earlier study moved to {aside}; starting afresh", flush=True)
     with runs.own() or contextlib.nullcontext():  # one sweep command per study
         study = with_added_seeds(study, stores, args.add_seeds or 0)
-        return run(study, stores, args.workers)
+        return run(study, stores, args.workers, shapes)
