@@ -11,7 +11,10 @@ import tempfile
 _HF_HOME = tempfile.mkdtemp(prefix="linformer-lab-hf-")
 atexit.register(shutil.rmtree, _HF_HOME, ignore_errors=True)
 os.environ.update(
-    LINFORMER_LAB_PREFLIGHT="0",  # sweeps in tests start at once; tests/sweeps/run/test_preflight.py turns it on
+    # Sweeps in tests start at once and run their tiny arms whatever their control shows; test_preflight.py and
+    # test_gate.py in tests/sweeps/run/ turn these on.
+    LINFORMER_LAB_PREFLIGHT="0",
+    LINFORMER_LAB_GATE="0",
     HF_DATASETS_OFFLINE="1",
     HF_HUB_OFFLINE="1",
     HF_HOME=_HF_HOME,

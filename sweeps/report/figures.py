@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from foundation.atomic import write_figure
-from sweeps.report.findings import Row, no_context_key, run_baselines
+from sweeps.control import Row, no_context_key, run_baselines
 from sweeps.spec.study import Study
 
 if TYPE_CHECKING:

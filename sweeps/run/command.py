@@ -64,7 +64,7 @@ from optuna.trial import FrozenTrial, TrialState
 from foundation.confined import open_inside
 from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
 from sweeps import stored
-from sweeps.run import plan, preflight, storage
+from sweeps.run import gate, plan, preflight, storage
 from sweeps.run.storage import GridPointTaken, RunStorage
 from sweeps.spec import identity, replication
 from sweeps.spec.schema import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM
@@ -332,14 +332,15 @@ def _describe(t: FrozenTrial, study: Study) -> str:
     return f"trial {t.number:>3}  {t.state.name:<8} {params}  {outcome}  {took}".rstrip()
 
 
-def prepare(study: Study, runs: RunStorage) -> optuna.Study:
-    """Open (or create) the study, recover trials of dead workers, enqueue grid points not yet run."""
+def prepare(study: Study, runs: RunStorage, points: Optional[list[dict]] = None) -> optuna.Study:
+    """Open (or create) the study, recover trials of dead workers, enqueue grid points not yet run (``points``: only
+    these, e.g. those the gate runs before the arms)."""
     ostudy = open_study(runs, study)
     ostudy.set_user_attr("study_file", str(study.path))
     ostudy.set_user_attr("preset", study.preset)
     runs.fail_stale_trials(ostudy)
     if study.is_grid:
-        for point in study.points[: study.n_trials]:
+        for point in study.points[: study.n_trials] if points is None else points:
             ostudy.enqueue_trial(point, skip_if_exists=True)
     return ostudy
 
@@ -418,13 +419,21 @@ def _plan(
 
 
 def run(
-    study: Study, stores: dict[str, RunStorage], workers: int, shapes: Optional[list[preflight.Shape]] = None
+    study: Study,
+    stores: dict[str, RunStorage],
+    workers: int,
+    shapes: Optional[list[preflight.Shape]] = None,
+    gated: bool = False,
 ) -> int:
     """Prepare the study and its control (``stores``: their storages, by name), start the workers, report each
-    finished trial, summarise. ``shapes``: the preflight's measurements, projected and written as plan.json."""
+    finished trial, summarise. ``shapes``: the preflight's measurements, projected and written as plan.json.
+    ``gated``: the control's trials (and the study's points it reuses) first, then the arms only if the control
+    passes (:mod:`sweeps.run.gate`)."""
     url = stores[study.name].url
     visible = study_gpus(study, workers)
-    ostudies = {s.name: prepare(s, stores[s.name]) for s in study.studies}
+    gated = gated and study.control is not None
+    first = gate.first_points(study) if gated else None
+    ostudies = {s.name: prepare(s, stores[s.name], first if s is study else None) for s in study.studies}
     for s in study.studies:
         print(
             f"study {s.name}: {_progress(s, ostudies[s.name].trials)} trials finished; "
@@ -437,11 +446,18 @@ def run(
     projected = _plan(study, shapes, ostudies, workers, visible) if shapes else None
     deadline = time.time() + study.spec.budget.timeout_s if study.spec.budget.timeout_s else None
     before = {(s.name, t.number) for s in study.studies for t in ostudies[s.name].trials}
-    procs = start_workers(study, url, workers, visible, _trials_left(study, ostudies), deadline)
+    target = study if not gated or study.is_grid else study.control  # an open study's sampler waits for the gate
+    procs = start_workers(target, url, workers, visible, _trials_left(study, ostudies), deadline)
     started = time.time()
     on_sigterm = signal.signal(signal.SIGTERM, _terminated)
     try:
-        follow(study, ostudies, procs)
+        follow(target, ostudies, procs)
+        if gated and not any(p.exitcode for p in procs):
+            start = lambda: start_workers(study, url, workers, visible, _trials_left(study, ostudies), deadline)  # noqa: E731
+            if (stopped := _after_control(study, ostudies, procs, start)) is not None:
+                print(f"gate: {stopped}", file=sys.stderr)
+                print(footer(study, url))
+                return gate.EXIT_GATED
     except KeyboardInterrupt:  # passed on as SIGTERM: each worker puts its trial back at a safe point
         _stop(procs)
         print("interrupted: run the same command again to resume", file=sys.stderr)
@@ -461,6 +477,25 @@ def run(
         print(f"error: {stopped}", file=sys.stderr)
         return 2
     return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)
+
+
+def _after_control(
+    study: Study, ostudies: dict[str, optuna.Study], procs: list[mp.Process], start: object
+) -> Optional[str]:
+    """The gate, once the control has run: the paragraph that stops the sweep, or None after the arms have run
+    (their points enqueued, workers started by ``start`` and followed; added to ``procs``)."""
+    passed, said = gate.decide(study, ostudies[study.name], ostudies[study.control.name].get_trials(deepcopy=False))
+    if not passed:
+        return said
+    print(f"gate: {said}", flush=True)
+    if study.is_grid:
+        for point in study.points[: study.n_trials]:
+            ostudies[study.name].enqueue_trial(point, skip_if_exists=True)
+    if not _met(study, ostudies[study.name].trials):
+        more = start()
+        procs += more
+        follow(study, ostudies, more)
+    return None
 
 
 def _terminated(signum: int, frame: object) -> None:
@@ -677,6 +712,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start the trials without the preflight (also LINFORMER_LAB_PREFLIGHT=0)",
     )
     parser.add_argument(
+        "--no-gate",
+        action="store_true",
+        help="run the arms even when the control's reference is uninformative or its power check fails (by default "
+        "the sweep stops after the control, exit code 3); also LINFORMER_LAB_GATE=0",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="validate the study file (schema, every trial config, sampler, pruner, grid size, storage URL) and "
@@ -733,4 +774,4 @@ def main(args: argparse.Namespace) -> int:
             print(f"study {study.name}: the earlier study moved to {aside}; starting afresh", flush=True)
     with runs.own() or contextlib.nullcontext():  # one sweep command per study
         study = with_added_seeds(study, stores, args.add_seeds or 0)
-        return run(study, stores, args.workers, shapes)
+        return run(study, stores, args.workers, shapes, gated=not (args.no_gate or gate.turned_off()))
