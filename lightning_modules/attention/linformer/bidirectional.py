@@ -48,6 +48,7 @@ from lightning_modules.attention.base import Linear, SelfAttention, kind_options
 from lightning_modules.attention.linformer import analysis, engines
 from lightning_modules.attention.linformer.options import LinformerOptions, init_draw, layer_ks, resolve_init
 from lightning_modules.attention.linformer.projections import PROJECTION_KINDS, ProjectionBank, ProjectionKind
+from lightning_modules.flops import counting
 
 
 def _first(mask: Optional[Tensor]) -> Optional[Tensor]:
@@ -256,6 +257,8 @@ class Linformer(SelfAttention):
     def fused_agrees(self, x: Tensor, fused: Callable, reference: Callable) -> bool:
         """Whether the fused engine agreed with the reference at this layer's shape (:mod:`.engines`), checked on
         its first use: ``fused`` and ``reference`` compute the same tensors on the call's first sequence."""
+        if self.fused_checked is None and counting():  # a FLOP count: the same sums, no check counted in it
+            return True
         if self.fused_checked is None:
             key = (type(self).__name__, str(x.device), self.order, self.bank.slots(self.layer), tuple(x.shape[1:]))
             self.fused_checked = engines.agrees(key, fused, reference)
