@@ -407,12 +407,17 @@ def _preflight(study: Study, workers: int) -> Optional[list[preflight.Shape]]:
 
 
 def _plan(
-    study: Study, shapes: list[preflight.Shape], ostudies: dict[str, optuna.Study], workers: int, visible: list
+    study: Study,
+    shapes: list[preflight.Shape],
+    ostudies: dict[str, optuna.Study],
+    workers: int,
+    visible: list,
+    gated: bool = False,
 ) -> dict:
     """The projection of the trials left, printed and written beside the study (plan.json)."""
     left = plan.left_of(study, {s.name: ostudies[s.name].get_trials(deepcopy=False) for s in study.studies})
     started, threads, _ = _layout(study, workers)
-    projected = plan.project(study, shapes, started, threads, len(visible), left)
+    projected = plan.project(study, shapes, started, threads, len(visible), left, gated)
     print("\n".join(plan.lines(projected)), flush=True)
     plan.write(study, projected)
     return projected
@@ -443,7 +448,7 @@ def run(
     if all(_met(s, ostudies[s.name].trials) for s in study.studies):
         print("budget already met: nothing to run")
         return 0
-    projected = _plan(study, shapes, ostudies, workers, visible) if shapes else None
+    projected = _plan(study, shapes, ostudies, workers, visible, gated) if shapes else None
     deadline = time.time() + study.spec.budget.timeout_s if study.spec.budget.timeout_s else None
     before = {(s.name, t.number) for s in study.studies for t in ostudies[s.name].trials}
     target = study if not gated or study.is_grid else study.control  # an open study's sampler waits for the gate
@@ -756,7 +761,8 @@ def main(args: argparse.Namespace) -> int:
         if shapes is None:
             return 2
         if args.preflight:
-            print("\n".join(plan.lines(plan.project(study, shapes, *_layout(study, args.workers)))))
+            gated = study.control is not None and not (args.no_gate or gate.turned_off())
+            print("\n".join(plan.lines(plan.project(study, shapes, *_layout(study, args.workers), gated=gated))))
             print("preflight OK: nothing written")
             return 0
     _optuna_quiet()

@@ -55,9 +55,11 @@ def project(
     threads: int,
     gpus: int,
     left: Optional[set[tuple[str, str]]] = None,
+    gated: bool = False,
 ) -> dict[str, Any]:
     """The plan: the projection of the trials ``left`` (``(study name, repr of params)``; None: every trial) at
-    ``workers`` workers of ``threads`` threads and ``gpus`` visible GPUs (0: trials on the CPU)."""
+    ``workers`` workers of ``threads`` threads and ``gpus`` visible GPUs (0: trials on the CPU). ``gated``: the
+    control's trials run first, to the last, then workers start again for the arms (:mod:`sweeps.run.gate`)."""
     order = {s.name: i for i, s in enumerate(study.studies)}
     sharing = max(1.0, workers / gpus) if gpus else 1.0
     runs = []
@@ -70,7 +72,9 @@ def project(
             runs.append((order.get(name, 0), m["setup_s"] + device * sharing))
     durations = [d for _, d in sorted(runs, key=lambda r: r[0])]  # the control's first; stable within a study
     start_s = max(s.measured["start_s"] for s in shapes)
-    wall = schedule(durations, min(workers, max(1, len(durations))), start_s)
+    first = [d for i, d in runs if i == 0] if gated and len(order) > 1 else []
+    rest = durations[len(first) :]
+    wall = sum(schedule(part, min(workers, max(1, len(part))), start_s) for part in (first, rest) if part)
     largest = max(shapes, key=lambda s: s.measured["peak_mb"])
     held = min(workers, gpus) if gpus else 0
     return {

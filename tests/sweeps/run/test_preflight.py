@@ -62,6 +62,11 @@ def test_the_plan_projects_the_trials_left_and_names_the_largest_arm(tmp_path, t
     assert projected["trials"] == n and projected["wall_s"] == pytest.approx(3 + n * one)
     assert projected["largest_peak_mb"] == 300.0 and projected["largest_peak_arm"].startswith(shapes[2].label)
     assert projected["cpu_hours"] == pytest.approx(projected["wall_s"] / 3600)
+    # gated: the control's trials to the last, then the workers start again for the arms
+    gated = plan.project(study, shapes, workers=2, threads=1, gpus=0, gated=True)
+    control = sum(len(t) for t in [s.trials for s in shapes] if t and t[0][0].endswith("_control"))
+    arms = n - control
+    assert gated["wall_s"] == pytest.approx(3 + -(-control // 2) * one + 3 + -(-arms // 2) * one)
     # the same on one GPU shared by two workers: each trial's device time counts twice
     shared = plan.project(study, shapes, workers=2, threads=1, gpus=1)
     assert shared["device_hours"] == pytest.approx(shared["wall_s"] / 3600)
