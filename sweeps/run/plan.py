@@ -62,14 +62,15 @@ def project(
     control's trials run first, to the last, then workers start again for the arms (:mod:`sweeps.run.gate`)."""
     order = {s.name: i for i, s in enumerate(study.studies)}
     sharing = max(1.0, workers / gpus) if gpus else 1.0
-    runs = []
+    runs: list[tuple[int, float]] = []
     for shape in shapes:
         m = shape.measured
         for name, params, steps, n_val in shape.trials:
             if left is not None and (name, repr(sorted(params.items()))) not in left:
                 continue
-            device = m["first_step_s"] + max(0, steps - 1) * m["step_s"] + n_val * m["validation_s"]
+            device = trial_seconds(m, steps, n_val) - m["setup_s"]  # what the GPU's sharers slow down
             runs.append((order.get(name, 0), m["setup_s"] + device * sharing))
+    runs = _open_at_mean(study, runs)
     durations = [d for _, d in sorted(runs, key=lambda r: r[0])]  # the control's first; stable within a study
     start_s = max(s.measured["start_s"] for s in shapes)
     first = [d for i, d in runs if i == 0] if gated and len(order) > 1 else []
@@ -95,6 +96,18 @@ def project(
         "shapes": [{"arm": s.label, "setting": s.setting, "trials": len(s.trials), **s.measured} for s in shapes],
         "projected_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def _open_at_mean(study: Study, runs: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """An open study's range ends stand for its ``n_trials`` sampled trials, each at their mean duration."""
+    out = []
+    for i, s in enumerate(study.studies):
+        mine = [d for j, d in runs if j == i]
+        if s.is_grid or not mine:
+            out += [(i, d) for d in mine]
+        else:
+            out += [(i, sum(mine) / len(mine))] * (s.n_trials or len(mine))
+    return out
 
 
 def lines(plan: dict[str, Any]) -> list[str]:

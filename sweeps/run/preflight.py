@@ -81,20 +81,26 @@ class Shape:
     trials: list[tuple[str, dict, int, int]] = field(default_factory=list)
     measured: Optional[dict] = None  # what its process measured (see the module docstring)
     failure: Optional[str] = None  # its one line when it failed
+    differs: tuple[str, ...] = ()  # the keys beyond NAMED in which the study's shapes differ
+    grid: bool = True  # its trials are grid points (else an open study's range ends)
 
     @property
     def setting(self) -> str:
         flat = flatten(to_container(self.cfg))
-        return " ".join(f"{k}={flat[k]}" for k in NAMED if flat.get(k) is not None)
+        return " ".join(f"{k}={flat[k]}" for k in (*NAMED, *self.differs) if flat.get(k) is not None)
+
+
+def costly(cfg: DictConfig) -> dict[str, Any]:
+    """The config keys that change a trial's cost per step (every key but :data:`COST_FREE` ones), flat."""
+    flat = flatten(to_container(cfg))
+    return {
+        k: v for k, v in flat.items() if k not in COST_FREE and not any(k.startswith(p) for p in COST_FREE_PREFIXES)
+    }
 
 
 def shape_key(cfg: DictConfig) -> str:
-    """The config keys that change a trial's cost per step (every key but :data:`COST_FREE` ones), as one string."""
-    flat = flatten(to_container(cfg))
-    kept = {
-        k: v for k, v in flat.items() if k not in COST_FREE and not any(k.startswith(p) for p in COST_FREE_PREFIXES)
-    }
-    return repr(sorted(kept.items(), key=lambda kv: kv[0]))
+    """:func:`costly` as one string."""
+    return repr(sorted(costly(cfg).items(), key=lambda kv: kv[0]))
 
 
 def validations(cfg: DictConfig) -> int:
@@ -114,18 +120,23 @@ def trial_points(study: Study) -> list[dict]:
 
 def shapes_of(study: Study) -> list[Shape]:
     """Every distinct trial shape of the study and its control, the control's first, each with its trials (an open
-    study's ``n_trials`` spread over its range ends)."""
+    study's range ends, one each: its sampled trials are projected at their mean, :func:`sweeps.run.plan.project`)."""
     found: dict[str, Shape] = {}
     for s in study.studies:
-        points = trial_points(s)
-        reps = 1 if s.is_grid or not points else max(1, -(-(s.n_trials or len(points)) // len(points)))
-        for params in points:
+        for params in trial_points(s):
             cfg = s.config(params)
             key = shape_key(cfg)
             label = _label(s, params)
-            shape = found.setdefault(key, Shape(key, label, cfg))
-            shape.trials += [(s.name, params, cfg.trainer.max_steps, validations(cfg))] * reps
-    return list(found.values())
+            shape = found.setdefault(key, Shape(key, label, cfg, grid=s.is_grid))
+            shape.trials.append((s.name, params, cfg.trainer.max_steps, validations(cfg)))
+    shapes = list(found.values())
+    flats = [costly(shape.cfg) for shape in shapes]
+    differs = tuple(
+        sorted({k for f in flats for k in f if k not in NAMED and len({repr(g.get(k)) for g in flats}) > 1})
+    )
+    for shape in shapes:
+        shape.differs = differs
+    return shapes
 
 
 def _label(study: Study, params: dict) -> str:
@@ -347,7 +358,7 @@ def measured_line(shape: Shape) -> str:
         f"preflight: {shape.label} [{shape.setting}]: {m['step_s']:.3f} s/step after warm-up, first step "
         f"{m['first_step_s']:.1f} s (compile and warm-up), set-up {m['setup_s']:.1f} s, validation "
         f"{m['validation_s']:.1f} s, peak {m['peak_mb']:.0f} MB of {m['total_mb']:.0f} MB ({where}); "
-        f"{len(shape.trials)} trial(s)"
+        f"{len(shape.trials)} {'trial(s)' if shape.grid else 'point(s) of its range'}"
     )
 
 
