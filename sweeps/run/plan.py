@@ -4,7 +4,8 @@ written beside the study as ``plan.json``; at the end of the sweep, the measured
 
 A trial's projected seconds, from its shape's measurements::
 
-    set-up + first step (compile, warm-up) + (steps − 1) × seconds per step + validations × one validation's seconds
+    set-up + first step (compile, warm-up) + (steps − 1) × seconds per step
+           + validations × (one validation's seconds + one checkpoint save's)
 
 The trials left run in order (the control's first) on W worker slots, each trial on the slot that frees first,
 after each worker's start (one process start and import, measured once). On the CPU each worker has cores/W torch
@@ -34,7 +35,7 @@ def trial_seconds(measured: dict, steps: int, n_validations: int) -> float:
         measured["setup_s"]
         + measured["first_step_s"]
         + max(0, steps - 1) * measured["step_s"]
-        + n_validations * measured["validation_s"]
+        + n_validations * (measured["validation_s"] + measured.get("checkpoint_s", 0.0))
     )
 
 

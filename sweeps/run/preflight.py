@@ -7,12 +7,14 @@ optimiser, the steps and validation interval, names and folders, initialisation 
 those share one measurement. Each shape's process builds the run's data and model with
 :mod:`training.train`'s own building blocks (``build_datamodule``, ``build_module_or_refuse``, ``trainer_arguments``,
 the ``Accelerate`` callback that compiles), trains :data:`STEPS` steps with the trial's settings (precision, compile,
-engine, batch) and validates once, writing nothing (no logger, no checkpoint, no run directory). It measures:
+engine, batch; its FLOP count and throughput callbacks too, which a trial's first step pays) and validates once,
+writing nothing (no logger, no run directory; one checkpoint into a temporary folder). It measures:
 
 * ``setup_s``: from the start of the trial's work to its first batch (data prepared, model built, trainer set up);
 * ``first_step_s``: the first step, which compiles (``trainer.compile``) and warms the libraries up;
 * ``step_s``: seconds per step after :data:`WARMUP` more steps, over the rest (the time between steps included);
-* ``validation_s``: one validation pass at the trial's ``trainer.limit_val_batches``;
+* ``validation_s``: one validation pass at the trial's ``trainer.limit_val_batches``; ``checkpoint_s``: one save of
+  the trial's checkpoint (a trial saves one after every validation), into a temporary folder;
 * ``start_s``: the process's start and its import of the training stack (a sweep worker pays it once);
 * ``peak_mb`` against ``total_mb``: on a GPU the allocator's peak (``torch.cuda.max_memory_allocated``) against the
   device's memory; on the CPU the growth of the process's peak resident set (``resource.getrusage``) against the
@@ -29,8 +31,10 @@ import multiprocessing as mp
 import os
 import resource
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
@@ -157,7 +161,7 @@ def measure(cfg: DictConfig, steps: int = STEPS, threads: int = 0) -> dict[str, 
     started = time.perf_counter()
     import torch
 
-    from lightning_modules.callbacks import Accelerate, compile_failures
+    from lightning_modules.callbacks import Accelerate, RunMetrics, TrainingFlops, compile_failures
     from training.train import build_datamodule, build_module_or_refuse, compiles, trainer_arguments
 
     imported = time.perf_counter() - started
@@ -179,11 +183,16 @@ def measure(cfg: DictConfig, steps: int = STEPS, threads: int = 0) -> dict[str, 
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        callbacks=[Accelerate(compiles(cfg)), timer],
+        callbacks=[Accelerate(compiles(cfg)), RunMetrics(flops := TrainingFlops()), flops, timer],
     )
     with compile_failures(compiles(cfg)):
         trainer.fit(module, datamodule=datamodule)
-    return {"import_s": imported, **timer.result(), **_memory(timer.device, rss_before)}
+    with tempfile.TemporaryDirectory() as scratch:  # a trial saves its checkpoint after every validation
+        saving = time.perf_counter()
+        trainer.save_checkpoint(Path(scratch) / "last.ckpt", weights_only=False)
+        checkpoint_s = time.perf_counter() - saving
+    measured = {"import_s": imported, **timer.result(), "checkpoint_s": checkpoint_s}
+    return {**measured, **_memory(timer.device, rss_before)}
 
 
 def _rss_mb() -> float:
