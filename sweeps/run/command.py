@@ -1,5 +1,5 @@
 """``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W] [--add-seeds N]
-[--replicate] [--new-study] [--check]``.
+[--replicate] [--new-study] [--check] [--preflight | --no-preflight] [--no-gate]``.
 
 Launches, or resumes, an Optuna study. The command validates the study file, the sampler's and pruner's
 arguments and the storage URL (exit 2 before any trial; ``--check`` stops there, writing nothing), takes
@@ -18,6 +18,12 @@ A trial that fails on an input error is put back uncounted and stops its worker:
 at its next safe point (never inside a journal write) its running trial saves a checkpoint and is put back; the
 command exits 143 (130 for Ctrl-C). Before anything is written, a journal study's folder is checked for links and
 wrong-type names (:meth:`sweeps.run.storage.RunStorage.check_folder`).
+
+Before anything is written, every distinct trial shape trains a few steps in a fresh process on the trials' device
+(:mod:`sweeps.run.preflight`; ``--preflight`` stops after it and the projected cost, ``--no-preflight`` skips it); a
+failed shape is one ``error:`` line each and exit 2. The projection (:mod:`sweeps.run.plan`) is printed before the
+first trial and written as ``plan.json``. The control's trials run first, as a gate (:mod:`sweeps.run.gate`): a
+control that does not pass stops the sweep before the arms with exit code 3 (``--no-gate`` runs them anyway).
 
 The study file is read and checked once, here: the workers get the loaded :class:`~sweeps.spec.study.Study` whole,
 its points' configs checked, and ``--add-seeds`` grows it (:meth:`~sweeps.spec.study.Study.with_seeds`) without
