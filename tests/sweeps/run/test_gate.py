@@ -60,3 +60,17 @@ def test_a_stored_decision_is_kept_while_the_control_is_the_one_it_was_taken_on(
     passed, said = gate.decide(study, ostudy, [])
     assert not passed and "could not be judged" in said
     assert ostudy.user_attrs[gate.GATE] == {"passed": False, "on": [], "why": said}
+
+
+@pytest.mark.processes  # the sweep's workers
+def test_the_arm_the_control_reuses_runs_with_the_control_and_no_other_arm_before_the_gate(
+    tmp_path, tiny, monkeypatch, capsys
+):
+    from studies import ARMS
+
+    monkeypatch.setenv("LINFORMER_LAB_GATE", "1")
+    space = {"seed": {"type": "categorical", "choices": [0, 1]}, "arm": {"type": "categorical", "choices": ARMS}}
+    path = write_study(tmp_path, tiny, "reusing", space, arms=["arm"], control=CONTROL)  # reference = the full arm
+    assert cli.main(["sweep", str(path)]) == gate.EXIT_GATED
+    ran = [t.params["arm"] for t in trials_of(path) if t.state.is_finished()]
+    assert ran == ["full", "full"]  # the control's reference, at seeds 0 and 1; Linformer not run
