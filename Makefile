@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 
-.PHONY: setup run test test-fast test-slow lint format tensorboard dashboard clean
+.PHONY: setup run test test-fast test-slow lint format tensorboard dashboard clean gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -49,6 +49,12 @@ lint: setup
 format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# The GPU measurement kit (docs/gpu.md): bench, a trial pair, the preflight, a tiny study and the suite on this
+# machine's CUDA device, into gpu-check-out/table.md. Needs .venv with a CUDA torch (make setup TORCH_SPEC=), so it
+# installs nothing itself. PARTS: a subset of "bench trial preflight study tests".
+gpu-check:
+	bash .ci/gpu-check.sh $(PARTS)
 
 tensorboard: setup
 	$(VENV)/bin/tensorboard --logdir runs --host $(HOST)

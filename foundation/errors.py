@@ -70,3 +70,4 @@ class Diverged(RuntimeError):
 
 
 EXIT_DIVERGED = 3  # the training loss became non-finite: the run stopped there, its last finite checkpoint kept
+EXIT_GATED = 4  # sweep: the control did not pass its gate; the arms were not run

@@ -4,15 +4,17 @@ sets a process up to train fast (:class:`Accelerate`)."""
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from foundation.errors import ConfigError
 from lightning_modules import analysis
 from lightning_modules.figures import figure_to_array
 from lightning_modules.flops import device_peak, training_step_flops
@@ -39,8 +41,49 @@ class Accelerate(L.Callback):
             torch.set_float32_matmul_precision(TENSOR_CORES)
         if self.compile and not self._compiled:
             torch.compiler.reset()
-            pl_module.encoder.compile()
+            try:
+                pl_module.encoder.compile()
+            except Exception as err:
+                raise compile_failed(err) from err
             self._compiled = True
+
+
+class CompileFailed(ConfigError):
+    """``torch.compile`` failed on this run's model: one line naming ``trainer.compile`` and the way out.
+
+    A failed compile stops the run rather than falling back to eager: the trials of one study are compared at one
+    setting (an eager fall-back would mix compiled and eager trials, whose speed and rounding differ, in one
+    comparison), and the way out is one key. A ConfigError, so that a sweep puts the trial back uncounted and stops
+    with this line (every trial of the shape would meet it); ``sweep`` meets it in its preflight, before any trial."""
+
+
+@contextlib.contextmanager
+def compile_failures(compiling: bool) -> Iterator[None]:
+    """Inside: a failure of ``torch.compile`` (raised when the model is compiled, or by TorchDynamo or Inductor at its
+    first call) becomes :class:`CompileFailed`; nothing else changes. Out of memory stays what it is."""
+    if not compiling:
+        yield
+        return
+    try:
+        yield
+    except CompileFailed:
+        raise
+    except Exception as err:
+        chain = [err, err.__cause__, err.__context__]
+        if not any(e is not None and type(e).__module__.startswith(COMPILERS) for e in chain):
+            raise
+        raise compile_failed(err) from err
+
+
+COMPILERS = ("torch._dynamo", "torch._inductor")  # the modules whose exceptions are torch.compile's
+
+
+def compile_failed(err: BaseException) -> CompileFailed:
+    said = " ".join(str(err).split())[:160]
+    return CompileFailed(
+        f"trainer.compile: torch.compile failed on this model ({type(err).__name__}: {said}); set "
+        "trainer.compile=false to train eager"
+    )
 
 
 def peak_memory_mb(device: torch.device) -> float:

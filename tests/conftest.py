@@ -11,7 +11,14 @@ import tempfile
 _HF_HOME = tempfile.mkdtemp(prefix="linformer-lab-hf-")
 atexit.register(shutil.rmtree, _HF_HOME, ignore_errors=True)
 os.environ.update(
-    HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=_HF_HOME, HF_DATASETS_CACHE=os.path.join(_HF_HOME, "datasets")
+    # Sweeps in tests start at once and run their tiny arms whatever their control shows; test_preflight.py and
+    # test_gate.py in tests/sweeps/run/ turn these on.
+    LINFORMER_LAB_PREFLIGHT="0",
+    LINFORMER_LAB_GATE="0",
+    HF_DATASETS_OFFLINE="1",
+    HF_HUB_OFFLINE="1",
+    HF_HOME=_HF_HOME,
+    HF_DATASETS_CACHE=os.path.join(_HF_HOME, "datasets"),
 )
 
 import importlib.util  # noqa: E402

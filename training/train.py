@@ -40,7 +40,7 @@ from foundation.errors import ConfigError, Terminated
 from foundation.lock import LOCK, Owner
 from foundation.paths import check_folder
 from foundation.rundir import CHECKPOINT, TOKENIZER, choose_run_dir, shared_with_ranks
-from lightning_modules.callbacks import Accelerate, RunMetrics, SpectrumMonitor, TrainingFlops
+from lightning_modules.callbacks import Accelerate, RunMetrics, SpectrumMonitor, TrainingFlops, compile_failures
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.language_model import EXAMPLES
 from training import config as run_config
@@ -622,6 +622,7 @@ def _fit(
     with (
         shared_with_ranks(run_dir),
         honest_ending(trainer, run_dir),
+        compile_failures(compiles(cfg)),
         _recorded_divergence(cfg, trainer, run_dir, last, kept, run_id),
     ):
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)

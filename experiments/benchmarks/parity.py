@@ -34,7 +34,7 @@ linformer's ``proj_k``/``proj_v``, performer's feature matrix, nystrom's ``res_c
 The layer takes no padding mask (the byte base has none): a batch with padding is refused in one line.
 
 Per kind and seed both sides train with the same config and seed; the report gives each side's mean ± sd over
-seeds, the paired difference library − project with its 95 % CI (:func:`sweeps.report.stats.compare`), and each side's
+seeds, the paired difference library − project with its 95 % CI (:func:`sweeps.spec.stats.compare`), and each side's
 gain over the no-context level (``baselines/unigram/masked_loss`` of ``metrics.json``).
 """
 
@@ -58,7 +58,7 @@ from foundation.errors import require
 from foundation.rundir import CHECKPOINT
 from lightning_modules.attention import ATTENTION_KINDS
 from lightning_modules.attention.base import SelfAttention, kind_options, register_attention
-from sweeps.report.stats import compare, summarize
+from sweeps.spec.stats import compare, summarize
 
 METRIC = "val/masked_loss"
 BASELINE = "unigram/masked_loss"

@@ -5,14 +5,14 @@ Writes ``<output_dir>/<study>_<preset>/report/``:
 * ``trials.csv``: one row per trained trial, the control's included (number, state, objective values, params,
   arm, fail reason, duration, every scalar of its metrics.json);
 * ``summary.md``: first the reference's context gain over a model without context (a study with a control,
-  :class:`sweeps.report.findings.ContextGain`): below the study's ``verdict.context_gain``, or with a CI holding 0, the
+  :class:`sweeps.control.ContextGain`): below the study's ``verdict.context_gain``, or with a CI holding 0, the
   only answer is "uninformative" and no verdict follows. Then the answer to the study's question in one sentence
   per objective (from the study's own arms), the δ used, the multiplicity (Holm) statement and how the
-  validation sampling error is measured; the control's power check (:func:`sweeps.report.stats.power_check`); per arm
+  validation sampling error is measured; the control's power check (:func:`sweeps.spec.stats.power_check`); per arm
   (the control's two arms included), each objective's mean ± std over replicates (seeds), n, the no-context
   baselines beside it (the unigram on the same targets, ``trivial_loss`` / ``trivial_accuracy``) and its success
   rate where the study file sets a threshold; every pair of the study's own arms on every objective with a 95 %
-  CI, one of three verdicts (:mod:`sweeps.report.stats`, docs/verdicts.md: better, on par within ±δ, or undecided with
+  CI, one of three verdicts (:mod:`sweeps.spec.stats`, docs/verdicts.md: better, on par within ±δ, or undecided with
   the seeds that would decide it) and its validation sampling error; quality against speed; failed trials and
   their reasons; the best parameters of open (non-grid) studies;
 * PNG plots (:mod:`sweeps.report.figures`, with Optuna's): optimisation history, parameter importances (when
@@ -28,7 +28,7 @@ under ``<output_dir>/<study>_<preset>_replicate/report/``: its summary opens wit
 beside the fresh seeds' own, replicated, not decided (with the seeds to add) or contradicted
 (:mod:`sweeps.report.replication`, also ``replication.csv``), followed by the fresh seeds' own report.
 
-The report is built in layers: numbers (:mod:`sweeps.report.stats`, :mod:`sweeps.report.findings`, computed once
+The report is built in layers: numbers (:mod:`sweeps.spec.stats`, :mod:`sweeps.report.findings`, computed once
 per report), and one module per section that owns its words, tables and figure (the control's power check
 :mod:`sweeps.report.power`, the comparisons and their verdicts :mod:`sweeps.report.comparisons`, the context gain
 :mod:`sweeps.report.context`, quality against speed :mod:`sweeps.report.efficiency`, a ladder's
@@ -50,19 +50,12 @@ from optuna.trial import TrialState
 from foundation.atomic import atomic_text, atomic_write_text
 from foundation.errors import ConfigError
 from sweeps import stored
-from sweeps.report import comparisons, context, efficiency, figures, markdown, replication, scale, stats
+from sweeps.control import Row, control_label, reused_rows, rows_of, run_baselines, value
+from sweeps.report import comparisons, context, efficiency, figures, markdown, replication, scale
 from sweeps.report.comparisons import comparisons_table, pair_sentence, seeds_advice
-from sweeps.report.findings import (
-    Findings,
-    Row,
-    control_label,
-    findings,
-    reused_rows,
-    rows_of,
-    run_baselines,
-    value,
-)
+from sweeps.report.findings import Findings, findings
 from sweeps.report.power import has_power, power_section
+from sweeps.spec import stats
 from sweeps.spec.schema import ADDED_SEEDS, REPLICATE_SUFFIX
 from sweeps.spec.study import Study, load_study
 from sweeps.stored import check_objective

@@ -1,20 +1,21 @@
 """The comparisons of a study's own arms and their verdicts, as the report says them: each verdict in words
 (better, on par within ±δ, or undecided with the seeds that would decide it; docs/verdicts.md), the answer's sentence
 of a pair, the comparisons and success-rate tables, the Holm and validation-error statements, and the seeds to
-add. The numbers are :mod:`sweeps.report.findings`' (computed once per report, over :mod:`sweeps.report.stats`)."""
+add. The numbers are :mod:`sweeps.report.findings`' (computed once per report, over :mod:`sweeps.spec.stats`)."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from sweeps.report import markdown, stats
+from sweeps.control import trivial_key
+from sweeps.report import markdown
 from sweeps.report.findings import (
     Compared,
     Findings,
     RatesCompared,
-    trivial_key,
 )
 from sweeps.report.markdown import PCT, at_or_beyond, fmt, interval, p_is
+from sweeps.spec import stats
 from sweeps.spec.study import Study
 
 

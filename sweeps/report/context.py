@@ -1,19 +1,15 @@
 """The context gain, as the report says it: the reference's gain over a model without context (the report's first
 line, and its only answer when the reference did not learn to use its context), each arm's gain in the arms table,
 and an open study's best trial against the model without context. The numbers are
-:class:`sweeps.report.findings.ContextGain`."""
+:class:`sweeps.control.ContextGain`."""
 
 from __future__ import annotations
 
 from typing import Optional
 
+from sweeps.control import ContextGain, Row, gain_order
 from sweeps.report import markdown
-from sweeps.report.findings import (
-    ContextGain,
-    Findings,
-    Row,
-    gain_order,
-)
+from sweeps.report.findings import Findings
 from sweeps.report.markdown import fmt, interval
 from sweeps.spec.study import Study
 

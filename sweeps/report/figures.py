@@ -13,8 +13,8 @@ import optuna
 from optuna.trial import TrialState
 
 from foundation.atomic import write_figure
+from sweeps.control import Row, no_context_key, run_baselines
 from sweeps.report import markdown
-from sweeps.report.findings import Row, no_context_key, run_baselines
 from sweeps.spec.study import Study
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from sweeps.report import stats
+from sweeps.spec import stats
 
 PCT = f"{stats.POWER * 100:.0f} %"
 

@@ -1,17 +1,15 @@
 """The control's power check, as the report says it: does the reference leave the trivial baseline, and does the
-control separate its reference from its degraded arm (:func:`sweeps.report.stats.power_check`, on the control's
-trials: :func:`sweeps.report.findings.power_of`)? Its words and its section of summary.md."""
+control separate its reference from its degraded arm (:func:`sweeps.spec.stats.power_check`, on the control's
+trials: :func:`sweeps.control.power_of`)? Its words and its section of summary.md."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from sweeps.report import stats
-from sweeps.report.findings import (
-    Findings,
-    control_label,
-)
+from sweeps.control import control_label
+from sweeps.report.findings import Findings
 from sweeps.report.markdown import fmt
+from sweeps.spec import stats
 from sweeps.spec.study import Study
 
 

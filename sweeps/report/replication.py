@@ -10,8 +10,8 @@ plan at 80 %). Each verdict of the original then gets one of three statuses:
   original's 95 % CI put the gain beyond δ; or, for an original "on par", a gain whose 95 % CI lies beyond δ;
 * **not decided**: anything else (undecided on the fresh seeds, or a verdict compatible with the original's but not
   the same, such as "on par" beside a gain smaller than δ): the seeds per arm to add to the replication that would
-  decide it at 80 % power, planned from the fresh seeds' difference and spread (:func:`sweeps.report.stats.
-  seeds_for_better`, :func:`~sweeps.report.stats.seeds_for_on_par`); a replication whose reference did not learn to
+  decide it at 80 % power, planned from the fresh seeds' difference and spread (:func:`sweeps.spec.stats.
+  seeds_for_better`, :func:`~sweeps.spec.stats.seeds_for_on_par`); a replication whose reference did not learn to
   use context, or whose power check failed, decides nothing.
 
 The original's undecided pairs are no verdict, so there is nothing to replicate; they are listed by name.
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from foundation.atomic import atomic_text
-from sweeps.report import stats
 from sweeps.report.findings import Compared, Findings, RatesCompared
 from sweeps.report.markdown import PCT, fmt, interval, table
+from sweeps.spec import stats
 
 REPLICATED, NOT_DECIDED, CONTRADICTED = "replicated", "not decided", "contradicted"
 RATE = "solves more often"  # a claim of the success-rate comparisons

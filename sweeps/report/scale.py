@@ -47,10 +47,12 @@ from foundation.atomic import write_figure, write_json
 from foundation.checked import read_json, read_run_config
 from foundation.errors import ConfigError
 from lightning_modules.attention import ATTENTION_KINDS
-from sweeps.report import comparisons, efficiency, markdown, stats
+from sweeps.control import Row, run_metrics
+from sweeps.report import comparisons, efficiency, markdown
 from sweeps.report.comparisons import verdict
-from sweeps.report.findings import Compared, Findings, Row, run_metrics
+from sweeps.report.findings import Compared, Findings
 from sweeps.report.markdown import fmt, signed, signed_interval
+from sweeps.spec import stats
 from sweeps.spec.study import Study
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W] [--add-seeds N]
-[--replicate] [--new-study] [--check]``.
+[--replicate] [--new-study] [--check] [--preflight | --no-preflight] [--no-gate]``.
 
 Launches, or resumes, an Optuna study. The command validates the study file, the sampler's and pruner's
 arguments and the storage URL (exit 2 before any trial; ``--check`` stops there, writing nothing), takes
@@ -18,6 +18,12 @@ A trial that fails on an input error is put back uncounted and stops its worker:
 at its next safe point (never inside a journal write) its running trial saves a checkpoint and is put back; the
 command exits 143 (130 for Ctrl-C). Before anything is written, a journal study's folder is checked for links and
 wrong-type names (:meth:`sweeps.run.storage.RunStorage.check_folder`).
+
+Before anything is written, every distinct trial shape trains a few steps in a fresh process on the trials' device
+(:mod:`sweeps.run.preflight`; ``--preflight`` stops after it and the projected cost, ``--no-preflight`` skips it); a
+failed shape is one ``error:`` line each and exit 2. The projection (:mod:`sweeps.run.plan`) is printed before the
+first trial and written as ``plan.json``. The control's trials run first, as a gate (:mod:`sweeps.run.gate`): a
+control that does not pass stops the sweep before the arms with exit code 4 (``--no-gate`` runs them anyway).
 
 The study file is read and checked once, here: the workers get the loaded :class:`~sweeps.spec.study.Study` whole,
 its points' configs checked, and ``--add-seeds`` grows it (:meth:`~sweeps.spec.study.Study.with_seeds`) without
@@ -64,7 +70,7 @@ from optuna.trial import FrozenTrial, TrialState
 from foundation.confined import open_inside
 from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
 from sweeps import stored
-from sweeps.run import storage
+from sweeps.run import gate, plan, preflight, storage
 from sweeps.run.storage import GridPointTaken, RunStorage
 from sweeps.spec import identity, replication
 from sweeps.spec.schema import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM
@@ -334,14 +340,15 @@ def _describe(t: FrozenTrial, study: Study) -> str:
     return f"trial {t.number:>3}  {state:<8} {params}  {outcome}  {took}".rstrip()
 
 
-def prepare(study: Study, runs: RunStorage) -> optuna.Study:
-    """Open (or create) the study, recover trials of dead workers, enqueue grid points not yet run."""
+def prepare(study: Study, runs: RunStorage, points: Optional[list[dict]] = None) -> optuna.Study:
+    """Open (or create) the study, recover trials of dead workers, enqueue grid points not yet run (``points``: only
+    these, e.g. those the gate runs before the arms)."""
     ostudy = open_study(runs, study)
     ostudy.set_user_attr("study_file", str(study.path))
     ostudy.set_user_attr("preset", study.preset)
     runs.fail_stale_trials(ostudy)
     if study.is_grid:
-        for point in study.points[: study.n_trials]:
+        for point in study.points[: study.n_trials] if points is None else points:
             ostudy.enqueue_trial(point, skip_if_exists=True)
     return ostudy
 
@@ -386,12 +393,60 @@ def _stop(procs: list) -> None:
         p.join(timeout=120)
 
 
-def run(study: Study, stores: dict[str, RunStorage], workers: int) -> int:
+def _layout(study: Study, workers: int) -> tuple[int, int, int]:
+    """(workers that will start, torch threads each, GPUs visible) as :func:`start_workers` sets them."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    started = usable_workers(workers, sum(len(preflight.trial_points(s)) for s in study.studies), cores)
+    return started, max(1, cores // started), len(study_gpus(study, workers))
+
+
+def _preflight(study: Study, workers: int) -> Optional[list[preflight.Shape]]:
+    """The preflight (:mod:`sweeps.run.preflight`) on the first worker's device and threads; None after printing one
+    ``error:`` line per failed shape."""
+    started, threads, _ = _layout(study, workers)
+    gpus = worker_gpus(study_gpus(study, workers), started)[0][0]
+    try:
+        return preflight.check(study, threads, gpus)
+    except preflight.PreflightFailed as failed:
+        for line in failed.lines:
+            print(f"error: {line}", file=sys.stderr)
+        print("error: the preflight failed: nothing of the study was written", file=sys.stderr)
+        return None
+
+
+def _plan(
+    study: Study,
+    shapes: list[preflight.Shape],
+    ostudies: dict[str, optuna.Study],
+    workers: int,
+    visible: list,
+    gated: bool = False,
+) -> dict:
+    """The projection of the trials left, printed and written beside the study (plan.json)."""
+    left = plan.left_of(study, {s.name: ostudies[s.name].get_trials(deepcopy=False) for s in study.studies})
+    started, threads, _ = _layout(study, workers)
+    projected = plan.project(study, shapes, started, threads, len(visible), left, gated)
+    print("\n".join(plan.lines(projected)), flush=True)
+    plan.write(study, projected)
+    return projected
+
+
+def run(
+    study: Study,
+    stores: dict[str, RunStorage],
+    workers: int,
+    shapes: Optional[list[preflight.Shape]] = None,
+    gated: bool = False,
+) -> int:
     """Prepare the study and its control (``stores``: their storages, by name), start the workers, report each
-    finished trial, summarise."""
+    finished trial, summarise. ``shapes``: the preflight's measurements, projected and written as plan.json.
+    ``gated``: the control's trials (and the study's points it reuses) first, then the arms only if the control
+    passes (:mod:`sweeps.run.gate`)."""
     url = stores[study.name].url
     visible = study_gpus(study, workers)
-    ostudies = {s.name: prepare(s, stores[s.name]) for s in study.studies}
+    gated = gated and study.control is not None
+    first = gate.first_points(study) if gated else None
+    ostudies = {s.name: prepare(s, stores[s.name], first if s is study else None) for s in study.studies}
     for s in study.studies:
         print(
             f"study {s.name}: {_progress(s, ostudies[s.name].trials)} trials finished; "
@@ -401,13 +456,21 @@ def run(study: Study, stores: dict[str, RunStorage], workers: int) -> int:
     if all(_met(s, ostudies[s.name].trials) for s in study.studies):
         print("budget already met: nothing to run")
         return 0
+    projected = _plan(study, shapes, ostudies, workers, visible, gated) if shapes else None
     deadline = time.time() + study.spec.budget.timeout_s if study.spec.budget.timeout_s else None
     before = {(s.name, t.number) for s in study.studies for t in ostudies[s.name].trials}
-    procs = start_workers(study, url, workers, visible, _trials_left(study, ostudies), deadline)
+    target = study if not gated or study.is_grid else study.control  # an open study's sampler waits for the gate
+    procs = start_workers(target, url, workers, visible, _trials_left(study, ostudies), deadline)
     started = time.time()
     on_sigterm = signal.signal(signal.SIGTERM, _terminated)
     try:
-        follow(study, ostudies, procs)
+        follow(target, ostudies, procs)
+        if gated and not any(p.exitcode for p in procs):
+            start = lambda: start_workers(study, url, workers, visible, _trials_left(study, ostudies), deadline)  # noqa: E731
+            if (stopped := _after_control(study, ostudies, procs, start)) is not None:
+                print(f"gate: {stopped}", file=sys.stderr)
+                print(footer(study, url))
+                return gate.EXIT_GATED
     except KeyboardInterrupt:  # passed on as SIGTERM: each worker puts its trial back at a safe point
         _stop(procs)
         print("interrupted: run the same command again to resume", file=sys.stderr)
@@ -419,12 +482,33 @@ def run(study: Study, stores: dict[str, RunStorage], workers: int) -> int:
     finally:
         signal.signal(signal.SIGTERM, on_sigterm)
     met = summarise(study, ostudies, started, deadline)
+    if projected is not None:
+        print(plan.measured_line(projected, time.time() - started))
     print(footer(study, url))
     stopped = input_error(study, ostudies, before)
     if stopped is not None:
         print(f"error: {stopped}", file=sys.stderr)
         return 2
     return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)
+
+
+def _after_control(
+    study: Study, ostudies: dict[str, optuna.Study], procs: list[mp.Process], start: object
+) -> Optional[str]:
+    """The gate, once the control has run: the paragraph that stops the sweep, or None after the arms have run
+    (their points enqueued, workers started by ``start`` and followed; added to ``procs``)."""
+    passed, said = gate.decide(study, ostudies[study.name], ostudies[study.control.name].get_trials(deepcopy=False))
+    if not passed:
+        return said
+    print(f"gate: {said}", flush=True)
+    if study.is_grid:
+        for point in study.points[: study.n_trials]:
+            ostudies[study.name].enqueue_trial(point, skip_if_exists=True)
+    if not _met(study, ostudies[study.name].trials):
+        more = start()
+        procs += more
+        follow(study, ostudies, more)
+    return None
 
 
 def _terminated(signum: int, frame: object) -> None:
@@ -630,6 +714,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "nothing is deleted; for a study file whose search space or objective changed",
     )
     parser.add_argument(
+        "--preflight",
+        action="store_true",
+        help="train every distinct trial shape of the study and its control a few steps, each in a fresh process on "
+        "the trials' device; print its seconds per step, peak memory and the study's projected cost; write nothing",
+    )
+    parser.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="start the trials without the preflight (also LINFORMER_LAB_PREFLIGHT=0)",
+    )
+    parser.add_argument(
+        "--no-gate",
+        action="store_true",
+        help="run the arms even when the control's reference is uninformative or its power check fails (by default "
+        "the sweep stops after the control, exit code 4); also LINFORMER_LAB_GATE=0",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="validate the study file (schema, every trial config, sampler, pruner, grid size, storage URL) and "
@@ -662,6 +763,16 @@ def main(args: argparse.Namespace) -> int:
         return 0
     for s in study.studies:  # the accelerator its trials ask for is on this machine: refused before any write
         check_machine(s.shared)
+    shapes = None
+    if args.preflight or not (args.no_preflight or preflight.turned_off()):
+        shapes = _preflight(study, args.workers)  # before any write: a shape that fails refuses the study
+        if shapes is None:
+            return 2
+        if args.preflight:
+            gated = study.control is not None and not (args.no_gate or gate.turned_off())
+            print("\n".join(plan.lines(plan.project(study, shapes, *_layout(study, args.workers), gated=gated))))
+            print("preflight OK: nothing written")
+            return 0
     _optuna_quiet()
     stores = storage.run_storages(study, args.storage, args.workers)
     runs = stores[study.name]  # the study's storage; its control's lies inside its folder
@@ -677,4 +788,4 @@ def main(args: argparse.Namespace) -> int:
             print(f"study {study.name}: the earlier study moved to {aside}; starting afresh", flush=True)
     with runs.own() or contextlib.nullcontext():  # one sweep command per study
         study = with_added_seeds(study, stores, args.add_seeds or 0)
-        return run(study, stores, args.workers)
+        return run(study, stores, args.workers, shapes, gated=not (args.no_gate or gate.turned_off()))

@@ -30,7 +30,7 @@ reference's context gain, no-context − reference on the first objective (in th
 reference), with its 95 % CI over seeds; below the study's threshold, or with a CI that holds 0, it gives no
 verdict: the reference did not learn to use context.
 
-``verdict`` says what the report's verdicts (:mod:`sweeps.report.stats`, docs/verdicts.md) need per objective
+``verdict`` says what the report's verdicts (:mod:`sweeps.spec.stats`, docs/verdicts.md) need per objective
 metric: ``delta``, the margin δ within which two arms are "on par" (default by the metric's name,
 :data:`DEFAULT_DELTA`; a metric with no default must be given one), ``success``, a threshold past
 which a run counts as having solved the task (the report then gives success rates per arm), and

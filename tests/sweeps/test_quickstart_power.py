@@ -5,8 +5,8 @@ MLM base of the other bidirectional studies; minutes each on 2 cores: `slow`."""
 
 import pytest
 
-from sweeps.report.stats import compare, power_check, summarize
 from sweeps.spec.schema import REPO_ROOT
+from sweeps.spec.stats import compare, power_check, summarize
 from sweeps.spec.study import load_study
 from training.train import train
 

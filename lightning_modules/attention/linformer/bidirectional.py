@@ -36,7 +36,7 @@ product and, when F is E, both W_k and W_v in one more.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Iterable, Optional
+from typing import Any, Callable, ClassVar, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -45,9 +45,14 @@ from torch import Tensor, nn
 
 from foundation.errors import check_number, require
 from lightning_modules.attention.base import Linear, SelfAttention, kind_options
-from lightning_modules.attention.linformer import analysis
+from lightning_modules.attention.linformer import analysis, engines
 from lightning_modules.attention.linformer.options import LinformerOptions, init_draw, layer_ks, resolve_init
 from lightning_modules.attention.linformer.projections import PROJECTION_KINDS, ProjectionBank, ProjectionKind
+from lightning_modules.flops import counting
+
+
+def _first(mask: Optional[Tensor]) -> Optional[Tensor]:
+    return None if mask is None else mask[:1]
 
 
 def compress_first_is_cheaper(groups: int, k: int, n: int, d_model: int) -> bool:
@@ -122,6 +127,7 @@ class Linformer(SelfAttention):
             raise ValueError("linformer attention needs the model's ProjectionBank")
         options = kind_options(model.attention)
         self.order, self.engine = self._choose_order(options.order), str(options.engine)
+        self.fused_checked: Optional[bool] = None  # the fused engine's check at this layer (engines.agrees)
 
     @property
     def bank(self) -> ProjectionBank:
@@ -232,15 +238,31 @@ class Linformer(SelfAttention):
 
     # ------------------------------------------------------------------------------ Eq. 7
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        keys_values = self.fused_keys_values if self.fused(x) else self.compressed_keys_values
+        use_fused = self.fused(x) and self.fused_agrees(
+            x,
+            lambda: self.fused_keys_values(x[:1], _first(mask)),
+            lambda: self.compressed_keys_values(x[:1], _first(mask)),
+        )
+        keys_values = self.fused_keys_values if use_fused else self.compressed_keys_values
         k, v = keys_values(x, mask)  # E K, F V: (B, h, k', d_h) each
         real = self.bank.nonempty_slots(self.layer, mask)  # (B, k') or None
         visible = None if real is None else real[:, None, None, :]  # (B, 1, 1, k')
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)  # (B, h, T, d_h)
 
     def fused(self, x: Tensor) -> bool:
-        """Whether this call runs the fused engine: ``engine: fused``, or ``auto`` on CUDA."""
+        """Whether this call asks for the fused engine: ``engine: fused``, or ``auto`` on CUDA (it runs once
+        :meth:`fused_agrees`)."""
         return self.engine == "fused" or (self.engine == "auto" and x.device.type == "cuda")
+
+    def fused_agrees(self, x: Tensor, fused: Callable, reference: Callable) -> bool:
+        """Whether the fused engine agreed with the reference at this layer's shape (:mod:`.engines`), checked on
+        its first use: ``fused`` and ``reference`` compute the same tensors on the call's first sequence."""
+        if self.fused_checked is None and counting():  # a FLOP count: the same sums, no check counted in it
+            return True
+        if self.fused_checked is None:
+            key = (type(self).__name__, str(x.device), self.order, self.bank.slots(self.layer), tuple(x.shape[1:]))
+            self.fused_checked = engines.agrees(key, fused, reference)
+        return self.fused_checked
 
     def _choose_order(self, order: str) -> str:
         bank = self.bank

@@ -236,7 +236,7 @@ class CausalLinformer(Linformer):
         return blockwise_context_matrix(calls, length, self.bank.window(self.layer))
 
     def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
-        if self.runs_flex(q, dropout_p):
+        if self.runs_flex(q, dropout_p) and self.attend_checked(q, k, v, mask):
             return self.flex_blockwise(q, k, v, mask)  # (B, h, T, d_h): one FlexAttention call
         return self.blockwise(q, k, v, mask, dropout_p)  # (B, h, T, d_h): rows through chunked SDPA calls
 
@@ -245,6 +245,15 @@ class CausalLinformer(Linformer):
         (:func:`~lightning_modules.attention.flex.flex_cannot_run`: the count of FLOPs is then the reference's) or
         ``scaled_dot_product_attention`` is replaced (analysis reads the reference's calls)."""
         return self.fused(q) and not flex_cannot_run(q, dropout_p) and F.scaled_dot_product_attention is _SDPA
+
+    def attend_checked(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> bool:
+        """The fused engine's check (:meth:`fused_agrees`) on the call's first sequence: one FlexAttention call
+        against the reference's rows."""
+        first = [t[:1] for t in (q, k, v)]
+        m = None if mask is None else mask[:1]
+        return self.fused_agrees(
+            q, lambda: (self.flex_blockwise(*first, m),), lambda: (self.blockwise(*[t.clone() for t in first], m, 0.0),)
+        )
 
     def flex_blockwise(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], attention: Optional[Callable] = None

@@ -16,7 +16,7 @@ from foundation.errors import ConfigError
 from foundation.rundir import CHECKPOINT
 from lightning_modules.attention import build_attention
 from lightning_modules.encoder import TransformerEncoder
-from sweeps.report.stats import compare
+from sweeps.spec.stats import compare
 from training import config as run_config
 from training.train import train
 

@@ -14,7 +14,8 @@ from studies import CONTROL, counted, trials_of, write_study
 
 from experiments import cli
 from sweeps import stored
-from sweeps.report import power, stats
+from sweeps.report import power
+from sweeps.spec import stats
 from sweeps.spec.study import load_study
 
 

@@ -15,10 +15,11 @@ from studies import write_study
 
 from experiments import cli
 from foundation.errors import ConfigError
-from sweeps.report import markdown, stats
+from sweeps.report import markdown
 from sweeps.report.command import write_report
 from sweeps.run import command as sweep
 from sweeps.run.storage import RunStorage
+from sweeps.spec import stats
 from sweeps.spec.study import load_study
 
 ARMS = {"a": {"optim.lr": 1e-3}, "b": {"optim.lr": 2e-3}}

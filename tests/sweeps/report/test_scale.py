@@ -37,10 +37,10 @@ def _add_trial(ostudy, seed: int, rung: str, arm: str, value: float, metrics: di
 def test_the_scale_report_gives_each_rungs_gap_its_verdict_and_the_trend_over_size(tmp_path, tiny_overrides):
     """Stored trials with known numbers (no training): rungs of 10k, 100k and 1M parameters, the Linformer gap
     0.01·(rung + 1) ± 0.002 over two seeds, so the trend is +0.01 per tenfold parameters."""
-    from sweeps.report import stats
     from sweeps.report.command import write_report
     from sweeps.run.command import open_study
     from sweeps.run.storage import RunStorage
+    from sweeps.spec import stats
 
     study = load_study(ladder_study(tmp_path, tiny_overrides, name="fake_ladder"))
     ostudy = open_study(RunStorage(study, None))

@@ -1,4 +1,4 @@
-"""The report's statistics (sweeps/report/stats.py) on fixed numbers: intervals, the three verdicts, Holm's
+"""The report's statistics (sweeps/spec/stats.py) on fixed numbers: intervals, the three verdicts, Holm's
 correction, seed counts at 80 % power, success rates, the control's power check, the validation noise and a ladder's gap trend."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats as sp
 
-from sweeps.report import comparisons, power, stats
+from sweeps.report import comparisons, power
+from sweeps.spec import stats
 
 
 class Said:
@@ -287,7 +288,7 @@ def test_the_validation_error_of_per_example_values_is_their_paired_standard_err
 def test_the_gap_trend_and_its_slope_interval_match_scipy_linregress():
     from scipy import stats as sp
 
-    from sweeps.report import stats
+    from sweeps.spec import stats
 
     x = [4.57, 4.57, 4.57, 5.01, 5.01, 5.01, 5.54, 5.54, 5.54]  # log10 parameters, 3 seeds a rung
     y = [0.021, 0.018, 0.030, 0.034, 0.029, 0.041, 0.052, 0.047, 0.060]  # gaps

@@ -1,0 +1,101 @@
+"""The control first, as a gate: a study with a control runs the control's trials before any arm, then judges them
+by the report's rule (:mod:`sweeps.control`): the reference's context gain reaches the study's threshold with a CI
+above 0, and the power check passes (the reference leaves the trivial baseline and beats its degraded arm). When it
+does not, the sweep stops before the arms with one paragraph (the gain, what it needs, the report's command, the
+levers) and exit code :data:`EXIT_GATED`; ``--no-gate`` runs the arms anyway.
+
+The decision is stored on the study (user attr ``control_gate``: the decision and the control's trial numbers it
+was taken on), so a resumed study keeps it unless the control changed (trials added by ``--add-seeds``, or a trial
+retried): then it is taken again. A control that is not yet judged (fewer than 2 complete trials of an arm, its
+trials failed) stops the arms too: the paragraph says so.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from foundation.errors import EXIT_GATED as EXIT_GATED  # the sweep returns it
+from sweeps import control
+from sweeps.spec.study import Study
+
+GATE = "control_gate"  # user attr of the study: {"passed": bool, "on": [control trial numbers], "why": str}
+
+
+def judged_on(trials: list[FrozenTrial]) -> list[int]:
+    """The control's complete trials a decision rests on (their numbers, sorted)."""
+    return sorted(t.number for t in trials if t.state == TrialState.COMPLETE)
+
+
+def first_points(study: Study) -> list[dict]:
+    """The study's own grid points the control reuses (its reference or degraded arm is one of the study's arms):
+    they run with the control, before the gate."""
+    if study.control is None or not study.is_grid:
+        return []
+    own = {repr(sorted(p.items())) for p in (study.points or [])[: study.n_trials]}
+    return [params for _, params in study.control.reused if repr(sorted(params.items())) in own]
+
+
+def verdict(study: Study, trials: list[FrozenTrial], own: list[FrozenTrial]) -> tuple[bool, str]:
+    """Whether the control lets the arms run, and what it found: one line when it does, the paragraph that stops
+    the sweep when it does not. ``trials``: the control's; ``own``: the study's (the points the control reuses)."""
+    rows = control.rows_of(study.control, trials)
+    rows += control.reused_rows(study, control.rows_of(study, own))
+    gain, power = control.context_of(study, rows), control.power_of(study, rows)
+    if gain is not None and gain.informative and power is not None and power.has_power:
+        lo, hi = gain.comparison.ci()
+        return True, (
+            f"the control passed: the reference gains {gain.gain:.4g} on {gain.metric} over a model without context "
+            f"(95 % CI {lo:.4g} to {hi:.4g}; needs ≥ {gain.threshold:.4g}) and beats its degraded arm: the arms start"
+        )
+    return False, paragraph(study, gain, power)
+
+
+def paragraph(study: Study, gain: Optional[control.ContextGain], power: Optional[object]) -> str:
+    """The one paragraph of a stopped sweep."""
+    metric = study.metrics[0]
+    threshold, _ = study.context_gain(metric)
+    if gain is None:
+        found = (
+            f"the control could not be judged: its reference or its model without context has fewer than 2 complete "
+            f"trials on {metric}"
+        )
+    else:
+        lo, hi = gain.comparison.ci()
+        found = (
+            f"the reference gains {gain.gain:.4g} on {metric} over a model without context (95 % CI {lo:.4g} to "
+            f"{hi:.4g}); the study needs ≥ {threshold:.4g} with a CI above 0"
+        )
+        if power is not None and not power.has_power:
+            found += (
+                "; and the control's power check fails (the reference does not beat its degraded arm, or the "
+                "trivial baseline, beyond the seed spread)"
+            )
+    return (
+        f"the sweep stopped before the arms: {found}. At this budget no arm's verdict could be trusted, so none was "
+        f"run. The control's numbers: linformer-lab report {study.file_args}. Levers: more steps (trainer.max_steps "
+        "in the preset), the recipe (learning rate, warm-up, masking, positions: docs/results.md), more control seeds "
+        f"(linformer-lab sweep {study.file_args} --add-seeds N); or --no-gate to run the arms anyway."
+    )
+
+
+def decide(study: Study, ostudy: optuna.Study, control_trials: list[FrozenTrial]) -> tuple[bool, str]:
+    """The gate's decision, stored on ``ostudy`` (the study's storage); a stored one is kept while the control's
+    complete trials are the ones it was taken on."""
+    own = ostudy.get_trials(deepcopy=False)
+    reused = {repr(sorted(p.items())) for p in first_points(study)}
+    on = judged_on(control_trials) + judged_on([t for t in own if repr(sorted(t.params.items())) in reused])
+    stored = ostudy.user_attrs.get(GATE)
+    if isinstance(stored, dict) and stored.get("on") == on:
+        return bool(stored.get("passed")), str(stored.get("why", ""))
+    passed, why = verdict(study, control_trials, own)
+    ostudy.set_user_attr(GATE, {"passed": passed, "on": on, "why": why})
+    return passed, why
+
+
+def turned_off() -> bool:
+    """``LINFORMER_LAB_GATE=0`` (as ``--no-gate``)."""
+    return os.environ.get("LINFORMER_LAB_GATE", "1").strip().lower() in ("0", "false", "no", "off")

@@ -1,0 +1,165 @@
+"""The cost of a study before it spends: its projected wall time, device-hours and CPU-hours and its largest arm's
+peak memory, from the preflight's measurements (:mod:`sweeps.run.preflight`), printed before the first trial and
+written beside the study as ``plan.json``; at the end of the sweep, the measured wall time against the projection.
+
+A trial's projected seconds, from its shape's measurements::
+
+    set-up + first step (compile, warm-up) + (steps − 1) × seconds per step
+           + validations × (one validation's seconds + one checkpoint save's)
+
+The trials left run in order (the control's first) on W worker slots, each trial on the slot that frees first,
+after each worker's start (one process start and import, measured once). On the CPU each worker has cores/W torch
+threads, as the sweep sets them, and the preflight measured at that count. Trials sharing one GPU (more workers than
+GPUs, as the sweep deals them) are assumed to gain nothing over one at a time: their device time is multiplied by
+the workers per GPU (unmeasured; a shared GPU may do better). Device-hours count the GPUs held for the wall time;
+CPU-hours the cores the workers use for the wall time. What the projection leaves out: checkpoint and TensorBoard
+writes, the data's first preparation by several workers at once, and a trial that is pruned or fails early.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from foundation.atomic import write_json
+from sweeps.run.preflight import Shape
+from sweeps.spec.study import Study
+from training.console import clock
+
+PLAN = "plan.json"
+
+
+def trial_seconds(measured: dict, steps: int, n_validations: int) -> float:
+    """One trial's projected seconds (module docstring), one worker's start aside."""
+    return (
+        measured["setup_s"]
+        + measured["first_step_s"]
+        + max(0, steps - 1) * measured["step_s"]
+        + n_validations * (measured["validation_s"] + measured.get("checkpoint_s", 0.0))
+    )
+
+
+def schedule(durations: list[float], workers: int, start_s: float) -> float:
+    """The wall time of trials run in order on ``workers`` slots, each on the slot that frees first, every slot
+    starting after ``start_s``."""
+    slots = [start_s] * max(1, workers)
+    for d in durations:
+        i = min(range(len(slots)), key=slots.__getitem__)
+        slots[i] += d
+    return max(slots) if durations else 0.0
+
+
+def project(
+    study: Study,
+    shapes: list[Shape],
+    workers: int,
+    threads: int,
+    gpus: int,
+    left: Optional[set[tuple[str, str]]] = None,
+    gated: bool = False,
+) -> dict[str, Any]:
+    """The plan: the projection of the trials ``left`` (``(study name, repr of params)``; None: every trial) at
+    ``workers`` workers of ``threads`` threads and ``gpus`` visible GPUs (0: trials on the CPU). ``gated``: the
+    control's trials run first, to the last, then workers start again for the arms (:mod:`sweeps.run.gate`)."""
+    order = {s.name: i for i, s in enumerate(study.studies)}
+    sharing = max(1.0, workers / gpus) if gpus else 1.0
+    runs: list[tuple[int, float]] = []
+    for shape in shapes:
+        m = shape.measured
+        for name, params, steps, n_val in shape.trials:
+            if left is not None and (name, repr(sorted(params.items()))) not in left:
+                continue
+            device = trial_seconds(m, steps, n_val) - m["setup_s"]  # what the GPU's sharers slow down
+            runs.append((order.get(name, 0), m["setup_s"] + device * sharing))
+    runs = _open_at_mean(study, runs)
+    durations = [d for _, d in sorted(runs, key=lambda r: r[0])]  # the control's first; stable within a study
+    start_s = max(s.measured["start_s"] for s in shapes)
+    first = [d for i, d in runs if i == 0] if gated and len(order) > 1 else []
+    rest = durations[len(first) :]
+    wall = sum(schedule(part, min(workers, max(1, len(part))), start_s) for part in (first, rest) if part)
+    largest = max(shapes, key=lambda s: s.measured["peak_mb"])
+    held = min(workers, gpus) if gpus else 0
+    return {
+        "study": study.name,
+        "preset": study.preset,
+        "trials": len(durations),
+        "workers": workers,
+        "threads_per_worker": threads,
+        "gpus": held,
+        "gpu_sharing": sharing if gpus else None,
+        "wall_s": wall,
+        "device_hours": wall * held / 3600 if gpus else 0.0,
+        "cpu_hours": wall * workers * threads / 3600,
+        "largest_peak_mb": largest.measured["peak_mb"],
+        "largest_peak_arm": f"{largest.label} [{largest.setting}]",
+        "total_mb": largest.measured["total_mb"],
+        "memory": largest.measured["memory"],
+        "shapes": [{"arm": s.label, "setting": s.setting, "trials": len(s.trials), **s.measured} for s in shapes],
+        "projected_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _open_at_mean(study: Study, runs: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """An open study's range ends stand for its ``n_trials`` sampled trials, each at their mean duration."""
+    out = []
+    for i, s in enumerate(study.studies):
+        mine = [d for j, d in runs if j == i]
+        if s.is_grid or not mine:
+            out += [(i, d) for d in mine]
+        else:
+            out += [(i, sum(mine) / len(mine))] * (s.n_trials or len(mine))
+    return out
+
+
+def lines(plan: dict[str, Any]) -> list[str]:
+    """The plan as the sweep prints it before its first trial."""
+    where = "GPU memory" if plan["memory"] == "cuda" else "peak RSS growth, of the machine's memory"
+    device = (
+        f", {plan['device_hours']:.2f} GPU-hours on {plan['gpus']} GPU(s)"
+        + (
+            f" shared by {plan['gpu_sharing']:g} worker(s) each (assumed no faster than one at a time)"
+            if plan["gpu_sharing"] and plan["gpu_sharing"] > 1
+            else ""
+        )
+        if plan["gpus"]
+        else ""
+    )
+    return [
+        f"plan: {plan['trials']} trial(s) on {plan['workers']} worker(s) × {plan['threads_per_worker']} thread(s): "
+        f"about {clock(plan['wall_s'])} wall time{device}, {plan['cpu_hours']:.2f} CPU-hours",
+        f"plan: largest peak memory {plan['largest_peak_mb']:.0f} MB of {plan['total_mb']:.0f} MB ({where}), "
+        f"{plan['largest_peak_arm']}",
+    ]
+
+
+def write(study: Study, plan: dict[str, Any]) -> None:
+    """``<study dir>/plan.json``, atomically."""
+    study.root.mkdir(parents=True, exist_ok=True)
+    write_json(study.root / PLAN, plan, study.root)
+
+
+def measured_line(plan: dict[str, Any], elapsed_s: float) -> str:
+    """The sweep's end: its measured wall time against the projection, and their ratio."""
+    projected = plan["wall_s"]
+    ratio = f" ({elapsed_s / projected:.2f} × the projection)" if projected > 0 else ""
+    return (
+        f"plan: measured {clock(elapsed_s)} wall time for {plan['trials']} trial(s), projected "
+        f"{clock(projected)}{ratio}"
+    )
+
+
+def left_of(study: Study, trials: dict[str, list]) -> Optional[set[tuple[str, str]]]:
+    """The grid points of the study and its control that no counted trial has finished (``trials``: each study's
+    stored trials, by name), as ``(study name, repr of sorted params)``; None for an open study (all projected)."""
+    from sweeps import stored
+
+    if not all(s.is_grid for s in study.studies):
+        return None
+    left = set()
+    for s in study.studies:
+        excluded = stored.excluded_numbers(trials[s.name])
+        done = {
+            repr(sorted(t.params.items())) for t in trials[s.name] if t.state.is_finished() and t.number not in excluded
+        }
+        left |= {(s.name, key) for p in (s.points or [])[: s.n_trials] if (key := repr(sorted(p.items()))) not in done}
+    return left

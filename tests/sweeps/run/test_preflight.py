@@ -1,0 +1,170 @@
+"""The sweep's preflight (sweeps/run/preflight.py) and the cost it projects (sweeps/run/plan.py): trial shapes, a
+failed shape refused in one line before anything is written, the projection's arithmetic, plan.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from studies import ARMS, CONTROL, write_study
+
+from experiments import cli
+from sweeps.run import plan, preflight
+from sweeps.spec.study import load_study
+from training import config as run_config
+
+SPACE = {"seed": {"type": "categorical", "choices": [0, 1]}, "arm": {"type": "categorical", "choices": ARMS}}
+
+
+def tiny_study(tmp_path, tiny, name="pre"):
+    return write_study(tmp_path, tiny, name, SPACE, arms=["arm"], control=CONTROL)
+
+
+def test_trials_that_differ_only_in_seed_share_a_shape_and_the_control_reuses_the_arms(tmp_path, tiny_overrides):
+    study = load_study(tiny_study(tmp_path, tiny_overrides))
+    shapes = preflight.shapes_of(study)
+    # full attention (the control's reference is the study's full arm), the control's k = 1, the study's Linformer
+    assert len(shapes) == 3
+    by_kind = {(s.cfg.model.attention.kind, s.cfg.model.attention.options.get("k")): s for s in shapes}
+    assert sorted(by_kind) == [("full", None), ("linformer", 1), ("linformer", 8)]
+    assert len(by_kind[("linformer", 8)].trials) == 2  # seeds 0 and 1
+    assert len(by_kind[("linformer", 1)].trials) == 2  # the control's degraded arm at its seeds
+    assert shapes[0].label.startswith("control degraded")  # the control runs first; its reference is the full arm
+    assert "data.batch_size=8" in shapes[0].setting
+
+
+def test_a_trials_projected_seconds_and_the_schedule_on_workers():
+    m = {"setup_s": 2.0, "first_step_s": 5.0, "step_s": 0.5, "validation_s": 1.0}
+    assert plan.trial_seconds(m, steps=11, n_validations=3) == 2 + 5 + 10 * 0.5 + 3
+    # three trials of 10 s on 2 workers that start after 4 s: 4 + 10 + 10
+    assert plan.schedule([10, 10, 10], 2, 4.0) == 24.0
+    assert plan.schedule([30, 10, 10, 10], 2, 0.0) == 30.0
+
+
+def test_the_plan_projects_the_trials_left_and_names_the_largest_arm(tmp_path, tiny_overrides):
+    study = load_study(tiny_study(tmp_path, tiny_overrides))
+    shapes = preflight.shapes_of(study)
+    for i, s in enumerate(shapes):
+        s.measured = {
+            "setup_s": 1.0,
+            "first_step_s": 2.0,
+            "step_s": 1.0,
+            "validation_s": 0.5,
+            "start_s": 3.0,
+            "memory": "rss",
+            "peak_mb": 100.0 * (i + 1),
+            "total_mb": 1000.0,
+        }
+    one = 1 + 2 + 5 * 1 + 2 * 0.5  # 6 steps, 2 validations (tiny: every 3 steps)
+    projected = plan.project(study, shapes, workers=1, threads=1, gpus=0)
+    n = sum(len(s.trials) for s in shapes)
+    assert projected["trials"] == n and projected["wall_s"] == pytest.approx(3 + n * one)
+    assert projected["largest_peak_mb"] == 300.0 and projected["largest_peak_arm"].startswith(shapes[2].label)
+    assert projected["cpu_hours"] == pytest.approx(projected["wall_s"] / 3600)
+    # gated: the control's trials to the last, then the workers start again for the arms
+    gated = plan.project(study, shapes, workers=2, threads=1, gpus=0, gated=True)
+    control = sum(len(t) for t in [s.trials for s in shapes] if t and t[0][0].endswith("_control"))
+    arms = n - control
+    assert gated["wall_s"] == pytest.approx(3 + -(-control // 2) * one + 3 + -(-arms // 2) * one)
+    # the same on one GPU shared by two workers: each trial's device time counts twice
+    shared = plan.project(study, shapes, workers=2, threads=1, gpus=1)
+    assert shared["device_hours"] == pytest.approx(shared["wall_s"] / 3600)
+    assert shared["wall_s"] > projected["wall_s"] / 2
+
+
+def test_a_shape_measured_in_this_process_trains_and_writes_nothing(tmp_path, tiny_overrides):
+    cfg = run_config.load(tiny_overrides.config, tiny_overrides.args)
+    measured = preflight.measure(cfg, steps=5, threads=1)
+    assert measured["step_s"] > 0 and measured["first_step_s"] > 0 and measured["validation_s"] > 0
+    assert measured["memory"] == "rss" and 0 <= measured["peak_mb"] < measured["total_mb"]
+    assert not (tmp_path / "runs").exists()
+
+
+def _failure(tmp_path, tiny_overrides, monkeypatch, *overrides) -> str:
+    study = load_study(tiny_study(tmp_path, tiny_overrides))
+    shape = preflight.shapes_of(study)[0]
+    shape.cfg = run_config.load(tiny_overrides.config, [*tiny_overrides.args, *overrides])
+    try:
+        preflight.measure(shape.cfg, steps=4, threads=1)
+    except Exception as err:  # what the child process catches
+        return preflight.failure_line(shape, err)
+    raise AssertionError("the simulated failure did not happen")
+
+
+def test_a_compile_failure_is_one_line_naming_the_arm_and_trainer_compile(tmp_path, tiny_overrides, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated: the compiler cannot build this graph")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    line = _failure(tmp_path, tiny_overrides, monkeypatch, "trainer.compile=true")
+    assert line.startswith("preflight: control degraded") and "trainer.compile=True" in line
+    assert "set trainer.compile=false" in line and "\n" not in line
+
+
+def test_out_of_memory_is_one_line_with_a_smaller_batch_as_the_way_out(tmp_path, tiny_overrides, monkeypatch):
+    from lightning_modules.encoder import TransformerEncoder
+
+    def oom(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
+
+    monkeypatch.setattr(TransformerEncoder, "forward", oom)
+    line = _failure(tmp_path, tiny_overrides, monkeypatch)
+    assert "out of memory" in line and "a smaller data.batch_size (now 8)" in line and "\n" not in line
+
+
+def test_a_failed_shape_refuses_the_sweep_in_one_line_per_shape_before_anything_is_written(
+    tmp_path, tiny_overrides, monkeypatch, capsys
+):
+    monkeypatch.setenv("LINFORMER_LAB_PREFLIGHT", "1")
+    path = tiny_study(tmp_path, tiny_overrides)
+
+    def runner(shape, steps, threads, gpus):
+        if shape.cfg.model.attention.kind == "linformer":
+            shape.failure = f"preflight: {shape.label} [{shape.setting}] failed: simulated"
+        else:
+            shape.measured = {"setup_s": 0, "first_step_s": 0, "step_s": 0, "validation_s": 0}
+
+    monkeypatch.setattr(preflight, "run_shape", runner)
+    monkeypatch.setattr(preflight, "measured_line", lambda shape: "measured")
+    assert cli.main(["sweep", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    failed = [line for line in err if "failed: simulated" in line]
+    assert len(failed) == 2  # the control's k = 1 and the study's Linformer, one line each
+    assert all(line.startswith("error: preflight: ") for line in failed)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.processes  # a fresh process per shape
+def test_sweep_preflight_prints_each_shape_and_the_cost_and_writes_nothing(tmp_path, tiny, monkeypatch, capsys):
+    monkeypatch.setenv("LINFORMER_LAB_PREFLIGHT", "1")
+    path = write_study(tmp_path, tiny, "pre", {"seed": {"type": "categorical", "choices": [0, 1]}})
+    assert cli.main(["sweep", str(path), "--preflight", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "s/step after warm-up" in out and "peak " in out and "plan: 2 trial(s)" in out
+    assert "preflight OK: nothing written" in out
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.processes  # the preflight's process and the sweep's worker
+def test_a_sweep_writes_its_plan_and_ends_with_the_measured_against_the_projected_time(tmp_path, tiny, monkeypatch):
+    monkeypatch.setenv("LINFORMER_LAB_PREFLIGHT", "1")
+    path = write_study(tmp_path, tiny, "planned", {"seed": {"type": "categorical", "choices": [0, 1]}})
+    import subprocess
+    import sys
+
+    from tiny import child_env
+
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "sweep", str(path)],
+        env=child_env(LINFORMER_LAB_PREFLIGHT="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    written = json.loads((load_study(path).root / plan.PLAN).read_text())
+    assert written["trials"] == 2 and written["wall_s"] > 0 and written["shapes"][0]["step_s"] > 0
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("plan: 2 trial(s)") for line in lines)
+    assert any(line.startswith("plan: measured") and "× the projection" in line for line in lines)
