@@ -49,7 +49,7 @@ from foundation.errors import ConfigError
 from lightning_modules.attention import ATTENTION_KINDS
 from sweeps.report import comparisons, efficiency, markdown, stats
 from sweeps.report.comparisons import verdict
-from sweeps.report.findings import Compared, Findings, Row, run_metrics
+from sweeps.report.findings import Compared, Findings, Row, curve_of, run_metrics
 from sweeps.report.markdown import fmt, signed, signed_interval
 from sweeps.spec.study import Study
 
@@ -230,15 +230,6 @@ class TimeToTarget:
         return Ratio(math.exp(c.diff), math.exp(lo), math.exp(hi), len(both))  # exp(nan) is nan
 
 
-def _curve(row: Row) -> Optional[list[tuple[float, float, float]]]:
-    run_dir = row.trial.user_attrs.get("run_dir")
-    path = Path(run_dir) / "metrics.json" if run_dir else None
-    if path is None or not path.is_file():
-        return None
-    curve = read_json(path).get("ppl_vs_wallclock") or []
-    return [tuple(float(v) for v in point) for point in curve] or None
-
-
 def time_to_target(ladder: Ladder, no_context: Sequence[efficiency.ArmSpeed] = ()) -> Optional[TimeToTarget]:
     """Training seconds to each rung's target (see the module docstring); None when no run has a curve here. A
     rung whose target a model without context reaches (its unigram, or ``no_context``, the control's degraded
@@ -246,7 +237,7 @@ def time_to_target(ladder: Ladder, no_context: Sequence[efficiency.ArmSpeed] = (
     from training.curves import reach
 
     curves = {
-        key: {r.replicate: c for r in cell.complete if (c := _curve(r)) is not None}
+        key: {r.replicate: c for r in cell.complete if (c := curve_of(r)) is not None}
         for key, cell in ladder.cells.items()
     }
     if not any(curves.values()):

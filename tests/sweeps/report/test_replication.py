@@ -134,7 +134,8 @@ def test_seeds_added_to_the_original_are_not_fresh(tmp_path, tiny_overrides, cap
     ostudy.set_user_attr(ADDED_SEEDS, [4])  # `sweep --add-seeds 1` took seed 4
     assert cli.main(["sweep", str(path), "--replicate"]) == 2
     err = capsys.readouterr().err
-    assert "replicate.seeds: seeds 4 were seen by the design" in err
+    assert "replicate.seeds: seed 4 of study rep_replicate is also a seed of study rep:" in err
+    assert err.count("\n") == 1
     assert not (tmp_path / "runs" / "rep_replicate").exists()
 
 
