@@ -130,7 +130,8 @@ def budget_seeds(spec: DictConfig, seen: Iterable[int], factor: float) -> dict[s
         counts = len(replica["seeds"]), len(replica["control_seeds"]) if controls is not None else None
         taken = design | set(replica["seeds"]) | set(replica["control_seeds"] or [])
     else:
-        design = taken = set(seen) | set(controls or [])
+        run_seed = spec.overrides.get(SEED_PARAM, 0)  # the trials' own (a base's below 100, as every shipped one)
+        design = taken = set(seen) | set(controls or []) | ({run_seed} if isinstance(run_seed, int) else set())
         counts = 1, len(controls) if controls is not None else None
     start = max(FRESH_STEP * math.ceil(factor * _start(design) / FRESH_STEP), _start(taken))
     out = {

@@ -160,6 +160,11 @@ class LadderSpec:
     rung: str = ""
     # The arm every gap is taken against, by the values of the other arm params: {arm: full}.
     reference: Dict[str, Any] = field(default_factory=dict)
+    # What the gap's trend is read against: "parameters" (and training FLOPs), or "n_over_k": the sequence length over
+    # the compared arm's k at each rung (a ladder of lengths at fixed k, the paper's Fig. 3d).
+    axis: str = "parameters"
+    # The published answer to the ladder's question, stated beside the lab's in the report (one sentence).
+    claim: Optional[str] = None
 
 
 @dataclass

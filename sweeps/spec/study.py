@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from foundation.configfile import flatten, merge, read_yaml, to_container
 from foundation.errors import ConfigError, check_number
-from foundation.paths import check_folder, check_name
+from foundation.paths import NAME_MAX, PATH_MAX, check_folder, check_name
 from sweeps.spec import budget, grids, replication, validation
 from sweeps.spec.controls import control_spec
 from sweeps.spec.ladders import check_ladder
@@ -380,9 +381,45 @@ def load_study(
             path, preset, spec, validation.file_metrics(raw, presets), tuple(added_seeds), tuple(presets), factor
         )
         study.replicate = fresh if derived else None
+        check_folders(study)
     except ConfigError as err:
         raise ConfigError(f"{_where(path, preset)}: {err}") from None
     return study
+
+
+# What the lab writes below a study's folder: its control's folder, a trial's run folder, and the longest file a run
+# writes there (a TensorBoard events file: events.out.tfevents.<10-digit time>.<hostname, up to 64 bytes>.<pid>.<n>,
+# ~110 bytes; checkpoints/last.ckpt), with room to spare; and what `sweep --new-study` appends to a study's folder.
+RUN_FILE_BYTES = 160
+ASIDE_SUFFIX = ".YYYYmmdd-HHMMSS"
+
+
+def derived_folders(study: Study) -> list[tuple[str, Path]]:
+    """Every folder the lab derives for a study: its own (``<study>_<preset>[_replicate|_x<F>]``, and the name
+    ``sweep --new-study`` moves it aside to), its control's (``control/``) and its trial folders (``trial_<n>``, n
+    up to :data:`MAX_TRIALS`: retried trials take new numbers), each with the key that makes it."""
+    out = [("study", study.root), ("study", study.root.with_name(study.root.name + ASIDE_SUFFIX))]
+    return out + [("study" if s.parent is None else "control", s.root / f"trial_{MAX_TRIALS}") for s in study.studies]
+
+
+def check_folders(study: Study) -> None:
+    """Each folder :func:`derived_folders` names fits the file system: a name of at most ``NAME_MAX`` bytes, a path
+    (its deepest file included) of at most ``PATH_MAX``; else one line naming the study file's key at fault."""
+    for key, folder in derived_folders(study):
+        name = os.fsencode(folder.name)
+        if len(name) > NAME_MAX:
+            raise ConfigError(
+                f"{key}: the folder name {folder.name[:48]!r}... that the study name makes (with its preset, a derived "
+                f"study's suffix, --new-study's time) is {len(name)} bytes, more "
+                f"than the {NAME_MAX} a file system allows in one name; shorten study: (or the preset's name)"
+            )
+        path = len(os.fsencode(str(folder.absolute()))) + 1 + RUN_FILE_BYTES
+        if path > PATH_MAX:
+            raise ConfigError(
+                f"output_dir: the runs of study {study.name} would lie at {path} bytes of path (under "
+                f"{str(folder.absolute())[:48]}...), more than the {PATH_MAX} a path may have; shorten output_dir "
+                "or study:"
+            )
 
 
 def _fresh(spec: DictConfig, raw: dict, derived: bool, factor: Optional[float] = None) -> Optional[dict]:
