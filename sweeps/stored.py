@@ -22,6 +22,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartb
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial
 
+from foundation.configfile import read_yaml
 from foundation.confined import check_inside, open_inside
 from foundation.errors import ConfigError
 from foundation.redact import redact
@@ -369,9 +370,16 @@ def held_seeds(ostudy: optuna.Study) -> set[int]:
     return {s for s in seeds if isinstance(s, int) and not isinstance(s, bool)}
 
 
+def family_names(study: Study) -> list[str]:
+    """The names of ``study``'s family in its journals' folder: the original's and its derived studies' (the
+    original's first)."""
+    return _family(study, None)[0]
+
+
 def family_seeds(study: Study, url: Optional[str]) -> dict[str, set[int]]:
-    """Study name -> the seeds it and its control hold, for each member of ``study``'s family that has run."""
-    out = {}
+    """Study name -> the seeds it and its control hold, for each member of ``study``'s family that has run; the
+    original also holds every seed its file names (at any preset), run or not."""
+    out = {study.original_name: replication.file_seeds(read_yaml(study.path))}
     names, storage = _family(study, url)
     for name in names:
         root = Path(study.shared.output_dir) / name
@@ -380,7 +388,7 @@ def family_seeds(study: Study, url: Optional[str]) -> dict[str, set[int]]:
             _read_only(f"{name}_control", root / "control" / JOURNAL, storage),
         ]
         if any(f is not None for f in found):
-            out[name] = set().union(*(held_seeds(f) for f in found if f is not None))
+            out[name] = out.get(name, set()).union(*(held_seeds(f) for f in found if f is not None))
     return out
 
 

@@ -64,6 +64,7 @@ from sweeps.report.findings import (
     value,
 )
 from sweeps.report.power import has_power, power_section
+from sweeps.spec import budget
 from sweeps.spec.schema import ADDED_SEEDS, REPLICATE_SUFFIX
 from sweeps.spec.study import Study, load_study
 from sweeps.stored import check_objective
@@ -290,6 +291,13 @@ def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_row
         out.append(f"- seeds added by `sweep --add-seeds`: {', '.join(map(str, study.added_seeds))}")
     if study.replicate is None and url is None and (replica_root(study) / stored.JOURNAL).is_file():
         out.append(f"- replicated on fresh seeds: `linformer-lab report {study.file_args} --replicate`")
+    if study.replicate is None and url is None:
+        for name in stored.family_names(study):
+            factor = name.removeprefix(study.name + budget.SUFFIX)
+            if name.startswith(study.name + budget.SUFFIX) and (study.root.with_name(name) / stored.JOURNAL).is_file():
+                out.append(
+                    f"- re-asked at ×{factor} the budget: `linformer-lab report {study.file_args} --budget {factor}`"
+                )
     return out + [f"- sampler: {study.spec.sampler.kind}, pruner: {study.spec.pruner.kind}", ""]
 
 

@@ -46,7 +46,8 @@ trend over size, and the reference's attention spectrum across sizes (:mod:`swee
 ``replicate`` fixes the fresh seeds of ``linformer-lab sweep --replicate`` (:mod:`sweeps.spec.replication`): the study's
 arms run again on seeds disjoint from every seed the design saw, as a study of its own stored beside the original
 (``<study>_<preset>_replicate``), whose report says of each verdict of the original whether the fresh seeds replicate,
-leave undecided or contradict it.
+leave undecided or contradict it. ``sweep --budget F`` (:mod:`sweeps.spec.budget`) re-asks the study at F × its steps on
+other fresh seeds, ``<study>_<preset>_x<F>``; both are derived studies, whose seeds no other study of the family holds.
 
 ``linformer-lab sweep --add-seeds N`` adds replicate seeds to a grid study and its control; they are
 stored on the study (user attr ``added_seeds``) and passed back here as ``added_seeds``, which extends

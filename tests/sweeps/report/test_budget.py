@@ -15,6 +15,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from studies import write_study
 
 from experiments import cli
+from sweeps import stored
 from sweeps.report import replication
 from sweeps.report.command import write_report
 from sweeps.run import command as sweep
@@ -193,3 +194,28 @@ def test_a_ladder_over_n_reports_each_gap_at_its_n_over_k_beside_the_claim(tmp_p
     summary = (write_report(study) / "summary.md").read_text()
     assert "at n=16 (n/k = 2;" in summary and "at n=32 (n/k = 4;" in summary
     assert "per tenfold n/k" in summary and "(the paper's claim: the gap does not grow)." in summary
+
+
+@pytest.mark.processes  # the sweep command's workers
+def test_sweep_budget_trains_fresh_seeds_at_twice_the_steps_beside_the_original(tmp_path, tiny, capsys):
+    path = write_study(
+        tmp_path,
+        tiny,
+        "longer",
+        {"seed": {"type": "categorical", "choices": [0, 1]}, "model.attention.kind": {"choices": ["full"]}},
+        overrides={"trainer.max_steps": 2, "trainer.val_check_interval": 1},
+    )
+    assert cli.main(["sweep", str(path), "--budget", "2"]) == 0
+    larger = load_study(path, factor=2)
+    trials = optuna.load_study(study_name=larger.name, storage=stored.open_storage(larger, None)).trials
+    assert sorted(t.params["seed"] for t in trials) == [200, 201]
+    for t in trials:
+        run = json.loads((tmp_path / t.user_attrs["run_dir"] / "metrics.json").read_text())
+        assert len(run["ppl_vs_wallclock"]) == 2  # validations at steps 2 and 4 of 4: the same count as at ×1
+        assert "max_steps: 4" in (tmp_path / t.user_attrs["run_dir"] / "config.yaml").read_text()
+    assert not load_study(path).root.exists()  # the original's folder: never touched
+    assert cli.main(["report", str(path), "--budget", "2"]) == 0
+    summary = (larger.root / "report" / "summary.md").read_text()
+    assert "## longer re-asked at ×2 the budget" in summary
+    assert f"Nothing to compare yet: {larger.root.with_name('longer') / 'journal.log'}" in summary
+    assert f"run `linformer-lab sweep {path}` first" in summary

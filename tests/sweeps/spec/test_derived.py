@@ -148,6 +148,18 @@ def test_seeds_added_to_the_original_skip_those_its_replication_holds(tmp_path, 
     assert sweep.open_study(stores[original.name]).user_attrs[ADDED_SEEDS] == [5, 6]
 
 
+def test_seeds_added_to_a_replication_skip_every_seed_the_file_names_at_any_preset(tmp_path, tiny_overrides):
+    path = study_file(
+        tmp_path,
+        tiny_overrides,
+        replicate={"seeds": [40, 41], "control_seeds": [40, 41]},
+        presets={"q": {"space": {"seed": {"choices": [0, 42]}}}},
+    )
+    replica = load_study(path, replicate=True)
+    stores = {s.name: RunStorage(s, None) for s in replica.studies}
+    assert sweep.with_added_seeds(replica, stores, 2).seeds == [40, 41, 43, 44]  # 42 is preset q's design seed
+
+
 def test_a_replication_whose_block_takes_a_seed_the_original_added_is_refused_naming_both(
     tmp_path, tiny_overrides, capsys
 ):
