@@ -70,10 +70,11 @@ def _listed(key: str, seeds: Any) -> list[int]:
     return list(seeds)
 
 
-def fresh_seeds(spec: DictConfig, seen: Iterable[int]) -> dict[str, Optional[list[int]]]:
+def fresh_seeds(spec: DictConfig, seen: Iterable[int], names: tuple[str, str] = ()) -> dict[str, Optional[list[int]]]:
     """The replication's seeds of a study at one preset (``spec``, file < preset merged): ``{"seeds": [...],
     "control_seeds": [...] or None}``, from its ``replicate:`` block or the default rule, each checked disjoint from
-    ``seen`` (every seed the design saw). Raises :class:`ConfigError` where the study cannot be replicated."""
+    ``seen`` (every seed the design saw; ``names``: the original's and the replication's, for the error line).
+    Raises :class:`ConfigError` where the study cannot be replicated."""
     seed_param = spec.space.get(SEED_PARAM)
     if spec.sampler.kind != "grid" or not integer_seeds(seed_param):
         raise ConfigError(
@@ -92,7 +93,7 @@ def fresh_seeds(spec: DictConfig, seen: Iterable[int]) -> dict[str, Optional[lis
     if spec.control is not None and controls is None:
         controls = list(range(start, start + len(design_control)))
     for key, values in (("seeds", seeds), ("control_seeds", controls or [])):
-        check_disjoint(f"replicate.{key}", values, seen)
+        check_disjoint(f"replicate.{key}", values, seen, names)
     return {"seeds": seeds, "control_seeds": controls}
 
 
@@ -108,17 +109,23 @@ def _start(seeds: Iterable[int]) -> int:
     return FRESH_STEP * (max(seeds, default=-1) // FRESH_STEP + 1)
 
 
-def check_disjoint(key: str, fresh: Iterable[int], seen: Iterable[int]) -> None:
-    """A replication's seeds share none with the design's: one line naming those they share."""
+def check_disjoint(key: str, fresh: Iterable[int], seen: Iterable[int], names: tuple[str, str] = ()) -> None:
+    """A derived study's seeds share none with the design's: one line naming the first seed shared and both studies
+    (``names``: the original's and the derived study's, else described)."""
     shared = sorted(set(fresh) & set(seen))
     if shared:
+        original, derived = names or ("the original", "the replication")
+        more = f" (and {len(shared) - 1} more: {', '.join(map(str, shared[1:4]))})" if len(shared) > 1 else ""
         raise ConfigError(
-            f"{key}: seeds {', '.join(map(str, shared))} were seen by the design (its seeds, its control's or "
-            "those --add-seeds stored); a replication runs on fresh seeds only"
+            f"{key}: seed {shared[0]}{more} of study {derived} was seen by study {original} (its seeds at any "
+            "preset, its control's or those --add-seeds stored); a derived study runs on fresh seeds only: give "
+            f"{key} seeds the design never used"
         )
 
 
-def budget_seeds(spec: DictConfig, seen: Iterable[int], factor: float) -> dict[str, Optional[list[int]]]:
+def budget_seeds(
+    spec: DictConfig, seen: Iterable[int], factor: float, names: tuple[str, str] = ()
+) -> dict[str, Optional[list[int]]]:
     """The fresh seeds of the study at ``factor`` × the budget (see the module docstring): as many as the
     replication's (:func:`fresh_seeds`, which checks the file's ``replicate:`` block), from the first multiple of 100
     at or above ``factor`` × the replication's default start and above each of its seeds. An open study (no grid
@@ -126,7 +133,7 @@ def budget_seeds(spec: DictConfig, seen: Iterable[int], factor: float) -> dict[s
     controls = control_seeds(spec, ()) if spec.control is not None else None
     if spec.sampler.kind == "grid" and integer_seeds(spec.space.get(SEED_PARAM)):
         design = _design(spec, seen)
-        replica = fresh_seeds(spec, seen)
+        replica = fresh_seeds(spec, seen, names and (names[0], names[0] + REPLICATE_SUFFIX))
         counts = len(replica["seeds"]), len(replica["control_seeds"]) if controls is not None else None
         taken = design | set(replica["seeds"]) | set(replica["control_seeds"] or [])
     else:

@@ -372,7 +372,7 @@ def load_study(
         factor = budget.check_factor(factor) if factor is not None else None
         spec = merge(StudySpec, layers)
         derived = replicate or factor is not None
-        fresh = _fresh(spec, raw, derived, factor)
+        fresh = _fresh(spec, raw, derived, factor, preset)
         if derived:
             replication.as_replicate(spec, fresh)
         if factor is not None:
@@ -422,16 +422,20 @@ def check_folders(study: Study) -> None:
             )
 
 
-def _fresh(spec: DictConfig, raw: dict, derived: bool, factor: Optional[float] = None) -> Optional[dict]:
+def _fresh(
+    spec: DictConfig, raw: dict, derived: bool, factor: Optional[float] = None, preset: Optional[str] = None
+) -> Optional[dict]:
     """A derived study's fresh seeds (the replication's, or at ``factor`` × the budget), checked whenever the study
     is loaded as one or its file gives a ``replicate:`` block (so that ``sweep --check`` finds a bad one); None
     otherwise."""
     block = spec.replicate
     if not derived and block.seeds is None and block.control_seeds is None:
         return None
+    original = f"{spec.study}_{preset}" if preset else spec.study
+    names = (original, original + replication.suffix(factor))
     if factor is not None:
-        return replication.budget_seeds(spec, replication.file_seeds(raw), factor)
-    return replication.fresh_seeds(spec, replication.file_seeds(raw))
+        return replication.budget_seeds(spec, replication.file_seeds(raw), factor, names)
+    return replication.fresh_seeds(spec, replication.file_seeds(raw), names)
 
 
 def _where(path: Path, preset: Optional[str]) -> str:
