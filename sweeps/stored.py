@@ -22,11 +22,13 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartb
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial
 
+from foundation.configfile import read_yaml
 from foundation.confined import check_inside, open_inside
 from foundation.errors import ConfigError
 from foundation.redact import redact
-from sweeps.spec import identity
-from sweeps.spec.study import Study
+from sweeps.spec import identity, replication
+from sweeps.spec.schema import ADDED_SEEDS, SEED_PARAM
+from sweeps.spec.study import Study, load_study
 
 # Seconds between a running trial's heartbeats, and of silence after which it is stale (settable for networks
 # with long pauses, and for tests that kill workers).
@@ -336,4 +338,121 @@ def check_objective(study: Study, ostudy: optuna.Study, url: Optional[str]) -> N
         raise ConfigError(
             f"{where} was started with another {what}: {'; '.join(differ[:4])}{more}; its trials answer "
             f"another question: {again}"
+        )
+
+
+# --------------------------------------------------------------------------------------- a study's family
+# The original study and its derived studies (its replication, its studies at a larger budget: sweeps.spec.replication)
+# hold disjoint seeds; these read what each one's storage holds, writing nothing.
+def _read_only(name: str, journal: Path, storage: Optional[BaseStorage]) -> Optional[optuna.Study]:
+    """The stored study ``name``, read only: in ``storage`` (an RDB), else in the journal file ``journal``; None
+    where it is not there."""
+    if storage is None:
+        if not journal.is_file():
+            return None
+        check_journal(journal)
+        storage = replayed(journal)
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return None
+
+
+def _family(study: Study, url: Optional[str]) -> tuple[list[str], Optional[BaseStorage]]:
+    """The original's name and those of its derived studies that the storage holds (for the default journals: the
+    folders beside the original's), with the RDB storage they are in (None: journals)."""
+    original = study.original_name
+    if url is None:
+        parent = Path(study.shared.output_dir)
+        names = [p.name for p in parent.iterdir() if p.is_dir()] if parent.is_dir() else []
+        storage = None
+    else:
+        try:
+            storage = open_storage(study, url, create=False)
+            names = optuna.get_all_study_names(storage)
+        except Exception:  # a database that holds no study yet (no file, no tables): no member has run
+            return [], None
+    return [original] + sorted(n for n in set(names) if replication.is_derived_name(original, n)), storage
+
+
+def held_seeds(ostudy: optuna.Study) -> set[int]:
+    """The seeds a stored study holds: its trials', those ``--add-seeds`` stored, a derived study's fresh seeds."""
+    fixed = (ostudy.user_attrs.get(identity.IDENTITY) or {}).get("replicate") or {}
+    seeds = [t.params.get(SEED_PARAM) for t in ostudy.get_trials(deepcopy=False)]
+    seeds += list(ostudy.user_attrs.get(ADDED_SEEDS) or []) + [s for v in fixed.values() for s in v or []]
+    return {s for s in seeds if isinstance(s, int) and not isinstance(s, bool)}
+
+
+def family_names(study: Study) -> list[str]:
+    """The names of ``study``'s family in its journals' folder: the original's and its derived studies' (the
+    original's first)."""
+    return _family(study, None)[0]
+
+
+def family_seeds(study: Study, url: Optional[str]) -> dict[str, set[int]]:
+    """Study name -> the seeds it and its control hold, for each member of ``study``'s family that has run; the
+    original also holds every seed its file names (at any preset), run or not."""
+    out = {study.original_name: replication.file_seeds(read_yaml(study.path))}
+    names, storage = _family(study, url)
+    for name in names:
+        root = Path(study.shared.output_dir) / name
+        found = [
+            _read_only(name, root / JOURNAL, storage),
+            _read_only(f"{name}_control", root / "control" / JOURNAL, storage),
+        ]
+        if any(f is not None for f in found):
+            out[name] = out.get(name, set()).union(*(held_seeds(f) for f in found if f is not None))
+    return out
+
+
+def check_family(study: Study, url: Optional[str]) -> None:
+    """Before a ``sweep`` writes anything: the seeds of ``study`` (its file's, or a derived study's fresh ones) share
+    none with any other member of its family, and a derived study's original, where it has run, is the study its
+    file describes now (else a derived study would answer another question than the one it re-asks)."""
+    family = family_seeds(study, url)
+    if study.replicate is None:
+        seeds = set(study.seeds) | (set(study.control.seeds) if study.control is not None else set())
+        replication.check_family(
+            f"space.{SEED_PARAM}", study.name, seeds, family, f"give {study.path} seeds that study does not hold"
+        )
+        return
+    for key, seeds in study.replicate.items():
+        where = f"replicate.{key}" if study.factor is None else f"--budget {study.factor:g} ({key})"
+        fix = (
+            f"give replicate.{key} in {study.path} seeds no study of the family holds"
+            if study.factor is None
+            else "its seeds follow from the factor: take another --budget, or move that study's folder aside"
+        )
+        replication.check_family(where, study.name, seeds or [], family, fix)
+    check_original(study, url)
+
+
+def check_original(study: Study, url: Optional[str]) -> None:
+    """A derived study's original, where it has run, still has the identity its file gives it now."""
+    original = load_study(study.path, study.preset)
+    names, storage = _family(original, url)
+    ostudy = _read_only(original.name, original.root / JOURNAL, storage) if names else None
+    if ostudy is None or identity.IDENTITY not in ostudy.user_attrs:
+        return
+    differ = identity.changed(ostudy.user_attrs[identity.IDENTITY], original)
+    if differ:
+        raise ConfigError(
+            f"{study.path}: study {original.name} in {storage_display(original, url)} ran with another identity "
+            f"than the file gives it now ({'; '.join(differ[:3])}); {study.name} re-asks the original's question, so "
+            f"it is refused: restore the file, or run the original afresh first with `linformer-lab sweep "
+            f"{original.file_args} --new-study`"
+        )
+
+
+def check_derived(study: Study, url: Optional[str]) -> None:
+    """Before a derived study's report writes anything: the seeds its storage holds share none with those its
+    original's holds (the freshness its report states, re-checked from both journals)."""
+    family = family_seeds(study, url)
+    if study.name in family and study.original_name in family:
+        replication.check_family(
+            f"report {study.derived_flag}",
+            study.name,
+            family[study.name],
+            {study.original_name: family[study.original_name]},
+            f"its seeds are not fresh: run it afresh with `linformer-lab sweep {study.file_args} --new-study`",
         )

@@ -53,9 +53,9 @@ from sweeps import stored
 from sweeps.control import Row, control_label, reused_rows, rows_of, run_baselines, value
 from sweeps.report import comparisons, context, efficiency, figures, markdown, replication, scale
 from sweeps.report.comparisons import comparisons_table, pair_sentence, seeds_advice
-from sweeps.report.findings import Findings, findings
+from sweeps.report.findings import Findings, curve_of, findings
 from sweeps.report.power import has_power, power_section
-from sweeps.spec import stats
+from sweeps.spec import budget, stats
 from sweeps.spec.schema import ADDED_SEEDS, REPLICATE_SUFFIX
 from sweeps.spec.study import Study, load_study
 from sweeps.stored import check_objective
@@ -320,6 +320,13 @@ def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_row
         out.append(f"- seeds added by `sweep --add-seeds`: {', '.join(map(str, study.added_seeds))}")
     if study.replicate is None and url is None and (replica_root(study) / stored.JOURNAL).is_file():
         out.append(f"- replicated on fresh seeds: `linformer-lab report {study.file_args} --replicate`")
+    if study.replicate is None and url is None:
+        for name in stored.family_names(study):
+            factor = name.removeprefix(study.name + budget.SUFFIX)
+            if name.startswith(study.name + budget.SUFFIX) and (study.root.with_name(name) / stored.JOURNAL).is_file():
+                out.append(
+                    f"- re-asked at ×{factor} the budget: `linformer-lab report {study.file_args} --budget {factor}`"
+                )
     return out + [f"- sampler: {study.spec.sampler.kind}, pruner: {study.spec.pruner.kind}", ""]
 
 
@@ -414,14 +421,20 @@ def _gain_words(found: Findings) -> str:
 
 
 def replication_lines(report: "Report", out: Path) -> list[str]:
-    """A replication's section (:mod:`sweeps.report.replication`): each verdict of the original beside the fresh
-    seeds' own, also written to ``replication.csv``; one line when the original has not run."""
+    """A derived study's section (:mod:`sweeps.report.replication`): each verdict of the original beside the fresh
+    seeds' own (a replication), or what it is at F × the budget (``--budget F``), also written to
+    ``replication.csv``; one line when the original has not run."""
     fresh = report.study
+    title = (
+        f"## Replication of {fresh.original_name} on fresh seeds"
+        if fresh.factor is None
+        else f"## {fresh.original_name} re-asked at ×{fresh.factor:g} the budget"
+    )
     try:
         original = Report(load_study(fresh.path, fresh.preset), report.url)
     except ConfigError as err:
         return [
-            f"## Replication of {fresh.original_name} on fresh seeds",
+            title,
             "",
             f"**Context gain of the reference:** {_gain_words(report.found)} on the fresh seeds.",
             "",
@@ -429,8 +442,13 @@ def replication_lines(report: "Report", out: Path) -> list[str]:
             "",
         ]
     outcomes = replication.replicate(original.found, report.found, fresh.control is not None)
-    replication.write_csv(outcomes, out / "replication.csv")
+    at = [replication.at_budget(o) for o in outcomes] if fresh.factor is not None else None
+    replication.write_csv(outcomes, out / "replication.csv", at)
     gains = f"{_gain_words(original.found)} on the design's seeds, {_gain_words(report.found)} on the fresh ones"
+    if fresh.factor is not None:
+        return replication.budget_section(
+            original.study.name, fresh.factor, outcomes, gains, endings(original, report), seeds_words(fresh)
+        )
     return replication.section(
         original.study.name,
         seeds_words(original.study),
@@ -442,17 +460,33 @@ def replication_lines(report: "Report", out: Path) -> list[str]:
     )
 
 
+def endings(original: "Report", larger: "Report") -> list[tuple[str, str, str]]:
+    """Per arm of the study: whether its runs were still improving at their end, at ×1 and at ×F
+    (:func:`sweeps.report.replication.ending`), from the trials' curves and the first objective's seed spread."""
+    metric, out = larger.study.metrics[0], []
+    for arm in larger.found.own:
+        cells = []
+        for report in (original, larger):
+            rows = [r for r in report.rows if r.arm == arm and r.complete]
+            curves = [c for r in rows if (c := curve_of(r)) is not None]
+            finals = list(report.found.values.get((arm, metric), {}).values())
+            cells.append(replication.ending_cell(replication.ending(arm, curves, finals)))
+        out.append((arm, *cells))
+    return out
+
+
 # --------------------------------------------------------------------------------------- command
 def load(study: Study, url: Optional[str]) -> optuna.Study:
     if url is None and not (study.root / stored.JOURNAL).is_file():
         raise ConfigError(
-            f"{study.root / stored.JOURNAL}: no study journal here; run `linformer-lab sweep {study.path}` first"
+            f"{study.root / stored.JOURNAL}: no study journal here; run `linformer-lab sweep {study.file_args}` first"
         )
     try:
         ostudy = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, url, create=False))
     except KeyError:
         raise ConfigError(
-            f"study {study.name}: not in {stored.storage_display(study, url)}; run the sweep first"
+            f"study {study.name}: not in {stored.storage_display(study, url)}; run `linformer-lab sweep "
+            f"{study.file_args} --storage URL` first"
         ) from None
     check_objective(study, ostudy, url)
     return ostudy
@@ -485,6 +519,8 @@ class Report:
 
 
 def write_report(study: Study, url: Optional[str] = None) -> Path:
+    if study.replicate is not None:  # a derived study's seeds, re-checked from what the family's storages hold
+        stored.check_derived(study, url)
     report = Report(study, url)
     study = report.study
     out = study.root / "report"
@@ -517,11 +553,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="report the study's replication on fresh seeds (sweep --replicate): each verdict of the original "
         "beside the fresh seeds' own, replicated, not decided or contradicted",
     )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="F",
+        help="report the study re-asked at F times its steps (sweep --budget F): each verdict of the original "
+        "holds, is smaller in the same direction, or changed; and whether the arms were still improving",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = load_study(args.study, args.preset, replicate=args.replicate)
+    study = load_study(args.study, args.preset, replicate=args.replicate, factor=args.budget)
     out = write_report(study, args.storage)
     print((out / "summary.md").read_text())
     print(f"report: {out}/ (summary.md, trials.csv, *.png)")

@@ -75,7 +75,7 @@ def _curves(rows: list[Row], tag: str = CURVE_TAG) -> dict[str, list[tuple[list[
 
 def _no_context_level(rows: list[Row], metric: str) -> Optional[float]:
     """The mean over the complete trials of what a model without context reaches on ``metric`` (the unigram on the
-    same targets, else the trivial baseline: :func:`sweeps.report.findings.no_context_key`), as summary.md reads it."""
+    same targets, else the trivial baseline: :func:`sweeps.control.no_context_key`), as summary.md reads it."""
     levels = []
     for r in rows:
         metrics = {**r.metrics, **run_baselines(r)}

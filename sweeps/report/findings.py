@@ -8,8 +8,10 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
+from foundation.checked import read_json
 from sweeps.control import (
     ContextGain,
     Row,
@@ -200,3 +202,14 @@ def _arm_context(study: Study, rows: list[Row], arms: list[str], values: dict, c
         if gain is not None:
             out[arm] = gain
     return out
+
+
+def curve_of(row: Row) -> Optional[list[tuple[float, float, float]]]:
+    """A trial's validation curve, ``[seconds, tokens, val ppl]`` per validation (its run's metrics.json
+    ``ppl_vs_wallclock``, :mod:`training.curves`); None where its run directory holds none."""
+    run_dir = row.trial.user_attrs.get("run_dir")
+    path = Path(run_dir) / "metrics.json" if run_dir else None
+    if path is None or not path.is_file():
+        return None
+    curve = read_json(path).get("ppl_vs_wallclock") or []
+    return [tuple(float(v) for v in point) for point in curve] or None

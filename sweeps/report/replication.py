@@ -58,6 +58,7 @@ class Outcome:
     why: str  # what the fresh seeds show, one phrase
     more: Optional[int] = None  # not decided: seeds per arm to add to the replication (None: none can be planned)
     plans: str = "would decide it"  # what those seeds would do
+    blocked: bool = False  # the fresh seeds decide nothing at all (their reference, their control: _blocked)
 
 
 def edge(c: Compared, arm: str, level: float = stats.LEVEL) -> tuple[float, float, float]:
@@ -173,7 +174,7 @@ def replicate(original: Findings, fresh: Findings, controlled: bool) -> list[Out
     for claim in claims(original):
         e = _find(claim, fresh)
         if blocked is not None:
-            out.append(Outcome(claim, e, NOT_DECIDED, blocked, more, "would let the control separate"))
+            out.append(Outcome(claim, e, NOT_DECIDED, blocked, more, "would let the control separate", True))
         elif e is None:
             out.append(Outcome(claim, e, NOT_DECIDED, "not compared on the fresh seeds (not run yet?)"))
         elif claim.kind == RATE:
@@ -271,8 +272,9 @@ def section(
     return out + ["", *table(header, body), ""] if body else out + [""]
 
 
-def write_csv(outcomes: list[Outcome], path: Path) -> None:
-    """``replication.csv``: one row per verdict of the original, with both estimates and the status."""
+def write_csv(outcomes: list[Outcome], path: Path, at: Optional[list[str]] = None) -> None:
+    """``replication.csv``: one row per verdict of the original, with both estimates and the status (``at``: what each
+    is at a larger budget, :func:`at_budget`, in an ``at_budget`` column)."""
 
     def numbers(claim: Claim, e: Optional[Evidence]) -> list:
         if e is None or claim.kind == RATE:
@@ -285,8 +287,9 @@ def write_csv(outcomes: list[Outcome], path: Path) -> None:
             ["claim", "metric", "first", "second"]
             + [f"{s}_{k}" for s in ("original", "fresh") for k in ("estimate", "lo", "hi", "n")]
             + ["fresh_shows", "status", "more_seeds"]
+            + (["at_budget"] if at is not None else [])
         )
-        for o in outcomes:
+        for i, o in enumerate(outcomes):
             c = o.claim
             w.writerow(
                 [
@@ -299,5 +302,127 @@ def write_csv(outcomes: list[Outcome], path: Path) -> None:
                     o.why,
                     o.status,
                     o.more,
+                    *([at[i]] if at is not None else []),
                 ]
             )
+
+
+# --------------------------------------------------------------------------------------- a larger budget
+HOLDS, SMALLER, CHANGED = "holds", "smaller, same direction", "changed"
+END_SHARE = 0.2  # "at the end": the fall of the loss over the last fifth of training
+
+
+def at_budget(o: Outcome) -> str:
+    """What a larger budget (``--budget F``, judged by :func:`replicate` on its fresh seeds) says of a verdict of the
+    original: it **holds** (the same verdict, a 'better' gain not below the original's estimate's reach: the ×F 95 %
+    CI reaches it); it is **smaller, same direction** (the same arm ahead, but its ×F CI lies wholly below the
+    original's estimate, or the ×F seeds call the pair on par or leave it undecided); it **changed** (the ×F seeds
+    decide against it, or put the other arm ahead); else **not decided** (nothing decided at ×F: its reference did
+    not learn, its control lacked power, the pair not run, or an undecided pair whose CI still reaches the original's
+    gain)."""
+    if o.status == CONTRADICTED:
+        return CHANGED
+    if o.fresh is None or o.blocked:
+        return NOT_DECIDED
+    if o.claim.kind != stats.BETTER:
+        return HOLDS if o.status == REPLICATED else NOT_DECIDED
+    size, _, hi = edge(o.fresh, o.claim.first)
+    original, _, _ = edge(o.claim.original, o.claim.first)
+    if size <= 0:
+        return CHANGED
+    if hi < original or (o.status == NOT_DECIDED and o.fresh.verdict.kind == stats.ON_PAR):
+        return SMALLER
+    return HOLDS if o.status == REPLICATED else NOT_DECIDED
+
+
+def end_fall(curve: Sequence[Sequence[float]], share: float = END_SHARE) -> Optional[float]:
+    """How much the validation loss (ln val/ppl, nats) fell over the last ``share`` of a run's training, read from
+    the slope of a least-squares line through its last validation points (those in that share, at least the last
+    two; tokens read as x): > 0 still falling. None for a curve of fewer than two points."""
+    points = [(float(t), math.log(float(p))) for _, t, p in curve if p > 0 and math.isfinite(p)]
+    if len(points) < 2 or points[-1][0] <= 0:
+        return None
+    end = points[-1][0]
+    last = [pt for pt in points if pt[0] >= (1 - share) * end - 1e-9]
+    last = last if len(last) >= 2 else points[-2:]
+    xs, ys = [x for x, _ in last], [y for _, y in last]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return -slope * share * end
+
+
+@dataclass(frozen=True)
+class Ending:
+    """An arm's runs at their end: the mean fall of the loss over the last share of training (None: no curve has
+    two validation points), how many runs had a curve, and the spread (std over seeds) of its final objective."""
+
+    arm: str
+    fall: Optional[float]
+    runs: int
+    spread: float
+
+    @property
+    def improving(self) -> Optional[bool]:
+        """Still improving: its loss fell, over the last fifth of training, by more than its seed spread."""
+        if self.fall is None or not math.isfinite(self.spread):
+            return None
+        return self.fall > self.spread
+
+
+def ending(arm: str, curves: Sequence[Sequence[Sequence[float]]], finals: Sequence[float]) -> Ending:
+    """The :class:`Ending` of an arm from its runs' curves and its final objective values over seeds."""
+    falls = [f for c in curves if (f := end_fall(c)) is not None]
+    spread = stats.summarize(list(finals)).std if len(finals) >= 2 else math.nan
+    return Ending(arm, sum(falls) / len(falls) if falls else None, len(falls), spread)
+
+
+def ending_cell(e: Optional[Ending]) -> str:
+    if e is None or e.fall is None:
+        return "no curve of two validations"
+    words = {True: "still improving", False: "flat", None: "no spread to judge"}[e.improving]
+    return f"{words}: fell {fmt(e.fall)} over the last fifth (seed std {fmt(e.spread)}, {e.runs} runs)"
+
+
+def budget_section(
+    name: str, factor: float, outcomes: list[Outcome], gains: str, endings: list[tuple[str, str, str]], seeds: str
+) -> list[str]:
+    """The section of a study re-asked at ``factor`` × its steps: per verdict of the original (``name``) what it is
+    at ×F (:func:`at_budget`), both estimates with their CIs side by side; then whether each arm was still improving
+    at the end of its runs at ×1 and at ×F (``endings``: arm, its ×1 cell, its ×F cell, :func:`ending_cell`)."""
+    x = f"×{factor:g}"
+    counts = {s: sum(at_budget(o) == s for o in outcomes) for s in (HOLDS, SMALLER, CHANGED, NOT_DECIDED)}
+    tallied = ", ".join(f"{v} {s}" for s, v in counts.items())
+    body = [
+        [
+            claim_text(o.claim),
+            estimate(o.claim, o.claim.original),
+            estimate(o.claim, o.fresh),
+            f"**{at_budget(o)}**: {o.why}",
+        ]
+        for o in outcomes
+    ]
+    out = [
+        f"## {name} re-asked at {x} the budget",
+        "",
+        f"**Context gain of the reference:** {gains}.",
+        "",
+        f"**At {x}: of the original's {len(outcomes)} decided verdicts, {tallied}.**"
+        if outcomes
+        else f"**At {x}:** {name} decided no verdict.",
+        "",
+        f"Every step count of the recipe is {x} (its learning-rate schedule stretched to the new end), on fresh "
+        f"{seeds}. A verdict holds when the {x} seeds reach it again with a gain whose 95 % CI reaches the original's "
+        "estimate; it is smaller, same direction, when the same arm stays ahead but that CI lies below the original's "
+        "estimate or the pair is now on par; it changed when the other arm is ahead or the seeds decide against it "
+        "(docs/verdicts.md). Still improving: an arm's loss fell over the last fifth of training (the slope of its "
+        "last validation points, ln val/ppl) by more than its seed spread.",
+        "",
+        *table([f"verdict of {name}", "×1: estimate", f"{x}: estimate", f"at {x}"], body),
+        "",
+    ]
+    if endings:
+        out += [*table(["arm", "×1: at the end", f"{x}: at the end"], [list(e) for e in endings]), ""]
+    return out

@@ -50,7 +50,7 @@ from lightning_modules.attention import ATTENTION_KINDS
 from sweeps.control import Row, run_metrics
 from sweeps.report import comparisons, efficiency, markdown
 from sweeps.report.comparisons import verdict
-from sweeps.report.findings import Compared, Findings
+from sweeps.report.findings import Compared, Findings, curve_of
 from sweeps.report.markdown import fmt, signed, signed_interval
 from sweeps.spec import stats
 from sweeps.spec.study import Study
@@ -61,7 +61,8 @@ if TYPE_CHECKING:
 
 ENERGY = 0.9  # τ of the effective rank across sizes
 SAMPLES = 16  # validation sequences the spectrum is measured on
-AXES = {"parameters": "parameters", "train_flops": "training FLOPs"}  # metrics.json key -> axis name
+# metrics.json key (or n_over_k: the rung's n over the compared arm's k) -> axis name
+AXES = {"parameters": "parameters", "train_flops": "training FLOPs", "n_over_k": "n/k"}
 
 
 # --------------------------------------------------------------------------------------- the ladder
@@ -97,12 +98,15 @@ class Ladder:
     cells: dict[tuple[str, str], Cell]
     verdicts: dict[tuple[str, str], Compared]  # (rung, line) -> the report's comparison with the reference
     blind: set = field(default_factory=set)  # (rung, line) left without a verdict: neither reaches the context gain
+    n_over_k: dict = field(default_factory=dict)  # rung -> n / k of the first compared arm (ladder.axis n_over_k)
 
     def cell(self, rung: str, line: str) -> Optional[Cell]:
         return self.cells.get((rung, line))
 
     def size(self, rung: str, axis: str = "parameters") -> Optional[float]:
-        """The rung's size on ``axis`` (a metrics.json key): its reference runs' mean."""
+        """The rung's size on ``axis`` (a metrics.json key): its reference runs' mean; n_over_k: the rung's n/k."""
+        if axis == "n_over_k":
+            return self.n_over_k.get(rung)
         cell = self.cell(rung, self.reference)
         return cell.mean(axis) if cell is not None else None
 
@@ -161,7 +165,12 @@ def build(study: Study, rows: list[Row], found: Findings) -> Ladder:
         if line != reference and ref is not None and frozenset((cell.arm, ref.arm)) in left:
             blind.add((rung, line))
     delta = study.delta(metric)[0]
-    return Ladder(study, metric, direction, delta, study.rungs, reference, lines, cells, verdicts, blind)
+    ladder = Ladder(study, metric, direction, delta, study.rungs, reference, lines, cells, verdicts, blind)
+    if lines:  # n/k at each rung, of the first compared arm (the reference, full attention, has no k)
+        for rung, k in arm_ks(ladder, lines[0]).items():
+            model = study.config(dict(ladder.cell(rung, lines[0]).rows[0].trial.params)).model
+            ladder.n_over_k[rung] = model.max_len / k
+    return ladder
 
 
 # --------------------------------------------------------------------------------------- words
@@ -179,12 +188,20 @@ def trend_text(ladder: Ladder, line: str, axis: str = "parameters") -> str:
     return trend(ladder.trend(line, axis), AXES[axis], line, ladder.reference, ladder.direction)
 
 
+def _at(ladder: Ladder, rung: str, axis: str) -> str:
+    """How a rung's size reads in the answer: ``2.6M parameters``, ``n/k = 4``."""
+    if axis == "n_over_k":
+        return f"n/k = {markdown.fmt(ladder.size(rung, axis))}"
+    return f"{markdown.si(ladder.size(rung))} parameters"
+
+
 def answer(ladder: Ladder) -> list[str]:
-    """One sentence per compared arm: its gap at every rung with the verdict, and the trend over parameters."""
-    out = []
+    """One sentence per compared arm: its gap at every rung with the verdict, and the trend over the ladder's axis
+    (parameters, or n/k); the published claim (``ladder.claim``) stated beside it."""
+    out, axis, claim = [], ladder.study.ladder.axis, ladder.study.ladder.claim
     for line in ladder.lines:
         gaps = [
-            f"{markdown.signed(c.diff)} at {rung} ({markdown.si(ladder.size(rung))} parameters; "
+            f"{markdown.signed(c.diff)} at {rung} ({_at(ladder, rung, axis)}; "
             f"{verdict_text(ladder, rung, line, short=True)})"
             for rung in ladder.rungs
             if (c := ladder.gap(rung, line)) is not None
@@ -194,7 +211,7 @@ def answer(ladder: Ladder) -> list[str]:
             continue
         out.append(
             f"{line} − {ladder.reference} on {ladder.metric}: {', '.join(gaps)}; the gap changes by "
-            f"{trend_text(ladder, line)}."
+            f"{trend_text(ladder, line, axis)}" + (f" (the paper's claim: {claim.rstrip('.')})." if claim else ".")
         )
     return out
 
@@ -232,15 +249,6 @@ class TimeToTarget:
         return Ratio(math.exp(c.diff), math.exp(lo), math.exp(hi), len(both))  # exp(nan) is nan
 
 
-def _curve(row: Row) -> Optional[list[tuple[float, float, float]]]:
-    run_dir = row.trial.user_attrs.get("run_dir")
-    path = Path(run_dir) / "metrics.json" if run_dir else None
-    if path is None or not path.is_file():
-        return None
-    curve = read_json(path).get("ppl_vs_wallclock") or []
-    return [tuple(float(v) for v in point) for point in curve] or None
-
-
 def time_to_target(ladder: Ladder, no_context: Sequence[efficiency.ArmSpeed] = ()) -> Optional[TimeToTarget]:
     """Training seconds to each rung's target (see the module docstring); None when no run has a curve here. A
     rung whose target a model without context reaches (its unigram, or ``no_context``, the control's degraded
@@ -248,7 +256,7 @@ def time_to_target(ladder: Ladder, no_context: Sequence[efficiency.ArmSpeed] = (
     from training.curves import reach
 
     curves = {
-        key: {r.replicate: c for r in cell.complete if (c := _curve(r)) is not None}
+        key: {r.replicate: c for r in cell.complete if (c := curve_of(r)) is not None}
         for key, cell in ladder.cells.items()
     }
     if not any(curves.values()):
@@ -429,6 +437,8 @@ def _trend_lines(ladder: Ladder) -> list[str]:
     out = ["Trend of the gap over size (gap = a + b·log10(size), every seed's gap a point):", ""]
     for line in ladder.lines:
         out.append(f"- {line}: {trend_text(ladder, line)}.")
+        if ladder.has_axis("n_over_k") and ladder.study.ladder.axis == "n_over_k":
+            out.append(f"- {line}: {trend_text(ladder, line, 'n_over_k')}.")
         if ladder.has_axis("train_flops"):
             out.append(f"- {line}: {trend_text(ladder, line, 'train_flops')}.")
     return out + [""]

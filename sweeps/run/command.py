@@ -1,5 +1,5 @@
 """``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W] [--add-seeds N]
-[--replicate] [--new-study] [--check] [--preflight | --no-preflight] [--no-gate]``.
+[--replicate | --budget F] [--new-study] [--check] [--preflight | --no-preflight] [--no-gate]``.
 
 Launches, or resumes, an Optuna study. The command validates the study file, the sampler's and pruner's
 arguments and the storage URL (exit 2 before any trial; ``--check`` stops there, writing nothing), takes
@@ -638,24 +638,6 @@ def summarise(study: Study, ostudies: dict[str, optuna.Study], started: float, d
 
 
 # --------------------------------------------------------------------------------------- seeds
-def check_fresh(replica: Study, url: Optional[str]) -> None:
-    """A replication's seeds share none with those ``--add-seeds`` stored on the study it replicates (the file's own
-    were checked when it was loaded). Reads the original's storage where it exists; writes nothing."""
-    original = load_study(replica.path, replica.preset)
-    if url is None:
-        ostudy = RunStorage(original, None).stored_study()
-    else:
-        try:
-            opened = stored.open_storage(original, url, create=False)
-            ostudy = optuna.load_study(study_name=original.name, storage=opened)
-        except KeyError:  # the original has not run in this storage
-            ostudy = None
-    added = [int(s) for s in ostudy.user_attrs.get(ADDED_SEEDS, [])] if ostudy is not None else []
-    fresh = replica.replicate
-    for key in ("seeds", "control_seeds"):
-        replication.check_disjoint(f"replicate.{key}", fresh[key] or [], added)
-
-
 def with_added_seeds(study: Study, stores: dict[str, RunStorage], add: int = 0) -> Study:
     """``study`` (as its file says) grown by the seeds earlier ``--add-seeds`` stored on it, and ``add`` more (the
     next unused numbers, checked, then stored), through :meth:`Study.with_seeds`: the file is not read again.
@@ -670,7 +652,8 @@ def with_added_seeds(study: Study, stores: dict[str, RunStorage], add: int = 0) 
         used = set(added) | {t.params[SEED_PARAM] for t in trials if isinstance(t.params.get(SEED_PARAM), int)}
         for s in [study, study.control] if study.control is not None else [study]:
             used |= set(s.seeds)
-        new = list(range(max(used, default=-1) + 1, max(used, default=-1) + 1 + add))
+        family = set().union(*stored.family_seeds(study, stores[study.name].url).values())  # held by no other study
+        new = replication.next_unused(max(used, default=-1) + 1, add, family)
         grown = study.with_seeds(added + new)  # checked before they are stored
         added += new
         ostudy.set_user_attr(ADDED_SEEDS, added)
@@ -706,6 +689,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run the study's replication: its arms and control again on fresh seeds (the file's replicate: block, "
         "else the next hundred above the design's), as a study of its own beside the original",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="F",
+        help="re-ask the study at F times its steps (the schedule stretched to the new end) on fresh seeds, as a "
+        "study of its own beside the original, <study>_<preset>_x<F>",
     )
     parser.add_argument(
         "--new-study",
@@ -746,9 +736,10 @@ def main(args: argparse.Namespace) -> int:
         check_number("--timeout-s", args.timeout_s, 0, 365 * 86400, low_open=True)
     if args.add_seeds is not None:
         check_number("--add-seeds", args.add_seeds, 1, 10_000, integer=True)
-    study = load_study(args.study, args.preset, args.n_trials, args.timeout_s, replicate=args.replicate)
-    if args.replicate:
-        check_fresh(study, args.storage)
+    study = load_study(
+        args.study, args.preset, args.n_trials, args.timeout_s, replicate=args.replicate, factor=args.budget
+    )
+    stored.check_family(study, args.storage)  # seeds no other study of its family holds; a derived one's original
     check_optuna_arguments(study)
     stored.check_url(args.storage, args.workers)
     study_gpus(study, args.workers)  # before any storage is touched: trials the GPUs cannot hold are refused

@@ -73,6 +73,8 @@ def identity_of(study: Study) -> dict[str, Any]:
                 "data": data_identity(study.shared),
                 # a replication's fresh seeds are fixed before it runs: changing them starts another replication
                 **({"replicate": study.replicate} if study.replicate is not None else {}),
+                # a study at F times the budget (its config holds the scaled steps too)
+                **({"budget": study.factor} if study.factor is not None else {}),
             },
             default=str,
         )
@@ -99,7 +101,7 @@ def changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
         there = settled(stored["config"])
         here = {k: v for k, v in current.get("config", {}).items() if k in there or k not in HELD_SINCE_LATER}
         out += _differ("config.", there, here)
-    for key in ("preset", "data", "replicate"):
+    for key in ("preset", "data", "replicate", "budget"):
         if stored.get(key) != current.get(key):
             out.append(f"{key}: {stored.get(key)!r} there, {current.get(key)!r} here")
     return out

@@ -9,10 +9,16 @@ from omegaconf import DictConfig
 
 from foundation.errors import ConfigError
 
+LADDER_AXES = ("parameters", "n_over_k")  # ladder.axis (sweeps.spec.schema.LadderSpec)
+
 
 def check_ladder(spec: DictConfig, arms: Sequence[str], config_of: Callable[[dict], DictConfig]) -> None:
     """``ladder``: a categorical arm param of a grid with at least 2 rungs that grow in parameters, and a
     reference arm named by a choice of every other arm param. ``config_of``: a trial's params -> its config."""
+    if spec.ladder.axis not in LADDER_AXES:
+        raise ConfigError(f"ladder.axis: {spec.ladder.axis!r} is not one of {', '.join(LADDER_AXES)}")
+    if spec.ladder.claim is not None and (not isinstance(spec.ladder.claim, str) or "\n" in spec.ladder.claim):
+        raise ConfigError("ladder.claim: one sentence (the published answer the report states beside the lab's)")
     others = _check_rung(spec, arms)
     _check_reference(spec, others)
     _check_growth(spec, config_of)
@@ -67,19 +73,23 @@ def _check_reference(spec: DictConfig, others: Sequence[str]) -> None:
 
 
 def _check_growth(spec: DictConfig, config_of: Callable[[dict], DictConfig]) -> None:
-    """The reference's parameters grow from rung to rung, smallest first."""
+    """The reference's parameters (``ladder.axis: n_over_k``: its sequence length n) grow from rung to rung,
+    smallest first."""
     from training.train import model_parameters  # builds the model on the meta device: no memory, no data
 
     ladder, sizes = spec.ladder, []
+    by_length = ladder.axis == "n_over_k"
+    unit = "positions (n)" if by_length else "parameters"
     for rung in spec.space[ladder.rung].choices:
         chosen = {ladder.rung: rung, **ladder.reference}
         try:  # the params in space order, as a trial applies them
-            sizes.append((str(rung), model_parameters(config_of({n: chosen[n] for n in spec.space if n in chosen}))))
+            cfg = config_of({n: chosen[n] for n in spec.space if n in chosen})
+            sizes.append((str(rung), cfg.model.max_len if by_length else model_parameters(cfg)))
         except ConfigError as err:
             raise ConfigError(f"ladder: rung {rung}: {err}") from None
     for (small, n_small), (large, n_large) in zip(sizes, sizes[1:]):
         if n_large <= n_small:
             raise ConfigError(
-                f"ladder.rung: rungs must grow, smallest first: {large!r} has {n_large:,} parameters, "
+                f"ladder.rung: rungs must grow, smallest first: {large!r} has {n_large:,} {unit}, "
                 f"not more than {small!r} before it ({n_small:,})"
             )

@@ -46,7 +46,8 @@ trend over size, and the reference's attention spectrum across sizes (:mod:`swee
 ``replicate`` fixes the fresh seeds of ``linformer-lab sweep --replicate`` (:mod:`sweeps.spec.replication`): the study's
 arms run again on seeds disjoint from every seed the design saw, as a study of its own stored beside the original
 (``<study>_<preset>_replicate``), whose report says of each verdict of the original whether the fresh seeds replicate,
-leave undecided or contradict it.
+leave undecided or contradict it. ``sweep --budget F`` (:mod:`sweeps.spec.budget`) re-asks the study at F × its steps on
+other fresh seeds, ``<study>_<preset>_x<F>``; both are derived studies, whose seeds no other study of the family holds.
 
 ``linformer-lab sweep --add-seeds N`` adds replicate seeds to a grid study and its control; they are
 stored on the study (user attr ``added_seeds``) and passed back here as ``added_seeds``, which extends
@@ -160,6 +161,11 @@ class LadderSpec:
     rung: str = ""
     # The arm every gap is taken against, by the values of the other arm params: {arm: full}.
     reference: Dict[str, Any] = field(default_factory=dict)
+    # What the gap's trend is read against: "parameters" (and training FLOPs), or "n_over_k": the sequence length over
+    # the compared arm's k at each rung (a ladder of lengths at fixed k, the paper's Fig. 3d).
+    axis: str = "parameters"
+    # The published answer to the ladder's question, stated beside the lab's in the report (one sentence).
+    claim: Optional[str] = None
 
 
 @dataclass

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +36,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from foundation.configfile import flatten, merge, read_yaml, to_container
 from foundation.errors import ConfigError, check_number
-from foundation.paths import check_folder, check_name
-from sweeps.spec import grids, replication, validation
+from foundation.paths import NAME_MAX, PATH_MAX, check_folder, check_name
+from sweeps.spec import budget, grids, replication, validation
 from sweeps.spec.controls import control_spec
 from sweeps.spec.ladders import check_ladder
 from sweeps.spec.schema import (
@@ -44,7 +45,6 @@ from sweeps.spec.schema import (
     DEFAULT_CONTEXT_GAIN,
     DEFAULT_DELTA,
     MAX_TRIALS,
-    REPLICATE_SUFFIX,
     SEED_PARAM,
     SWEEPS_DIR,
     StudySpec,
@@ -89,24 +89,37 @@ class Study:
     # of a replication (``sweep --replicate``, :mod:`sweeps.spec.replication`): its fresh seeds as the file fixes them,
     # {"seeds": [...], "control_seeds": [...] or None}; None for any other study
     replicate: Optional[dict] = None
+    # of a study at F times the budget (``sweep --budget F``, :mod:`sweeps.spec.budget`, a derived study whose
+    # ``replicate`` holds its fresh seeds): F, by which every step count of its trials is scaled; None for any other
+    factor: Optional[float] = None
 
     @property
     def name(self) -> str:
         if self.parent is not None:
             return f"{self.parent.name}_control"
-        name = f"{self.spec.study}_{self.preset}" if self.preset else self.spec.study
-        return name + (REPLICATE_SUFFIX if self.replicate is not None else "")
+        return self.original_name + (replication.suffix(self.factor) if self.replicate is not None else "")
 
     @property
     def original_name(self) -> str:
-        """The name of the study a replication replicates (its own name for any other study)."""
-        return self.name.removesuffix(REPLICATE_SUFFIX) if self.replicate is not None else self.name
+        """The name of the study a derived study derives from (its own name for any other study)."""
+        return f"{self.spec.study}_{self.preset}" if self.preset else self.spec.study
+
+    @property
+    def original_args(self) -> str:
+        """The original's file and preset as a command takes them: ``sweeps/kv_side.yaml --preset cpu``."""
+        return f"{self.path}" + (f" --preset {self.preset}" if self.preset else "")
+
+    @property
+    def derived_flag(self) -> str:
+        """The flag that makes a derived study of the original (``--replicate``, ``--budget 4``); "" for others."""
+        if self.replicate is None:
+            return ""
+        return "--replicate" if self.factor is None else f"--budget {self.factor:g}"
 
     @property
     def file_args(self) -> str:
         """The study's file and flags as a command takes them: ``sweeps/kv_side.yaml --preset cpu [--replicate]``."""
-        preset = f" --preset {self.preset}" if self.preset else ""
-        return f"{self.path}{preset}" + (" --replicate" if self.replicate is not None else "")
+        return self.original_args + (f" {self.derived_flag}" if self.derived_flag else "")
 
     @property
     def root(self) -> Path:
@@ -212,10 +225,11 @@ class Study:
     def param_layers(self, params: dict) -> list[dict]:
         """What each of a trial's params sets (dotted key -> value, a bundle expanded), one layer per param in
         space order: a later param's ``kind`` starts from that kind's options (foundation.configfile)."""
-        return [
+        layers = [
             OmegaConf.to_container(self.spec.space[name].choices[value]) if self.is_bundle(name) else {name: value}
             for name, value in params.items()
         ]
+        return layers if self.factor is None else [budget.scale_layer(layer, self.factor) for layer in layers]
 
     def _active(self, name: str, params: dict) -> bool:
         """Whether param ``name`` is active at the partial point ``params`` (its ``when`` met by their config);
@@ -329,13 +343,16 @@ def load_study(
     timeout_s: Optional[float] = None,
     added_seeds: Sequence[int] = (),
     replicate: bool = False,
+    factor: Optional[float] = None,
 ) -> Study:
     """Read, merge (file < preset < command-line budget) and validate a study file.
 
     ``preset`` None picks ``cpu`` when the file has presets. ``added_seeds``: seeds ``sweep --add-seeds``
     stored on the study, added to its grid and control. ``replicate``: the study's replication on fresh seeds
-    (:mod:`sweeps.spec.replication`) instead of the study. Raises :class:`ConfigError` (one line, prefixed
-    with the file) on any problem, including a trial config that would not validate.
+    (:mod:`sweeps.spec.replication`) instead of the study; ``factor`` (``--budget F``): the study re-asked at F × its
+    steps on fresh seeds (:mod:`sweeps.spec.budget`), a derived study like the replication. Raises
+    :class:`ConfigError` (one line, prefixed with the file) on any problem, including a trial config that would not
+    validate.
     """
     path = Path(path)
     raw = read_yaml(path)
@@ -352,24 +369,73 @@ def load_study(
         layers = [raw] + ([presets[preset]] if preset else [])
         command_line = {"n_trials": n_trials, "timeout_s": timeout_s}
         layers.append({"budget": {k: v for k, v in command_line.items() if v is not None}})
+        factor = budget.check_factor(factor) if factor is not None else None
         spec = merge(StudySpec, layers)
-        fresh = _fresh(spec, raw, replicate)
-        if replicate:
+        derived = replicate or factor is not None
+        fresh = _fresh(spec, raw, derived, factor, preset)
+        if derived:
             replication.as_replicate(spec, fresh)
-        study = _validate(path, preset, spec, validation.file_metrics(raw, presets), tuple(added_seeds), tuple(presets))
-        study.replicate = fresh if replicate else None
+        if factor is not None:
+            budget.scale_pruner(spec.pruner, factor)
+        study = _validate(
+            path, preset, spec, validation.file_metrics(raw, presets), tuple(added_seeds), tuple(presets), factor
+        )
+        study.replicate = fresh if derived else None
+        check_folders(study)
     except ConfigError as err:
         raise ConfigError(f"{_where(path, preset)}: {err}") from None
     return study
 
 
-def _fresh(spec: DictConfig, raw: dict, replicate: bool) -> Optional[dict]:
-    """The replication's fresh seeds, checked whenever the study is loaded with ``--replicate`` or its file gives a
-    ``replicate:`` block (so that ``sweep --check`` finds a bad one); None otherwise."""
+# What the lab writes below a study's folder: its control's folder, a trial's run folder, and the longest file a run
+# writes there (a TensorBoard events file: events.out.tfevents.<10-digit time>.<hostname, up to 64 bytes>.<pid>.<n>,
+# ~110 bytes; checkpoints/last.ckpt), with room to spare; and what `sweep --new-study` appends to a study's folder.
+RUN_FILE_BYTES = 160
+ASIDE_SUFFIX = ".YYYYmmdd-HHMMSS"
+
+
+def derived_folders(study: Study) -> list[tuple[str, Path]]:
+    """Every folder the lab derives for a study: its own (``<study>_<preset>[_replicate|_x<F>]``, and the name
+    ``sweep --new-study`` moves it aside to), its control's (``control/``) and its trial folders (``trial_<n>``, n
+    up to :data:`MAX_TRIALS`: retried trials take new numbers), each with the key that makes it."""
+    out = [("study", study.root), ("study", study.root.with_name(study.root.name + ASIDE_SUFFIX))]
+    return out + [("study" if s.parent is None else "control", s.root / f"trial_{MAX_TRIALS}") for s in study.studies]
+
+
+def check_folders(study: Study) -> None:
+    """Each folder :func:`derived_folders` names fits the file system: a name of at most ``NAME_MAX`` bytes, a path
+    (its deepest file included) of at most ``PATH_MAX``; else one line naming the study file's key at fault."""
+    for key, folder in derived_folders(study):
+        name = os.fsencode(folder.name)
+        if len(name) > NAME_MAX:
+            raise ConfigError(
+                f"{key}: the folder name {folder.name[:48]!r}... that the study name makes (with its preset, a derived "
+                f"study's suffix, --new-study's time) is {len(name)} bytes, more "
+                f"than the {NAME_MAX} a file system allows in one name; shorten study: (or the preset's name)"
+            )
+        path = len(os.fsencode(str(folder.absolute()))) + 1 + RUN_FILE_BYTES
+        if path > PATH_MAX:
+            raise ConfigError(
+                f"output_dir: the runs of study {study.name} would lie at {path} bytes of path (under "
+                f"{str(folder.absolute())[:48]}...), more than the {PATH_MAX} a path may have; shorten output_dir "
+                "or study:"
+            )
+
+
+def _fresh(
+    spec: DictConfig, raw: dict, derived: bool, factor: Optional[float] = None, preset: Optional[str] = None
+) -> Optional[dict]:
+    """A derived study's fresh seeds (the replication's, or at ``factor`` × the budget), checked whenever the study
+    is loaded as one or its file gives a ``replicate:`` block (so that ``sweep --check`` finds a bad one); None
+    otherwise."""
     block = spec.replicate
-    if not replicate and block.seeds is None and block.control_seeds is None:
+    if not derived and block.seeds is None and block.control_seeds is None:
         return None
-    return replication.fresh_seeds(spec, replication.file_seeds(raw))
+    original = f"{spec.study}_{preset}" if preset else spec.study
+    names = (original, original + replication.suffix(factor))
+    if factor is not None:
+        return replication.budget_seeds(spec, replication.file_seeds(raw), factor, names)
+    return replication.fresh_seeds(spec, replication.file_seeds(raw), names)
 
 
 def _where(path: Path, preset: Optional[str]) -> str:
@@ -384,6 +450,7 @@ def _validate(
     file_metrics: set[str],
     added_seeds: tuple[int, ...] = (),
     presets: tuple[str, ...] = (),
+    factor: Optional[float] = None,
 ) -> Study:
     if not re.fullmatch(r"[A-Za-z0-9_-]+", spec.study or ""):
         raise ConfigError(f"study: a name of letters, digits, '_' or '-' is required, got {spec.study!r}")
@@ -407,6 +474,8 @@ def _validate(
         check_number("budget.timeout_s", b.timeout_s, 0, 365 * 86400, low_open=True)
     try:
         shared = run_config.merge_run([base, nested(dict(spec.overrides))])
+        if factor is not None:  # the recipe at F × its steps (sweeps.spec.budget)
+            budget.scale_config(shared, factor)
         study = Study(
             path=path,
             preset=preset,
@@ -417,6 +486,7 @@ def _validate(
             added_seeds=added_seeds,
             presets=presets,
             asked_n_trials=b.n_trials,
+            factor=factor,
         )
         study.build_config({})
     except ConfigError as err:
@@ -518,6 +588,7 @@ def _control_study(study: Study, study_points: dict[str, dict], checked: dict[st
         added_seeds=study.added_seeds,
         presets=study.presets,
         checked=dict(checked),
+        factor=study.factor,
     )
     points = []
     containers: dict[str, Any] = {}

@@ -99,8 +99,8 @@ def test_the_study_file_fixes_the_fresh_seeds_and_the_control_may_have_more(tmp_
 @pytest.mark.parametrize(
     "replicate, message",
     [
-        ({"seeds": [3, 100]}, "replicate.seeds: seeds 3 were seen by the design"),
-        ({"control_seeds": [1, 2]}, "replicate.control_seeds: seeds 1, 2 were seen by the design"),
+        ({"seeds": [3, 100]}, "replicate.seeds: seed 3 of study rep_replicate was seen by study rep "),
+        ({"control_seeds": [1, 2]}, "replicate.control_seeds: seed 1 (and 1 more: 2) of study rep_replicate was seen"),
         ({"seeds": [100]}, "replicate.seeds: at least 2 distinct seeds are needed for a spread, got [100]"),
         ({"seeds": [100, "x"]}, "replicate.seeds: Value 'x' of type 'str' could not be converted to Integer"),
     ],
@@ -134,7 +134,8 @@ def test_seeds_added_to_the_original_are_not_fresh(tmp_path, tiny_overrides, cap
     ostudy.set_user_attr(ADDED_SEEDS, [4])  # `sweep --add-seeds 1` took seed 4
     assert cli.main(["sweep", str(path), "--replicate"]) == 2
     err = capsys.readouterr().err
-    assert "replicate.seeds: seeds 4 were seen by the design" in err
+    assert "replicate.seeds: seed 4 of study rep_replicate is also a seed of study rep:" in err
+    assert err.count("\n") == 1
     assert not (tmp_path / "runs" / "rep_replicate").exists()
 
 
