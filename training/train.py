@@ -12,7 +12,6 @@ import contextlib
 import functools
 import importlib.util
 import logging
-import math
 import multiprocessing as mp
 import os
 import sys
@@ -56,6 +55,8 @@ from training.resume import (
     data_identity,
     rollback_events,
 )
+from training.sample_curve import SampleValidation
+from training.tensorboard import LogPlace, RunLogger, objective_layout, record_run
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
 FORKING_STRATEGIES = ("ddp_fork", "ddp_notebook")
@@ -284,13 +285,18 @@ def _logger(
     resumed: bool,
     hparams: Optional[dict],
     answer: ObjectiveMetrics,
+    log: LogPlace,
 ) -> TensorBoardLogger:
-    """TensorBoard logger of the run; a new run first records its HPARAMS (a resumed one has them): the module's
-    metrics, the objective and its context gain (``answer``)."""
-    logger = TensorBoardLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name, default_hp_metric=False)
+    """TensorBoard logger of the run; a new run first records its HPARAMS (a resumed one has them): its
+    hyper-parameters, the axes that vary first, and as metrics the objective and its context gain (``answer``) and
+    the module's own; and the chart of its objective with the no-context level (training/tensorboard.py)."""
+    logger = RunLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name, default_hp_metric=False)
     if not resumed:
-        hp_metrics = dict.fromkeys([*answer.tags(), *getattr(module, "hp_metrics", HP_METRICS)])  # a module's own
-        logger.log_hyperparams({**_hparams(cfg), **(hparams or {})}, metrics={m: math.nan for m in hp_metrics})
+        hp_metrics = list(dict.fromkeys([*answer.tags(), *getattr(module, "hp_metrics", HP_METRICS)]))
+        params = {**_hparams(cfg), **(hparams or {})}
+        layout = objective_layout(answer.objective.metric, answer.level_tag)
+        axes = log.axes or tuple(k for k in hparams or {} if not k.startswith("sweep/"))  # a trial's parameters
+        record_run(logger, log.root or run_dir.parent, params, hp_metrics, axes, layout)
         # Flushed and closed: the writer reopens on next use, in the process that uses it (its thread would
         # not survive into the ranks that strategy=ddp_fork forks, which would then hang on their first flush).
         logger.experiment.close()
@@ -523,13 +529,17 @@ def run_metrics_of(
     }
 
 
-def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Optional[dict] = None) -> dict[str, Any]:
+def train(
+    cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Optional[dict] = None, log: LogPlace = LogPlace()
+) -> dict[str, Any]:
     """Train one run and return its ``metrics.json`` content.
 
     Args:
         cfg: a checked :class:`RunConfig`.
         callbacks: extra Lightning callbacks (e.g. Optuna's pruning callback).
         hparams: extra entries for the HPARAMS tab (e.g. a sweep trial's parameters).
+        log: the TensorBoard log directory the run belongs to and the axes its HPARAMS tab lists first (default:
+            the run directory's parent, and ``hparams``' keys other than ``sweep/*``).
     """
     started = time.time()
     quiet_third_parties()
@@ -555,7 +565,7 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         )
         return done
     with owner or contextlib.nullcontext():
-        return _fit(cfg, datamodule, module, run_dir, resume_from, list(callbacks), hparams, started)
+        return _fit(cfg, datamodule, module, run_dir, resume_from, list(callbacks), hparams, started, log)
 
 
 def _fit(
@@ -567,13 +577,15 @@ def _fit(
     callbacks: list[L.Callback],
     hparams: Optional[dict],
     started: float,
+    log: LogPlace,
 ) -> dict[str, Any]:
     """Train in the opened run directory and write its ``metrics.json``."""
     study_metrics = str((hparams or {}).get("sweep/objective", "")).split(",")
     answer = ObjectiveMetrics(run_objective(cfg, datamodule), [m for m in study_metrics if m.startswith("val/")])
-    logger = _logger(cfg, module, run_dir, resume_from is not None, hparams, answer)
+    logger = _logger(cfg, module, run_dir, resume_from is not None, hparams, answer, log)
     flops = TrainingFlops()
     run = RunMetrics(flops)
+    sample = SampleValidation(answer.objective.metric, run, answer.levels)
     # Modules with a checkpoint_monitor (classifiers) also keep their best validation step, which is tested.
     monitor, mode = getattr(module, "checkpoint_monitor", (None, "min"))
     best = (
@@ -597,6 +609,7 @@ def _fit(
             Accelerate(compiles(cfg)),
             run,
             flops,
+            sample,
             *callbacks,
             answer,
             *([SpectrumMonitor(every)] if every > 0 else []),
@@ -645,6 +658,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def overridden_columns(cfg: DictConfig, overrides: Iterable[str]) -> tuple[str, ...]:
+    """The HPARAMS columns that ``key=value`` overrides set (``model.attention.kind=full`` → that column; a whole
+    node, ``model.attention={...}``, → each of its columns), to list first."""
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
+    return tuple(c for c in _hparams(cfg) if any(c == k or c.startswith(k + ".") for k in keys))
+
+
 def gpu_note(cfg: DictConfig) -> Optional[str]:
     """For a config that answers its question only on a GPU (``answers_on: gpu``), run on a machine without one:
     the sentence that says so; else None."""
@@ -670,7 +690,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if (note := gpu_note(cfg)) is not None:
         print(f"note: {note}", flush=True)
-    metrics = train(cfg)
+    metrics = train(cfg, log=LogPlace(axes=overridden_columns(cfg, args.overrides)))
     if metrics["global_step"] < cfg.trainer.max_steps:  # a run that did not finish never exits 0
         print(
             f"error: {metrics['run_dir']}: training stopped at step {metrics['global_step']} of "

@@ -1,0 +1,158 @@
+"""What TensorBoard shows of a run and of the log directory it belongs to.
+
+A run logs through :class:`RunLogger` (Lightning's ``TensorBoardLogger`` without its ``epoch`` scalar, which is 0
+for the whole of a run that validates within one long epoch). A new run records:
+
+- its hyper-parameters as the HPARAMS tab's session start, with no metric value: the tab reads each metric from the
+  run's own ``hp/*`` scalars (placeholders would draw NaN points at step 0);
+- a custom-scalars chart per objective (:func:`objective_layout`): the full set's ``val/<name>``, the fixed sample's
+  ``val_sample/<name>`` and the no-context level ``no_context/<name>`` of every run in one chart;
+- the log directory's experiment config (:func:`write_experiment`), at the log directory's root: the experiment's
+  folder for a single run (``runs/bytes_mlm``), the study's folder for a study's trials and its control's. It lists
+  the axes that vary first (a study's parameters, a single run's overrides, then every hyper-parameter whose value
+  differs between the directory's runs), text and boolean values with their discrete domain (the values seen), and
+  every metric any run of the directory declared, so a directory that mixes tasks keeps every objective's column.
+  Each new run merges its own into it, one process at a time (``fcntl.flock`` on ``.hparams.lock``); the merged
+  record is ``.hparams.json`` beside it, and the events file is replaced whole, atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.compat.proto import event_pb2
+from tensorboard.plugins.hparams import summary_v2 as hp
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+from foundation.atomic import atomic_write, write_json
+from foundation.checked import read_json
+
+STATE, LOCKFILE = ".hparams.json", ".hparams.lock"
+EXPERIMENT_SUFFIX = ".experiment"  # the experiment config's events file: events.out.tfevents.<ns>.experiment
+DROPPED = ("epoch",)  # Lightning's scalars that say nothing here
+
+
+@dataclass(frozen=True)
+class LogPlace:
+    """Where a run's HPARAMS experiment config goes (``root``; None: the run directory's parent) and the columns it
+    lists first (``axes``: a single run's overrides, a study's parameters)."""
+
+    root: Optional[Path] = None
+    axes: tuple[str, ...] = ()
+
+
+class RunLogger(TensorBoardLogger):
+    """Lightning's TensorBoard logger without the scalars of :data:`DROPPED`."""
+
+    def log_metrics(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
+        super().log_metrics({k: v for k, v in metrics.items() if k not in DROPPED}, step)
+
+
+def objective_layout(metric: str, level: Optional[str]) -> dict[str, dict[str, list]]:
+    """The custom-scalars chart of ``metric`` (``val/masked_loss``): full set, fixed sample and no-context level."""
+    name = metric.removeprefix("val/")
+    tags = [f"^{metric}$", f"^val_sample/{name}$", *([f"^{level}$"] if level else [])]
+    title = f"{name}: full validation set, fixed sample" + (", no-context level" if level else "")
+    return {"objective": {title: ["Multiline", tags]}}
+
+
+def record_run(
+    logger: TensorBoardLogger,
+    root: Path,
+    params: dict[str, Any],
+    metrics: Sequence[str],
+    axes: Sequence[str],
+    layout: dict[str, dict[str, list]],
+) -> None:
+    """A new run's HPARAMS session start (``params``, no metric value) and custom-scalars ``layout`` in its events,
+    its ``hparams.yaml``, and its share of the experiment config at ``root`` (:func:`write_experiment`)."""
+    logger.log_hyperparams(params)  # hparams.yaml; with no metrics and no default one, nothing in the events
+    writer = logger.experiment
+    writer._get_file_writer().add_summary(hp.hparams_pb(params, start_time_secs=time.time()))
+    writer.add_custom_scalars(layout)
+    write_experiment(root, params, metrics, axes)
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / LOCKFILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def merged(state: dict[str, Any], params: dict[str, Any], metrics: Sequence[str], axes: Sequence[str]) -> dict:
+    """The experiment record ``state`` (``{"values": {name: [value, ...]}, "axes": [...], "metrics": [...]}``) with
+    one more run's ``params``, ``metrics`` and ``axes`` in it."""
+    values = {k: list(v) for k, v in state.get("values", {}).items()}
+    for name, value in params.items():
+        seen = values.setdefault(name, [])
+        if not any(type(v) is type(value) and v == value for v in seen):  # (True == 1, yet not the same value)
+            seen.append(value)
+    known_axes = list(state.get("axes", []))
+    known_metrics = list(state.get("metrics", []))
+    return {
+        "values": values,
+        "axes": known_axes + [a for a in axes if a in params and a not in known_axes],
+        "metrics": known_metrics + [m for m in metrics if m not in known_metrics],
+    }
+
+
+def columns(state: dict[str, Any]) -> list[str]:
+    """The HPARAMS columns in order: the recorded axes, then the hyper-parameters whose values differ between
+    runs, then the rest (each group in first-seen order)."""
+    values = state["values"]
+    differ = [k for k, v in values.items() if len(v) > 1 and k not in state["axes"]]
+    first = [a for a in state["axes"] if a in values] + differ
+    return first + [k for k in values if k not in first]
+
+
+def _hparam(name: str, seen: list) -> hp.HParam:
+    """Text and booleans get their discrete domain (the values seen); numbers none (the tab filters by range)."""
+    if all(isinstance(v, bool) for v in seen):
+        return hp.HParam(name, hp.Discrete(sorted(set(seen))))
+    if all(isinstance(v, str) for v in seen):
+        return hp.HParam(name, hp.Discrete(sorted(set(seen))))
+    return hp.HParam(name)
+
+
+def experiment_events(state: dict[str, Any]) -> bytes:
+    """The events file that holds the experiment config of ``state``."""
+    summary = hp.hparams_config_pb(
+        [_hparam(name, state["values"][name]) for name in columns(state)],
+        [hp.Metric(m) for m in state["metrics"]],
+        time_created_secs=time.time(),
+    )
+    out = io.BytesIO()
+    records = RecordWriter(out)
+    records.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+    records.write(event_pb2.Event(wall_time=time.time(), step=0, summary=summary).SerializeToString())
+    return out.getvalue()
+
+
+def write_experiment(root: Path, params: dict[str, Any], metrics: Sequence[str], axes: Sequence[str]) -> None:
+    """Merge one run into the experiment config at ``root``: ``.hparams.json`` and a new events file that replaces
+    the earlier one (module docstring)."""
+    root = Path(root)
+    with _locked(root):
+        state = read_json(root / STATE) if (root / STATE).is_file() else {}
+        state = merged(state, params, metrics, axes)
+        write_json(root / STATE, state, root)
+        earlier = sorted(root.glob(f"events.out.tfevents.*{EXPERIMENT_SUFFIX}"))
+        path = root / f"events.out.tfevents.{time.time_ns()}{EXPERIMENT_SUFFIX}"
+        data = experiment_events(state)
+        atomic_write(path, lambda f: f.write(data), root)
+        for old in earlier:
+            if old != path:
+                old.unlink(missing_ok=True)
