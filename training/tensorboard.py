@@ -7,13 +7,15 @@ for the whole of a run that validates within one long epoch). A new run records:
   run's own ``hp/*`` scalars (placeholders would draw NaN points at step 0);
 - a custom-scalars chart per objective (:func:`objective_layout`): the full set's ``val/<name>``, the fixed sample's
   ``val_sample/<name>`` and the no-context level ``no_context/<name>`` of every run in one chart;
-- the log directory's experiment config (:func:`write_experiment`), at the log directory's root: the experiment's
-  folder for a single run (``runs/bytes_mlm``), the study's folder for a study's trials and its control's. It lists
-  the axes that vary first (a study's parameters, a single run's overrides, then every hyper-parameter whose value
-  differs between the directory's runs), text and boolean values with their discrete domain (the values seen), and
-  every metric any run of the directory declared, so a directory that mixes tasks keeps every objective's column.
-  Each new run merges its own into it, one process at a time (``fcntl.flock`` on ``.hparams.lock``); the merged
-  record is ``.hparams.json`` beside it, and the events file is replaced whole, atomically.
+- the log directory's experiment config (:func:`write_experiment`), at the roots of the log directories it belongs
+  to: the experiment's folder for a single run (``runs/bytes_mlm``), the study's folder for a study's trials and
+  its control's, and ``output_dir`` (``runs``, which ``make tensorboard`` opens) for both. It marks
+  the axes (a study's parameters, a single run's overrides, and every hyper-parameter whose value differs between
+  the directory's runs) as differing, which the tab lists first (then by name) and ticks, gives text and boolean
+  values their discrete domain (the values seen), and lists every metric any run of the directory declared, so a
+  directory that mixes tasks keeps every objective's column. Each new run merges its own into it, one process at
+  a time (``fcntl.flock`` on ``.hparams.lock``); the merged record is ``.hparams.json`` beside it, and the events
+  file is replaced whole, atomically.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.compat.proto import event_pb2
+from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.plugins.hparams import summary_v2 as hp
 from tensorboard.summary.writer.record_writer import RecordWriter
 
@@ -38,6 +41,8 @@ from foundation.checked import read_json
 STATE, LOCKFILE = ".hparams.json", ".hparams.lock"
 EXPERIMENT_SUFFIX = ".experiment"  # the experiment config's events file: events.out.tfevents.<ns>.experiment
 DROPPED = ("epoch",)  # Lightning's scalars that say nothing here
+# A sweep's bookkeeping (sweep/trial differs between every two trials): never an axis.
+NOT_AXES = ("sweep/",)
 
 
 @dataclass(frozen=True)
@@ -66,19 +71,20 @@ def objective_layout(metric: str, level: Optional[str]) -> dict[str, dict[str, l
 
 def record_run(
     logger: TensorBoardLogger,
-    root: Path,
+    roots: Sequence[Path],
     params: dict[str, Any],
     metrics: Sequence[str],
     axes: Sequence[str],
     layout: dict[str, dict[str, list]],
 ) -> None:
     """A new run's HPARAMS session start (``params``, no metric value) and custom-scalars ``layout`` in its events,
-    its ``hparams.yaml``, and its share of the experiment config at ``root`` (:func:`write_experiment`)."""
+    its ``hparams.yaml``, and its share of the experiment config at each of ``roots`` (:func:`write_experiment`)."""
     logger.log_hyperparams(params)  # hparams.yaml; with no metrics and no default one, nothing in the events
     writer = logger.experiment
     writer._get_file_writer().add_summary(hp.hparams_pb(params, start_time_secs=time.time()))
     writer.add_custom_scalars(layout)
-    write_experiment(root, params, metrics, axes)
+    for root in roots:
+        write_experiment(root, params, metrics, axes)
 
 
 @contextlib.contextmanager
@@ -109,13 +115,19 @@ def merged(state: dict[str, Any], params: dict[str, Any], metrics: Sequence[str]
     }
 
 
-def columns(state: dict[str, Any]) -> list[str]:
-    """The HPARAMS columns in order: the recorded axes, then the hyper-parameters whose values differ between
-    runs, then the rest (each group in first-seen order)."""
+def varied(state: dict[str, Any]) -> list[str]:
+    """The axes: the recorded ones (overrides, a study's parameters), then every hyper-parameter whose values
+    differ between the directory's runs (:data:`NOT_AXES` aside)."""
     values = state["values"]
-    differ = [k for k, v in values.items() if len(v) > 1 and k not in state["axes"]]
-    first = [a for a in state["axes"] if a in values] + differ
-    return first + [k for k in values if k not in first]
+    return [a for a in state["axes"] if a in values] + [
+        k for k, v in values.items() if len(v) > 1 and k not in state["axes"] and not k.startswith(NOT_AXES)
+    ]
+
+
+def columns(state: dict[str, Any]) -> list[str]:
+    """The HPARAMS columns: the axes (:func:`varied`), then the rest, in first-seen order."""
+    first = varied(state)
+    return first + [k for k in state["values"] if k not in first]
 
 
 def _hparam(name: str, seen: list) -> hp.HParam:
@@ -134,6 +146,13 @@ def experiment_events(state: dict[str, Any]) -> bytes:
         [hp.Metric(m) for m in state["metrics"]],
         time_created_secs=time.time(),
     )
+    # The tab orders its columns by `differs` (True first), then by name, and ticks the first ones: the axes.
+    content = summary.value[0].metadata.plugin_data
+    data = plugin_data_pb2.HParamsPluginData.FromString(content.content)
+    axes = set(varied(state))
+    for info in data.experiment.hparam_infos:
+        info.differs = info.name in axes
+    content.content = data.SerializeToString()
     out = io.BytesIO()
     records = RecordWriter(out)
     records.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())

@@ -296,7 +296,10 @@ def _logger(
         params = {**_hparams(cfg), **(hparams or {})}
         layout = objective_layout(answer.objective.metric, answer.level_tag)
         axes = log.axes or tuple(k for k in hparams or {} if not k.startswith("sweep/"))  # a trial's parameters
-        record_run(logger, log.root or run_dir.parent, params, hp_metrics, axes, layout)
+        output_dir = Path(cfg.output_dir)  # (make tensorboard opens it) when the run is inside it
+        inside = output_dir.resolve() in run_dir.resolve().parents
+        roots = list(dict.fromkeys([Path(log.root or run_dir.parent), *([output_dir] if inside else [])]))
+        record_run(logger, roots, params, hp_metrics, axes, layout)
         # Flushed and closed: the writer reopens on next use, in the process that uses it (its thread would
         # not survive into the ranks that strategy=ddp_fork forks, which would then hang on their first flush).
         logger.experiment.close()
