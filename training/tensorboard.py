@@ -14,7 +14,7 @@ for the whole of a run that validates within one long epoch). A new run records:
   the directory's runs) as differing, which the tab lists first (then by name) and ticks, gives text and boolean
   values their discrete domain (the values seen), and lists every metric any run of the directory declared, so a
   directory that mixes tasks keeps every objective's column. Each new run merges its own into it, one process at
-  a time (``fcntl.flock`` on ``.hparams.lock``); the merged record is ``.hparams.json`` beside it, and the events
+  a time (``fcntl.flock`` on the folder); the merged record is ``.hparams.json`` beside it, and the events
   file is replaced whole, atomically.
 """
 
@@ -37,9 +37,10 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 from foundation.atomic import atomic_write, write_json
 from foundation.checked import read_json
+from foundation.errors import ConfigError
 
-STATE, LOCKFILE = ".hparams.json", ".hparams.lock"
-EXPERIMENT_SUFFIX = ".experiment"  # the experiment config's events file: events.out.tfevents.<ns>.experiment
+STATE = ".hparams.json"
+EXPERIMENT_SUFFIX = ".experiment"  # the experiment config's events file: events.out.tfevents.<seconds>.experiment
 DROPPED = ("epoch",)  # Lightning's scalars that say nothing here
 # A sweep's bookkeeping (sweep/trial differs between every two trials): never an axis.
 NOT_AXES = ("sweep/",)
@@ -76,12 +77,14 @@ def record_run(
     metrics: Sequence[str],
     axes: Sequence[str],
     layout: dict[str, dict[str, list]],
+    name: str,
 ) -> None:
-    """A new run's HPARAMS session start (``params``, no metric value) and custom-scalars ``layout`` in its events,
-    its ``hparams.yaml``, and its share of the experiment config at each of ``roots`` (:func:`write_experiment`)."""
+    """A new run's HPARAMS session start (``params``, no metric value; the tab's "Trial ID" ``name``) and
+    custom-scalars ``layout`` in its events, its ``hparams.yaml``, and its share of the experiment config at each of
+    ``roots`` (:func:`write_experiment`)."""
     logger.log_hyperparams(params)  # hparams.yaml; with no metrics and no default one, nothing in the events
     writer = logger.experiment
-    writer._get_file_writer().add_summary(hp.hparams_pb(params, start_time_secs=time.time()))
+    writer._get_file_writer().add_summary(hp.hparams_pb(params, trial_id=name, start_time_secs=time.time()))
     writer.add_custom_scalars(layout)
     for root in roots:
         write_experiment(root, params, metrics, axes)
@@ -89,8 +92,9 @@ def record_run(
 
 @contextlib.contextmanager
 def _locked(root: Path) -> Iterator[None]:
+    """``root`` (made if missing) locked by this process (``flock`` on the folder itself) while the body runs."""
     root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / LOCKFILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -165,11 +169,14 @@ def write_experiment(root: Path, params: dict[str, Any], metrics: Sequence[str],
     the earlier one (module docstring)."""
     root = Path(root)
     with _locked(root):
-        state = read_json(root / STATE) if (root / STATE).is_file() else {}
+        try:
+            state = read_json(root / STATE) if (root / STATE).is_file() else {}
+        except ConfigError:  # unreadable (not this code's): the runs from here on make it anew
+            state = {}
         state = merged(state, params, metrics, axes)
         write_json(root / STATE, state, root)
         earlier = sorted(root.glob(f"events.out.tfevents.*{EXPERIMENT_SUFFIX}"))
-        path = root / f"events.out.tfevents.{time.time_ns()}{EXPERIMENT_SUFFIX}"
+        path = root / f"events.out.tfevents.{time.time():.6f}{EXPERIMENT_SUFFIX}"  # (sorted as TensorBoard's names)
         data = experiment_events(state)
         atomic_write(path, lambda f: f.write(data), root)
         for old in earlier:

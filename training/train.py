@@ -299,7 +299,8 @@ def _logger(
         output_dir = Path(cfg.output_dir)  # (make tensorboard opens it) when the run is inside it
         inside = output_dir.resolve() in run_dir.resolve().parents
         roots = list(dict.fromkeys([Path(log.root or run_dir.parent), *([output_dir] if inside else [])]))
-        record_run(logger, roots, params, hp_metrics, axes, layout)
+        name = Path(os.path.relpath(run_dir.resolve(), roots[-1].resolve())).as_posix()  # bytes_mlm/version_0
+        record_run(logger, roots, params, hp_metrics, axes, layout, name)
         # Flushed and closed: the writer reopens on next use, in the process that uses it (its thread would
         # not survive into the ranks that strategy=ddp_fork forks, which would then hang on their first flush).
         logger.experiment.close()

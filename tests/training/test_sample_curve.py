@@ -49,3 +49,17 @@ def test_experiment_record_lists_the_axes_and_the_varied_first_and_keeps_every_m
 def test_sample_share_is_a_share_of_the_batches(share, monkeypatch):
     monkeypatch.setattr(sample_curve, "SAMPLE_SHARE", share)
     assert len(sample_positions(8)) == 8 // share
+
+
+def test_trials_are_named_by_arm_seed_and_number_with_short_unambiguous_keys():
+    from foundation.rundir import NAME_LIMIT, short_keys, values_name
+    from sweeps.run.trials import trial_folder
+
+    keys = short_keys(["model.attention.kind", "model.attention.options.k", "data.k"])
+    assert keys == {"model.attention.kind": "kind", "model.attention.options.k": "options.k", "data.k": "data.k"}
+    params = {"model.attention.kind": "full", "seed": 2}
+    assert trial_folder(params, 7).as_posix() == "kind=full/seed=2_trial_7"
+    assert trial_folder({"seed": 0}, 1).as_posix() == "seed=0_trial_1" and trial_folder({}, 3).as_posix() == "trial_3"
+    assert values_name({"data.path": "a/b c"}) == "path=a_b_c"
+    long = values_name({f"key{i}": "x" * 20 for i in range(10)})
+    assert len(long) == NAME_LIMIT and long != values_name({f"key{i}": "x" * 20 for i in range(11)})
