@@ -38,6 +38,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 from foundation.atomic import atomic_write, write_json
 from foundation.checked import read_json
 from foundation.errors import ConfigError
+from foundation.rundir import values_name
 
 STATE = ".hparams.json"
 EXPERIMENT_SUFFIX = ".experiment"  # the experiment config's events file: events.out.tfevents.<seconds>.experiment
@@ -53,6 +54,19 @@ class LogPlace:
 
     root: Optional[Path] = None
     axes: tuple[str, ...] = ()
+
+
+def log_roots(run_dir: Path, output_dir: Path, log: LogPlace, params: dict[str, Any]) -> tuple[list[Path], str]:
+    """The log directories whose HPARAMS tab lists the run (``log.root`` or the run directory's parent, and
+    ``output_dir`` when the run is inside it: ``make tensorboard`` opens it), and the run's Trial ID there: its
+    folder under the last of them (``bytes_mlm/version_0``), after a single run's overrides
+    (``kind=full bytes_mlm/version_1``)."""
+    inside = output_dir.resolve() in run_dir.resolve().parents
+    roots = list(dict.fromkeys([Path(log.root or run_dir.parent), *([output_dir] if inside else [])]))
+    name = Path(os.path.relpath(run_dir.resolve(), roots[-1].resolve())).as_posix()
+    if log.axes:
+        name = f"{values_name({a: params[a] for a in log.axes if a in params})} {name}"
+    return roots, name
 
 
 class RunLogger(TensorBoardLogger):

@@ -56,7 +56,7 @@ from training.resume import (
     rollback_events,
 )
 from training.sample_curve import SampleValidation
-from training.tensorboard import LogPlace, RunLogger, objective_layout, record_run
+from training.tensorboard import LogPlace, RunLogger, log_roots, objective_layout, record_run
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
 FORKING_STRATEGIES = ("ddp_fork", "ddp_notebook")
@@ -296,10 +296,7 @@ def _logger(
         params = {**_hparams(cfg), **(hparams or {})}
         layout = objective_layout(answer.objective.metric, answer.level_tag)
         axes = log.axes or tuple(k for k in hparams or {} if not k.startswith("sweep/"))  # a trial's parameters
-        output_dir = Path(cfg.output_dir)  # (make tensorboard opens it) when the run is inside it
-        inside = output_dir.resolve() in run_dir.resolve().parents
-        roots = list(dict.fromkeys([Path(log.root or run_dir.parent), *([output_dir] if inside else [])]))
-        name = Path(os.path.relpath(run_dir.resolve(), roots[-1].resolve())).as_posix()  # bytes_mlm/version_0
+        roots, name = log_roots(run_dir, Path(cfg.output_dir), log, params)
         record_run(logger, roots, params, hp_metrics, axes, layout, name)
         # Flushed and closed: the writer reopens on next use, in the process that uses it (its thread would
         # not survive into the ranks that strategy=ddp_fork forks, which would then hang on their first flush).
