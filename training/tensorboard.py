@@ -7,9 +7,8 @@ for the whole of a run that validates within one long epoch). A new run records:
   run's own ``hp/*`` scalars (placeholders would draw NaN points at step 0);
 - a custom-scalars chart per objective (:func:`objective_layout`): the full set's ``val/<name>``, the fixed sample's
   ``val_sample/<name>`` and the no-context level ``no_context/<name>`` of every run in one chart;
-- the log directory's experiment config (:func:`write_experiment`), at the roots of the log directories it belongs
-  to: the experiment's folder for a single run (``runs/bytes_mlm``), the study's folder for a study's trials and
-  its control's, and ``output_dir`` (``runs``, which ``make tensorboard`` opens) for both. It marks
+- the log directory's experiment config (:func:`write_experiment`), at the log directory's root: the experiment's
+  folder for a single run (``runs/bytes_mlm``), the study's folder for a study's trials and its control's. It marks
   the axes (a study's parameters, a single run's overrides, and every hyper-parameter whose value differs between
   the directory's runs) as differing, which the tab lists first (then by name) and ticks, gives text and boolean
   values their discrete domain (the values seen), and lists every metric any run of the directory declared, so a
@@ -57,16 +56,18 @@ class LogPlace:
 
 
 def log_roots(run_dir: Path, output_dir: Path, log: LogPlace, params: dict[str, Any]) -> tuple[list[Path], str]:
-    """The log directories whose HPARAMS tab lists the run (``log.root`` or the run directory's parent, and
-    ``output_dir`` when the run is inside it: ``make tensorboard`` opens it), and the run's Trial ID there: its
-    folder under the last of them (``bytes_mlm/version_0``), after a single run's overrides
-    (``kind=full bytes_mlm/version_1``)."""
+    """The log directory whose HPARAMS tab lists the run (``log.root`` or the run directory's parent), and the run's
+    Trial ID: its folder under ``output_dir`` when it is inside it (``bytes_mlm/version_0``), else under the log
+    directory, after a single run's overrides (``kind=full bytes_mlm/version_1``).
+
+    Only there: TensorBoard takes the first experiment config it finds among the runs it shows, so a config in
+    ``output_dir`` too would compete with the experiments' and studies' own when ``--logdir runs`` shows several."""
+    root = Path(log.root or run_dir.parent)
     inside = output_dir.resolve() in run_dir.resolve().parents
-    roots = list(dict.fromkeys([Path(log.root or run_dir.parent), *([output_dir] if inside else [])]))
-    name = Path(os.path.relpath(run_dir.resolve(), roots[-1].resolve())).as_posix()
+    name = Path(os.path.relpath(run_dir.resolve(), (output_dir if inside else root).resolve())).as_posix()
     if log.axes:
         name = f"{values_name({a: params[a] for a in log.axes if a in params})} {name}"
-    return roots, name
+    return [root], name
 
 
 class RunLogger(TensorBoardLogger):

@@ -65,13 +65,13 @@ def test_trials_are_named_by_arm_seed_and_number_with_short_unambiguous_keys():
     assert len(long) == NAME_LIMIT and long != values_name({f"key{i}": "x" * 20 for i in range(11)})
 
 
-def test_a_run_is_listed_in_its_experiment_folder_and_output_dir_by_its_overrides_and_folder(tmp_path):
+def test_a_run_is_listed_in_its_experiment_folder_by_its_overrides_and_folder(tmp_path):
     from training.tensorboard import LogPlace, log_roots
 
     runs = tmp_path / "runs"
     kind = {"model.attention.kind": "full"}
     roots, name = log_roots(runs / "bytes_mlm" / "version_1", runs, LogPlace(axes=tuple(kind)), kind)
-    assert roots == [runs / "bytes_mlm", runs] and name == "kind=full bytes_mlm/version_1"
+    assert roots == [runs / "bytes_mlm"] and name == "kind=full bytes_mlm/version_1"
     study = tmp_path / "elsewhere" / "arms"  # a study outside output_dir: its own folder only
     roots, name = log_roots(study / "control" / "seed=0_trial_1", runs, LogPlace(root=study), {})
     assert roots == [study] and name == "control/seed=0_trial_1"
