@@ -2,7 +2,7 @@
 needed to reach a validation perplexity (the comparison the paper leaves out).
 
 Every run's ``metrics.json`` holds ``ppl_vs_wallclock``: [(training seconds, tokens, val ppl), ...],
-one point per validation (the same curve is in TensorBoard as ``val/ppl_vs_wallclock``). A run
+one point per full validation (TensorBoard draws ``val/ppl`` against time with its "Relative" x axis). A run
 reaches the target at its first validation with ppl ≤ target; seconds and tokens are interpolated
 linearly in ppl between that validation and the one before it (the first validation itself if it
 already reaches the target). Runs are grouped into variants by the config values that differ

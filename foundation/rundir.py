@@ -9,7 +9,9 @@ run is overwritten; ``resume=true`` reopens the newest version that has a checkp
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -37,6 +39,34 @@ def check_experiment_folder(output_dir: str, experiment: str) -> Path:
             f"{err} (the runs of experiment {experiment!r} go into {root}/version_<i>/: move it aside or choose "
             "another experiment or output_dir)"
         ) from None
+
+
+NAME_LIMIT = 80  # characters of one folder name made of values (longer: cut, with a hash of the whole)
+
+
+def short_keys(keys: list[str]) -> dict[str, str]:
+    """Each dotted key's shortest tail that no other key of ``keys`` shares: ``model.attention.kind`` → ``kind``,
+    and ``model.attention.options.k`` beside ``data.k`` → ``options.k``."""
+    out = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            tail = ".".join(parts[-n:])
+            if not any(other != key and (other == tail or other.endswith("." + tail)) for other in keys):
+                break
+        out[key] = tail
+    return out
+
+
+def values_name(values: dict[str, object]) -> str:
+    """A folder name that says ``values``: ``kind=full,k=16`` (short keys), characters outside ``[A-Za-z0-9._=,+-]``
+    as ``_``, at most :data:`NAME_LIMIT` characters (a longer one cut and ended by a hash of the whole)."""
+    keys = short_keys(list(values))
+    name = ",".join(f"{keys[k]}={v}" for k, v in values.items())
+    name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", name)
+    if len(name) > NAME_LIMIT:
+        name = f"{name[: NAME_LIMIT - 9]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return name
 
 
 RUN_DIR_ENV = "LINFORMER_LAB_RUN_DIR"  # rank 0's run directory, for the DDP ranks it launches

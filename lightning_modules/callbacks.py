@@ -96,8 +96,9 @@ def peak_memory_mb(device: torch.device) -> float:
 
 class RunMetrics(L.Callback):
     """Logs ``perf/tokens_per_sec``, ``perf/step_time_s``, ``perf/peak_mem_mb`` and, where the device has a named
-    peak, ``perf/mfu`` every ``log_every_n_steps`` training steps and ``val/ppl_vs_wallclock`` (x axis: seconds
-    spent in training steps) after each validation; keeps the totals that ``metrics.json`` reports.
+    peak, ``perf/mfu`` every ``log_every_n_steps`` training steps; keeps the totals that ``metrics.json`` reports,
+    and after each validation a point of its ``ppl_vs_wallclock`` curve (seconds spent in training steps, tokens,
+    val/ppl; TensorBoard draws any scalar against wall-clock time with its "Relative" x axis).
 
     Timing without a device synchronisation per step: a stretch of consecutive training steps runs from the
     start of its first batch to the end of its last, which synchronises the device once (a CUDA step returns
@@ -274,9 +275,6 @@ class RunMetrics(L.Callback):
         if ppl is None:  # tasks without a perplexity (classification)
             return
         self.curve.append((self.train_seconds, self.tokens, float(ppl)))
-        for logger in trainer.loggers:
-            if isinstance(logger, L.pytorch.loggers.TensorBoardLogger) and trainer.is_global_zero:
-                logger.experiment.add_scalar("val/ppl_vs_wallclock", float(ppl), int(round(self.train_seconds)))
 
 
 class TrainingFlops(L.Callback):

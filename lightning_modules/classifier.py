@@ -176,6 +176,15 @@ class SequenceClassifierModule(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._evaluate(batch, self.val_loss, self.val_scores)
 
+    def sample_scores(self, batches: list[dict]) -> dict[str, float]:
+        """``val/loss`` and the validation scores of ``batches`` alone (a fixed sample of the validation set, on
+        the module's device), the model as it is, in metrics of their own: the validation's are untouched."""
+        loss, scores = MeanMetric().to(self.device), self.val_scores.clone().to(self.device)
+        scores.reset()
+        for batch in batches:
+            self._evaluate(batch, loss, scores)
+        return {**{k: float(v) for k, v in scores.compute().items()}, "val/loss": float(loss.compute())}
+
     def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._evaluate(batch, self.test_losses[dataloader_idx], self.test_scores[dataloader_idx])
 

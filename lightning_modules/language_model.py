@@ -108,7 +108,8 @@ class TokenPredictionModule(L.LightningModule):
         log_training_step(self, loss, lambda: {"train/ppl": torch.exp(loss.detach().clamp(max=50))})
         return loss
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
+    def _example_sums(self, batch: dict, batch_idx: int) -> tuple[Tensor, Tensor]:
+        """The batch's example indices (B,) and per-example sums (B, 3, 1 + G) (:mod:`.per_example`)."""
         logits, targets, where = self._scored(batch)  # (N, V), (N,), (N,)
         losses = F.cross_entropy(logits.float(), targets, reduction="none")  # (N,)
         correct = logits.argmax(-1) == targets  # (N,)
@@ -117,17 +118,33 @@ class TokenPredictionModule(L.LightningModule):
         # The example's index in the validation set (in one process without it: the batches' running order).
         index = batch.get("example_index", torch.arange(b, device=targets.device) + batch_idx * b)
         example = where // t  # (N,) each target's row
-        self.val_sums.update(index, example_sums(losses, correct, example, group, b, len(self.target_groups)))
+        return index, example_sums(losses, correct, example, group, b, len(self.target_groups))
 
-    def on_validation_epoch_end(self) -> None:
-        index, sums = self.val_sums.compute()  # (n,), (n, 3, 1 + G)
-        self.val_sums.reset()
-        totals = sums.sum(0)  # (3, 1 + G): Σ loss, Σ correct, count
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.val_sums.update(*self._example_sums(batch, batch_idx))
+
+    def _means(self, totals: Tensor) -> dict[str, float]:
+        """``val/<group_>loss`` and ``val/<group_>accuracy`` of the column sums ``totals`` (3, 1 + G)."""
         scores = {}
         for m, prefix in enumerate(column_names(self.target_groups)):
             if totals[2, m] > 0:  # a group without targets (none kept in a tiny set) has no mean
                 scores[f"val/{prefix}loss"] = float(totals[0, m] / totals[2, m])
                 scores[f"val/{prefix}accuracy"] = float(totals[1, m] / totals[2, m])
+        return scores
+
+    def sample_scores(self, batches: Sequence[dict]) -> dict[str, float]:
+        """The validation metrics (``val/loss``, ``val/masked_loss``, ...) of ``batches`` alone (a fixed sample of
+        the validation set, on the module's device), the model as it is; no logging, no state touched."""
+        totals = sum(self._example_sums(batch, i)[1].sum(0) for i, batch in enumerate(batches))
+        return self._means(totals)
+
+    def on_validation_epoch_end(self) -> None:
+        index, sums = self.val_sums.compute()  # (n,), (n, 3, 1 + G)
+        self.val_sums.reset()
+        totals = sums.sum(0)  # (3, 1 + G): Σ loss, Σ correct, count
+        scores = self._means(totals)
+        for m, prefix in enumerate(column_names(self.target_groups)):
+            if totals[2, m] > 0:
                 for s, name in ((0, "loss"), (1, "accuracy")):
                     self.keep_examples(f"{prefix}{name}", sums[:, s, m], sums[:, 2, m])
         ppl = math.exp(min(scores["val/loss"], 50.0))

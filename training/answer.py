@@ -81,12 +81,14 @@ def objective_of(task: str, target_groups: Sequence[str] = ()) -> Objective:
 
 
 GAIN_HP = "hp/context_gain"
+NO_CONTEXT = "no_context/"  # TensorBoard: the no-context level of the objective, drawn as a line beside it
 
 
 class ObjectiveMetrics(L.Callback):
     """After each validation, the HPARAMS tab's answer: ``hp/<objective>`` (``hp/val_masked_loss``), the context
     gain ``hp/context_gain`` (:meth:`Objective.gain`, nats for a loss) and ``hp/<metric>`` of each of ``extra``
-    (a study's other objectives), logged at the step validated."""
+    (a study's other objectives), logged at the step validated. :meth:`levels` is the no-context level's tag and
+    value, which the sample validations (training/sample_curve.py) log as a line to read the objective against."""
 
     def __init__(self, objective: Objective, extra: Sequence[str] = ()) -> None:
         self.objective = objective
@@ -96,6 +98,16 @@ class ObjectiveMetrics(L.Callback):
     def tags(self) -> list[str]:
         """The HPARAMS metrics this callback fills, to declare when the hyper-parameters are logged."""
         return [self.objective.hp_metric, GAIN_HP, *(Objective(m).hp_metric for m in self.extra)]
+
+    @property
+    def level_tag(self) -> str:
+        """The TensorBoard tag of the objective's no-context level: ``no_context/masked_loss``."""
+        return NO_CONTEXT + self.objective.metric.removeprefix("val/")
+
+    def levels(self, trainer: L.Trainer) -> dict[str, float]:
+        """``{level_tag: the no-context level}`` (empty when the run has none)."""
+        level = self._no_context(trainer)
+        return {} if level is None else {self.level_tag: level}
 
     def _no_context(self, trainer: L.Trainer) -> Optional[float]:
         if self._levels is None:

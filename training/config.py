@@ -72,7 +72,8 @@ class RunConfig:
     task: Literal["mlm", "clm", "recall", "classify", "listops"] = "mlm"
     seed: int = 0
     output_dir: str = "runs"
-    # Explicit run directory (sweeps use runs/<study>/trial_<n>); null: <output_dir>/<experiment>/version_<i>.
+    # Explicit run directory (sweeps use runs/<study>/<arm>/seed=<s>_trial_<n>); null:
+    # <output_dir>/<experiment>/version_<i>.
     run_dir: Optional[str] = None
     resume: bool = False
     # task classify: a pretraining run directory (or a .ckpt file) whose encoder weights and tokenizer are

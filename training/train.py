@@ -12,7 +12,6 @@ import contextlib
 import functools
 import importlib.util
 import logging
-import math
 import multiprocessing as mp
 import os
 import sys
@@ -60,6 +59,8 @@ from training.resume import (
     rollback_events,
 )
 from training.runfiles import METRICS, Resumed, check_run_files, config_text, new_run_id
+from training.sample_curve import SampleValidation
+from training.tensorboard import LogPlace, RunLogger, log_roots, objective_layout, record_run
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
 FORKING_STRATEGIES = ("ddp_fork", "ddp_notebook")
@@ -307,13 +308,19 @@ def _logger(
     resumed: bool,
     hparams: Optional[dict],
     answer: ObjectiveMetrics,
+    log: LogPlace,
 ) -> TensorBoardLogger:
-    """TensorBoard logger of the run; a new run first records its HPARAMS (a resumed one has them): the module's
-    metrics, the objective and its context gain (``answer``)."""
-    logger = TensorBoardLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name, default_hp_metric=False)
+    """TensorBoard logger of the run; a new run first records its HPARAMS (a resumed one has them): its
+    hyper-parameters, the axes that vary first, and as metrics the objective and its context gain (``answer``) and
+    the module's own; and the chart of its objective with the no-context level (training/tensorboard.py)."""
+    logger = RunLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name, default_hp_metric=False)
     if not resumed:
-        hp_metrics = dict.fromkeys([*answer.tags(), *getattr(module, "hp_metrics", HP_METRICS)])  # a module's own
-        logger.log_hyperparams({**_hparams(cfg), **(hparams or {})}, metrics={m: math.nan for m in hp_metrics})
+        hp_metrics = list(dict.fromkeys([*answer.tags(), *getattr(module, "hp_metrics", HP_METRICS)]))
+        params = {**_hparams(cfg), **(hparams or {})}
+        layout = objective_layout(answer.objective.metric, answer.level_tag)
+        axes = log.axes or tuple(k for k in hparams or {} if not k.startswith("sweep/"))  # a trial's parameters
+        roots, name = log_roots(run_dir, Path(cfg.output_dir), log, params)
+        record_run(logger, roots, params, hp_metrics, axes, layout, name)
         # Flushed and closed: the writer reopens on next use, in the process that uses it (its thread would
         # not survive into the ranks that strategy=ddp_fork forks, which would then hang on their first flush).
         logger.experiment.close()
@@ -546,13 +553,17 @@ def run_metrics_of(
     }
 
 
-def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Optional[dict] = None) -> dict[str, Any]:
+def train(
+    cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Optional[dict] = None, log: LogPlace = LogPlace()
+) -> dict[str, Any]:
     """Train one run and return its ``metrics.json`` content.
 
     Args:
         cfg: a checked :class:`RunConfig`.
         callbacks: extra Lightning callbacks (e.g. Optuna's pruning callback).
         hparams: extra entries for the HPARAMS tab (e.g. a sweep trial's parameters).
+        log: the TensorBoard log directory the run belongs to and the axes its HPARAMS tab lists first (default:
+            the run directory's parent, and ``hparams``' keys other than ``sweep/*``).
     """
     started = time.time()
     quiet_third_parties()
@@ -579,7 +590,8 @@ def train(cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Option
         return done
     with owner or contextlib.nullcontext():
         kept = resumed.step if resumed is not None and resumed.state is not None else None
-        return _fit(cfg, datamodule, module, run_dir, (resume_from, kept, run_id), list(callbacks), hparams, started)
+        resuming = (resume_from, kept, run_id)
+        return _fit(cfg, datamodule, module, run_dir, resuming, list(callbacks), hparams, started, log)
 
 
 def _fit(
@@ -591,15 +603,17 @@ def _fit(
     callbacks: list[L.Callback],
     hparams: Optional[dict],
     started: float,
+    log: LogPlace,
 ) -> dict[str, Any]:
     """Train in the opened run directory and write its ``metrics.json``. ``resuming``: the checkpoint to resume from
     and its step (None, None for a run that starts afresh) and the run's identity."""
     resume_from, kept, run_id = resuming
     study_metrics = str((hparams or {}).get("sweep/objective", "")).split(",")
     answer = ObjectiveMetrics(run_objective(cfg, datamodule), [m for m in study_metrics if m.startswith("val/")])
-    logger = _logger(cfg, module, run_dir, resume_from is not None, hparams, answer)
+    logger = _logger(cfg, module, run_dir, resume_from is not None, hparams, answer, log)
     flops = TrainingFlops()
     run = RunMetrics(flops)
+    sample = SampleValidation(answer.objective.metric, run, answer.levels)
     best = _best_checkpoint(module, run_dir)
     every = cfg.trainer.spectrum_every_n_val
     trainer = _trainer(
@@ -611,6 +625,7 @@ def _fit(
             guard := DivergenceGuard(),  # the one rule, for every run: a non-finite loss stops it
             run,
             flops,
+            sample,
             *callbacks,
             answer,
             *([SpectrumMonitor(every)] if every > 0 else []),
@@ -693,6 +708,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def overridden_columns(cfg: DictConfig, overrides: Iterable[str]) -> tuple[str, ...]:
+    """The HPARAMS columns that ``key=value`` overrides set (``model.attention.kind=full`` → that column; a whole
+    node, ``model.attention={...}``, → each of its columns), to list first."""
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
+    return tuple(c for c in _hparams(cfg) if any(c == k or c.startswith(k + ".") for k in keys))
+
+
 def gpu_note(cfg: DictConfig) -> Optional[str]:
     """For a config that answers its question only on a GPU (``answers_on: gpu``), run on a machine without one:
     the sentence that says so; else None."""
@@ -718,7 +740,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if (note := gpu_note(cfg)) is not None:
         print(f"note: {note}", flush=True)
-    metrics = train(cfg)
+    metrics = train(cfg, log=LogPlace(axes=overridden_columns(cfg, args.overrides)))
     if metrics["global_step"] < cfg.trainer.max_steps:  # a run that did not finish never exits 0
         print(
             f"error: {metrics['run_dir']}: training stopped at step {metrics['global_step']} of "

@@ -1,9 +1,10 @@
 """The objective: one Optuna trial's params → a run config → :func:`training.train.train` → its value(s).
 
 The trial's config is the study's base < overrides < the trial's params (:meth:`Study.config`), its run
-directory ``<output_dir>/<study>/trial_<number>/``, its experiment name the study's; its TensorBoard HPARAMS
-entry carries the trial's params, the study, the trial number and the objective's metric names. Everything
-around a trial (budget, retries of dead workers, failure bookkeeping) lives in :mod:`sweeps.run.trials`.
+directory ``<output_dir>/<study>/<arm>/seed=<s>_trial_<number>/`` (:func:`sweeps.run.trials.trial_folder`), its
+experiment name the study's; its TensorBoard HPARAMS entry carries the trial's params, the study, the trial number
+and the objective's metric names, and the study's folder (a control's trials too) is its TensorBoard log directory.
+Everything around a trial (budget, retries of dead workers, failure bookkeeping) lives in :mod:`sweeps.run.trials`.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class StepPruning(PyTorchLightningPruningCallback):
 def objective(study: Study, trial: optuna.Trial, run: dict[str, Any]) -> float | list[float]:
     """Train the trial's config (``run``: its run directory and experiment name, and ``resume`` for a retry
     that continues a dead attempt) and return the study's metric(s) from its ``metrics.json``."""
+    from training.tensorboard import LogPlace
     from training.train import train  # heavy import, only in workers
 
     params = study.suggest(trial)
@@ -73,6 +75,7 @@ def objective(study: Study, trial: optuna.Trial, run: dict[str, Any]) -> float |
         study.config(params, run),
         callbacks=[StopWhenAsked(), *([pruning] if pruning else [])],  # train() guards against divergence
         hparams=hparams,
+        log=LogPlace(root=(study.parent or study).root),  # one TensorBoard log directory: the study's, control's too
     )
     if pruning is not None:
         pruning.check_pruned()  # a decision taken in a spawned rank (ddp_spawn) surfaces here

@@ -38,10 +38,11 @@ from optuna.trial import FrozenTrial
 
 from foundation.checkpoint import read_checkpoint
 from foundation.errors import ConfigError, Terminated
-from foundation.rundir import CHECKPOINT
+from foundation.rundir import CHECKPOINT, values_name
 from sweeps import stored
 from sweeps.run import storage
 from sweeps.run.objective import STOP_ASKED, Diverged, objective
+from sweeps.spec.schema import SEED_PARAM
 from sweeps.spec.study import Study
 
 
@@ -67,7 +68,7 @@ def run_trial(study: Study, trial: optuna.Trial, runs: storage.RunStorage) -> fl
     frozen = next(t for t in trials if t.number == trial.number)  # its system attrs: grid point, retries
     with runs.beating(trial.number):
         discard_over_budget(study, trial, trials, frozen)
-        run_dir = study.root / f"trial_{trial.number}"
+        run_dir = study.root / trial_folder(study.suggest(trial), trial.number)
         trial.set_user_attr("run_dir", str(run_dir))
         try:
             run = {
@@ -89,6 +90,16 @@ def run_trial(study: Study, trial: optuna.Trial, runs: storage.RunStorage) -> fl
         except BaseException as err:
             record_failure(trial, err)
             raise
+
+
+def trial_folder(params: dict[str, Any], number: int) -> Path:
+    """Where a trial runs, inside its study's folder, named by what differs: its arm (the parameters but the seed),
+    then its seed and number: ``kind=full/seed=0_trial_3`` (TensorBoard shows the runs by these names); a study
+    without parameters: ``trial_3``. A trial records its folder (user attr ``run_dir``): stored trials of any
+    earlier layout keep theirs."""
+    arm = {k: v for k, v in params.items() if k != SEED_PARAM}
+    leaf = f"seed={params[SEED_PARAM]}_trial_{number}" if SEED_PARAM in params else f"trial_{number}"
+    return Path(values_name(arm)) / leaf if arm else Path(leaf)
 
 
 def discard_over_budget(study: Study, trial: optuna.Trial, trials: list[FrozenTrial], frozen: FrozenTrial) -> None:

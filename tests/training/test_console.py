@@ -123,7 +123,9 @@ def test_without_a_terminal_progress_is_plain_lines_and_hparams_carry_the_object
     assert f"mlm, linformer attention, {metrics['parameters']:,} parameters; nothing written" in checked
     acc = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
-    content = acc.PluginTagToContent("hparams")
+    root = EventAccumulator(str(run.parent), size_guidance={"tensors": 0})  # the experiment config: the log root's
+    root.Reload()
+    content = root.PluginTagToContent("hparams")
     exp = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
     tags = {m.name.tag for m in exp.metric_infos}
     assert {"hp/val_masked_loss", "hp/context_gain", "hp/val_loss"} <= tags

@@ -298,7 +298,7 @@ def test_strategy_ddp_from_the_command_line_writes_one_run_directory(
     args = _cli_args(tiny_overrides.config, tmp_path, small_corpus, data_cache)
     done = subprocess.run([sys.executable, "-m", "experiments.cli", *args], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    (run,) = (tmp_path / "runs" / "cli").iterdir()
+    (run,) = [p for p in (tmp_path / "runs" / "cli").iterdir() if p.is_dir()]  # (beside TensorBoard's HPARAMS files)
     assert json.loads((run / "metrics.json").read_text())["global_step"] == 4
 
 
@@ -322,7 +322,7 @@ def test_torchrun_needs_an_explicit_run_dir_and_then_writes_it_alone(
         [*torchrun, *args, f"run_dir={tmp_path / 'runs' / 'cli' / 'job'}"], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert [p.name for p in (tmp_path / "runs" / "cli").iterdir()] == ["job"]
+    assert [p.name for p in (tmp_path / "runs" / "cli").iterdir() if p.is_dir()] == ["job"]
     assert json.loads((tmp_path / "runs" / "cli" / "job" / "metrics.json").read_text())["global_step"] == 4
 
 

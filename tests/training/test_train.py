@@ -24,7 +24,8 @@ EXPECTED_SCALARS = {
     "train/lr",
     "hp/val_loss",
     "hp/val_ppl",
-    "val/ppl_vs_wallclock",
+    "val_sample/masked_loss",
+    "no_context/masked_loss",
 }
 
 
@@ -35,11 +36,13 @@ def _events(run_dir):
 
 
 def _hparams(run_dir):
-    """Hyper-parameter names and metric tags of the HPARAMS plugin's session-start record."""
-    acc = _events(run_dir)
-    content = acc.PluginTagToContent("hparams")
-    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
-    exp = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"])
+    """Hyper-parameter names of the HPARAMS plugin's session-start record, and the metric tags of the experiment
+    config at the log directory's root (the run directory's parent)."""
+    start = plugin_data_pb2.HParamsPluginData.FromString(
+        _events(run_dir).PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    )
+    root = _events(run_dir.parent).PluginTagToContent("hparams")
+    exp = plugin_data_pb2.HParamsPluginData.FromString(root["_hparams_/experiment"])
     return dict(start.session_start_info.hparams), {m.name.tag for m in exp.experiment.metric_infos}
 
 
@@ -54,7 +57,12 @@ def test_train_writes_run_dir_tensorboard_and_metrics(tiny_overrides, tmp_path, 
     assert metrics["global_step"] == 6
     assert (metrics["projection_parameters"] > 0) == (kind == "linformer")
     acc = _events(run)
-    assert EXPECTED_SCALARS <= set(acc.Tags()["scalars"])
+    assert EXPECTED_SCALARS <= set(acc.Tags()["scalars"]) and "epoch" not in acc.Tags()["scalars"]
+    # The fixed validation sample at every step of this 6-step run, the level beside it; no NaN anywhere.
+    assert [e.step for e in acc.Scalars("val_sample/masked_loss")] == list(range(1, 7))
+    level = metrics["baselines"]["unigram/masked_loss"]
+    assert [e.value for e in acc.Scalars("no_context/masked_loss")] == [pytest.approx(level, rel=1e-6)] * 6
+    assert not any(math.isnan(e.value) for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag))
     # Lightning logs at the 0-based index of the last training batch: validations after steps 3 and 6.
     assert [e.step for e in acc.Scalars("val/loss")] == [2, 5]
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(6))

@@ -196,7 +196,8 @@ def test_rerunning_after_the_sweep_was_killed_completes_exactly_the_budget(tmp_p
     proc = sweep_process(path)
     # One worker runs the trials in turn: when the second one has its first checkpoint (step 3 of 15), the first
     # is finished and the second mid-way. Watched on the file system, often: the journal is slower to read.
-    wait_for((tmp_path / "runs" / "resume" / "trial_1" / "checkpoints" / "last.ckpt").is_file, every=0.01)
+    study = tmp_path / "runs" / "resume"  # trials named by seed and number: seed=<s>_trial_<n>
+    wait_for(lambda: any(study.glob("seed=*_trial_1/checkpoints/last.ckpt")), every=0.01)
     os.killpg(proc.pid, signal.SIGKILL)  # the whole sweep: command and worker, mid-trial
     proc.wait()
     interrupted = [t for t in trials_of(path) if t.state == TrialState.RUNNING]

@@ -1,0 +1,116 @@
+"""What a researcher's browser shows, read through TensorBoard's own HTTP data API: two single runs (Linformer and
+full attention) in one experiment folder and a study with two arms: run names, HPARAMS columns (the varied axis
+first) and metrics, the objective's curve at every sample step, the no-context level, no NaN, no epoch card."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from studies import write_study
+from tiny import child_env
+
+from experiments import cli
+
+STEPS = ["trainer.max_steps=10", "trainer.val_check_interval=10"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def tensorboard(logdir: Path) -> Iterator[str]:
+    """A TensorBoard process on ``logdir`` at 127.0.0.1 and a free port; yields its address once it answers."""
+    port = _free_port()
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1"]
+    proc = subprocess.Popen(
+        [*command, "--port", str(port), "--reload_interval", "1"],
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            with contextlib.suppress(OSError):
+                if _get(url, "/data/runs"):
+                    break
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _get(url: str, path: str, body: dict | None = None):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _shown(url: str) -> dict:
+    """Runs, scalar tags per run, the HPARAMS columns and metrics, and the custom-scalars layout, as served."""
+    for _ in range(100):  # the first load of the event files
+        runs = _get(url, "/data/runs")
+        tags = _get(url, "/data/plugin/scalars/tags")
+        if runs and all("val_sample/masked_loss" in tags.get(r, {}) for r in runs if r != "."):
+            break
+        time.sleep(0.1)
+    experiment = _get(url, "/data/plugin/hparams/experiment", {"experimentName": ""})
+    return {
+        "runs": sorted(r for r in runs if r != "."),
+        "tags": tags,
+        "columns": [h["name"] for h in experiment["hparamInfos"]],
+        "differs": [h["name"] for h in experiment["hparamInfos"] if h.get("differs")],
+        "domains": {h["name"]: h.get("domainDiscrete") for h in experiment["hparamInfos"]},
+        "metrics": [m["name"]["tag"] for m in experiment["metricInfos"]],
+        "layout": _get(url, "/data/plugin/custom_scalars/layout"),
+    }
+
+
+def _check_curves(url: str, shown: dict, steps: int) -> None:
+    for run in shown["runs"]:
+        tags = shown["tags"][run]
+        assert "epoch" not in tags and "val/ppl_vs_wallclock" not in tags
+        for tag in ("val_sample/masked_loss", "no_context/masked_loss", "val/masked_loss", "hp/val_masked_loss"):
+            points = _get(url, f"/data/plugin/scalars/scalars?run={run}&tag={tag}")
+            assert not any(math.isnan(p[2]) for p in points), (run, tag)
+            if tag.startswith(("val_sample/", "no_context/")):
+                assert [p[1] for p in points] == list(range(1, steps + 1)), (run, tag)  # a point per step
+    charts = [c for cat in shown["layout"]["category"] for c in cat["chart"]]
+    (chart,) = [c for c in charts if c["title"].startswith("masked_loss")]
+    assert chart["multiline"]["tag"] == ["^val/masked_loss$", "^val_sample/masked_loss$", "^no_context/masked_loss$"]
+
+
+@pytest.mark.processes
+def test_tensorboard_shows_runs_by_what_differs_with_their_curves_and_hparams(tiny, tmp_path):
+    train = ["train", str(tiny.config), *tiny.args, *STEPS]
+    assert cli.main(train) == 0
+    assert cli.main([*train, "model.attention.kind=full"]) == 0
+    arms = {"model.attention.kind": {"type": "categorical", "choices": ["linformer", "full"]}}
+    study = write_study(tmp_path, tiny, "arms", {**arms, "seed": {"type": "categorical", "choices": [0]}})
+    assert cli.main(["sweep", str(study), "--workers", "1"]) == 0
+    with tensorboard(tmp_path / "runs" / "tiny") as runs_url, tensorboard(tmp_path / "runs" / "arms") as study_url:
+        single, swept = _shown(runs_url), _shown(study_url)
+        _check_curves(runs_url, single, 10)
+        _check_curves(study_url, swept, 6)
+    # The overrides (the tiny model's and the attention kind) are the axes: listed first and ticked.
+    assert "model.attention.kind" in single["differs"] and not {"task", "model.norm"} & set(single["differs"])
+    assert single["columns"][: len(single["differs"])] == single["differs"]
+    assert single["domains"]["model.attention.kind"] == ["full", "linformer"]
+    assert single["metrics"][:2] == ["hp/val_masked_loss", "hp/context_gain"]
+    assert swept["runs"] == ["kind=full/seed=0_trial_1", "kind=linformer/seed=0_trial_0"]
+    assert swept["differs"] == swept["columns"][:2] == ["model.attention.kind", "seed"]  # the study's parameters

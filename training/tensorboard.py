@@ -1,0 +1,199 @@
+"""What TensorBoard shows of a run and of the log directory it belongs to.
+
+A run logs through :class:`RunLogger` (Lightning's ``TensorBoardLogger`` without its ``epoch`` scalar, which is 0
+for the whole of a run that validates within one long epoch). A new run records:
+
+- its hyper-parameters as the HPARAMS tab's session start, with no metric value: the tab reads each metric from the
+  run's own ``hp/*`` scalars (placeholders would draw NaN points at step 0);
+- a custom-scalars chart per objective (:func:`objective_layout`): the full set's ``val/<name>``, the fixed sample's
+  ``val_sample/<name>`` and the no-context level ``no_context/<name>`` of every run in one chart;
+- the log directory's experiment config (:func:`write_experiment`), at the log directory's root: the experiment's
+  folder for a single run (``runs/bytes_mlm``), the study's folder for a study's trials and its control's. It marks
+  the axes (a study's parameters, a single run's overrides, and every hyper-parameter whose value differs between
+  the directory's runs) as differing, which the tab lists first (then by name) and ticks, gives text and boolean
+  values their discrete domain (the values seen), and lists every metric any run of the directory declared, so a
+  directory that mixes tasks keeps every objective's column. Each new run merges its own into it, one process at
+  a time (``fcntl.flock`` on the folder); the merged record is ``.hparams.json`` beside it, and the events
+  file is replaced whole, atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.compat.proto import event_pb2
+from tensorboard.plugins.hparams import plugin_data_pb2
+from tensorboard.plugins.hparams import summary_v2 as hp
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+from foundation.atomic import atomic_write, write_json
+from foundation.checked import read_json
+from foundation.errors import ConfigError
+from foundation.rundir import values_name
+
+STATE = ".hparams.json"
+EXPERIMENT_SUFFIX = ".experiment"  # the experiment config's events file: events.out.tfevents.<seconds>.experiment
+DROPPED = ("epoch",)  # Lightning's scalars that say nothing here
+# A sweep's bookkeeping (sweep/trial differs between every two trials): never an axis.
+NOT_AXES = ("sweep/",)
+
+
+@dataclass(frozen=True)
+class LogPlace:
+    """Where a run's HPARAMS experiment config goes (``root``; None: the run directory's parent) and the columns it
+    lists first (``axes``: a single run's overrides, a study's parameters)."""
+
+    root: Optional[Path] = None
+    axes: tuple[str, ...] = ()
+
+
+def log_roots(run_dir: Path, output_dir: Path, log: LogPlace, params: dict[str, Any]) -> tuple[list[Path], str]:
+    """The log directory whose HPARAMS tab lists the run (``log.root`` or the run directory's parent), and the run's
+    Trial ID: its folder under ``output_dir`` when it is inside it (``bytes_mlm/version_0``), else under the log
+    directory, after a single run's overrides (``kind=full bytes_mlm/version_1``).
+
+    Only there: TensorBoard takes the first experiment config it finds among the runs it shows, so a config in
+    ``output_dir`` too would compete with the experiments' and studies' own when ``--logdir runs`` shows several."""
+    root = Path(log.root or run_dir.parent)
+    inside = output_dir.resolve() in run_dir.resolve().parents
+    name = Path(os.path.relpath(run_dir.resolve(), (output_dir if inside else root).resolve())).as_posix()
+    if log.axes:
+        name = f"{values_name({a: params[a] for a in log.axes if a in params})} {name}"
+    return [root], name
+
+
+class RunLogger(TensorBoardLogger):
+    """Lightning's TensorBoard logger without the scalars of :data:`DROPPED`."""
+
+    def log_metrics(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
+        super().log_metrics({k: v for k, v in metrics.items() if k not in DROPPED}, step)
+
+
+def objective_layout(metric: str, level: Optional[str]) -> dict[str, dict[str, list]]:
+    """The custom-scalars chart of ``metric`` (``val/masked_loss``): full set, fixed sample and no-context level."""
+    name = metric.removeprefix("val/")
+    tags = [f"^{metric}$", f"^val_sample/{name}$", *([f"^{level}$"] if level else [])]
+    title = f"{name}: full validation set, fixed sample" + (", no-context level" if level else "")
+    return {"objective": {title: ["Multiline", tags]}}
+
+
+def record_run(
+    logger: TensorBoardLogger,
+    roots: Sequence[Path],
+    params: dict[str, Any],
+    metrics: Sequence[str],
+    axes: Sequence[str],
+    layout: dict[str, dict[str, list]],
+    name: str,
+) -> None:
+    """A new run's HPARAMS session start (``params``, no metric value; the tab's "Trial ID" ``name``) and
+    custom-scalars ``layout`` in its events, its ``hparams.yaml``, and its share of the experiment config at each of
+    ``roots`` (:func:`write_experiment`)."""
+    logger.log_hyperparams(params)  # hparams.yaml; with no metrics and no default one, nothing in the events
+    writer = logger.experiment
+    writer._get_file_writer().add_summary(hp.hparams_pb(params, trial_id=name, start_time_secs=time.time()))
+    writer.add_custom_scalars(layout)
+    for root in roots:
+        write_experiment(root, params, metrics, axes)
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """``root`` (made if missing) locked by this process (``flock`` on the folder itself) while the body runs."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def merged(state: dict[str, Any], params: dict[str, Any], metrics: Sequence[str], axes: Sequence[str]) -> dict:
+    """The experiment record ``state`` (``{"values": {name: [value, ...]}, "axes": [...], "metrics": [...]}``) with
+    one more run's ``params``, ``metrics`` and ``axes`` in it."""
+    values = {k: list(v) for k, v in state.get("values", {}).items()}
+    for name, value in params.items():
+        seen = values.setdefault(name, [])
+        if not any(type(v) is type(value) and v == value for v in seen):  # (True == 1, yet not the same value)
+            seen.append(value)
+    known_axes = list(state.get("axes", []))
+    known_metrics = list(state.get("metrics", []))
+    return {
+        "values": values,
+        "axes": known_axes + [a for a in axes if a in params and a not in known_axes],
+        "metrics": known_metrics + [m for m in metrics if m not in known_metrics],
+    }
+
+
+def varied(state: dict[str, Any]) -> list[str]:
+    """The axes: the recorded ones (overrides, a study's parameters), then every hyper-parameter whose values
+    differ between the directory's runs (:data:`NOT_AXES` aside)."""
+    values = state["values"]
+    return [a for a in state["axes"] if a in values] + [
+        k for k, v in values.items() if len(v) > 1 and k not in state["axes"] and not k.startswith(NOT_AXES)
+    ]
+
+
+def columns(state: dict[str, Any]) -> list[str]:
+    """The HPARAMS columns: the axes (:func:`varied`), then the rest, in first-seen order."""
+    first = varied(state)
+    return first + [k for k in state["values"] if k not in first]
+
+
+def _hparam(name: str, seen: list) -> hp.HParam:
+    """Text and booleans get their discrete domain (the values seen); numbers none (the tab filters by range)."""
+    if all(isinstance(v, bool) for v in seen):
+        return hp.HParam(name, hp.Discrete(sorted(set(seen))))
+    if all(isinstance(v, str) for v in seen):
+        return hp.HParam(name, hp.Discrete(sorted(set(seen))))
+    return hp.HParam(name)
+
+
+def experiment_events(state: dict[str, Any]) -> bytes:
+    """The events file that holds the experiment config of ``state``."""
+    summary = hp.hparams_config_pb(
+        [_hparam(name, state["values"][name]) for name in columns(state)],
+        [hp.Metric(m) for m in state["metrics"]],
+        time_created_secs=time.time(),
+    )
+    # The tab orders its columns by `differs` (True first), then by name, and ticks the first ones: the axes.
+    content = summary.value[0].metadata.plugin_data
+    data = plugin_data_pb2.HParamsPluginData.FromString(content.content)
+    axes = set(varied(state))
+    for info in data.experiment.hparam_infos:
+        info.differs = info.name in axes
+    content.content = data.SerializeToString()
+    out = io.BytesIO()
+    records = RecordWriter(out)
+    records.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+    records.write(event_pb2.Event(wall_time=time.time(), step=0, summary=summary).SerializeToString())
+    return out.getvalue()
+
+
+def write_experiment(root: Path, params: dict[str, Any], metrics: Sequence[str], axes: Sequence[str]) -> None:
+    """Merge one run into the experiment config at ``root``: ``.hparams.json`` and a new events file that replaces
+    the earlier one (module docstring)."""
+    root = Path(root)
+    with _locked(root):
+        try:
+            state = read_json(root / STATE) if (root / STATE).is_file() else {}
+        except ConfigError:  # unreadable (not this code's): the runs from here on make it anew
+            state = {}
+        state = merged(state, params, metrics, axes)
+        write_json(root / STATE, state, root)
+        earlier = sorted(root.glob(f"events.out.tfevents.*{EXPERIMENT_SUFFIX}"))
+        path = root / f"events.out.tfevents.{time.time():.6f}{EXPERIMENT_SUFFIX}"  # (sorted as TensorBoard's names)
+        data = experiment_events(state)
+        atomic_write(path, lambda f: f.write(data), root)
+        for old in earlier:
+            if old != path:
+                old.unlink(missing_ok=True)
