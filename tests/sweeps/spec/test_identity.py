@@ -68,8 +68,9 @@ def test_a_study_stored_before_its_identity_held_its_steps_is_still_compared_on_
 
 
 def measured(key: str) -> bool:
-    """A metric the machine measures about a run rather than one it computes: seconds, memory, speed, its folder."""
-    return key.endswith(("_s", "_mb", "_per_sec")) or key in ("ppl_vs_wallclock", "run_dir")
+    """A metric the machine measures about a run rather than one it computes: seconds, memory, speed, its folder, and
+    its identity (drawn once per run, never from the seed)."""
+    return key.endswith(("_s", "_mb", "_per_sec")) or key in ("ppl_vs_wallclock", "run_dir", "run_id")
 
 
 def _trained(tiny, *args: str) -> tuple[dict, dict]:
