@@ -37,6 +37,7 @@ from omegaconf.errors import OmegaConfBaseException
 from foundation.configfile import flatten, merge, read_yaml, to_container
 from foundation.errors import ConfigError, check_number
 from foundation.paths import NAME_MAX, PATH_MAX, check_folder, check_name
+from foundation.rundir import NAME_LIMIT
 from sweeps.spec import budget, grids, replication, validation
 from sweeps.spec.controls import control_spec
 from sweeps.spec.ladders import check_ladder
@@ -396,10 +397,12 @@ ASIDE_SUFFIX = ".YYYYmmdd-HHMMSS"
 
 def derived_folders(study: Study) -> list[tuple[str, Path]]:
     """Every folder the lab derives for a study: its own (``<study>_<preset>[_replicate|_x<F>]``, and the name
-    ``sweep --new-study`` moves it aside to), its control's (``control/``) and its trial folders (``trial_<n>``, n
-    up to :data:`MAX_TRIALS`: retried trials take new numbers), each with the key that makes it."""
+    ``sweep --new-study`` moves it aside to), its control's (``control/``) and its trial folders at their longest
+    (``<arm>/seed=<s>_trial_<n>``: an arm's name of :data:`~foundation.rundir.NAME_LIMIT` characters, a 20-digit seed,
+    n up to :data:`MAX_TRIALS`: retried trials take new numbers), each with the key that makes it."""
     out = [("study", study.root), ("study", study.root.with_name(study.root.name + ASIDE_SUFFIX))]
-    return out + [("study" if s.parent is None else "control", s.root / f"trial_{MAX_TRIALS}") for s in study.studies]
+    longest = Path("a" * NAME_LIMIT) / f"seed={10**19}_trial_{MAX_TRIALS}"
+    return out + [("study" if s.parent is None else "control", s.root / longest) for s in study.studies]
 
 
 def check_folders(study: Study) -> None:
