@@ -697,6 +697,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="re-ask the study at F times its steps (the schedule stretched to the new end) on fresh seeds, as a "
         "study of its own beside the original, <study>_<preset>_x<F>",
     )
+    _add_run_flags(parser)
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that say how the study starts: afresh, after a preflight, behind its control's gate, or not at all."""
     parser.add_argument(
         "--new-study",
         action="store_true",
@@ -739,6 +744,8 @@ def main(args: argparse.Namespace) -> int:
     study = load_study(
         args.study, args.preset, args.n_trials, args.timeout_s, replicate=args.replicate, factor=args.budget
     )
+    if args.storage is None:  # its folder holds no link and no name of the wrong type, before any journal is read
+        storage.run_storages(study, None)[study.name].check_folder()
     stored.check_family(study, args.storage)  # seeds no other study of its family holds; a derived one's original
     check_optuna_arguments(study)
     stored.check_url(args.storage, args.workers)
@@ -766,9 +773,7 @@ def main(args: argparse.Namespace) -> int:
             return 0
     _optuna_quiet()
     stores = storage.run_storages(study, args.storage, args.workers)
-    runs = stores[study.name]  # the study's storage; its control's lies inside its folder
-    if args.storage is None:
-        runs.check_folder()
+    runs = stores[study.name]  # the study's storage; its control's lies inside its folder (checked above)
     if not args.new_study:
         check_stored(study, args.storage)
     if args.new_study:

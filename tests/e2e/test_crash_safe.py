@@ -414,7 +414,7 @@ def test_ctrl_c_inside_training_is_an_interrupt_exit_130_not_lightnings_exit_1(t
         train(cfg, callbacks=[CtrlC()])
     assert not (tmp_path / "r" / "metrics.json").exists()
 
-    def interrupted(cfg):
+    def interrupted(cfg, **log):
         raise KeyboardInterrupt
 
     monkeypatch.setattr("training.train.train", interrupted)

@@ -260,7 +260,7 @@ def curves(run: Path) -> tuple[list[int], int]:
             for value in event.summary.value:
                 if value.tag == "train/loss":
                     steps.append(event.step)
-                hparams += value.tag == "_hparams_/experiment"
+                hparams += value.tag == "_hparams_/session_start_info"  # one per HPARAMS entry of the run
     return sorted(steps), hparams
 
 

@@ -48,7 +48,7 @@ def test_a_study_runs_its_control_beside_its_trials_and_reports_the_power_check(
         ("reference", 1),
     ]
     for t in ctrials:
-        assert t.state == TrialState.COMPLETE and Path(t.user_attrs["run_dir"]).parent == root / "control"
+        assert t.state == TrialState.COMPLETE and Path(t.user_attrs["run_dir"]).is_relative_to(root / "control")
         resolved = yaml.safe_load((Path(t.user_attrs["run_dir"]) / "config.yaml").read_text())
         assert resolved["model"]["attention"]["kind"] == ("full" if t.params["control"] == "reference" else "linformer")
         assert resolved["seed"] == t.params["seed"]

@@ -199,7 +199,7 @@ def test_the_reused_control_trial_is_trained_once(tmp_path, tiny_overrides, monk
 
     trained = []
 
-    def fake_train(cfg, callbacks=(), hparams=None):
+    def fake_train(cfg, callbacks=(), hparams=None, **log):
         trained.append((cfg.optim.lr, cfg.seed))
         return {"val/loss": 3.0 - 300 * cfg.optim.lr + 0.01 * cfg.seed, "trivial_loss": 3.1}
 

@@ -90,7 +90,8 @@ def test_two_workers_run_the_exact_budget_with_one_run_dir_and_hparams_per_trial
         (1, "linformer"),
     ]
     run_dirs = {Path(t.user_attrs["run_dir"]) for t in trials}
-    assert run_dirs == {tmp_path / "runs" / "two_workers" / f"trial_{t.number}" for t in trials}
+    root = tmp_path / "runs" / "two_workers"  # named by arm, seed and number
+    assert run_dirs == {root / f"arm={t.params['arm']}" / f"seed={t.params['seed']}_trial_{t.number}" for t in trials}
     for t in trials:
         run_dir = Path(t.user_attrs["run_dir"])
         assert (run_dir / "metrics.json").is_file()
