@@ -5,6 +5,7 @@ import json
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tiny import run_of
 
 from experiments import cli
 from lightning_modules.attention import ATTENTION_KINDS
@@ -100,7 +101,7 @@ def test_the_spectrum_callback_follows_a_causal_linformer_during_training(tiny_o
         "model.attention.kind=linformer",
         "trainer.spectrum_every_n_val=1",
     )
-    acc = _events(tmp_path / "runs" / "causal" / "version_0")
+    acc = _events(run_of(tmp_path / "runs" / "causal"))
     ranks = acc.Scalars("spectrum/effective_rank/layer_0")
     assert [e.step for e in ranks] == [3, 6] and all(1 <= e.value <= 32 for e in ranks)
 
@@ -120,7 +121,7 @@ KIND_RUNS = {  # every registered kind, with options that fit the tiny model (n 
 @pytest.mark.parametrize("kind", KIND_RUNS)
 def test_analyze_shows_every_kind_or_says_in_one_line_what_it_cannot_show(kind, tiny_overrides, tmp_path, capsys):
     _train(tiny_overrides, f"model.attention.kind={kind}", *KIND_RUNS[kind], "trainer.max_steps=3")
-    run = tmp_path / "runs" / "tiny" / "version_0"
+    run = run_of(tmp_path / "runs" / "tiny")
     code = cli.main(["analyze", str(run), "--samples", "2"])
     err = capsys.readouterr().err.strip().splitlines()
     if code == 0:
