@@ -35,13 +35,13 @@ def _events(run_dir):
     return acc
 
 
-def _hparams(run_dir):
+def _hparams(run_dir, root):
     """Hyper-parameter names of the HPARAMS plugin's session-start record, and the metric tags of the experiment
-    config at the log directory's root (the run directory's parent)."""
+    config at the log directory's root (the experiment's folder, whatever folder the run's overrides name)."""
     start = plugin_data_pb2.HParamsPluginData.FromString(
         _events(run_dir).PluginTagToContent("hparams")["_hparams_/session_start_info"]
     )
-    root = _events(run_dir.parent).PluginTagToContent("hparams")
+    root = _events(root).PluginTagToContent("hparams")
     exp = plugin_data_pb2.HParamsPluginData.FromString(root["_hparams_/experiment"])
     return dict(start.session_start_info.hparams), {m.name.tag for m in exp.experiment.metric_infos}
 
@@ -66,7 +66,7 @@ def test_train_writes_run_dir_tensorboard_and_metrics(tiny_overrides, tmp_path, 
     # Lightning logs at the 0-based index of the last training batch: validations after steps 3 and 6.
     assert [e.step for e in acc.Scalars("val/loss")] == [2, 5]
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(6))
-    hparams, metric_tags = _hparams(run)
+    hparams, metric_tags = _hparams(run, tmp_path / "runs" / "tiny")
     assert hparams["model.attention.kind"].string_value == kind
     if kind == "linformer":
         assert hparams["model.attention.options.k"].number_value == 8
