@@ -29,7 +29,7 @@ def test_callback_logs_spectrum_heatmaps_and_analyze_writes_figures(tiny_overrid
     callback on, and a Linformer analysed against it."""
     _train(tiny_overrides, "experiment=full", "model.attention.kind=full", "trainer.spectrum_every_n_val=1")
     _train(tiny_overrides, "experiment=linformer")
-    full, linformer = (tmp_path / "runs" / name / "version_0" for name in ("full", "linformer"))
+    full, linformer = (run_of(tmp_path / "runs" / name) for name in ("full", "linformer"))
 
     # The callback: a heatmap image and an effective rank per layer at every validation (steps 3, 6).
     acc = _events(full)
@@ -44,7 +44,8 @@ def test_callback_logs_spectrum_heatmaps_and_analyze_writes_figures(tiny_overrid
     assert summary["suggested_k"] == [max(r) for r in summary["spectrum"]["effective_rank_per_head"]]
     assert all(1 <= k <= 32 for k in summary["suggested_k"])
     experiment = tmp_path / "suggested.yaml"
-    experiment.write_text(f"defaults: [{tiny_overrides.config}, {full / 'analysis' / 'k_schedule.yaml'}]\n")
+    # (quoted: the run's folder name, made of its overrides, holds commas)
+    experiment.write_text(f"defaults: ['{tiny_overrides.config}', '{full / 'analysis' / 'k_schedule.yaml'}']\n")
     assert layer_ks(run_config.load(experiment).model) == summary["suggested_k"]
     assert {"analysis/spectrum_cumulative", "analysis/spectrum_heatmap"} <= set(_events(full).Tags()["images"])
 

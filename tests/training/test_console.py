@@ -126,7 +126,8 @@ def test_without_a_terminal_progress_is_plain_lines_and_hparams_carry_the_object
     assert f"mlm, linformer attention, {metrics['parameters']:,} parameters; nothing written" in checked
     acc = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
-    root = EventAccumulator(str(run.parent), size_guidance={"tensors": 0})  # the experiment config: the log root's
+    # the experiment config: at the log root, the experiment's folder (whatever folder the run's overrides name)
+    root = EventAccumulator(str(tmp_path / "runs" / "bytes_mlm"), size_guidance={"tensors": 0})
     root.Reload()
     content = root.PluginTagToContent("hparams")
     exp = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
