@@ -327,7 +327,7 @@ def _logger(
     hyper-parameters, the axes that vary first, and as metrics the objective and its context gain (``answer``) and
     the module's own; and the chart of its objective with the no-context level (training/tensorboard.py)."""
     logger = RunLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name, default_hp_metric=False)
-    if not resumed:
+    if not resumed and rank_zero_only.rank == 0:  # the ranks strategy=ddp starts log nothing of their own
         hp_metrics = list(dict.fromkeys([*answer.tags(), *getattr(module, "hp_metrics", HP_METRICS)]))
         params = {**_hparams(cfg), **(hparams or {})}
         layout = objective_layout(answer.objective.metric, answer.level_tag)
