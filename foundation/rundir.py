@@ -1,6 +1,7 @@
 """Run directories: where a run writes, and what ``init_from`` names.
 
-A run directory ``<output_dir>/<experiment>/version_<i>/`` holds ``config.yaml`` (the resolved
+A run directory ``<output_dir>/<experiment>/version_<i>/`` (or ``<output_dir>/<experiment>/<folder>/version_<i>/``, the
+``train`` command's runs with overrides: ``bytes_mlm/kind=full/version_0``) holds ``config.yaml`` (the resolved
 config), TensorBoard event files, ``checkpoints/last.ckpt``, ``tokenizer.json`` (when the data has a
 tokenizer) and ``metrics.json``. A new run takes the next free version, so nothing of an earlier
 run is overwritten; ``resume=true`` reopens the newest version that has a checkpoint.
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from foundation.errors import ConfigError
-from foundation.paths import check_folder
+from foundation.paths import check_folder, check_name
 
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
 # The run's tokenizer (runs whose data has one): fine-tuning from this run encodes text with it.
@@ -69,11 +70,30 @@ def values_name(values: dict[str, object]) -> str:
     return name
 
 
+def check_run_folder(output_dir: str, experiment: str, folder: str = "") -> Path:
+    """Where a run takes its numbered version: ``<output_dir>/<experiment>``, or its ``folder`` inside it (a name
+    that says the run's overrides, :func:`values_name`): one folder name, a folder or a path where one can be made,
+    not a link; else one ConfigError line naming it. Nothing is created."""
+    root = check_experiment_folder(output_dir, experiment)
+    if not folder:
+        return root
+    check_name("run folder", folder)
+    path = root / folder
+    if len(path.parts) != len(root.parts) + 1:
+        raise ConfigError(f"run folder: {folder!r} must be one folder name inside {root}")
+    if path.is_symlink():
+        raise ConfigError(f"run folder: {path} is a symbolic link; a folder belongs there (move it aside)")
+    return check_folder("run folder", str(path))
+
+
 RUN_DIR_ENV = "LINFORMER_LAB_RUN_DIR"  # rank 0's run directory, for the DDP ranks it launches
 
 
-def choose_run_dir(output_dir: str, experiment: str, run_dir: Optional[str], resume: bool, rank: int = 0) -> Path:
-    """The directory this run writes to (not created here).
+def choose_run_dir(
+    output_dir: str, experiment: str, run_dir: Optional[str], resume: bool, rank: int = 0, folder: str = ""
+) -> Path:
+    """The directory this run writes to (not created here): ``run_dir`` when given, else the next free version (a
+    resume: the newest with a checkpoint) in the experiment's folder or in its ``folder`` (:func:`check_run_folder`).
 
     Under DDP every rank runs the command. Rank 0 chooses; the ranks Lightning starts from it (``strategy=ddp``)
     read its choice from ``$LINFORMER_LAB_RUN_DIR`` (see :func:`shared_with_ranks`). Ranks started beside it
@@ -94,7 +114,7 @@ def choose_run_dir(output_dir: str, experiment: str, run_dir: Optional[str], res
         if resume or not path.exists() or not any(path.iterdir()):
             return path
         raise ConfigError(f"run_dir: {path} already holds a run (set resume=true to continue it)")
-    root = check_experiment_folder(output_dir, experiment)
+    root = check_run_folder(output_dir, experiment, folder)
     versions = _versions(root)
     if resume:
         with_ckpt = [v for v in versions if (v / CHECKPOINT).is_file()]

@@ -110,3 +110,13 @@ def rank_r_stochastic(n: int, r: int, seed: int = 0):
     mix = torch.randn(n, r, generator=g, dtype=torch.float64).softmax(-1)
     bases = torch.randn(r, n, generator=g, dtype=torch.float64).softmax(-1)
     return mix @ bases
+
+
+def run_of(experiment_folder: Path, version: int = 0) -> Path:
+    """The ``version_<version>`` run directory that ``linformer-lab train`` wrote in ``experiment_folder``
+    (``runs/<experiment>``): directly in it, or in the one folder its overrides name (``kind=full/version_0``)."""
+    found = sorted(Path(experiment_folder).glob(f"version_{version}")) + sorted(
+        Path(experiment_folder).glob(f"*/version_{version}")
+    )
+    assert len(found) == 1, found
+    return found[0]

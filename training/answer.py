@@ -170,9 +170,12 @@ def utilisation_words(metrics: dict[str, Any]) -> list[str]:
     return []
 
 
-def ending_lines(objective: Objective, metrics: dict[str, Any], needs_gpu: Optional[str] = None) -> list[str]:
+def ending_lines(
+    objective: Objective, metrics: dict[str, Any], needs_gpu: Optional[str] = None, logdir: Optional[Path] = None
+) -> list[str]:
     """The last lines of a finished run: its other validation scores and speed, the objective, the
-    no-context level and the gain, then the run directory and the TensorBoard command."""
+    no-context level and the gain, then the run directory and the TensorBoard command on ``logdir`` (default: the
+    run directory's parent), which shows the run beside the other runs of its experiment."""
     others = [
         f"{k} {metrics[k]:.4g}"
         for k in ("val/ppl", "val/loss", "val/accuracy")
@@ -186,5 +189,5 @@ def ending_lines(objective: Objective, metrics: dict[str, Any], needs_gpu: Optio
     if needs_gpu:
         lines.append(f"note: {needs_gpu}")
     run_dir = Path(metrics["run_dir"])
-    lines += [f"run directory: {run_dir}", f"tensorboard --logdir {run_dir.parent} --host 127.0.0.1"]
+    lines += [f"run directory: {run_dir}", f"tensorboard --logdir {logdir or run_dir.parent} --host 127.0.0.1"]
     return lines

@@ -58,14 +58,15 @@ class LogPlace:
 def log_roots(run_dir: Path, output_dir: Path, log: LogPlace, params: dict[str, Any]) -> tuple[list[Path], str]:
     """The log directory whose HPARAMS tab lists the run (``log.root`` or the run directory's parent), and the run's
     Trial ID: its folder under ``output_dir`` when it is inside it (``bytes_mlm/version_0``), else under the log
-    directory, after a single run's overrides (``kind=full bytes_mlm/version_1``).
+    directory, after a single run's overrides (``kind=full bytes_mlm/version_1``) unless its folder already says
+    them (``bytes_mlm/kind=full/version_0``: a run below a folder of the log directory).
 
     Only there: TensorBoard takes the first experiment config it finds among the runs it shows, so a config in
     ``output_dir`` too would compete with the experiments' and studies' own when ``--logdir runs`` shows several."""
     root = Path(log.root or run_dir.parent)
     inside = output_dir.resolve() in run_dir.resolve().parents
     name = Path(os.path.relpath(run_dir.resolve(), (output_dir if inside else root).resolve())).as_posix()
-    if log.axes:
+    if log.axes and run_dir.resolve().parent == root.resolve():
         name = f"{values_name({a: params[a] for a in log.axes if a in params})} {name}"
     return [root], name
 

@@ -38,7 +38,14 @@ from foundation.confined import check_tree
 from foundation.errors import ConfigError, Terminated
 from foundation.lock import LOCK, Owner
 from foundation.paths import check_folder
-from foundation.rundir import CHECKPOINT, TOKENIZER, choose_run_dir, shared_with_ranks
+from foundation.rundir import (
+    CHECKPOINT,
+    TOKENIZER,
+    check_run_folder,
+    choose_run_dir,
+    shared_with_ranks,
+    values_name,
+)
 from lightning_modules.callbacks import Accelerate, RunMetrics, SpectrumMonitor, TrainingFlops, compile_failures
 from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.language_model import EXAMPLES
@@ -49,6 +56,7 @@ from training.divergence import DivergenceGuard, recorded
 from training.resume import (
     DATA,
     HPARAMS,
+    MAY_CHANGE_ON_RESUME,
     LastCheckpoint,
     StopTogether,
     adopt_final_state,
@@ -193,7 +201,7 @@ def _keep_earlier_metrics(run_dir: Path) -> None:
         os.replace(run_dir / METRICS, kept)
 
 
-def check_resume(cfg: DictConfig) -> Optional[Resumed]:
+def check_resume(cfg: DictConfig, folder: str = "") -> Optional[Resumed]:
     """A resumed run continues the run that was started and can write its end: its config equals the stored
     ``config.yaml`` (keys of ``MAY_CHANGE_ON_RESUME`` aside), its files are its own and whole
     (:func:`training.runfiles.check_run_files`: one run identity, none missing, each parsed and range-checked), and
@@ -203,10 +211,11 @@ def check_resume(cfg: DictConfig) -> Optional[Resumed]:
 
     The run directory holds no link and no known name of the wrong type (a folder where ``.lock`` or
     ``last.ckpt`` belongs, a file where ``checkpoints/`` belongs: :func:`foundation.confined.check_tree`), and its
-    checkpoint folder takes a new file: a resume that could not save fails here, not at its first save."""
+    checkpoint folder takes a new file: a resume that could not save fails here, not at its first save. ``folder``:
+    the experiment's subfolder the run takes its versions in (:func:`run_folder`)."""
     if not cfg.resume:
         return None
-    run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, True, rank_zero_only.rank)
+    run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, True, rank_zero_only.rank, folder)
     check_tree(run_dir, "resume", files=RUN_FILES, folders=(str(CHECKPOINT.parent),))
     check_folder("resume: checkpoints", str(run_dir / CHECKPOINT.parent))
     check_same_config(cfg, run_dir)
@@ -220,7 +229,7 @@ def check_resume(cfg: DictConfig) -> Optional[Resumed]:
     return resumed
 
 
-def _own_run_dir(cfg: DictConfig, run_dir: Path) -> tuple[Path, Optional[Owner]]:
+def _own_run_dir(cfg: DictConfig, run_dir: Path, folder: str) -> tuple[Path, Optional[Owner]]:
     """Rank 0's claim on its run directory: a new run creates it (a numbered version another process created first
     moves this run on to the next free number), then locks it; a second process on the same directory gets one
     line naming the owner."""
@@ -233,11 +242,15 @@ def _own_run_dir(cfg: DictConfig, run_dir: Path) -> tuple[Path, Optional[Owner]]
             run_dir.mkdir(parents=True)
             return run_dir, Owner(run_dir)
         except FileExistsError:
-            run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, None, False)
+            run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, None, False, folder=folder)
 
 
 def _open_run_dir(
-    cfg: DictConfig, datamodule: L.LightningDataModule, module: L.LightningModule, resumed: Optional[Resumed]
+    cfg: DictConfig,
+    datamodule: L.LightningDataModule,
+    module: L.LightningModule,
+    resumed: Optional[Resumed],
+    folder: str,
 ) -> tuple[Path, Optional[str], Optional[dict], Optional[Owner], Optional[str]]:
     """The run directory, owned by this process (rank 0) and with its files written (:func:`_write_run_files`); the
     checkpoint to resume from; when the run to resume has already finished and recorded its metrics, those
@@ -249,10 +262,10 @@ def _open_run_dir(
     checkpoint (with no checkpoint, all of them: the run starts afresh).
     """
     rank = rank_zero_only.rank
-    run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, cfg.resume, rank)
+    run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, cfg.resume, rank, folder)
     owner = None
     if rank == 0:
-        run_dir, owner = _own_run_dir(cfg, run_dir)
+        run_dir, owner = _own_run_dir(cfg, run_dir, folder)
     resume_state = resumed.state if resumed is not None else None
     # a new run's identity; a resumed one keeps its own (a run from before identities stays without one)
     run_id = resumed.run_id if resumed is not None and (resumed.run_id or resume_state is not None) else new_run_id()
@@ -314,7 +327,7 @@ def _logger(
     hyper-parameters, the axes that vary first, and as metrics the objective and its context gain (``answer``) and
     the module's own; and the chart of its objective with the no-context level (training/tensorboard.py)."""
     logger = RunLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name, default_hp_metric=False)
-    if not resumed:
+    if not resumed and rank_zero_only.rank == 0:  # the ranks strategy=ddp starts log nothing of their own
         hp_metrics = list(dict.fromkeys([*answer.tags(), *getattr(module, "hp_metrics", HP_METRICS)]))
         params = {**_hparams(cfg), **(hparams or {})}
         layout = objective_layout(answer.objective.metric, answer.level_tag)
@@ -554,7 +567,11 @@ def run_metrics_of(
 
 
 def train(
-    cfg: DictConfig, callbacks: Iterable[L.Callback] = (), hparams: Optional[dict] = None, log: LogPlace = LogPlace()
+    cfg: DictConfig,
+    callbacks: Iterable[L.Callback] = (),
+    hparams: Optional[dict] = None,
+    log: LogPlace = LogPlace(),
+    folder: str = "",
 ) -> dict[str, Any]:
     """Train one run and return its ``metrics.json`` content.
 
@@ -564,12 +581,15 @@ def train(
         hparams: extra entries for the HPARAMS tab (e.g. a sweep trial's parameters).
         log: the TensorBoard log directory the run belongs to and the axes its HPARAMS tab lists first (default:
             the run directory's parent, and ``hparams``' keys other than ``sweep/*``).
+        folder: the subfolder of ``<output_dir>/<experiment>`` the run takes its version in (the ``train``
+            command's :func:`run_folder`; default: none, ``<output_dir>/<experiment>/version_<i>``). An explicit
+            ``run_dir`` ignores it.
     """
     started = time.time()
     quiet_third_parties()
     check_machine(cfg)
     preflight(cfg)
-    resumed = check_resume(cfg)
+    resumed = check_resume(cfg, folder)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.cpu_threads > 0:
         torch.set_num_threads(cfg.trainer.cpu_threads)
@@ -578,10 +598,12 @@ def train(
     datamodule.setup("fit")
     if cfg.resume:  # the data it started with, before anything is written
         tokenizer = getattr(datamodule, "tokenizer", None)
-        run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, True, rank_zero_only.rank)
+        run_dir = choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, True, rank_zero_only.rank, folder)
         check_same_data(cfg, run_dir, tokenizer.to_str() if tokenizer is not None else None)
     module = build_module_or_refuse(cfg, datamodule)
-    run_dir, resume_from, done, owner, run_id = _open_run_dir(cfg, datamodule, module, resumed)  # the first write
+    run_dir, resume_from, done, owner, run_id = _open_run_dir(
+        cfg, datamodule, module, resumed, folder
+    )  # the first write
     if done is not None:
         print(
             f"{run_dir}: already finished at step {done['global_step']} (trainer.max_steps={cfg.trainer.max_steps}); "
@@ -715,6 +737,20 @@ def overridden_columns(cfg: DictConfig, overrides: Iterable[str]) -> tuple[str, 
     return tuple(c for c in _hparams(cfg) if any(c == k or c.startswith(k + ".") for k in keys))
 
 
+def run_folder(cfg: DictConfig, overrides: Iterable[str]) -> str:
+    """The folder of ``<output_dir>/<experiment>/`` in which the ``train`` command's runs with these ``key=value``
+    overrides take their versions (Hydra's ``override_dirname``): ``model.attention.kind=full`` → ``kind=full``
+    (:func:`foundation.rundir.values_name`: keys in sorted order, each by its shortest unambiguous tail, values as
+    given, unsafe characters as ``_``, capped with a hash). The keys a resume may change (``MAY_CHANGE_ON_RESUME``:
+    ``resume``, ``output_dir``, ``trainer.max_steps``, ...) and ``experiment`` do not name it, so a resume with the
+    same overrides finds its run. '' when nothing names it, or when ``run_dir`` is given (that is the run's place)."""
+    if cfg.run_dir is not None:
+        return ""
+    given = dict(o.split("=", 1) for o in overrides)
+    named = {k: given[k] for k in sorted(given) if k not in MAY_CHANGE_ON_RESUME and k != "experiment"}
+    return values_name(named) if named else ""
+
+
 def gpu_note(cfg: DictConfig) -> Optional[str]:
     """For a config that answers its question only on a GPU (``answers_on: gpu``), run on a machine without one:
     the sentence that says so; else None."""
@@ -729,8 +765,10 @@ def gpu_note(cfg: DictConfig) -> Optional[str]:
 
 def main(args: argparse.Namespace) -> int:
     cfg = run_config.load(args.config, args.overrides)
+    folder = run_folder(cfg, args.overrides)
+    experiment = check_run_folder(cfg.output_dir, cfg.experiment, folder).parent if folder else None
     if args.check:
-        check_resume(cfg)
+        check_resume(cfg, folder)
         preflight(cfg)
         n, exact = check_parameters(cfg)
         print(
@@ -740,7 +778,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if (note := gpu_note(cfg)) is not None:
         print(f"note: {note}", flush=True)
-    metrics = train(cfg, log=LogPlace(axes=overridden_columns(cfg, args.overrides)))
+    log = LogPlace(root=experiment, axes=overridden_columns(cfg, args.overrides))  # one HPARAMS tab for all its runs
+    metrics = train(cfg, log=log, folder=folder)
     if metrics["global_step"] < cfg.trainer.max_steps:  # a run that did not finish never exits 0
         print(
             f"error: {metrics['run_dir']}: training stopped at step {metrics['global_step']} of "
@@ -748,5 +787,5 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print("\n".join(ending_lines(run_objective(cfg), metrics, gpu_note(cfg))))
+    print("\n".join(ending_lines(run_objective(cfg), metrics, gpu_note(cfg), experiment)))
     return 0

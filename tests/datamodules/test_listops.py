@@ -9,6 +9,7 @@ import pytest
 import tiny
 import torch
 from omegaconf import OmegaConf
+from tiny import run_of
 
 from datamodules import listops
 from datamodules.config import ListOpsConfig
@@ -173,7 +174,7 @@ def test_listops_trains_end_to_end_with_test_metrics(tiny_overrides, tmp_path):
         "data.listops.max_args=4",
     ]
     assert cli.main(["train", str(tiny_overrides.config), *args]) == 0
-    run = tmp_path / "runs" / "tiny" / "version_0"
+    run = run_of(tmp_path / "runs" / "tiny")
     metrics = json.loads((run / "metrics.json").read_text())
     for key in ("val/accuracy", "test/accuracy", "test/f1", "test/loss", "trivial_accuracy"):
         assert 0 <= metrics[key] < math.inf, key

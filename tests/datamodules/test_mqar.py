@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from tiny import run_of
 
 from datamodules.language_model import CausalLMDataModule, MLMDataModule, unigram_baseline
 from datamodules.mqar import MQARDataModule
@@ -211,7 +212,7 @@ def test_recall_run_writes_recall_accuracy_and_its_trivial_baseline(tiny_overrid
         "model.attention.causal=true",
     ]  # as the CPU presets train
     assert cli.main(args) == 0
-    metrics = json.loads((tmp_path / "runs" / "tiny" / "version_0" / "metrics.json").read_text())
+    metrics = json.loads((run_of(tmp_path / "runs" / "tiny") / "metrics.json").read_text())
     assert metrics["trivial_loss"] == pytest.approx(math.log(8)) and metrics["trivial_accuracy"] == 0.125
     assert metrics["baselines"] == pytest.approx({"unigram/loss": math.log(8), "unigram/accuracy": 0.125})
     assert 0.0 <= metrics["val/accuracy"] <= 1.0 and math.isfinite(metrics["val/loss"])

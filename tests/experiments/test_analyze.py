@@ -5,6 +5,7 @@ import json
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tiny import run_of
 
 from experiments import cli
 from lightning_modules.attention import ATTENTION_KINDS
@@ -28,7 +29,7 @@ def test_callback_logs_spectrum_heatmaps_and_analyze_writes_figures(tiny_overrid
     callback on, and a Linformer analysed against it."""
     _train(tiny_overrides, "experiment=full", "model.attention.kind=full", "trainer.spectrum_every_n_val=1")
     _train(tiny_overrides, "experiment=linformer")
-    full, linformer = (tmp_path / "runs" / name / "version_0" for name in ("full", "linformer"))
+    full, linformer = (run_of(tmp_path / "runs" / name) for name in ("full", "linformer"))
 
     # The callback: a heatmap image and an effective rank per layer at every validation (steps 3, 6).
     acc = _events(full)
@@ -43,7 +44,8 @@ def test_callback_logs_spectrum_heatmaps_and_analyze_writes_figures(tiny_overrid
     assert summary["suggested_k"] == [max(r) for r in summary["spectrum"]["effective_rank_per_head"]]
     assert all(1 <= k <= 32 for k in summary["suggested_k"])
     experiment = tmp_path / "suggested.yaml"
-    experiment.write_text(f"defaults: [{tiny_overrides.config}, {full / 'analysis' / 'k_schedule.yaml'}]\n")
+    # (quoted: the run's folder name, made of its overrides, holds commas)
+    experiment.write_text(f"defaults: ['{tiny_overrides.config}', '{full / 'analysis' / 'k_schedule.yaml'}']\n")
     assert layer_ks(run_config.load(experiment).model) == summary["suggested_k"]
     assert {"analysis/spectrum_cumulative", "analysis/spectrum_heatmap"} <= set(_events(full).Tags()["images"])
 
@@ -100,7 +102,7 @@ def test_the_spectrum_callback_follows_a_causal_linformer_during_training(tiny_o
         "model.attention.kind=linformer",
         "trainer.spectrum_every_n_val=1",
     )
-    acc = _events(tmp_path / "runs" / "causal" / "version_0")
+    acc = _events(run_of(tmp_path / "runs" / "causal"))
     ranks = acc.Scalars("spectrum/effective_rank/layer_0")
     assert [e.step for e in ranks] == [3, 6] and all(1 <= e.value <= 32 for e in ranks)
 
@@ -120,7 +122,7 @@ KIND_RUNS = {  # every registered kind, with options that fit the tiny model (n 
 @pytest.mark.parametrize("kind", KIND_RUNS)
 def test_analyze_shows_every_kind_or_says_in_one_line_what_it_cannot_show(kind, tiny_overrides, tmp_path, capsys):
     _train(tiny_overrides, f"model.attention.kind={kind}", *KIND_RUNS[kind], "trainer.max_steps=3")
-    run = tmp_path / "runs" / "tiny" / "version_0"
+    run = run_of(tmp_path / "runs" / "tiny")
     code = cli.main(["analyze", str(run), "--samples", "2"])
     err = capsys.readouterr().err.strip().splitlines()
     if code == 0:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tiny import TINY_MODEL
+from tiny import TINY_MODEL, run_of
 
 from datamodules.classification import eval_set_names, label_array, labelled_splits, load_labelled
 from experiments import cli, pipeline
@@ -243,7 +243,7 @@ def test_stsb_regression_trains_end_to_end_and_writes_pearson_and_spearman(stand
     assert cli.main([*args, f"data.cache_dir={tmp_path / 'cache'}"]) == 0
     out = capsys.readouterr().out
     assert FROM_SCRATCH in out and "test/pearson" in out
-    run = tmp_path / "glue_stsb" / "version_0"
+    run = run_of(tmp_path / "glue_stsb")
     metrics = json.loads((run / "metrics.json").read_text())
     assert {"test/pearson", "test/spearman", "val/pearson", "best_val/pearson"} <= set(metrics)
     assert all(-1 <= metrics[k] <= 1 for k in ("test/pearson", "test/spearman"))
@@ -258,7 +258,7 @@ def test_mnli_trains_and_scores_both_validation_sets_in_metrics_json(standin, tm
     monkeypatch.chdir(tmp_path)
     args = ["train", str(GLUE / "mnli.yaml"), *SHRINK, f"data.source={standin / 'mnli'}", f"output_dir={tmp_path}"]
     assert cli.main([*args, f"data.cache_dir={tmp_path / 'cache'}"]) == 0
-    metrics = json.loads((tmp_path / "glue_mnli" / "version_0" / "metrics.json").read_text())
+    metrics = json.loads((run_of(tmp_path / "glue_mnli") / "metrics.json").read_text())
     for name in ("matched", "mismatched"):  # 10 examples each in the stand-in: accuracy a multiple of 1/10
         accuracy = metrics[f"test/{name}/accuracy"]
         assert 0 <= accuracy <= 1 and round(accuracy * 10, 4) == round(accuracy * 10)

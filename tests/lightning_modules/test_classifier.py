@@ -1,6 +1,8 @@
 """Sequence classification on the encoder (lightning_modules/classifier.py): ``init_from`` refuses another
 architecture or a run without its tokenizer, and the checkpoint's kind options are part of its architecture."""
 
+from tiny import run_of
+
 from experiments import cli
 
 
@@ -10,7 +12,7 @@ def test_init_from_refuses_another_architecture_or_a_run_without_tokenizer(tiny_
         cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, "trainer.max_steps=3", "experiment=pre"])
         == 0
     )
-    pre = tmp_path / "runs" / "pre" / "version_0"
+    pre = run_of(tmp_path / "runs" / "pre")
     finetune = [
         "train",
         str(tiny_overrides.config),
@@ -39,7 +41,7 @@ def test_a_performer_with_its_own_options_fine_tunes_and_other_options_are_one_l
     performer = ["model.attention.kind=performer", "model.attention.options.n_features=8"]
     pretrain = [*tiny_overrides.args, *performer, "trainer.max_steps=3", "experiment=pre"]
     assert cli.main(["train", str(tiny_overrides.config), *pretrain]) == 0
-    pre = tmp_path / "runs" / "pre" / "version_0"
+    pre = run_of(tmp_path / "runs" / "pre")
     finetune = [
         "train",
         str(tiny_overrides.config),
@@ -57,4 +59,4 @@ def test_a_performer_with_its_own_options_fine_tunes_and_other_options_are_one_l
         "(the encoder architecture must match)"
     )
     assert cli.main([*finetune, "experiment=ft", "model.attention.options.n_features=8"]) == 0
-    assert (tmp_path / "runs" / "ft" / "version_0" / "metrics.json").is_file()
+    assert (run_of(tmp_path / "runs" / "ft") / "metrics.json").is_file()

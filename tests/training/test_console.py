@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
-from tiny import REPO, TINY_MODEL, child_env
+from tiny import REPO, TINY_MODEL, child_env, run_of
 
 from experiments import cli
 
@@ -98,7 +98,7 @@ def test_a_run_ends_with_its_objective_and_shows_a_bar_in_a_zero_width_terminal_
     for word in NOISE:
         assert not [line for line in lines if word in line], word
     assert any(re.search(r"Epoch 0: 100%\|█+\| 6/6", line) for line in lines), out[-2000:]
-    run = tmp_path / "runs" / "bytes_mlm" / "version_0"
+    run = run_of(tmp_path / "runs" / "bytes_mlm")
     metrics = json.loads((run / "metrics.json").read_text())
     value, level = metrics["val/masked_loss"], metrics["baselines"]["unigram/masked_loss"]
     tail = lines[-4:]
@@ -107,7 +107,10 @@ def test_a_run_ends_with_its_objective_and_shows_a_bar_in_a_zero_width_terminal_
     assert f"no context {level:.4f} (baselines/unigram/masked_loss)" in tail[0]
     assert f"gain {level - value:+.4f} nats" in tail[0]
     assert tail[1].startswith("this run did not leave the no-context level"), tail
-    assert tail[2:] == [f"run directory: {run}", f"tensorboard --logdir {run.parent} --host 127.0.0.1"]
+    assert tail[2:] == [
+        f"run directory: {run}",
+        f"tensorboard --logdir {tmp_path / 'runs' / 'bytes_mlm'} --host 127.0.0.1",
+    ]
 
 
 def test_without_a_terminal_progress_is_plain_lines_and_hparams_carry_the_objective_and_gain(tmp_path, capsys):
@@ -117,13 +120,14 @@ def test_without_a_terminal_progress_is_plain_lines_and_hparams_carry_the_object
     out = capsys.readouterr().out
     assert re.search(r"^step 6/6 \(100%\)  validated  train/loss [\d.]+  elapsed \d+:\d\d  left 0:00$", out, re.M)
     assert "it/s" not in out and "v_num" not in out
-    run = tmp_path / "runs" / "bytes_mlm" / "version_0"
+    run = run_of(tmp_path / "runs" / "bytes_mlm")
     metrics = json.loads((run / "metrics.json").read_text())
     # --check counts the model the run builds: the byte vocabulary (261), not the BPE size of base.yaml
     assert f"mlm, linformer attention, {metrics['parameters']:,} parameters; nothing written" in checked
     acc = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
-    root = EventAccumulator(str(run.parent), size_guidance={"tensors": 0})  # the experiment config: the log root's
+    # the experiment config: at the log root, the experiment's folder (whatever folder the run's overrides name)
+    root = EventAccumulator(str(tmp_path / "runs" / "bytes_mlm"), size_guidance={"tensors": 0})
     root.Reload()
     content = root.PluginTagToContent("hparams")
     exp = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment

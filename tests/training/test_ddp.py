@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tiny import TINY_MODEL
+from tiny import TINY_MODEL, run_of
 from torch.nn.parallel import DistributedDataParallel
 
 from foundation.checkpoint import read_checkpoint
@@ -298,7 +298,7 @@ def test_strategy_ddp_from_the_command_line_writes_one_run_directory(
     args = _cli_args(tiny_overrides.config, tmp_path, small_corpus, data_cache)
     done = subprocess.run([sys.executable, "-m", "experiments.cli", *args], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    (run,) = [p for p in (tmp_path / "runs" / "cli").iterdir() if p.is_dir()]  # (beside TensorBoard's HPARAMS files)
+    run = run_of(tmp_path / "runs" / "cli")  # one version, in the folder its overrides name
     assert json.loads((run / "metrics.json").read_text())["global_step"] == 4
 
 

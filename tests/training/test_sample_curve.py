@@ -4,6 +4,7 @@
 import json
 
 import pytest
+from tiny import run_of
 
 from experiments import cli
 from training import sample_curve
@@ -25,7 +26,7 @@ def test_the_sample_changes_nothing_a_run_records(tiny, tmp_path, monkeypatch):
     assert cli.main(args) == 0
     monkeypatch.setattr(SampleValidation, "on_train_batch_end", lambda *a, **k: None)
     assert cli.main(args) == 0
-    runs = [json.loads((tmp_path / "runs" / "tiny" / f"version_{i}" / "metrics.json").read_text()) for i in (0, 1)]
+    runs = [json.loads((run_of(tmp_path / "runs" / "tiny", i) / "metrics.json").read_text()) for i in (0, 1)]
     scored = [k for k in runs[0] if k.startswith("val/") or k == "validation_examples"]
     assert "val/masked_loss" in scored
     assert [{k: r[k] for k in scored} for r in runs] == [{k: runs[1][k] for k in scored}] * 2

@@ -8,7 +8,7 @@ import lightning as L
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
-from tiny import REPO
+from tiny import REPO, run_of
 
 from experiments import cli
 
@@ -35,13 +35,13 @@ def _events(run_dir):
     return acc
 
 
-def _hparams(run_dir):
+def _hparams(run_dir, root):
     """Hyper-parameter names of the HPARAMS plugin's session-start record, and the metric tags of the experiment
-    config at the log directory's root (the run directory's parent)."""
+    config at the log directory's root (the experiment's folder, whatever folder the run's overrides name)."""
     start = plugin_data_pb2.HParamsPluginData.FromString(
         _events(run_dir).PluginTagToContent("hparams")["_hparams_/session_start_info"]
     )
-    root = _events(run_dir.parent).PluginTagToContent("hparams")
+    root = _events(root).PluginTagToContent("hparams")
     exp = plugin_data_pb2.HParamsPluginData.FromString(root["_hparams_/experiment"])
     return dict(start.session_start_info.hparams), {m.name.tag for m in exp.experiment.metric_infos}
 
@@ -49,7 +49,7 @@ def _hparams(run_dir):
 @pytest.mark.parametrize("kind", ["linformer", "full"])
 def test_train_writes_run_dir_tensorboard_and_metrics(tiny_overrides, tmp_path, kind):
     assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, f"model.attention.kind={kind}"]) == 0
-    run = tmp_path / "runs" / "tiny" / "version_0"
+    run = run_of(tmp_path / "runs" / "tiny")
     assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
     metrics = json.loads((run / "metrics.json").read_text())
     for key in ("val/loss", "val/ppl", "parameters", "wall_time_s", "tokens_per_sec", "peak_mem_mb"):
@@ -66,7 +66,7 @@ def test_train_writes_run_dir_tensorboard_and_metrics(tiny_overrides, tmp_path, 
     # Lightning logs at the 0-based index of the last training batch: validations after steps 3 and 6.
     assert [e.step for e in acc.Scalars("val/loss")] == [2, 5]
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(6))
-    hparams, metric_tags = _hparams(run)
+    hparams, metric_tags = _hparams(run, tmp_path / "runs" / "tiny")
     assert hparams["model.attention.kind"].string_value == kind
     if kind == "linformer":
         assert hparams["model.attention.options.k"].number_value == 8
@@ -79,15 +79,15 @@ def test_resume_continues_the_step_count(tiny_overrides, tmp_path):
     args = ["train", str(tiny_overrides.config), *tiny_overrides.args]
     assert cli.main(args) == 0
     assert cli.main(args + ["trainer.max_steps=9", "resume=true"]) == 0
-    run = tmp_path / "runs" / "tiny" / "version_0"
-    assert not (tmp_path / "runs" / "tiny" / "version_1").exists()
+    run = run_of(tmp_path / "runs" / "tiny")
+    assert not (run.parent / "version_1").exists()
     assert json.loads((run / "metrics.json").read_text())["global_step"] == 9
     steps = sorted(e.step for e in _events(run).Scalars("val/loss"))
     assert steps == [2, 5, 8]
     assert sorted(e.step for e in _events(run).Scalars("train/loss")) == list(range(9))
     # A second run without resume gets its own directory.
     assert cli.main(args) == 0
-    assert (tmp_path / "runs" / "tiny" / "version_1" / "metrics.json").is_file()
+    assert (run_of(tmp_path / "runs" / "tiny", 1) / "metrics.json").is_file()
 
 
 def test_training_scalars_are_written_every_n_steps_across_a_resume(tiny_overrides, tmp_path):
@@ -96,7 +96,7 @@ def test_training_scalars_are_written_every_n_steps_across_a_resume(tiny_overrid
     args = ["train", str(tiny_overrides.config), *tiny_overrides.args, "trainer.log_every_n_steps=4"]
     assert cli.main(args) == 0
     assert cli.main(args + ["trainer.max_steps=9", "resume=true"]) == 0
-    acc = _events(tmp_path / "runs" / "tiny" / "version_0")
+    acc = _events(run_of(tmp_path / "runs" / "tiny"))
     for tag in ("train/loss", "train/ppl", "train/lr", "perf/step_time_s"):  # two events files, read in name order
         assert sorted(e.step for e in acc.Scalars(tag)) == [3, 7], tag
     for loss, ppl in zip(acc.Scalars("train/loss"), acc.Scalars("train/ppl")):
@@ -138,7 +138,7 @@ def test_every_shipped_config_answers_on_a_cpu_in_minutes_or_says_at_its_top_tha
 
 def test_a_cpu_run_records_its_device_and_why_it_has_no_mfu_and_compiles_nothing_by_default(tiny_overrides, tmp_path):
     assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args]) == 0
-    metrics = json.loads((tmp_path / "runs" / "tiny" / "version_0" / "metrics.json").read_text())
+    metrics = json.loads((run_of(tmp_path / "runs" / "tiny") / "metrics.json").read_text())
     assert metrics["device"] == "cpu" and metrics["compiled"] is False and "mfu" not in metrics
     assert metrics["mfu_unavailable"].startswith("no peak for a CPU")
     assert metrics["warmup_s"] > 0 and metrics["train_time_s"] > 0
@@ -166,7 +166,7 @@ def test_compile_true_compiles_the_encoder_in_place_once_and_its_checkpoint_keep
     monkeypatch.setattr(torch, "compile", spy)
     assert cli.main(["train", str(tiny_overrides.config), *tiny_overrides.args, "trainer.compile=true"]) == 0
     assert [type(fn.__self__).__name__ for fn in compiled] == ["TransformerEncoder"]  # fit and the last validate
-    run = tmp_path / "runs" / "tiny" / "version_0"
+    run = run_of(tmp_path / "runs" / "tiny")
     assert json.loads((run / "metrics.json").read_text())["compiled"] is True
     state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     cfg = run_config.load(tiny_overrides.config, tiny_overrides.args)

@@ -10,6 +10,7 @@ import pytest
 import tiny
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tiny import run_of
 
 from experiments import cli
 
@@ -164,7 +165,7 @@ def test_causal_linformer_lm_learns_on_the_embedded_corpus(tiny_overrides, tmp_p
         "optim.warmup_steps=5",
     ]
     assert cli.main(args) == 0
-    run = tmp_path / "runs" / "tiny" / "version_0"
+    run = run_of(tmp_path / "runs" / "tiny")
     train, val = _train_losses(run)
     metrics = json.loads((run / "metrics.json").read_text())
     assert math.isfinite(metrics["val/loss"]) and metrics["global_step"] == 40
@@ -183,7 +184,7 @@ def test_causal_full_attention_lm_runs_end_to_end(tiny_overrides, tmp_path):
         "model.attention.kind=full",
     ]
     assert cli.main(args) == 0
-    metrics = json.loads((tmp_path / "runs" / "tiny" / "version_0" / "metrics.json").read_text())
+    metrics = json.loads((run_of(tmp_path / "runs" / "tiny") / "metrics.json").read_text())
     assert math.isfinite(metrics["val/ppl"]) and metrics["projection_parameters"] == 0
 
 
