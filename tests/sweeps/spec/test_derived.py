@@ -4,6 +4,8 @@ the lab derives for a study checked against the file system's limits before anyt
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from studies import write_study
 
@@ -230,8 +232,12 @@ def test_a_study_name_whose_derived_folder_overflows_is_refused_before_anything_
 
 
 def test_an_output_dir_whose_trial_paths_overflow_path_max_is_refused_naming_it(tmp_path, tiny_overrides, capsys):
-    deep = "/".join(["d" * 200] * 20)  # 4,020 bytes: the study's folder fits, its trials' files do not
+    # output_dir at 3,900 bytes whatever tmp_path's length: the study's folder fits, its trials' files do not
+    room = 3900 - len(os.fsencode(str(tmp_path))) - 1
+    n, last = divmod(room, 200) if room % 200 else (room // 200 - 1, 200)
+    deep = ("d" * 199 + "/") * n + "d" * last
     path = study_file(tmp_path, tiny_overrides, more={"output_dir": str(tmp_path / deep)})
+    assert len(os.fsencode(str(tmp_path / deep))) == 3900
     one_line_refusal(capsys, ["sweep", str(path)], "output_dir: the runs of study der would lie at")
     assert not (tmp_path / ("d" * 200)).exists()
 
