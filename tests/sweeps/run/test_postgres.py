@@ -82,8 +82,8 @@ def test_three_workers_share_one_study_on_postgresql(tiny_study, postgres_url, p
     root = load_study(path).root
     assert {p.name for p in (root / "logs").iterdir()} == {f"worker_{i}.log" for i in range(started)}
     for t in done:
-        assert Path(t.user_attrs["run_dir"]) == root / f"trial_{t.number}"
-        assert (root / f"trial_{t.number}" / "metrics.json").is_file()
+        named = root / f"seed={t.params['seed']}_trial_{t.number}"  # named by its seed and number
+        assert Path(t.user_attrs["run_dir"]) == named and (named / "metrics.json").is_file()
     # The same command again finds the budget met; the report reads the study from the server alone.
     assert cli.main(["sweep", str(path), "--workers", "3", "--storage", postgres_url]) == 0
     assert len(trials(postgres_url, "pg_three")) == 6
@@ -157,4 +157,4 @@ def test_a_sigkilled_worker_on_postgresql_is_found_stale_and_its_trial_retried(t
     retry = next(t for t in mine if dead.number in t.system_attrs.get("retry_history", []))
     assert retry.params == dead.system_attrs["fixed_params"]  # the same grid point
     root = load_study(path).root
-    assert all((root / f"trial_{t.number}" / "metrics.json").is_file() for t in mine)
+    assert all((root / f"seed={t.params['seed']}_trial_{t.number}" / "metrics.json").is_file() for t in mine)
