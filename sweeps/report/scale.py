@@ -435,10 +435,12 @@ def _gap_table(ladder: Ladder) -> list[str]:
 
 def _trend_lines(ladder: Ladder) -> list[str]:
     out = ["Trend of the gap over size (gap = a + b·log10(size), every seed's gap a point):", ""]
+    over_n = ladder.has_axis("n_over_k") and ladder.study.ladder.axis == "n_over_k"
     for line in ladder.lines:
-        out.append(f"- {line}: {trend_text(ladder, line)}.")
-        if ladder.has_axis("n_over_k") and ladder.study.ladder.axis == "n_over_k":
+        if over_n:  # a ladder over n: the trend over n/k; over parameters only where the sizes differ
             out.append(f"- {line}: {trend_text(ladder, line, 'n_over_k')}.")
+        if not over_n or ladder.trend(line) is not None:
+            out.append(f"- {line}: {trend_text(ladder, line)}.")
         if ladder.has_axis("train_flops"):
             out.append(f"- {line}: {trend_text(ladder, line, 'train_flops')}.")
     return out + [""]

@@ -194,6 +194,7 @@ def test_a_ladder_over_n_reports_each_gap_at_its_n_over_k_beside_the_claim(tmp_p
     summary = (write_report(study) / "summary.md").read_text()
     assert "at n=16 (n/k = 2;" in summary and "at n=32 (n/k = 4;" in summary
     assert "per tenfold n/k" in summary and "(the paper's claim: the gap does not grow)." in summary
+    assert "rungs with parameters recorded" not in summary  # a ladder over n reads its trend over n/k alone
 
 
 @pytest.mark.processes  # the sweep command's workers
