@@ -744,8 +744,10 @@ def main(args: argparse.Namespace) -> int:
     study = load_study(
         args.study, args.preset, args.n_trials, args.timeout_s, replicate=args.replicate, factor=args.budget
     )
+    stores = storage.run_storages(study, args.storage, args.workers)  # opened lazily: nothing read or written yet
+    runs = stores[study.name]  # the study's storage; its control's lies inside its folder
     if args.storage is None:  # its folder holds no link and no name of the wrong type, before any journal is read
-        storage.run_storages(study, None)[study.name].check_folder()
+        runs.check_folder()
     stored.check_family(study, args.storage)  # seeds no other study of its family holds; a derived one's original
     check_optuna_arguments(study)
     stored.check_url(args.storage, args.workers)
@@ -772,8 +774,6 @@ def main(args: argparse.Namespace) -> int:
             print("preflight OK: nothing written")
             return 0
     _optuna_quiet()
-    stores = storage.run_storages(study, args.storage, args.workers)
-    runs = stores[study.name]  # the study's storage; its control's lies inside its folder (checked above)
     if not args.new_study:
         check_stored(study, args.storage)
     if args.new_study:
