@@ -37,6 +37,11 @@ SAMPLE_SHARE = 32  # the sample is this share of the validation batches (at leas
 PREFIX = "val_sample/"
 
 
+def sample_tag(metric: str) -> str:
+    """The TensorBoard tag of ``metric``'s sample curve: ``val/masked_loss`` -> ``val_sample/masked_loss``."""
+    return PREFIX + metric.removeprefix("val/")
+
+
 def sample_every(max_steps: int) -> int:
     """Steps between two sample validations: ``⌈max_steps / POINTS⌉``."""
     return max(1, math.ceil(max_steps / POINTS))
@@ -61,7 +66,7 @@ class SampleValidation(L.Callback):
         levels: Callable[[L.Trainer], dict[str, float]] = lambda trainer: {},
     ) -> None:
         self.metric, self.run, self.levels = metric, run, levels
-        self.tag = PREFIX + metric.removeprefix("val/")
+        self.tag = sample_tag(metric)
         self.batches: Optional[list[Any]] = None
         self._last = -1
 

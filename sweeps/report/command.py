@@ -53,7 +53,7 @@ from sweeps import stored
 from sweeps.control import Row, control_label, reused_rows, rows_of, run_baselines, value
 from sweeps.report import comparisons, context, efficiency, figures, markdown, replication, scale
 from sweeps.report.comparisons import comparisons_table, pair_sentence, seeds_advice
-from sweeps.report.findings import Findings, curve_of, findings
+from sweeps.report.findings import Findings, findings
 from sweeps.report.power import has_power, power_section
 from sweeps.spec import budget, stats
 from sweeps.spec.schema import ADDED_SEEDS, REPLICATE_SUFFIX
@@ -462,15 +462,16 @@ def replication_lines(report: "Report", out: Path) -> list[str]:
 
 def endings(original: "Report", larger: "Report") -> list[tuple[str, str, str]]:
     """Per arm of the study: whether its runs were still improving at their end, at ×1 and at ×F
-    (:func:`sweeps.report.replication.ending`), from the trials' curves and the first objective's seed spread."""
-    metric, out = larger.study.metrics[0], []
+    (:func:`sweeps.report.replication.ending`), from the trials' curves of the first objective (the sample curve,
+    :func:`sweeps.report.figures.step_curves`) and its seed spread."""
+    metric, sense, out = larger.study.metrics[0], larger.study.directions[0], []
     for arm in larger.found.own:
         cells = []
         for report in (original, larger):
             rows = [r for r in report.rows if r.arm == arm and r.complete]
-            curves = [c for r in rows if (c := curve_of(r)) is not None]
+            curves = [c for lines in figures.step_curves(rows, metric).values() for c in lines]
             finals = list(report.found.values.get((arm, metric), {}).values())
-            cells.append(replication.ending_cell(replication.ending(arm, curves, finals)))
+            cells.append(replication.ending_cell(replication.ending(arm, curves, finals, sense)))
         out.append((arm, *cells))
     return out
 

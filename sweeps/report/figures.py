@@ -16,6 +16,7 @@ from foundation.atomic import write_figure
 from sweeps.control import Row, no_context_key, run_baselines
 from sweeps.report import markdown
 from sweeps.spec.study import Study
+from training.sample_curve import sample_tag
 
 if TYPE_CHECKING:
     pass
@@ -28,7 +29,7 @@ CAPTIONS = {
     "parallel_coordinate": "each complete trial's params and its {metric} (Optuna's parallel coordinates)",
     "param_importances": "how much of {metric}'s spread each param explains (Optuna's parameter importances)",
     "pareto_front": "the trials on both objectives, the Pareto-optimal ones marked (Optuna's Pareto front)",
-    "learning_curves": "{metric} of every trial against training step, by arm, the no-context level dashed",
+    "learning_curves": "{metric} of every trial against training step (its fixed validation sample every twentieth of training where the run logged one), by arm, the no-context level dashed",
 }
 
 
@@ -51,8 +52,10 @@ def embed(name: str, study: Study) -> str:
 
 
 # --------------------------------------------------------------------------------------- the study's plots
-def _curves(rows: list[Row], tag: str = CURVE_TAG) -> dict[str, list[tuple[list[int], list[float]]]]:
-    """``tag`` (val/loss) against step of each trial from its TensorBoard events, grouped by arm.
+def step_curves(rows: list[Row], metric: str = CURVE_TAG) -> dict[str, list[tuple[list[int], list[float]]]]:
+    """``metric`` against step of each trial from its TensorBoard events, grouped by arm: the run's sample curve of
+    it (``val_sample/<name>``, :mod:`training.sample_curve`, about 20 points a run) where the run logged one, else its
+    full validations (two points at the CPU presets' steps).
 
     A resumed run has one events file per process, read in the order of their names, which need not be the order
     they were written in (``….9`` after ``….10``): points are put in step order, and a step written twice (trained
@@ -66,7 +69,9 @@ def _curves(rows: list[Row], tag: str = CURVE_TAG) -> dict[str, list[tuple[list[
             continue
         ea = EventAccumulator(run_dir, size_guidance={"scalars": 0}, purge_orphaned_data=False)
         ea.Reload()
-        if tag in ea.Tags().get("scalars", []):
+        tags = ea.Tags().get("scalars", [])
+        tag = next((t for t in (sample_tag(metric), metric) if t in tags), None)
+        if tag is not None:
             latest = {e.step: e.value for e in sorted(ea.Scalars(tag), key=lambda e: e.wall_time)}
             steps = sorted(latest)
             out.setdefault(r.arm or f"trial {r.trial.number}", []).append((steps, [latest[s] for s in steps]))
@@ -89,7 +94,7 @@ def plot_learning_curves(rows: list[Row], path: Path, metric: str = CURVE_TAG) -
     import matplotlib.pyplot as plt
 
     metric = curve_metric(metric)
-    curves = _curves(rows, metric)
+    curves = step_curves(rows, metric)
     if not curves:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5))

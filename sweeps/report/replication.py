@@ -335,11 +335,13 @@ def at_budget(o: Outcome) -> str:
     return HOLDS if o.status == REPLICATED else NOT_DECIDED
 
 
-def end_fall(curve: Sequence[Sequence[float]], share: float = END_SHARE) -> Optional[float]:
-    """How much the validation loss (ln val/ppl, nats) fell over the last ``share`` of a run's training, read from
-    the slope of a least-squares line through its last validation points (those in that share, at least the last
-    two; tokens read as x): > 0 still falling. None for a curve of fewer than two points."""
-    points = [(float(t), math.log(float(p))) for _, t, p in curve if p > 0 and math.isfinite(p)]
+def end_fall(curve: Sequence[Sequence[Sequence[float]]], direction: str = "minimize", share: float = END_SHARE) -> Optional[float]:
+    """How much a run's objective improved over the last ``share`` of its training, in the objective's units, read
+    from the slope of a least-squares line through its points in that share (at least the last two; ``curve``:
+    ``(steps, values)``, the sample curve of :func:`sweeps.report.figures.step_curves`): > 0 still improving
+    (falling where ``direction`` is minimize, rising where maximize). None for a curve of fewer than two points."""
+    steps, values = curve
+    points = [(float(s), float(v)) for s, v in zip(steps, values) if math.isfinite(v)]
     if len(points) < 2 or points[-1][0] <= 0:
         return None
     end = points[-1][0]
@@ -351,13 +353,13 @@ def end_fall(curve: Sequence[Sequence[float]], share: float = END_SHARE) -> Opti
     if sxx == 0:
         return None
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    return -slope * share * end
+    return (-slope if direction == "minimize" else slope) * share * end
 
 
 @dataclass(frozen=True)
 class Ending:
-    """An arm's runs at their end: the mean fall of the loss over the last share of training (None: no curve has
-    two validation points), how many runs had a curve, and the spread (std over seeds) of its final objective."""
+    """An arm's runs at their end: the mean improvement of the objective over the last share of training (None: no
+    curve has two points), how many runs had a curve, and the spread (std over seeds) of its final objective."""
 
     arm: str
     fall: Optional[float]
@@ -366,15 +368,17 @@ class Ending:
 
     @property
     def improving(self) -> Optional[bool]:
-        """Still improving: its loss fell, over the last fifth of training, by more than its seed spread."""
+        """Still improving: its objective improved, over the last fifth of training, by more than its seed spread."""
         if self.fall is None or not math.isfinite(self.spread):
             return None
         return self.fall > self.spread
 
 
-def ending(arm: str, curves: Sequence[Sequence[Sequence[float]]], finals: Sequence[float]) -> Ending:
-    """The :class:`Ending` of an arm from its runs' curves and its final objective values over seeds."""
-    falls = [f for c in curves if (f := end_fall(c)) is not None]
+def ending(
+    arm: str, curves: Sequence[Sequence[Sequence[float]]], finals: Sequence[float], direction: str = "minimize"
+) -> Ending:
+    """The :class:`Ending` of an arm from its runs' curves of the objective and its final values over seeds."""
+    falls = [f for c in curves if (f := end_fall(c, direction)) is not None]
     spread = stats.summarize(list(finals)).std if len(finals) >= 2 else math.nan
     return Ending(arm, sum(falls) / len(falls) if falls else None, len(falls), spread)
 
@@ -383,7 +387,7 @@ def ending_cell(e: Optional[Ending]) -> str:
     if e is None or e.fall is None:
         return "no curve of two validations"
     words = {True: "still improving", False: "flat", None: "no spread to judge"}[e.improving]
-    return f"{words}: fell {fmt(e.fall)} over the last fifth (seed std {fmt(e.spread)}, {e.runs} runs)"
+    return f"{words}: improved {fmt(e.fall)} over the last fifth (seed std {fmt(e.spread)}, {e.runs} runs)"
 
 
 def budget_section(
@@ -417,8 +421,9 @@ def budget_section(
         f"{seeds}. A verdict holds when the {x} seeds reach it again with a gain whose 95 % CI reaches the original's "
         "estimate; it is smaller, same direction, when the same arm stays ahead but that CI lies below the original's "
         "estimate or the pair is now on par; it changed when the other arm is ahead or the seeds decide against it "
-        "(docs/verdicts.md). Still improving: an arm's loss fell over the last fifth of training (the slope of its "
-        "last validation points, ln val/ppl) by more than its seed spread.",
+        "(docs/verdicts.md). Still improving: an arm's objective improved over the last fifth of training (the slope "
+        "of its sample curve there, the fixed validation sample scored every twentieth of training) by more than the "
+        "seed spread of its final value.",
         "",
         *table([f"verdict of {name}", "×1: estimate", f"{x}: estimate", f"at {x}"], body),
         "",

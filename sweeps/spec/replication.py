@@ -134,7 +134,12 @@ def budget_seeds(
     if spec.sampler.kind == "grid" and integer_seeds(spec.space.get(SEED_PARAM)):
         design = _design(spec, seen)
         replica = fresh_seeds(spec, seen, names and (names[0], names[0] + REPLICATE_SUFFIX))
-        counts = len(replica["seeds"]), len(replica["control_seeds"]) if controls is not None else None
+        counts = (
+            _count("budget_seeds", spec.replicate.budget_seeds, len(replica["seeds"])),
+            _count("budget_control_seeds", spec.replicate.budget_control_seeds, len(replica["control_seeds"]))
+            if controls is not None
+            else None,
+        )
         taken = design | set(replica["seeds"]) | set(replica["control_seeds"] or [])
     else:
         run_seed = spec.overrides.get(SEED_PARAM, 0)  # the trials' own (a base's below 100, as every shipped one)
@@ -152,6 +157,16 @@ def budget_seeds(
             except ConfigError as err:
                 raise ConfigError(f"--budget {factor:g}: {key}: {str(err).removeprefix('seed: ')}") from None
     return out
+
+
+def _count(key: str, count: Any, default: int) -> int:
+    """``replicate.<key>``: the number of fresh seeds at a larger budget (at least 2, for a spread), else
+    ``default``."""
+    if count is None:
+        return default
+    if isinstance(count, bool) or not isinstance(count, int) or count < 2:
+        raise ConfigError(f"replicate.{key}: a number of seeds of at least 2 is required (a spread), got {count!r}")
+    return count
 
 
 def suffix(factor: Optional[float]) -> str:

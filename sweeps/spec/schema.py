@@ -177,6 +177,11 @@ class ReplicateSpec:
     # The control's fresh seeds; null: as many as the control has, from the same start. More than the design's where the
     # reference's exit from the no-context level depends on the seed.
     control_seeds: Optional[List[int]] = None
+    # How many fresh seeds per arm (and for the control) the study asks at a larger budget (`sweep --budget F`),
+    # chosen from the x1 study's spread (its report's seeds-needed plan): a verdict whose effect is many times its
+    # spread needs fewer seeds than its replication. null: as many as the replication's.
+    budget_seeds: Optional[int] = None
+    budget_control_seeds: Optional[int] = None
 
 
 @dataclass

@@ -40,24 +40,32 @@ def study_file(tmp_path, tiny_overrides):
     )
 
 
-def curve(final: float, fall: float, points: int = 10) -> list[list[float]]:
-    """A validation curve ([seconds, tokens, ppl]) whose loss falls linearly by ``fall`` per fifth of training to
-    ``final``."""
-    return [[t, 100.0 * t, math.exp(final + fall * (points - t) / (points / 5))] for t in range(1, points + 1)]
+def curve(final: float, fall: float, points: int = 20) -> tuple[list[int], list[float]]:
+    """A sample curve ``(steps, values)`` of a loss falling linearly by ``fall`` per fifth of training to ``final``."""
+    steps = [10 * t for t in range(1, points + 1)]
+    return steps, [final + fall * (points - t) / (points / 5) for t in range(1, points + 1)]
 
 
-def fill(study, values: dict[str, list[float]], tmp_path, falls: dict[str, float] = ()) -> None:
-    """Trials at the study's seeds with these val/loss values per arm (and, for arms in ``falls``, a run folder
-    whose metrics.json holds a curve falling that much over the last fifth); the control's degraded arm at the
-    no-context level."""
+def fill(study, values: dict[str, list[float]], tmp_path, falls: dict[str, float] = (), full_only=()) -> None:
+    """Trials at the study's seeds with these val/loss values per arm (and, for arms in ``falls``, a run folder whose
+    TensorBoard events hold a sample curve of val/loss falling that much over the last fifth; for arms in
+    ``full_only``, the full validations alone: two points); the control's degraded arm at the no-context level."""
+    from torch.utils.tensorboard import SummaryWriter
+
     ostudy, ocontrol = sweep.open_study(RunStorage(study, None)), sweep.open_study(RunStorage(study.control, None))
     for arm, vs in values.items():
         for seed, v in zip(study.seeds, vs):
             attrs = {"metrics": {"val/loss": v}}
             if arm in dict(falls):
                 run = tmp_path / "curves" / study.name / f"{arm}_{seed}"
-                run.mkdir(parents=True)
-                (run / "metrics.json").write_text(json.dumps({"ppl_vs_wallclock": curve(v, dict(falls)[arm])}))
+                writer = SummaryWriter(str(run))
+                steps, points = curve(v, dict(falls)[arm])
+                if arm in full_only:  # the full validations: halfway and at the end
+                    steps, points = [steps[9], steps[-1]], [points[9], points[-1]]
+                for step, point in zip(steps, points):
+                    writer.add_scalar("val/loss" if arm in full_only else "val_sample/loss", point, step)
+                writer.add_scalar("val/loss", points[-1], steps[-1])
+                writer.close()
                 attrs["run_dir"] = str(run)
             add(ostudy, {"seed": seed, "arm": arm}, v, attrs)
     for seed in study.control.seeds:
@@ -98,7 +106,8 @@ def test_each_verdict_holds_is_smaller_or_changed_at_the_larger_budget(tmp_path,
             "d": [1.50, 1.51, 1.49, 1.50],
         },
         tmp_path,
-        falls={"a": 0.2, "b": 0.001},
+        falls={"a": 0.2, "b": 0.001, "c": 0.2},
+        full_only=("c",),
     )
     out = write_report(load_study(path, factor=4))
     rows = rows_of(out / "replication.csv")
@@ -114,9 +123,12 @@ def test_each_verdict_holds_is_smaller_or_changed_at_the_larger_budget(tmp_path,
     assert "| a better than c on val/loss | 0.3 [0.3, 0.3] (n = 4) | 0.103 [0.0945, 0.11] (n = 4) |" in summary
     # whether the arms were still improving: a fell 0.2 over the last fifth at ×4, far beyond its seed spread
     line_a = next(line for line in summary.splitlines() if line.startswith("| a |"))
-    assert "still improving: fell 0.2" in line_a and line_a.count("no curve") == 0
+    assert "still improving: improved 0.2 " in line_a and line_a.count("no curve") == 0
     line_b = next(line for line in summary.splitlines() if line.startswith("| b |"))
     assert "no curve of two validations" in line_b and "flat" in line_b  # ×1 had no curve; ×4 flat
+    # a run without a sample curve is read from its two full validations: the second half's slope over a fifth
+    line_c = next(line for line in summary.splitlines() if line.startswith("| c |"))
+    assert "still improving: improved 0.2 " in line_c
 
 
 def test_a_verdict_the_larger_budget_cannot_judge_is_not_decided(tmp_path, tiny_overrides):
@@ -127,13 +139,15 @@ def test_a_verdict_the_larger_budget_cannot_judge_is_not_decided(tmp_path, tiny_
     assert rows[("a", "b")]["at_budget"] == "not decided"  # the ×4 reference did not learn to use context
 
 
-def test_the_end_fall_reads_the_slope_of_the_last_validation_points():
+def test_the_end_fall_reads_the_slope_of_the_last_points_in_the_objectives_direction():
     assert replication.end_fall(curve(2.0, 0.3)) == pytest.approx(0.3)
     assert replication.end_fall(curve(2.0, 0.0)) == pytest.approx(0.0, abs=1e-12)
-    assert replication.end_fall([[1, 100, 10.0]]) is None  # one validation: no slope
-    assert replication.end_fall([[1, 100, 10.0], [2, 200, 10.0 / math.e]]) == pytest.approx(
-        0.4
-    )  # 1 nat per 100 tokens, over 40
+    assert replication.end_fall(([10], [2.0])) is None  # one point: no slope
+    assert replication.end_fall(([100, 200], [3.0, 2.0])) == pytest.approx(0.4)  # 1 per 100 steps, over 40
+    steps, values = curve(0.5, 0.1)  # an accuracy that fell: worse where it is maximised
+    assert replication.end_fall((steps, values), "maximize") == pytest.approx(-0.1)
+    assert replication.end_fall((steps, [-v for v in values]), "maximize") == pytest.approx(0.1)
+    assert replication.end_fall(([10, 20, 30], [2.0, math.nan, 1.0])) == pytest.approx(0.3)  # NaN skipped: 1 per 20 steps, over 6
     e = replication.ending("a", [curve(2.0, 0.3), curve(2.1, 0.1)], [2.0, 2.1, 2.2])
     assert e.fall == pytest.approx(0.2) and e.improving is True and e.runs == 2
     assert replication.ending("a", [curve(2.0, 0.01)], [2.0, 2.5]).improving is False

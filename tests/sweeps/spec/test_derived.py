@@ -89,6 +89,16 @@ def test_a_budget_study_runs_on_seeds_fresh_to_the_design_and_the_replication(tm
     assert load_study(path, factor=4).seeds == [500, 501]
 
 
+def test_a_budget_study_asks_the_seed_counts_its_block_sets_from_the_x1_spread(tmp_path, tiny_overrides, capsys):
+    path = study_file(tmp_path, tiny_overrides, replicate={"budget_seeds": 2, "budget_control_seeds": 5})
+    x4, replica = load_study(path, factor=4), load_study(path, replicate=True)
+    assert x4.seeds == [400, 401] and x4.control.seeds == [400, 401, 402, 403, 404]
+    assert replica.seeds == [100, 101, 102] and replica.control.seeds == [100, 101, 102]  # the replication's own
+    for key, bad in (("budget_seeds", 1), ("budget_control_seeds", 0)):
+        path = study_file(tmp_path, tiny_overrides, replicate={key: bad})
+        one_line_refusal(capsys, ["sweep", str(path), "--budget", "4", "--check"], f"replicate.{key}: ")
+
+
 def test_the_identity_of_a_budget_study_holds_its_factor_and_seeds(tmp_path, tiny_overrides):
     path = study_file(tmp_path, tiny_overrides)
     held = identity.identity_of(load_study(path, factor=4))
