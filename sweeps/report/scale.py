@@ -138,6 +138,14 @@ class Ladder:
         """Whether some rung's reference runs recorded ``axis`` (a study still running may lack a rung)."""
         return any(self.size(rung, axis) for rung in self.rungs)
 
+    def axes(self) -> list[str]:
+        """The axes the gap is read against: a ladder over n (``ladder.axis: n_over_k``) n/k alone, its rungs
+        differing in parameters and FLOPs by the length's few percent, which a slope per tenfold would extrapolate
+        tenfold; any other ladder parameters and training FLOPs, where its runs recorded them."""
+        if self.study.ladder.axis == "n_over_k" and self.has_axis("n_over_k"):
+            return ["n_over_k"]
+        return [axis for axis in ("parameters", "train_flops") if self.has_axis(axis)]
+
 
 def build(study: Study, rows: list[Row], found: Findings) -> Ladder:
     """The ladder of a study's own trials, with the report's values and verdicts (``found``)."""
@@ -435,14 +443,8 @@ def _gap_table(ladder: Ladder) -> list[str]:
 
 def _trend_lines(ladder: Ladder) -> list[str]:
     out = ["Trend of the gap over size (gap = a + b·log10(size), every seed's gap a point):", ""]
-    over_n = ladder.has_axis("n_over_k") and ladder.study.ladder.axis == "n_over_k"
     for line in ladder.lines:
-        if over_n:  # a ladder over n: the trend over n/k; over parameters only where the sizes differ
-            out.append(f"- {line}: {trend_text(ladder, line, 'n_over_k')}.")
-        if not over_n or ladder.trend(line) is not None:
-            out.append(f"- {line}: {trend_text(ladder, line)}.")
-        if ladder.has_axis("train_flops"):
-            out.append(f"- {line}: {trend_text(ladder, line, 'train_flops')}.")
+        out += [f"- {line}: {trend_text(ladder, line, axis)}." for axis in ladder.axes() or ["parameters"]]
     return out + [""]
 
 
@@ -583,9 +585,9 @@ def _gap_legend(ax: "Axes", ladder: Ladder, sized: list) -> None:
 
 
 def figure_gap(ladder: Ladder) -> Optional["Figure"]:
-    """The gap against parameters and training FLOPs (log x), one line per compared arm: each rung's paired
+    """The gap against parameters and training FLOPs, or n/k (log x; :meth:`Ladder.axes`), one line per compared arm: each rung's paired
     mean gap with its 95 % CI, the verdict as the marker, the fitted trend dashed, the ±δ band shaded."""
-    axes = [axis for axis in AXES if ladder.has_axis(axis)]
+    axes = ladder.axes()
     if not axes or not ladder.lines:
         return None
     fig = _figure(5.5 * len(axes), 4.3)

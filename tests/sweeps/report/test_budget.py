@@ -203,12 +203,14 @@ def test_a_ladder_over_n_reports_each_gap_at_its_n_over_k_beside_the_claim(tmp_p
     ostudy = sweep.open_study(RunStorage(study, None))
     for n, gap in (("n=16", 0.1), ("n=32", 0.3)):
         for seed in (0, 1, 2):
-            add(ostudy, {"seed": seed, "arm": "full", "n": n}, 2.0 + 0.01 * seed, {"metrics": {"val/loss": 2.0}})
-            add(ostudy, {"seed": seed, "arm": "linformer", "n": n}, 2.0 + gap + 0.011 * seed, {"metrics": {}})
+            flops = {"train_flops": 3.0e12 * (1 + 0.05 * int(n[2:]) / 16), "parameters": 121_000}
+            add(ostudy, {"seed": seed, "arm": "full", "n": n}, 2.0 + 0.01 * seed, {"metrics": {"val/loss": 2.0, **flops}})
+            add(ostudy, {"seed": seed, "arm": "linformer", "n": n}, 2.0 + gap + 0.011 * seed, {"metrics": flops})
     summary = (write_report(study) / "summary.md").read_text()
     assert "at n=16 (n/k = 2;" in summary and "at n=32 (n/k = 4;" in summary
     assert "per tenfold n/k" in summary and "(the paper's claim: the gap does not grow)." in summary
-    assert "rungs with parameters recorded" not in summary  # a ladder over n reads its trend over n/k alone
+    assert "rungs with parameters recorded" not in summary  # a ladder over n reads its trend over n/k alone:
+    assert "per tenfold training FLOPs" not in summary and "per tenfold parameters" not in summary  # not the few %
 
 
 @pytest.mark.processes  # the sweep command's workers
