@@ -29,7 +29,10 @@ CAPTIONS = {
     "parallel_coordinate": "each complete trial's params and its {metric} (Optuna's parallel coordinates)",
     "param_importances": "how much of {metric}'s spread each param explains (Optuna's parameter importances)",
     "pareto_front": "the trials on both objectives, the Pareto-optimal ones marked (Optuna's Pareto front)",
-    "learning_curves": "{metric} of every trial against training step (its fixed validation sample every twentieth of training where the run logged one), by arm, the no-context level dashed",
+    "learning_curves": (
+        "{metric} of every trial against training step (its fixed validation sample every twentieth of training "
+        "where the run logged one), by arm, the no-context level dashed"
+    ),
 }
 
 

@@ -335,7 +335,9 @@ def at_budget(o: Outcome) -> str:
     return HOLDS if o.status == REPLICATED else NOT_DECIDED
 
 
-def end_fall(curve: Sequence[Sequence[Sequence[float]]], direction: str = "minimize", share: float = END_SHARE) -> Optional[float]:
+def end_fall(
+    curve: Sequence[Sequence[Sequence[float]]], direction: str = "minimize", share: float = END_SHARE
+) -> Optional[float]:
     """How much a run's objective improved over the last ``share`` of its training, in the objective's units, read
     from the slope of a least-squares line through its points in that share (at least the last two; ``curve``:
     ``(steps, values)``, the sample curve of :func:`sweeps.report.figures.step_curves`): > 0 still improving

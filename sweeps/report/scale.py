@@ -585,8 +585,9 @@ def _gap_legend(ax: "Axes", ladder: Ladder, sized: list) -> None:
 
 
 def figure_gap(ladder: Ladder) -> Optional["Figure"]:
-    """The gap against parameters and training FLOPs, or n/k (log x; :meth:`Ladder.axes`), one line per compared arm: each rung's paired
-    mean gap with its 95 % CI, the verdict as the marker, the fitted trend dashed, the ±δ band shaded."""
+    """The gap against parameters and training FLOPs, or n/k (log x; :meth:`Ladder.axes`), one line per compared
+    arm: each rung's paired mean gap with its 95 % CI, the verdict as the marker, the fitted trend dashed, the ±δ
+    band shaded."""
     axes = ladder.axes()
     if not axes or not ladder.lines:
         return None

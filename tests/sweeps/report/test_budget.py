@@ -147,7 +147,9 @@ def test_the_end_fall_reads_the_slope_of_the_last_points_in_the_objectives_direc
     steps, values = curve(0.5, 0.1)  # an accuracy that fell: worse where it is maximised
     assert replication.end_fall((steps, values), "maximize") == pytest.approx(-0.1)
     assert replication.end_fall((steps, [-v for v in values]), "maximize") == pytest.approx(0.1)
-    assert replication.end_fall(([10, 20, 30], [2.0, math.nan, 1.0])) == pytest.approx(0.3)  # NaN skipped: 1 per 20 steps, over 6
+    assert replication.end_fall(([10, 20, 30], [2.0, math.nan, 1.0])) == pytest.approx(
+        0.3
+    )  # NaN skipped: 1 per 20 steps, over 6
     e = replication.ending("a", [curve(2.0, 0.3), curve(2.1, 0.1)], [2.0, 2.1, 2.2])
     assert e.fall == pytest.approx(0.2) and e.improving is True and e.runs == 2
     assert replication.ending("a", [curve(2.0, 0.01)], [2.0, 2.5]).improving is False
@@ -204,7 +206,12 @@ def test_a_ladder_over_n_reports_each_gap_at_its_n_over_k_beside_the_claim(tmp_p
     for n, gap in (("n=16", 0.1), ("n=32", 0.3)):
         for seed in (0, 1, 2):
             flops = {"train_flops": 3.0e12 * (1 + 0.05 * int(n[2:]) / 16), "parameters": 121_000}
-            add(ostudy, {"seed": seed, "arm": "full", "n": n}, 2.0 + 0.01 * seed, {"metrics": {"val/loss": 2.0, **flops}})
+            add(
+                ostudy,
+                {"seed": seed, "arm": "full", "n": n},
+                2.0 + 0.01 * seed,
+                {"metrics": {"val/loss": 2.0, **flops}},
+            )
             add(ostudy, {"seed": seed, "arm": "linformer", "n": n}, 2.0 + gap + 0.011 * seed, {"metrics": flops})
     summary = (write_report(study) / "summary.md").read_text()
     assert "at n=16 (n/k = 2;" in summary and "at n=32 (n/k = 4;" in summary
