@@ -100,8 +100,9 @@ def plot_learning_curves(rows: list[Row], path: Path, metric: str = CURVE_TAG) -
     curves = step_curves(rows, metric)
     if not curves:
         return False
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    palette = plt.get_cmap("tab10" if len(curves) <= 10 else "tab20")  # one colour an arm: no arm shares another's
+    colors = [palette(i % palette.N) for i in range(len(curves))]
     for i, (arm, lines) in enumerate(curves.items()):
         for j, (steps, values) in enumerate(lines):
             ax.plot(
@@ -118,7 +119,7 @@ def plot_learning_curves(rows: list[Row], path: Path, metric: str = CURVE_TAG) -
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} of every trial, by arm")
     if len(curves) <= 12:
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the curves, not on them
     fig.tight_layout()
     write_figure(path, fig, dpi=110)
     plt.close(fig)
