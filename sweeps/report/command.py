@@ -447,7 +447,13 @@ def replication_lines(report: "Report", out: Path) -> list[str]:
     gains = f"{_gain_words(original.found)} on the design's seeds, {_gain_words(report.found)} on the fresh ones"
     if fresh.factor is not None:
         return replication.budget_section(
-            original.study.name, fresh.factor, outcomes, gains, endings(original, report), seeds_words(fresh)
+            original.study.name,
+            fresh.factor,
+            outcomes,
+            gains,
+            endings(original, report),
+            seeds_words(fresh),
+            replication.undecided_at_budget(original.found, report.found),
         )
     return replication.section(
         original.study.name,

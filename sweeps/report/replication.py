@@ -392,8 +392,34 @@ def ending_cell(e: Optional[Ending]) -> str:
     return f"{words}: improved {fmt(e.fall)} over the last fifth (seed std {fmt(e.spread)}, {e.runs} runs)"
 
 
+def undecided_at_budget(original: Findings, fresh: Findings) -> list[list[str]]:
+    """The original's undecided pairs beside what the seeds at a larger budget say of them: the pair (its ×1
+    leader first), both estimates with their CIs, and the larger budget's verdict."""
+    rows = []
+    for c in undecided(original):
+        g = c.pair.gain()
+        claim = Claim(stats.BETTER, c.pair.metric, g.better, g.worse, c)
+        f = _find(claim, fresh)
+        if f is None:
+            said = "not run"
+        elif f.verdict.kind == stats.BETTER:
+            said = f"{f.pair.gain().better} better"
+        elif f.verdict.kind == stats.ON_PAR:
+            said = f"on par within ±{fmt(f.pair.delta)}"
+        else:
+            said = "undecided"
+        rows.append([f"{g.better} against {g.worse} on {c.pair.metric}", estimate(claim, c), estimate(claim, f), said])
+    return rows
+
+
 def budget_section(
-    name: str, factor: float, outcomes: list[Outcome], gains: str, endings: list[tuple[str, str, str]], seeds: str
+    name: str,
+    factor: float,
+    outcomes: list[Outcome],
+    gains: str,
+    endings: list[tuple[str, str, str]],
+    seeds: str,
+    open_pairs: list[list[str]] = (),
 ) -> list[str]:
     """The section of a study re-asked at ``factor`` × its steps: per verdict of the original (``name``) what it is
     at ×F (:func:`at_budget`), both estimates with their CIs side by side; then whether each arm was still improving
@@ -427,9 +453,16 @@ def budget_section(
         "of its sample curve there, the fixed validation sample scored every twentieth of training) by more than the "
         "seed spread of its final value.",
         "",
-        *table([f"verdict of {name}", "×1: estimate", f"{x}: estimate", f"at {x}"], body),
-        "",
     ]
+    if body:
+        out += [*table([f"verdict of {name}", "×1: estimate", f"{x}: estimate", f"at {x}"], body), ""]
+    if open_pairs:
+        out += [
+            f"Undecided at ×1, each pair as the ×1 seeds led it (the first arm ahead), and what the {x} seeds say:",
+            "",
+            *table(["pair", "×1: estimate", f"{x}: estimate", f"at {x}"], [list(r) for r in open_pairs]),
+            "",
+        ]
     if endings:
         out += [*table(["arm", "×1: at the end", f"{x}: at the end"], [list(e) for e in endings]), ""]
     return out

@@ -139,6 +139,17 @@ def test_a_verdict_the_larger_budget_cannot_judge_is_not_decided(tmp_path, tiny_
     assert rows[("a", "b")]["at_budget"] == "not decided"  # the ×4 reference did not learn to use context
 
 
+def test_pairs_undecided_at_x1_are_shown_beside_what_the_larger_budget_says(tmp_path, tiny_overrides):
+    path = study_file(tmp_path, tiny_overrides)
+    fill(load_study(path), {"a": [2.0, 2.5, 1.8, 2.4], "b": [2.3, 2.2, 2.35, 2.5]}, tmp_path)  # a ahead, undecided
+    fill(load_study(path, factor=4), {"a": [1.70, 1.71, 1.69, 1.70], "b": [2.0, 2.01, 1.99, 2.01]}, tmp_path)
+    summary = (write_report(load_study(path, factor=4)) / "summary.md").read_text()
+    assert "**At ×4:** bud decided no verdict." in summary
+    assert "| verdict of bud |" not in summary  # no empty table of verdicts
+    row = next(line for line in summary.splitlines() if line.startswith("| a against b on val/loss |"))
+    assert "| 0.163 [-0.409, 0.734] (n = 4) | 0.302 [" in row and row.endswith("| a better |")
+
+
 def test_the_end_fall_reads_the_slope_of_the_last_points_in_the_objectives_direction():
     assert replication.end_fall(curve(2.0, 0.3)) == pytest.approx(0.3)
     assert replication.end_fall(curve(2.0, 0.0)) == pytest.approx(0.0, abs=1e-12)
