@@ -65,7 +65,7 @@ def test_a_resumed_runs_curve_is_in_step_order_with_the_values_written_last(tmp_
         (written,) = (tmp_path / name).glob("events.out.tfevents.*")
         written.rename(run / f"events.out.tfevents.1700000000.host.1.{name}")
     assert sorted(p.name for p in run.iterdir())[0].endswith(".10")  # read first
-    assert figures._curves([row("a", 1.2, 1.0, str(run))]) == {"a": [([0, 1, 2, 3], [3.0, 2.0, 1.5, 1.25])]}
+    assert figures.step_curves([row("a", 1.2, 1.0, str(run))]) == {"a": [([0, 1, 2, 3], [3.0, 2.0, 1.5, 1.25])]}
 
 
 def test_a_study_without_curves_has_no_time_to_target_column():
@@ -198,7 +198,7 @@ def test_learning_curves_plot_the_studys_objective_with_the_no_context_level_of_
         r = row("full", 2.6, 1.0, str(run))
         r.trial.state, r.complete = TrialState.COMPLETE, True
         rows.append(r)
-    assert figures._curves(rows, "val/masked_loss") == {"full": [([0, 1], [3.125, 2.625])] * 2}
+    assert figures.step_curves(rows, "val/masked_loss") == {"full": [([0, 1], [3.125, 2.625])] * 2}
     assert figures._no_context_level(rows, "val/masked_loss") == pytest.approx(3.1)
     drawn = []
     monkeypatch.setattr(figures, "write_figure", lambda path, fig, dpi: drawn.append(fig.axes[0]))
@@ -209,3 +209,23 @@ def test_learning_curves_plot_the_studys_objective_with_the_no_context_level_of_
     dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert len(dashed) == 1 and list(dashed[0].get_ydata()) == pytest.approx([3.1, 3.1])
     assert [list(line.get_ydata()) for line in ax.get_lines() if line.get_linestyle() != "--"] == [[3.125, 2.625]] * 2
+
+
+def test_the_learning_curves_read_a_runs_sample_curve_where_it_logged_one(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    rows = []
+    for i, sampled in enumerate((True, False)):
+        run = tmp_path / f"trial_{i}"
+        writer = SummaryWriter(str(run))
+        for step, value in ((4, 3.0), (9, 2.5)):  # the full validations
+            writer.add_scalar("val/masked_loss", value, step)
+        if sampled:  # the fixed sample, every fifth of training
+            for step, value in ((1, 3.5), (3, 3.25), (5, 3.0), (7, 2.75), (9, 2.5)):
+                writer.add_scalar("val_sample/masked_loss", value, step)
+        writer.close()
+        rows.append(row("full" if sampled else "old", 2.5, 1.0, str(run)))
+    assert figures.step_curves(rows, "val/masked_loss") == {
+        "full": [([1, 3, 5, 7, 9], [3.5, 3.25, 3.0, 2.75, 2.5])],
+        "old": [([4, 9], [3.0, 2.5])],
+    }
