@@ -187,6 +187,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", help="preset of the study file (default: cpu when it has one)")
     parser.add_argument("--storage", help="Optuna RDB URL the study runs on (default: its journal files)")
     parser.add_argument("--replicate", action="store_true", help="show the study's replication (sweep --replicate)")
+    parser.add_argument(
+        "--budget", type=float, metavar="F", help="show the study re-asked at F times its steps (sweep --budget F)"
+    )
     parser.add_argument("--host", default=HOST, help=f"address to listen on (default {HOST}: this machine only)")
     parser.add_argument("--port", type=int, default=PORT, help=f"port to listen on (default {PORT})")
 
@@ -194,7 +197,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     check_number("--port", args.port, 1, 65535, integer=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = load_study(args.study, args.preset, replicate=args.replicate)
+    study = load_study(args.study, args.preset, replicate=args.replicate, factor=args.budget)
     view, lines = served(study, args.storage)
     import optuna_dashboard
 

@@ -138,3 +138,14 @@ def test_a_database_study_is_shown_with_its_control_and_without_the_databases_ot
     view, lines = served(study, url)
     assert sorted(s.study_name for s in view.get_all_studies()) == sorted([study.name, study.control.name])
     assert all("0 trials; objective val/loss" in line for line in lines)
+
+
+def test_the_dashboard_opens_a_study_at_a_larger_budget_as_the_sweep_prints_it(tmp_path, tiny_overrides, capsys):
+    study = study_file(tmp_path, tiny_overrides)
+    assert cli.main(["dashboard", str(study.path), "--budget", "4"]) == 2  # not run yet: one line, naming its flags
+    err = capsys.readouterr().err
+    assert "--budget 4" in err and err.count("\n") == 1, err
+    larger = load_study(study.path, factor=4)
+    open_study(RunStorage(larger.control, None))
+    view, _ = served(larger, None)
+    assert [s.study_name for s in view.get_all_studies()] == [larger.control.name]
