@@ -33,7 +33,7 @@ import resource
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -141,6 +141,13 @@ def shapes_of(study: Study) -> list[Shape]:
     for shape in shapes:
         shape.differs = differs
     return shapes
+
+
+def with_trials_of(shapes: list[Shape], study: Study) -> list[Shape]:
+    """The measured ``shapes`` holding the trials of ``study`` as it is now: ``--add-seeds`` grows a study after the
+    preflight measured the file's grid, and a seed adds trials to a shape, never a shape."""
+    now = {s.key: s.trials for s in shapes_of(study)}
+    return [replace(s, trials=now.get(s.key, [])) for s in shapes]
 
 
 def _label(study: Study, params: dict) -> str:

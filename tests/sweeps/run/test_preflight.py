@@ -73,6 +73,24 @@ def test_the_plan_projects_the_trials_left_and_names_the_largest_arm(tmp_path, t
     assert shared["wall_s"] > projected["wall_s"] / 2
 
 
+def test_seeds_added_after_the_preflight_are_projected_in_the_shapes_it_measured(tmp_path, tiny_overrides):
+    study = load_study(tiny_study(tmp_path, tiny_overrides))
+    shapes = preflight.shapes_of(study)
+    for s in shapes:
+        s.measured = {"setup_s": 1.0, "first_step_s": 2.0, "step_s": 1.0, "validation_s": 0.5, "start_s": 3.0,
+                      "memory": "rss", "peak_mb": 100.0, "total_mb": 1000.0}  # fmt: skip
+    grown = study.with_seeds([2, 3])
+    # every trial of the file's seeds finished: what is left is the two new seeds of every arm and control point
+    left = {(n, repr(sorted(p.items()))) for s in preflight.shapes_of(grown) for n, p, _, _ in s.trials}
+    left = {key for key in left if "('seed', 2)" in key[1] or "('seed', 3)" in key[1]}
+    assert plan.project(grown, shapes, workers=1, threads=1, gpus=0, left=left)["trials"] == 0  # the file's shapes
+    regrouped = preflight.with_trials_of(shapes, grown)
+    assert [s.key for s in regrouped] == [s.key for s in shapes]  # the measurements kept, no shape added
+    assert [s.measured for s in regrouped] == [s.measured for s in shapes]
+    assert plan.project(grown, regrouped, workers=1, threads=1, gpus=0, left=left)["trials"] == len(left) > 0
+    assert sum(len(s.trials) for s in regrouped) == 2 * sum(len(s.trials) for s in shapes)
+
+
 def test_a_shape_measured_in_this_process_trains_and_writes_nothing(tmp_path, tiny_overrides):
     cfg = run_config.load(tiny_overrides.config, tiny_overrides.args)
     measured = preflight.measure(cfg, steps=5, threads=1)
