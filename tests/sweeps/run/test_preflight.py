@@ -42,20 +42,19 @@ def test_a_trials_projected_seconds_and_the_schedule_on_workers():
     assert plan.schedule([30, 10, 10, 10], 2, 0.0) == 30.0
 
 
-def test_the_plan_projects_the_trials_left_and_names_the_largest_arm(tmp_path, tiny_overrides):
-    study = load_study(tiny_study(tmp_path, tiny_overrides))
+def measured_shapes(study):
+    """The study's trial shapes, each with the same made-up preflight measurement but its peak memory (100 MB more
+    than the shape before it)."""
     shapes = preflight.shapes_of(study)
     for i, s in enumerate(shapes):
-        s.measured = {
-            "setup_s": 1.0,
-            "first_step_s": 2.0,
-            "step_s": 1.0,
-            "validation_s": 0.5,
-            "start_s": 3.0,
-            "memory": "rss",
-            "peak_mb": 100.0 * (i + 1),
-            "total_mb": 1000.0,
-        }
+        s.measured = {"setup_s": 1.0, "first_step_s": 2.0, "step_s": 1.0, "validation_s": 0.5, "start_s": 3.0,
+                      "memory": "rss", "peak_mb": 100.0 * (i + 1), "total_mb": 1000.0}  # fmt: skip
+    return shapes
+
+
+def test_the_plan_projects_the_trials_left_and_names_the_largest_arm(tmp_path, tiny_overrides):
+    study = load_study(tiny_study(tmp_path, tiny_overrides))
+    shapes = measured_shapes(study)
     one = 1 + 2 + 5 * 1 + 2 * 0.5  # 6 steps, 2 validations (tiny: every 3 steps)
     projected = plan.project(study, shapes, workers=1, threads=1, gpus=0)
     n = sum(len(s.trials) for s in shapes)
@@ -75,10 +74,7 @@ def test_the_plan_projects_the_trials_left_and_names_the_largest_arm(tmp_path, t
 
 def test_seeds_added_after_the_preflight_are_projected_in_the_shapes_it_measured(tmp_path, tiny_overrides):
     study = load_study(tiny_study(tmp_path, tiny_overrides))
-    shapes = preflight.shapes_of(study)
-    for s in shapes:
-        s.measured = {"setup_s": 1.0, "first_step_s": 2.0, "step_s": 1.0, "validation_s": 0.5, "start_s": 3.0,
-                      "memory": "rss", "peak_mb": 100.0, "total_mb": 1000.0}  # fmt: skip
+    shapes = measured_shapes(study)
     grown = study.with_seeds([2, 3])
     # every trial of the file's seeds finished: what is left is the two new seeds of every arm and control point
     left = {(n, repr(sorted(p.items()))) for s in preflight.shapes_of(grown) for n, p, _, _ in s.trials}
