@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import optuna
 from optuna.trial import TrialState
@@ -17,9 +17,6 @@ from sweeps.control import Row, no_context_key, run_baselines
 from sweeps.report import markdown
 from sweeps.spec.study import Study
 from training.sample_curve import sample_tag
-
-if TYPE_CHECKING:
-    pass
 
 CURVE_TAG = "val/loss"  # the curve of a study whose objective is not a validation metric (tokens_per_sec)
 LEARNING_CURVES = "learning_curves.png"
@@ -62,23 +59,40 @@ def step_curves(rows: list[Row], metric: str = CURVE_TAG) -> dict[str, list[tupl
 
     A resumed run has one events file per process, read in the order of their names, which need not be the order
     they were written in (``….9`` after ``….10``): points are put in step order, and a step written twice (trained
-    again after a resume) keeps the value written last."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
+    again after a resume) keeps the value written last. Each run's events are read once a process
+    (:func:`run_curve`)."""
     out: dict[str, list] = {}
     for r in rows:
         run_dir = r.trial.user_attrs.get("run_dir")
-        if not run_dir or not Path(run_dir).is_dir():
-            continue
-        ea = EventAccumulator(run_dir, size_guidance={"scalars": 0}, purge_orphaned_data=False)
+        if run_dir and Path(run_dir).is_dir() and (curve := run_curve(run_dir, metric)) is not None:
+            out.setdefault(r.arm or f"trial {r.trial.number}", []).append(curve)
+    return out
+
+
+# A run's curves as read: a report draws them and then judges each arm's end from them (×F reports). The key holds the
+# run's events files with their sizes and times, so a run that wrote more since is read again.
+_READ: dict[tuple, Optional[tuple[list[int], list[float]]]] = {}
+
+
+def run_curve(run_dir: str, metric: str) -> Optional[tuple[list[int], list[float]]]:
+    """``(steps, values)`` of ``metric``'s sample curve in the run's events, else of its full validations (None: the
+    run logged neither); in step order, a step written twice with its later value (:func:`step_curves`)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted(Path(run_dir).glob("events.out.tfevents.*"))
+    key = (str(run_dir), metric, tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    if key not in _READ:
+        ea = EventAccumulator(str(run_dir), size_guidance={"scalars": 0}, purge_orphaned_data=False)
         ea.Reload()
         tags = ea.Tags().get("scalars", [])
         tag = next((t for t in (sample_tag(metric), metric) if t in tags), None)
+        curve = None
         if tag is not None:
             latest = {e.step: e.value for e in sorted(ea.Scalars(tag), key=lambda e: e.wall_time)}
             steps = sorted(latest)
-            out.setdefault(r.arm or f"trial {r.trial.number}", []).append((steps, [latest[s] for s in steps]))
-    return out
+            curve = steps, [latest[s] for s in steps]
+        _READ[key] = curve
+    return _READ[key]
 
 
 def _no_context_level(rows: list[Row], metric: str) -> Optional[float]:

@@ -68,6 +68,31 @@ def test_a_resumed_runs_curve_is_in_step_order_with_the_values_written_last(tmp_
     assert figures.step_curves([row("a", 1.2, 1.0, str(run))]) == {"a": [([0, 1, 2, 3], [3.0, 2.0, 1.5, 1.25])]}
 
 
+def test_a_runs_events_are_read_once_until_it_writes_more(tmp_path, monkeypatch):
+    """A ×F report draws the curves and then judges each arm's end from them: one read of a run's events serves both,
+    and a run that logged more since (a resume's new events file) is read again."""
+    from tensorboard.backend.event_processing import event_accumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    reads = []
+    real = event_accumulator.EventAccumulator
+
+    def counted(path, **kwargs):
+        reads.append(path)
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(event_accumulator, "EventAccumulator", counted)
+    run = tmp_path / "run"
+    with SummaryWriter(str(run)) as writer:
+        writer.add_scalar("val/loss", 3.0, 0)
+    rows = [row("a", 3.0, 1.0, str(run))]
+    assert figures.step_curves(rows) == figures.step_curves(rows) == {"a": [([0], [3.0])]}
+    assert len(reads) == 1
+    with SummaryWriter(str(run), filename_suffix=".resumed") as writer:
+        writer.add_scalar("val/loss", 2.5, 1)
+    assert figures.step_curves(rows) == {"a": [([0, 1], [3.0, 2.5])]} and len(reads) == 2
+
+
 def test_a_study_without_curves_has_no_time_to_target_column():
     arms = efficiency.arm_speeds([row("a", 0.9, 10.0), row("b", 0.8, 20.0)], "val/loss")
     assert efficiency.target_ppl(arms) is None
