@@ -125,8 +125,14 @@ def _better_claim(claim: Claim, c: Compared) -> Outcome:
         return Outcome(claim, c, CONTRADICTED, f"on par within ±{fmt(delta)}, where the original's CI lies beyond δ")
     plan = c.verdict.seeds_better if kind == stats.UNDECIDED else stats.seeds_for_better(c.pair.comparison)
     lean = "" if size > 0 else f", leaning to {claim.second}"
-    shown = f"on par within ±{fmt(delta)}" if kind == stats.ON_PAR else "undecided"
-    return Outcome(claim, c, NOT_DECIDED, f"{shown}{lean}", _more(plan, c.verdict.n))
+    return Outcome(claim, c, NOT_DECIDED, f"{said(c)}{lean}", _more(plan, c.verdict.n))
+
+
+def said(c: Compared) -> str:
+    """A pair's verdict in the words of the replication and ×F tables: who is better, on par within ±δ, or undecided."""
+    if c.verdict.kind == stats.BETTER:
+        return f"{c.pair.gain().better} better"
+    return f"on par within ±{fmt(c.pair.delta)}" if c.verdict.kind == stats.ON_PAR else "undecided"
 
 
 def _on_par_claim(claim: Claim, c: Compared) -> Outcome:
@@ -400,15 +406,8 @@ def undecided_at_budget(original: Findings, fresh: Findings) -> list[list[str]]:
         g = c.pair.gain()
         claim = Claim(stats.BETTER, c.pair.metric, g.better, g.worse, c)
         f = _find(claim, fresh)
-        if f is None:
-            said = "not run"
-        elif f.verdict.kind == stats.BETTER:
-            said = f"{f.pair.gain().better} better"
-        elif f.verdict.kind == stats.ON_PAR:
-            said = f"on par within ±{fmt(f.pair.delta)}"
-        else:
-            said = "undecided"
-        rows.append([f"{g.better} against {g.worse} on {c.pair.metric}", estimate(claim, c), estimate(claim, f), said])
+        words = "not run" if f is None else said(f)
+        rows.append([f"{g.better} against {g.worse} on {c.pair.metric}", estimate(claim, c), estimate(claim, f), words])
     return rows
 
 
