@@ -80,7 +80,7 @@ def run_curve(run_dir: str, metric: str) -> Optional[tuple[list[int], list[float
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     files = sorted(Path(run_dir).glob("events.out.tfevents.*"))
-    key = (str(run_dir), metric, tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    key = (str(run_dir), metric, tuple((f.name, st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()]))
     if key not in _READ:
         ea = EventAccumulator(str(run_dir), size_guidance={"scalars": 0}, purge_orphaned_data=False)
         ea.Reload()

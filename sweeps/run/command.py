@@ -784,6 +784,6 @@ def main(args: argparse.Namespace) -> int:
             print(f"study {study.name}: the earlier study moved to {aside}; starting afresh", flush=True)
     with runs.own() or contextlib.nullcontext():  # one sweep command per study
         study = with_added_seeds(study, stores, args.add_seeds or 0)
-        if shapes is not None:  # the seeds added now or by an earlier `--add-seeds`: their trials are projected too
+        if shapes is not None and study.added_seeds:  # seeds added now or by an earlier `--add-seeds`: projected too
             shapes = preflight.with_trials_of(shapes, study)
         return run(study, stores, args.workers, shapes, gated=not (args.no_gate or gate.turned_off()))
