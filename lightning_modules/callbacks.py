@@ -114,9 +114,9 @@ class RunMetrics(L.Callback):
     MFU (model FLOPs utilisation) is the model's training FLOP/s on one device over that device's peak at the run's
     precision (:func:`~lightning_modules.flops.device_peak`, the peak named), over the same steps:
 
-        mfu = flops_per_batch · batches / seconds / peak
+        mfu = mean_flops_per_batch · batches / seconds / peak
 
-    with ``flops_per_batch`` the count of ``flops`` (:class:`TrainingFlops`) and ``batches`` this rank's; absent,
+    with ``mean_flops_per_batch`` the count of ``flops`` (:class:`TrainingFlops`) and ``batches`` this rank's; absent,
     with the reason, where there is no peak (a CPU, an unknown GPU).
 
     ``peak_mem_mb`` is read on the device the module trains on, while it trains: after ``fit`` Lightning's
@@ -223,7 +223,7 @@ class RunMetrics(L.Callback):
 
     def _mfu(self, batches: Optional[int], seconds: float) -> Optional[float]:
         """The MFU of ``batches`` of this rank trained in ``seconds``; None without a peak or a FLOP count."""
-        counted = self.flops.flops_per_batch if self.flops is not None else None
+        counted = self.flops.mean_flops_per_batch if self.flops is not None else None
         if not isinstance(self.peak, tuple) or not counted or not batches or seconds <= 0:
             return None
         return counted * batches / seconds / self.peak[0]
@@ -285,42 +285,66 @@ class TrainingFlops(L.Callback):
 
         train_flops = flops_per_batch · batches · world_size
 
-    The first batch stands for every batch: exact for fixed-shape batches, and for masked LM up to the number
-    of masked positions, whose share of the FLOPs is the LM head's. A module without ``training_loss`` is not
-    counted (``train_flops`` None). The state is checkpointed, so a resumed run keeps counting."""
+    Under a length curriculum (``optim.short_steps``) a short step is counted apart, on the first short batch as the
+    module cuts it (``training_batch``): ``short_flops_per_batch · short_batches`` is added to the full-length steps'
+    count. The first batch of each length stands for every batch of that length: exact for fixed-shape batches, and
+    for masked LM up to the number of masked positions, whose share of the FLOPs is the LM head's. A module without
+    ``training_loss`` is not counted (``train_flops`` None). The state is checkpointed, so a resumed run keeps
+    counting."""
 
     def __init__(self) -> None:
-        self.flops_per_batch: int | None = None
-        self.batches = 0  # trained by this rank
+        self.flops_per_batch: int | None = None  # a full-length step's
+        self.short_flops_per_batch: int | None = None  # a length-curriculum short step's
+        self.batches = 0  # trained by this rank, short ones included
+        self.short_batches = 0
         self.world_size = 1
+        self._short = False
 
     @property
     def train_flops(self) -> int | None:
-        return None if self.flops_per_batch is None else self.flops_per_batch * self.batches * self.world_size
+        full = self.batches - self.short_batches
+        if (full and self.flops_per_batch is None) or (self.short_batches and self.short_flops_per_batch is None):
+            return None
+        counted = (self.flops_per_batch or 0) * full + (self.short_flops_per_batch or 0) * self.short_batches
+        return counted * self.world_size if self.batches else None
+
+    @property
+    def mean_flops_per_batch(self) -> float | None:
+        """One rank's mean count over the batches it trained (short and full-length ones)."""
+        total = self.train_flops
+        return None if total is None else total / self.world_size / self.batches
 
     def state_dict(self) -> dict[str, Any]:
-        return {"flops_per_batch": self.flops_per_batch, "batches": self.batches, "world_size": self.world_size}
+        keys = ("flops_per_batch", "short_flops_per_batch", "batches", "short_batches", "world_size")
+        return {key: getattr(self, key) for key in keys}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.flops_per_batch, self.batches, self.world_size = (
-            state["flops_per_batch"],
-            state["batches"],
-            state["world_size"],
-        )
+        for key, value in state.items():
+            setattr(self, key, value)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self.world_size = trainer.world_size
-        if self.flops_per_batch is None and hasattr(pl_module, "training_loss"):
-            self.flops_per_batch = training_step_flops(
-                pl_module, lambda: pl_module.training_loss(batch), trainer.precision_plugin.train_step_context
+        if not hasattr(pl_module, "training_loss"):
+            return
+        length = getattr(pl_module, "short_length", lambda: None)()
+        self._short = length is not None
+        if (self.short_flops_per_batch if self._short else self.flops_per_batch) is None:
+            cut = getattr(pl_module, "training_batch", lambda b: b)(batch)
+            flops = training_step_flops(
+                pl_module, lambda: pl_module.training_loss(cut), trainer.precision_plugin.train_step_context
             )
+            if self._short:
+                self.short_flops_per_batch = flops
+            else:
+                self.flops_per_batch = flops
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self.batches += 1
+        self.short_batches += int(self._short)
 
 
 class SpectrumMonitor(L.Callback):

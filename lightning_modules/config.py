@@ -65,6 +65,13 @@ class OptimConfig:
     # Decay after warm-up: linear to 0 at max_steps, cosine to 0, or constant.
     schedule: Literal["linear", "cosine", "constant"] = "linear"
     gradient_clip_val: float = 1.0
+    # A length curriculum, the same for every kind (BERT trained 90 % of its steps at 128 tokens, then 512): the first
+    # short_steps training steps are split evenly over short_lengths, in order, and a step at length m cuts each block
+    # of model.max_len tokens into max_len / m blocks of m tokens (the same tokens a step, each short block attended on
+    # its own); every later step, and every validation, is at model.max_len. short_steps 0: off. Packed-block tasks
+    # only (mlm, clm); each length must divide model.max_len.
+    short_steps: int = 0
+    short_lengths: List[int] = field(default_factory=list)
 
 
 def model_config(cfg: Any, misplaced: Optional[Misplaced] = None) -> DictConfig:

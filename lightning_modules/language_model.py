@@ -36,6 +36,18 @@ def target_index(labels: Tensor) -> Tensor:
     return (labels.flatten() != -100).nonzero().squeeze(1)
 
 
+def cut_blocks(batch: dict, length: int) -> dict:
+    """A packed batch of (B, T) blocks as (B·T/length, length) blocks: the same tokens in the same order (so the
+    flat positions of the targets do not move), each short block attended on its own. Packed blocks carry no
+    padding mask (``attention_mask`` None)."""
+    assert batch.get("attention_mask") is None, "a length curriculum cuts packed blocks, which have no padding"
+    cut = dict(batch)
+    for key in ("input_ids", "labels", "target_group"):
+        if cut.get(key) is not None:
+            cut[key] = cut[key].reshape(-1, length)  # (B, T) -> (B·T/length, length)
+    return cut
+
+
 class LMHead(nn.Module):
     """Dense + GELU + LayerNorm, then the tied token embedding.
 
@@ -83,6 +95,18 @@ class TokenPredictionModule(L.LightningModule):
             batch[TARGET_INDEX] = target_index(batch["labels"])
         return batch
 
+    def short_length(self) -> int | None:
+        """The block length of this training step under the length curriculum (the first ``optim.short_steps`` steps
+        split evenly over ``optim.short_lengths``), None at the model's full length (validation, and every later
+        step)."""
+        optim = self.config["optim"]
+        steps, lengths = optim.get("short_steps", 0), optim.get("short_lengths", [])
+        trainer = self._trainer  # None outside a Trainer
+        step = self.global_step
+        if trainer is None or not trainer.training or step >= steps:
+            return None
+        return lengths[step * len(lengths) // steps]
+
     def _scored(self, batch: dict) -> tuple[Tensor, Tensor, Tensor]:
         """Logits (N, V) and labels (N,) of the batch's N supervised positions, and those positions (N,) in the
         flattened batch (found on the host when the batch came through :meth:`on_before_batch_transfer`)."""
@@ -103,8 +127,14 @@ class TokenPredictionModule(L.LightningModule):
         """The loss a training step minimises (what ``callbacks.TrainingFlops`` counts)."""
         return self._loss(batch)[0]
 
+    def training_batch(self, batch: dict) -> dict:
+        """The batch a training step trains on: cut to the length curriculum's short blocks in its short phase
+        (:func:`cut_blocks`: the targets' flat positions stay), else as it came."""
+        length = self.short_length()
+        return batch if length is None else cut_blocks(batch, length)
+
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        loss = self.training_loss(batch)
+        loss = self.training_loss(self.training_batch(batch))
         log_training_step(self, loss, lambda: {"train/ppl": torch.exp(loss.detach().clamp(max=50))})
         return loss
 

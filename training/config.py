@@ -166,6 +166,7 @@ def check(cfg: DictConfig) -> None:
     check_data(cfg.data, cfg.task, cfg.model.max_len)
     check_optim(cfg.optim)
     check_trainer(cfg.trainer)
+    check_curriculum(cfg)
     att = cfg.model.attention
     check_seed(cfg.seed)
     check_name("experiment", cfg.experiment)
@@ -223,6 +224,32 @@ def check_optim(optim: DictConfig) -> None:
     check_number("optim.eps", optim.eps, 0, 1, low_open=True)
     check_number("optim.warmup_steps", optim.warmup_steps, 0, MAX_STEPS, integer=True)
     check_number("optim.gradient_clip_val", optim.gradient_clip_val, 0, 1e6)
+    check_number("optim.short_steps", optim.short_steps, 0, MAX_STEPS, integer=True)
+
+
+def check_curriculum(cfg: DictConfig) -> None:
+    """The length curriculum (``optim.short_steps``, ``optim.short_lengths``) cuts packed blocks: a task whose
+    blocks are packed (mlm, clm), short lengths that divide ``model.max_len``, at least one step each, no longer than
+    the run."""
+    optim, n = cfg.optim, cfg.model.max_len
+    if optim.short_steps == 0:
+        return
+    require(
+        cfg.task in ("mlm", "clm"),
+        f"optim.short_steps: a length curriculum cuts packed text blocks (task mlm or clm), got task '{cfg.task}'",
+    )
+    lengths = list(optim.short_lengths)
+    require(len(lengths) > 0, "optim.short_lengths: a length curriculum needs at least one length, got []")
+    for i, length in enumerate(lengths):
+        require(
+            isinstance(length, int) and 0 < length < n and n % length == 0,
+            f"optim.short_lengths[{i}]: must divide model.max_len={n} and be shorter, got {length}",
+        )
+    require(
+        len(lengths) <= optim.short_steps <= cfg.trainer.max_steps,
+        f"optim.short_steps: {optim.short_steps} must be at least one step a length ({len(lengths)}) and at most "
+        f"trainer.max_steps={cfg.trainer.max_steps}",
+    )
 
 
 def check_trainer(t: DictConfig) -> None:

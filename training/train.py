@@ -557,8 +557,10 @@ def run_metrics_of(
         # model FLOP/s of one device over its named peak (mfu, mfu_peak), or why there is none (mfu_unavailable)
         **run.utilisation(),
         "compiled": compiles(cfg),
-        # matrix FLOPs of training (forward + backward): one batch counted, times the batches of every rank
+        # matrix FLOPs of training (forward + backward): one batch counted, times the batches of every rank (a length
+        # curriculum's short batches counted apart)
         "flops_per_batch": flops.flops_per_batch,
+        "short_flops_per_batch": flops.short_flops_per_batch,
         "train_flops": flops.train_flops,
         "peak_mem_mb": run.peak_mem_mb,  # read during training (the module is on the CPU by now)
         "ppl_vs_wallclock": [list(c) for c in run.curve],

@@ -5,9 +5,10 @@ no-context level. ``--budget F`` asks the same question again with F × the step
 (:mod:`sweeps.spec.replication`: the same arms, on fresh seeds, beside the original, ``<study>_<preset>_x<F>``).
 
 **The same recipe, its schedule stretched to the new end.** Every key counted in optimiser steps is multiplied by F
-(rounded to a whole step): ``trainer.max_steps``, ``optim.warmup_steps`` and ``trainer.val_check_interval`` of the
-base, the ``overrides`` and every trial's params (an arm's bundle that sets its own ``trainer.max_steps``, a size
-ladder's rungs), and the pruner's ``n_warmup_steps`` and ``min_resource``. The learning-rate schedule
+(rounded to a whole step): ``trainer.max_steps``, ``optim.warmup_steps``, ``optim.short_steps`` (a length
+curriculum's short phase) and ``trainer.val_check_interval`` of the base, the ``overrides`` and every trial's params
+(an arm's bundle that sets its own ``trainer.max_steps``, a size ladder's rungs), and the pruner's ``n_warmup_steps``
+and ``min_resource``. The learning-rate schedule
 (:func:`lightning_modules.optim.lr_factor`) ends at ``trainer.max_steps``, so with its warm-up scaled too the
 learning rate at a *fraction* p of training is the original's at p: warm-up over the same first share of training,
 the same peak, the decay (linear or cosine) reaching its end at the new last step. Validation falls at the same
@@ -23,7 +24,12 @@ from typing import Any
 
 from foundation.errors import ConfigError
 
-STEP_KEYS = ("trainer.max_steps", "optim.warmup_steps", "trainer.val_check_interval")  # the recipe's step counts
+STEP_KEYS = (  # the recipe's step counts
+    "trainer.max_steps",
+    "optim.warmup_steps",
+    "optim.short_steps",
+    "trainer.val_check_interval",
+)
 AT_LEAST_ONE = ("trainer.max_steps", "trainer.val_check_interval")  # (a warm-up may be 0 steps)
 PRUNER_STEP_KEYS = ("n_warmup_steps", "min_resource")
 MAX_FACTOR = 100

@@ -144,6 +144,17 @@ def test_a_run_records_its_training_flops_and_trains_exactly_as_it_would_without
     assert plain["val/loss"] == counted["val/loss"]  # same dropout draws, same updates
 
 
+def test_a_length_curriculum_counts_its_short_steps_at_their_own_length(tiny_overrides):
+    cfg = run_config.load(
+        tiny_overrides.config,
+        tiny_overrides.args + ["model.attention.kind=full", "optim.short_steps=2", "optim.short_lengths=[8]"],
+    )
+    counted = train(cfg)
+    short, full = counted["short_flops_per_batch"], counted["flops_per_batch"]
+    assert 0 < short < full  # attention over 8 positions instead of 32: fewer score FLOPs, the same token FLOPs
+    assert counted["train_flops"] == 2 * short + 4 * full
+
+
 # --------------------------------------------------------------------------------------- CUDA's attention kernels
 def _cuda_attention_calls(causal: bool) -> dict:
     """Each CUDA attention kernel's aten op with positional arguments as its schema orders them (meta tensors:
