@@ -210,3 +210,15 @@ def trial_path_offenders(text: str) -> list[str]:
             if not any(re.fullmatch(pattern, f.replace("<n>", "0")) for f in folders):
                 found.append(f"{number}: {m.group(0)} is no trial folder of {study} (e.g. {folders[0]})")
     return found
+
+
+def unsourced_numbers(answers: str, results: str) -> list[str]:
+    """(line: number) for every number answers.md states to three or more decimals (an effect, a CI end) that no
+    number of results.md agrees with: answers quote results, never a number of their own."""
+    measured = [m.group(0).lstrip("+−-") for m in re.finditer(NUMBER, results) if "." in m.group(0)]
+    found = []
+    for m in re.finditer(r"(?<![\w.])[+−-]?\d+\.\d{3,}(?![\d.])", answers):
+        stated = m.group(0).lstrip("+−-")
+        if not any(agrees(stated, float(_decimal(x))) for x in measured):
+            found.append(f"{answers.count(chr(10), 0, m.start()) + 1}: {m.group(0)}")
+    return found

@@ -581,3 +581,11 @@ def test_the_contradictions_once_on_the_pages_stay_gone():
         for number, sentence in page_claims.sentences(text[name]):
             if re.search(r"every (?:trained )?answer", sentence, re.IGNORECASE) and "n = 32" in sentence:
                 assert "most" in sentence, f"{name}:{number}: not every answer is at n = 32"
+
+
+def test_every_number_answers_states_to_three_decimals_is_in_results():
+    answers, results = ((ROOT / "docs" / name).read_text() for name in ("answers.md", "results.md"))
+    assert page_claims.unsourced_numbers(answers, results) == []
+    assert page_claims.unsourced_numbers("by 0.414 [0.112, 0.0005] and 0.4141", "0.414 [0.112, 0.000457]") == [
+        "1: 0.4141"
+    ]
