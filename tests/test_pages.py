@@ -31,6 +31,7 @@ import shlex
 from dataclasses import fields
 from pathlib import Path
 
+import page_claims
 import pytest
 import yaml
 from omegaconf import OmegaConf
@@ -453,3 +454,138 @@ def test_placeholders_become_concrete_by_the_stated_rule():
 @pytest.mark.parametrize("line", ["pip install 'linformer-lab[postgres]'", "ls .cache/linformer-lab/tokenizers"])
 def test_a_name_that_is_not_the_program_is_no_command(line):
     assert page_commands(f"```\n{line}\n```\n`{line}`\n") == []
+
+
+# ---------------------------------------------------------------------------------------------- what the pages claim
+FINDINGS_PAGES = ("docs/answers.md", "docs/results.md", "docs/glossary.md")
+
+
+def _pages_text() -> dict[str, str]:
+    return {str(page.relative_to(ROOT)): page.read_text() for page in pages()}
+
+
+def test_every_page_states_each_fact_as_the_facts_file_does():
+    assert page_claims.fact_offenders(_pages_text(), page_claims.load_facts()) == []
+
+
+def test_a_fact_stated_with_other_digits_is_a_contradiction():
+    facts = {
+        "gap": {"value": 0.236, "ci": [0.202, 0.270], "before": "Nyström by"},
+        "init": {"value": 0.458, "others": [{"value": 0.452, "marker": "first run"}], "before": "jl by"},
+        "count": {"value": 54, "before": "Of the ", "after": "decided verdicts"},
+    }
+    page = "\n\n".join(  # one paragraph a line
+        [
+            "sparse over Nyström by 0.236 [0.20, 0.27]; over Nyström by 0.24.",
+            "sparse over Nyström\nby 0.235 → 0.129.",
+            "than Nyström by 0.236 [0.202, 0.27].",
+            "better than jl by 0.458; jl by 0.46.",
+            "better than jl by 0.452 (the first run).",
+            "better than jl by 0.452.",
+            "Of the 54 decided verdicts.",
+            "Of the 56 decided verdicts.",
+            "Nyström by 0.9 and jl by 0.30 are other numbers.",
+        ]
+    )
+    assert page_claims.fact_offenders({"p": page}, facts) == [
+        "p:3: 0.235 states gap, which is 0.236 [0.202, 0.27]",
+        "p:12: 0.452 states init, which is 0.458 ",
+        "p:16: 56 states count, which is 54 ",
+    ]
+    assert page_claims.fact_offenders({"p": "nothing"}, {"gap": facts["gap"]}) == ["no page states gap"]
+    assert page_claims.fact_offenders({"p": "CI of Nyström by 0.236 [−1.03, +1.07]"}, facts)[0].startswith("p:1:")
+
+
+def test_the_findings_pages_claim_no_more_than_was_measured():
+    found = [
+        f"{name}:{line}" for name in FINDINGS_PAGES for line in page_claims.claim_offenders((ROOT / name).read_text())
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        "Keys-only now matches full attention (1.59 against 1.58).",
+        "Full attention better at both rungs; the gap closes by −0.47 per tenfold parameters (two rungs).",
+        "No trend (+0.02 per tenfold parameters).",
+        "### Fine-tuning\n\nOne seed on rotten tomatoes.\n\nAt this scale pretraining barely helps.",
+        "Local learns more than full attention here (0.19, undecided): a locality prior bytes reward.",
+        "Kinds with a window stay on the copy plateau whatever the budget.",
+        "One seed at CPU scale: full attention 74.7 %, Linformer 68.5 %: pretraining barely helps at this scale.",
+    ],
+)
+def test_each_overclaim_the_pages_once_made_is_refused(claim):
+    assert page_claims.claim_offenders(claim) != []
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        "Keys-only ends at 1.59, full attention at 1.58 (not tested).",
+        "Decreasing k matches uniform k, on par within δ (TOST).",
+        "A trend over the three n of +1.41 per tenfold n/k.",
+        "One seed each: no claim on what pretraining buys; it helps nobody.",
+        "It recalled at one seed of three; k = 2 solves at 1 seed in 5.",
+    ],
+)
+def test_a_claim_within_its_evidence_passes(claim):
+    assert page_claims.claim_offenders(claim) == []
+
+
+def test_answers_table_numbers_are_in_their_sections():
+    assert page_claims.table_offenders((ROOT / "docs" / "answers.md").read_text()) == []
+    page = (
+        "| q | a |\n|---|---|\n| [X](#x) | by 0.41 [0.11, 0.72] and 0.47 |\n\n### X\n\nby 0.414 [0.112, 0.715], 0.458\n"
+    )
+    assert page_claims.table_offenders(page) == ["x: 0.47 is not in its section"]
+
+
+def test_every_trial_path_of_the_pages_is_a_folder_the_sweep_makes():
+    found = [
+        f"{name}:{line}" for name, text in _pages_text().items() for line in page_claims.trial_path_offenders(text)
+    ]
+    assert found == []
+    assert page_claims.trial_path_offenders("`runs/k_sweep_cpu/control/trial_<i>`") != []
+    assert page_claims.trial_path_offenders("`runs/k_sweep_cpu/k=<k>/seed=<s>_trial_<n>`") == []
+    assert page_claims.trial_path_offenders("`runs/k_sweep_cpu/control/control=reference/seed=<s>_trial_<n>`") == []
+    assert page_claims.trial_path_offenders("`runs/k_sweep_cpu/control/control=nope/seed=<s>_trial_<n>`") != []
+
+
+def test_results_is_a_reference_not_a_lab_notebook():
+    text = (ROOT / "docs" / "results.md").read_text()
+    assert re.findall(r"\b\d{1,2}:\d{2}\b", text) == []  # no clock times (durations are written in min or s)
+    notebook = ("this machine", "on main", "that morning", "that afternoon", "today's order", "shared the cores")
+    assert [w for w in (*notebook, "user-named", "a make test") if w in text.lower()] == []
+
+
+def test_the_contradictions_once_on_the_pages_stay_gone():
+    text = _pages_text()
+    everywhere = "\n".join(text.values())
+    assert "control at 100–103" not in everywhere  # k on recall's fresh control: seeds 100, 101, 102, 105
+    assert "[−1.03, +1.07]" not in everywhere and "56 decided" not in everywhere
+    answers = text["docs/answers.md"]
+    assert "### One set of runs, two Holm families" in answers
+    for name in ("docs/answers.md", "docs/results.md"):
+        for number, sentence in page_claims.sentences(text[name]):
+            if re.search(r"0\.41 \[|0\.414\b", sentence) and re.search(r"\b(?:un)?decided\b", sentence):
+                assert re.search(r"Holm|famil", sentence), f"{name}:{number}: {sentence[:80]}"
+    assert not re.search(
+        r"both better than increasing[^.]*?(?<!uniform )by 0\.226", everywhere
+    )  # name each arm by its effect
+    rows = dict(re.findall(r"^\| \[[^\]]*\]\(#([\w-]+)\) \| ([^|]*) \|", answers, re.MULTILINE))
+    assert not rows["is-self-attention-low-rank"].startswith("Not at n = 32")  # no threshold, a retired recipe
+    assert not rows["can-tuning-close-the-gap"].startswith("No:")  # 16 trials at one seed each
+    assert "ceiling" in rows["causal-linformer"] and "ceiling" in rows["quality-against-k"]  # on par at accuracy 1.000
+    for name in ("README.md", "docs/answers.md"):
+        for number, sentence in page_claims.sentences(text[name]):
+            if re.search(r"every (?:trained )?answer", sentence, re.IGNORECASE) and "n = 32" in sentence:
+                assert "most" in sentence, f"{name}:{number}: not every answer is at n = 32"
+
+
+def test_every_number_answers_states_to_three_decimals_is_in_results():
+    answers, results = ((ROOT / "docs" / name).read_text() for name in ("answers.md", "results.md"))
+    assert page_claims.unsourced_numbers(answers, results) == []
+    assert page_claims.unsourced_numbers("by 0.414 [0.112, 0.0005] and 0.4141", "0.414 [0.112, 0.000457]") == [
+        "1: 0.4141"
+    ]
