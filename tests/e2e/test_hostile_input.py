@@ -271,6 +271,11 @@ def lock_folder(root: Path) -> None:
     (root / ".lock").mkdir()
 
 
+def plan_folder(root: Path) -> None:
+    root.mkdir()
+    (root / "plan.json").mkdir()
+
+
 def new_study_target_taken(w) -> Path:
     """A started study whose --new-study target names (this second and the next ones) already exist."""
     import time
@@ -692,6 +697,23 @@ CASES: dict[str, tuple[Callable, str]] = {
     "sweep/--new-study onto a name that exists": (
         lambda w: ["sweep", str(new_study_target_taken(w)), "--new-study"],
         "already exists, where the earlier study would be moved",
+    ),
+    "sweep/plan.json a folder": (
+        lambda w: ["sweep", str(study_folder(w, "plandir", plan_folder))],
+        "plan.json is a folder where a file belongs",
+    ),
+    "sweep/--budget with --replicate": (
+        lambda w: ["sweep", str(w.study("s_ok.yaml")), "--budget", "4", "--replicate"],
+        "argument --replicate: not allowed with argument --budget",
+    ),
+    "sweep/--preflight with --no-preflight": (
+        lambda w: ["sweep", str(w.study("s_ok.yaml")), "--preflight", "--no-preflight"],
+        "argument --no-preflight: not allowed with argument --preflight",
+    ),
+    "sweep/--budget that changes no step count": (
+        lambda w: ["sweep", str(w.study("s_ok.yaml")), "--budget", "1.2"],
+        "--budget 1.2: trainer.max_steps=2 stays 2 steps at 1.2 × (a whole number of steps): this factor changes no "
+        "step count; use --budget 1.26 or more",
     ),
     "sweep/a study whose overrides changed since it started": (
         lambda w: ["sweep", str(overrides_changed(w))],
