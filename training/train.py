@@ -68,7 +68,7 @@ from training.resume import (
 )
 from training.runfiles import METRICS, Resumed, check_run_files, config_text, new_run_id
 from training.sample_curve import SampleValidation
-from training.tensorboard import LogPlace, RunLogger, log_roots, objective_layout, record_run
+from training.tensorboard import LogPlace, RunLogger, check_record, log_roots, objective_layout, record_run
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
 FORKING_STRATEGIES = ("ddp_fork", "ddp_notebook")
@@ -590,6 +590,10 @@ def train(
     check_machine(cfg)
     preflight(cfg)
     resumed = check_resume(cfg, folder)
+    if rank_zero_only.rank == 0 and (resumed is None or resumed.state is None):  # a run that records its HPARAMS
+        check_record(
+            log.root or choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, cfg.resume, 0, folder).parent
+        )
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.cpu_threads > 0:
         torch.set_num_threads(cfg.trainer.cpu_threads)

@@ -271,6 +271,19 @@ def lock_folder(root: Path) -> None:
     (root / ".lock").mkdir()
 
 
+def experiment_record(w, name: str, link: bool = False) -> str:
+    """An experiment folder whose ``.hparams.json`` is a link to a file outside it, or a folder."""
+    record = w.root / "runs" / name / ".hparams.json"
+    if not os.path.lexists(record):
+        record.parent.mkdir(parents=True)
+        if link:
+            (w.files / "outside.json").write_text("{}\n")
+            record.symlink_to(w.files / "outside.json")
+        else:
+            record.mkdir()
+    return name
+
+
 def plan_folder(root: Path) -> None:
     root.mkdir()
     (root / "plan.json").mkdir()
@@ -404,6 +417,15 @@ CASES: dict[str, tuple[Callable, str]] = {
         "metrics.step_2.json: not a file",
     ),
     # a run's files are the run's (training/runfiles.py): none missing, none of another run, each range-checked
+    # the experiment's HPARAMS record (training/tensorboard.py), checked before the run's folder is made
+    "train/.hparams.json a link to a file outside": (
+        lambda w: train(w, f"experiment={experiment_record(w, 'hp_link', link=True)}"),
+        ".hparams.json: a symbolic link (to ",
+    ),
+    "train/.hparams.json a folder": (
+        lambda w: train(w, f"experiment={experiment_record(w, 'hp_dir')}"),
+        ".hparams.json: a folder where the HPARAMS record of the runs in",
+    ),
     "train/resume with config.yaml deleted and another learning rate": (
         lambda w: train(
             w,

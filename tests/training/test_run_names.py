@@ -4,6 +4,7 @@
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
@@ -95,3 +96,15 @@ def test_a_named_folder_that_cannot_be_one_is_one_line_before_anything_is_writte
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is a file, not a folder" in err[0], err
     assert sorted(p.name for p in experiment.iterdir()) == ["kind=full"] and not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("record", [{"axes": "seed"}, {"values": {"seed": 0}, "metrics": [{}]}])
+def test_an_hparams_record_of_another_form_is_made_anew_and_the_run_completes(tiny, tmp_path, record):
+    config = _config_file(tiny, tmp_path)
+    experiment = tmp_path / "runs" / "tiny"
+    experiment.mkdir(parents=True)
+    (experiment / ".hparams.json").write_text(json.dumps(record))
+    assert cli.main(["train", str(config)]) == 0
+    assert (experiment / "version_0" / "metrics.json").is_file()
+    made = json.loads((experiment / ".hparams.json").read_text())
+    assert made["values"]["seed"] == [0] and "hp/val_masked_loss" in made["metrics"] and made["axes"] == []
