@@ -138,13 +138,16 @@ def merged(state: dict[str, Any], params: dict[str, Any], metrics: Sequence[str]
 
 def well_formed(state: Any) -> bool:
     """Whether ``state`` is an experiment record as :func:`merged` makes it: ``values`` a mapping of names to lists of
-    scalars, ``axes`` and ``metrics`` lists of names (an edited ``"axes": "seed"`` is not)."""
+    scalars (or nulls), ``axes`` and ``metrics`` lists of names (an edited ``"axes": "seed"`` is not)."""
     if not isinstance(state, dict) or not isinstance(state.get("values", {}), dict):
         return False
-    lists = [*state.get("values", {}).values(), state.get("axes", []), state.get("metrics", [])]
-    names = [*state.get("values", {}), *lists[-2:]]
-    return all(isinstance(seen, list) for seen in lists) and all(
-        isinstance(v, (str, int, float, bool)) for v in [*names, *(v for seen in lists for v in seen)]
+    values = state.get("values", {})
+    names = [state.get("axes", []), state.get("metrics", [])]
+    if not all(isinstance(seen, list) for seen in [*values.values(), *names]):
+        return False
+    scalars = [v for seen in values.values() for v in seen]
+    return all(v is None or isinstance(v, (str, int, float)) for v in scalars) and all(
+        isinstance(name, str) for name in [*values, *names[0], *names[1]]
     )
 
 

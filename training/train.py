@@ -744,15 +744,17 @@ def overridden_columns(cfg: DictConfig, overrides: Iterable[str]) -> tuple[str, 
 def run_folder(cfg: DictConfig, overrides: Iterable[str]) -> str:
     """The folder of ``<output_dir>/<experiment>/`` in which the ``train`` command's runs with these ``key=value``
     overrides take their versions (Hydra's ``override_dirname``): ``model.attention.kind=full`` → ``kind=full``
-    (:func:`foundation.rundir.values_name`: keys in sorted order, each by its shortest unambiguous tail, values as
-    given, unsafe characters as ``_``, capped with a hash). The keys a resume may change (``MAY_CHANGE_ON_RESUME``:
-    ``resume``, ``output_dir``, ``trainer.max_steps``, ...) and ``experiment`` do not name it, so a resume with the
-    same overrides finds its run. '' when nothing names it, or when ``run_dir`` is given (that is the run's place)."""
+    (:func:`foundation.rundir.values_name`: keys in sorted order, each by the name it owns among the config's keys,
+    ``dropout`` for ``model.dropout`` and ``attention.dropout`` for ``model.attention.dropout``; values as given, unsafe
+    characters as ``_`` and then a hash of the exact overrides, so two different overrides never share a folder;
+    capped with a hash). The keys a resume may change (``MAY_CHANGE_ON_RESUME``: ``resume``, ``output_dir``,
+    ``trainer.max_steps``, ...) and ``experiment`` do not name it, so a resume with the same overrides finds its run.
+    '' when nothing names it, or when ``run_dir`` is given (that is the run's place)."""
     if cfg.run_dir is not None:
         return ""
     given = dict(o.split("=", 1) for o in overrides)
     named = {k: given[k] for k in sorted(given) if k not in MAY_CHANGE_ON_RESUME and k != "experiment"}
-    return values_name(named) if named else ""
+    return values_name(named, list(flatten(to_container(cfg)))) if named else ""
 
 
 def gpu_note(cfg: DictConfig) -> Optional[str]:
