@@ -144,10 +144,24 @@ def choose_run_dir(
     if resume:
         with_ckpt = [v for v in versions if (v / CHECKPOINT).is_file()]
         if not with_ckpt:
-            raise ConfigError(f"resume: no {CHECKPOINT} under {root}/version_* to resume from")
+            raise ConfigError(
+                f"resume: no {CHECKPOINT} under {root}/version_* to resume from; {_elsewhere(root, folder)}"
+            )
         return with_ckpt[-1]
     nxt = int(versions[-1].name.removeprefix("version_")) + 1 if versions else 0
     return root / f"version_{nxt}"
+
+
+def _elsewhere(root: Path, folder: str) -> str:
+    """Where the run a resume did not find may be: a run of the experiment directly in its folder (the layout before
+    runs were named by their overrides, or a run started without them), else how to name any run's folder."""
+    earlier = [v for v in _versions(root.parent) if (v / CHECKPOINT).is_file()] if folder else []
+    if earlier:
+        return (
+            f"{earlier[-1]} is a run of this experiment in its folder, not in the folder these overrides name "
+            f"({folder}): to resume it, give run_dir={earlier[-1]}"
+        )
+    return "to resume a run that lies elsewhere, give its folder as run_dir=<folder>"
 
 
 @contextlib.contextmanager

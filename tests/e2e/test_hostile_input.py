@@ -271,6 +271,15 @@ def lock_folder(root: Path) -> None:
     (root / ".lock").mkdir()
 
 
+def earlier_layout(w) -> str:
+    """An experiment whose run lies directly in its folder (``runs/earlier/version_0``), as before runs were named by
+    their overrides."""
+    run = w.root / "runs" / "earlier" / "version_0"
+    if not run.exists():
+        shutil.copytree(w.trained, run)
+    return "earlier"
+
+
 def experiment_record(w, name: str, link: bool = False) -> str:
     """An experiment folder whose ``.hparams.json`` is a link to a file outside it, or a folder."""
     record = w.root / "runs" / name / ".hparams.json"
@@ -417,6 +426,10 @@ CASES: dict[str, tuple[Callable, str]] = {
         "metrics.step_2.json: not a file",
     ),
     # a run's files are the run's (training/runfiles.py): none missing, none of another run, each range-checked
+    "train/resume by overrides of a run in the earlier layout": (
+        lambda w: train(w, f"experiment={earlier_layout(w)}", "seed=1", "resume=true"),
+        "runs/earlier/version_0 is a run of this experiment in its folder, not in the folder these overrides name",
+    ),
     # the experiment's HPARAMS record (training/tensorboard.py), checked before the run's folder is made
     "train/.hparams.json a link to a file outside": (
         lambda w: train(w, f"experiment={experiment_record(w, 'hp_link', link=True)}"),
