@@ -1002,6 +1002,17 @@ def test_bad_input_gets_one_line_exit_2_and_writes_nothing(world, case, capsys, 
     assert not (world.root / "code_ran").exists()
 
 
+@pytest.mark.parametrize("rank, lines", [({}, 1), ({"RANK": "0"}, 1), ({"LOCAL_RANK": "1"}, 0), ({"RANK": "3"}, 0)])
+def test_under_ddp_only_rank_0_prints_the_error_line(world, monkeypatch, capsys, rank, lines):
+    for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in rank.items():  # as Lightning sets them in the ranks it launches, which run the command again
+        monkeypatch.setenv(name, value)
+    assert cli.main(train(world, "model.dropout=1.5")) == 2
+    err = capsys.readouterr().err
+    assert len([line for line in err.splitlines() if line.startswith("error: ")]) == lines and "Traceback" not in err
+
+
 # sysfs takes no new file, whoever asks; its permission bits (os.access) let root through.
 UNWRITABLE = "/sys"
 
