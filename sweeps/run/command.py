@@ -25,6 +25,10 @@ failed shape is one ``error:`` line each and exit 2. The projection (:mod:`sweep
 first trial and written as ``plan.json``. The control's trials run first, as a gate (:mod:`sweeps.run.gate`): a
 control that does not pass stops the sweep before the arms with exit code 4 (``--no-gate`` runs them anyway).
 
+What costs seconds is checked before what costs minutes (:func:`check_before_preflight`): a database storage is opened
+within its connect timeout, the stored study compared with the file, and a journal study's lock tried for a running
+``sweep``, all before the preflight.
+
 The study file is read and checked once, here: the workers get the loaded :class:`~sweeps.spec.study.Study` whole,
 its points' configs checked, and ``--add-seeds`` grows it (:meth:`~sweeps.spec.study.Study.with_seeds`) without
 reading the file again. Each process opens a study's storage once (:class:`sweeps.run.storage.RunStorage`).
