@@ -12,7 +12,15 @@ import argparse
 import importlib
 import sys
 
-from foundation.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Diverged, Terminated
+from foundation.errors import (
+    EXIT_DIVERGED,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    ConfigError,
+    Diverged,
+    Terminated,
+    says_errors,
+)
 from foundation.redact import redact
 
 COMMANDS = {
@@ -61,17 +69,24 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         return importlib.import_module(COMMANDS[args.command][0]).main(args)
     except ConfigError as err:  # one line whatever the message holds, with any password in a URL masked
-        print(f"error: {redact(' '.join(str(err).splitlines()))}", file=sys.stderr)
+        _say("error", err)
         return 2
     except Diverged as err:  # the run stopped at a non-finite loss, its last finite checkpoint kept
-        print(f"error: {redact(' '.join(str(err).splitlines()))}", file=sys.stderr)
+        _say("error", err)
         return EXIT_DIVERGED
     except Terminated as err:
-        print(f"terminated: {redact(' '.join(str(err).splitlines()))}", file=sys.stderr)
+        _say("terminated", err)
         return EXIT_TERMINATED
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        if says_errors():
+            print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _say(kind: str, err: BaseException) -> None:
+    """The command's one ending line (``error: …``), printed once: by rank 0 under DDP."""
+    if says_errors():
+        print(f"{kind}: {redact(' '.join(str(err).splitlines()))}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,19 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")  # Lightning's, read in this order
+
+
+def says_errors() -> bool:
+    """Whether this process prints a command's ending line (``error: …``, ``terminated: …``): under DDP only rank 0
+    does, since every rank meets the failure and the ranks Lightning launches run the command again (the first of
+    :data:`RANK_VARIABLES` that is set names this process's rank, as Lightning reads it)."""
+    import os
+
+    rank = next((os.environ[name] for name in RANK_VARIABLES if name in os.environ), "0")
+    return not rank.strip().isdigit() or int(rank) == 0
+
+
 class Terminated(Exception):
     """The process was asked to stop (SIGTERM: a scheduler's preemption) and saved what resumes it: the CLI prints
     the message as one line and exits with code 143 (128 + SIGTERM), so no scheduler takes the run as finished."""

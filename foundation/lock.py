@@ -51,10 +51,7 @@ class Owner:
         except BlockingIOError:
             os.close(self._fd)
             self._fd = None
-            raise Busy(
-                f"{what or self.folder}: in use by {holder(self.folder)} (one process at a time owns a run or a "
-                "study; wait for it to end or stop it)"
-            ) from None
+            raise _busy(self.folder, what) from None
         left = os.pread(self._fd, 512, 0).decode(errors="replace").strip()
         if left:  # a clean release empties the file: its holder died
             print(
@@ -82,6 +79,29 @@ class Owner:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _busy(folder: Path, what: Optional[str]) -> Busy:
+    return Busy(
+        f"{what or folder}: in use by {holder(folder)} (one process at a time owns a run or a study; wait for it to "
+        "end or stop it)"
+    )
+
+
+def check_free(folder: Path, what: Optional[str] = None) -> None:
+    """Before a process that will own ``folder`` spends time (a sweep's preflight): one :class:`Busy` line when
+    another process owns it now. Nothing is written: the lock file, when there, is opened to read and its lock
+    tried and let go at once."""
+    path = Path(folder) / LOCK
+    if not path.is_file():
+        return
+    fd = open_inside(Path(folder), path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _busy(Path(folder), what) from None
+    finally:
+        os.close(fd)  # releases the lock, if taken
 
 
 def holder(folder: Path) -> str:

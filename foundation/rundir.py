@@ -59,14 +59,39 @@ def short_keys(keys: list[str]) -> dict[str, str]:
     return out
 
 
-def values_name(values: dict[str, object]) -> str:
+def owned_keys(keys: list[str], schema: list[str]) -> dict[str, str]:
+    """Each dotted key of ``keys`` by its shortest tail that it is the first key of ``schema`` (a config's keys in
+    their order; then ``keys`` not among them) to end with: ``model.dropout`` → ``dropout`` and
+    ``model.attention.dropout`` → ``attention.dropout``, whichever of them is given. No two keys of one schema share a
+    name, so the name of one key never depends on which others are given."""
+    order = list(dict.fromkeys([*schema, *keys]))
+    out = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            tail = ".".join(parts[-n:])
+            if next(k for k in order if k == tail or k.endswith("." + tail)) == key:
+                break
+        out[key] = tail
+    return out
+
+
+def values_name(values: dict[str, object], schema: Optional[list[str]] = None) -> str:
     """A folder name that says ``values``: ``kind=full,k=16`` (short keys), characters outside ``[A-Za-z0-9._=,+-]``
-    as ``_``, at most :data:`NAME_LIMIT` characters (a longer one cut and ended by a hash of the whole)."""
-    keys = short_keys(list(values))
-    name = ",".join(f"{keys[k]}={v}" for k, v in values.items())
-    name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", name)
-    if len(name) > NAME_LIMIT:
-        name = f"{name[: NAME_LIMIT - 9]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    as ``_``, at most :data:`NAME_LIMIT` characters (a longer one cut and ended by a hash of the whole).
+
+    With the ``schema`` the keys belong to (a ``train`` run's overrides, whose folder a resume finds again), two
+    different ``values`` never share a name: each key by the name it owns in the schema (:func:`owned_keys`), and
+    where a character was replaced or a value holds the separator ``,`` (what the name said is lost) the name ends in
+    a hash of the exact keys and values: ``source=my corpus.txt`` is ``source=my_corpus.txt-<8 hex digits>``, beside
+    ``source=my_corpus.txt``."""
+    keys = short_keys(list(values)) if schema is None else owned_keys(list(values), schema)
+    said = ",".join(f"{keys[k]}={v}" for k, v in values.items())
+    name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", said)
+    exact = ",".join(f"{k}={v}" for k, v in values.items())
+    lost = schema is not None and (name != said or any("," in str(v) for v in values.values()))
+    if lost or len(name) > NAME_LIMIT:
+        name = f"{name[: NAME_LIMIT - 9]}-{hashlib.sha1((exact if lost else name).encode()).hexdigest()[:8]}"
     return name
 
 
@@ -119,10 +144,24 @@ def choose_run_dir(
     if resume:
         with_ckpt = [v for v in versions if (v / CHECKPOINT).is_file()]
         if not with_ckpt:
-            raise ConfigError(f"resume: no {CHECKPOINT} under {root}/version_* to resume from")
+            raise ConfigError(
+                f"resume: no {CHECKPOINT} under {root}/version_* to resume from; {_elsewhere(root, folder)}"
+            )
         return with_ckpt[-1]
     nxt = int(versions[-1].name.removeprefix("version_")) + 1 if versions else 0
     return root / f"version_{nxt}"
+
+
+def _elsewhere(root: Path, folder: str) -> str:
+    """Where the run a resume did not find may be: a run of the experiment directly in its folder (the layout before
+    runs were named by their overrides, or a run started without them), else how to name any run's folder."""
+    earlier = [v for v in _versions(root.parent) if (v / CHECKPOINT).is_file()] if folder else []
+    if earlier:
+        return (
+            f"{earlier[-1]} is a run of this experiment in its folder, not in the folder these overrides name "
+            f"({folder}): to resume it, give run_dir={earlier[-1]}"
+        )
+    return "to resume a run that lies elsewhere, give its folder as run_dir=<folder>"
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import socket
 from typing import Any, Optional, Sequence
 
 import optuna
@@ -201,12 +202,29 @@ def main(args: argparse.Namespace) -> int:
     view, lines = served(study, args.storage)
     import optuna_dashboard
 
+    check_port(args.host, args.port)  # before the address is printed and the server says it listens
     print(f"dashboard: http://{args.host}:{args.port}/dashboard  (read only; Ctrl-C stops it)", flush=True)
     print("\n".join(lines), flush=True)
     try:
         optuna_dashboard.run_server(view, host=args.host, port=args.port)
-    except OSError as err:
-        raise ConfigError(
-            f"--host {args.host} --port {args.port}: cannot listen there ({err.strerror or err}); choose another --port"
-        ) from None
+    except OSError as err:  # taken between the check and the server's start
+        raise _cannot_listen(args.host, args.port, err) from None
     return 0
+
+
+def check_port(host: str, port: int) -> None:
+    """``host:port`` takes a listening server: bound once as the server binds it (address reuse on, as Python's HTTP
+    servers set it) and let go; one line when another program listens there or the address is not this machine's."""
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[:1]:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+    except OSError as err:
+        raise _cannot_listen(host, port, err) from None
+
+
+def _cannot_listen(host: str, port: int, err: OSError) -> ConfigError:
+    return ConfigError(
+        f"--host {host} --port {port}: cannot listen there ({err.strerror or err}); choose another --port"
+    )

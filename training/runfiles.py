@@ -3,15 +3,14 @@
 **The run identity** is a random UUID (:func:`new_run_id`) created once, when a run starts, and written into each
 file that says what the run is: the first line of ``config.yaml`` (``# run <id>``, a YAML comment, so every reader of
 the config is unaffected), ``data.json`` (``run_id`` beside the data's fingerprint), every checkpoint
-(``resume_state.run_id``, :class:`training.resume.LastCheckpoint`) and ``metrics.json`` (``run_id``). A resume
-(:func:`check_run_files`) requires them all to agree before anything is written: a checkpoint, a config, a data
-record or a metrics file of another run (another seed's ``last.ckpt`` copied in) is refused in one line.
+(``resume_state.run_id``, :class:`training.resume.LastCheckpoint`: ``last.ckpt`` and a classifier's ``best.ckpt``)
+and ``metrics.json`` (``run_id``). A resume (:func:`check_run_files`) requires them all to agree before anything is
+written: a checkpoint, a config, a data record or a metrics file of another run (another seed's ``last.ckpt`` copied
+in) is refused in one line.
 
-A run directory written before identities existed carries none in any file: it is resumed when every other check
-agrees (its config and data as below, and the config its checkpoint recorded, seed included, equal to the one given)
-and stays without one, since writing an identity into some of its files and not yet into its checkpoint would leave
-it half-bound. Files of which some carry an identity and some do not are refused: they were put together from
-different runs.
+The identity has no exception: a run folder whose files carry none (identities stripped from a copied run, or files
+written by another program) is refused in one line that says how to start afresh, and so are files of which some
+carry an identity and some do not (they were put together from different runs).
 
 **What a resume reads, checked** (each failure one ``ConfigError`` line, before anything is written):
 
@@ -62,16 +61,18 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
-def config_text(cfg: DictConfig, run_id: Optional[str]) -> str:
-    """What ``config.yaml`` holds: the resolved config, below the line ``# run <id>`` (none for a run without one)."""
-    text = OmegaConf.to_yaml(cfg, resolve=True)
-    return text if run_id is None else f"{_ID_LINE}{run_id}\n{text}"
+def config_text(cfg: DictConfig, run_id: str) -> str:
+    """What ``config.yaml`` holds: the resolved config, below the line ``# run <id>``."""
+    return f"{_ID_LINE}{run_id}\n{OmegaConf.to_yaml(cfg, resolve=True)}"
+
+
+BEST = CHECKPOINT.parent / "best.ckpt"  # a classifier's best validation step (training/train.py), bound like last.ckpt
 
 
 @dataclass(frozen=True)
 class Resumed:
     """What a resume continues: the checkpoint's content and step (None and -1 when there is none: the run starts
-    afresh in its folder) and the run's identity (None for a run written before identities)."""
+    afresh in its folder) and the run's identity (None only for a folder that holds none of the run's files yet)."""
 
     state: Optional[dict[str, Any]]
     step: int
@@ -99,6 +100,7 @@ def check_run_files(cfg: DictConfig, run_dir: Path) -> Resumed:
         CONFIG: _config_id(run_dir / CONFIG),
         DATA: data_record(run_dir)[1],
         **({METRICS: metrics.get("run_id")} if metrics is not None else {}),
+        **_best_id(run_dir),
     }
     run_id = _one_identity(run_dir, ids)  # first: a file of another run is named as such
     _check_recorded_config(cfg, state, ckpt)
@@ -123,12 +125,20 @@ def _without_checkpoint(run_dir: Path) -> Resumed:
             f"resume: {ended[0]} records an end of this run but {run_dir / CHECKPOINT} is missing (removed?); a resume "
             "continues from the checkpoint: restore it, or start a new run"
         )
-    ids = {}
+    ids = _best_id(run_dir)
     if (run_dir / CONFIG).is_file():
         ids[CONFIG] = _config_id(run_dir / CONFIG)
     if (run_dir / DATA).is_file():
         ids[DATA] = data_record(run_dir)[1]
     return Resumed(None, -1, _one_identity(run_dir, ids) if ids else None)
+
+
+def _best_id(run_dir: Path) -> dict[str, Any]:
+    """``{"checkpoints/best.ckpt": its identity}`` when the run has one (read whole and checked), else ``{}``."""
+    path = run_dir / BEST
+    if not (path.exists() or path.is_symlink()):
+        return {}
+    return {str(BEST): checkpoint_record(read_checkpoint(path), path)[0]}
 
 
 def _config_id(path: Path) -> Optional[str]:
@@ -138,9 +148,9 @@ def _config_id(path: Path) -> Optional[str]:
     return first.removeprefix(_ID_LINE).strip() if first.startswith(_ID_LINE) else None
 
 
-def _one_identity(run_dir: Path, ids: dict[str, Any]) -> Optional[str]:
-    """The one identity every file in ``ids`` (file name → what it records) carries, or None when none carries one;
-    files of different runs, or some with an identity and some without, are one line naming them."""
+def _one_identity(run_dir: Path, ids: dict[str, Any]) -> str:
+    """The one identity every file in ``ids`` (file name → what it records) carries; files that carry none, files of
+    different runs, or some with an identity and some without, are one line naming them."""
     for name, value in ids.items():
         if value is not None and not (isinstance(value, str) and RUN_ID.fullmatch(value)):
             raise ConfigError(
@@ -148,7 +158,11 @@ def _one_identity(run_dir: Path, ids: dict[str, Any]) -> Optional[str]:
             )
     found = {value for value in ids.values() if value is not None}
     if not found:
-        return None
+        raise ConfigError(
+            f"resume: {run_dir}: its files carry no run identity ({', '.join(ids)}), so nothing tells them from a "
+            "copy of another run's; a resume continues one identified run: start afresh, without resume=true (a new "
+            "version) or with run_dir=<a new folder>"
+        )
     if len(found) == 1 and None not in ids.values():
         return found.pop()
     shown = ", ".join(f"{name}: {'no identity' if value is None else 'run ' + value}" for name, value in ids.items())

@@ -36,6 +36,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 from foundation.atomic import atomic_write, write_json
 from foundation.checked import read_json
+from foundation.confined import check_inside
 from foundation.errors import ConfigError
 from foundation.rundir import values_name
 
@@ -135,6 +136,37 @@ def merged(state: dict[str, Any], params: dict[str, Any], metrics: Sequence[str]
     }
 
 
+def well_formed(state: Any) -> bool:
+    """Whether ``state`` is an experiment record as :func:`merged` makes it: ``values`` a mapping of names to lists of
+    scalars (or nulls), ``axes`` and ``metrics`` lists of names (an edited ``"axes": "seed"`` is not)."""
+    if not isinstance(state, dict) or not isinstance(state.get("values", {}), dict):
+        return False
+    values = state.get("values", {})
+    names = [state.get("axes", []), state.get("metrics", [])]
+    if not all(isinstance(seen, list) for seen in [*values.values(), *names]):
+        return False
+    scalars = [v for seen in values.values() for v in seen]
+    return all(v is None or isinstance(v, (str, int, float)) for v in scalars) and all(
+        isinstance(name, str) for name in [*values, *names[0], *names[1]]
+    )
+
+
+def check_record(root: Path) -> None:
+    """Before a new run's folder is made: its share of the experiment config at ``root`` can be written, the record
+    ``.hparams.json`` and the experiment's events file, where there, files inside ``root`` (no link, no folder); one
+    line otherwise. A record whose content is unreadable or of another form is made anew (:func:`write_experiment`)."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for path in [root / STATE, *root.glob(f"events.out.tfevents.*{EXPERIMENT_SUFFIX}")]:
+        check_inside(root, path)  # a link is one line
+        if path.exists() and not path.is_file():
+            raise ConfigError(
+                f"{path}: a folder where the HPARAMS record of the runs in {root} belongs (a file); remove it or move "
+                "it aside"
+            )
+
+
 def varied(state: dict[str, Any]) -> list[str]:
     """The axes: the recorded ones (overrides, a study's parameters), then every hyper-parameter whose values
     differ between the directory's runs (:data:`NOT_AXES` aside)."""
@@ -189,7 +221,7 @@ def write_experiment(root: Path, params: dict[str, Any], metrics: Sequence[str],
             state = read_json(root / STATE) if (root / STATE).is_file() else {}
         except ConfigError:  # unreadable (not this code's): the runs from here on make it anew
             state = {}
-        state = merged(state, params, metrics, axes)
+        state = merged(state if well_formed(state) else {}, params, metrics, axes)  # (of another form: made anew)
         write_json(root / STATE, state, root)
         earlier = sorted(root.glob(f"events.out.tfevents.*{EXPERIMENT_SUFFIX}"))
         path = root / f"events.out.tfevents.{time.time():.6f}{EXPERIMENT_SUFFIX}"  # (sorted as TensorBoard's names)

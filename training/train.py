@@ -35,7 +35,7 @@ from foundation.checked import read_json
 from foundation.checkpoint import AtomicCheckpointIO, check_architecture
 from foundation.configfile import flatten, to_container
 from foundation.confined import check_tree
-from foundation.errors import ConfigError, Terminated
+from foundation.errors import ConfigError, Terminated, says_errors
 from foundation.lock import LOCK, Owner
 from foundation.paths import check_folder
 from foundation.rundir import (
@@ -66,14 +66,14 @@ from training.resume import (
     data_identity,
     rollback_events,
 )
-from training.runfiles import METRICS, Resumed, check_run_files, config_text, new_run_id
+from training.runfiles import BEST, METRICS, Resumed, check_run_files, config_text, new_run_id
 from training.sample_curve import SampleValidation
-from training.tensorboard import LogPlace, RunLogger, log_roots, objective_layout, record_run
+from training.tensorboard import LogPlace, RunLogger, check_record, log_roots, objective_layout, record_run
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
 FORKING_STRATEGIES = ("ddp_fork", "ddp_notebook")
 # What a run directory holds as files (a resume refuses a folder or a link in their place)
-RUN_FILES = (LOCK, "config.yaml", DATA, HPARAMS, str(TOKENIZER), METRICS, str(CHECKPOINT))
+RUN_FILES = (LOCK, "config.yaml", DATA, HPARAMS, str(TOKENIZER), METRICS, str(CHECKPOINT), str(BEST))
 
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
@@ -251,7 +251,7 @@ def _open_run_dir(
     module: L.LightningModule,
     resumed: Optional[Resumed],
     folder: str,
-) -> tuple[Path, Optional[str], Optional[dict], Optional[Owner], Optional[str]]:
+) -> tuple[Path, Optional[str], Optional[dict], Optional[Owner], str]:
     """The run directory, owned by this process (rank 0) and with its files written (:func:`_write_run_files`); the
     checkpoint to resume from; when the run to resume has already finished and recorded its metrics, those
     metrics (then nothing is written); the ownership, for the caller to release; and the run's identity.
@@ -267,8 +267,7 @@ def _open_run_dir(
     if rank == 0:
         run_dir, owner = _own_run_dir(cfg, run_dir, folder)
     resume_state = resumed.state if resumed is not None else None
-    # a new run's identity; a resumed one keeps its own (a run from before identities stays without one)
-    run_id = resumed.run_id if resumed is not None and (resumed.run_id or resume_state is not None) else new_run_id()
+    run_id = resumed.run_id if resumed is not None and resumed.run_id else new_run_id()  # a resumed run keeps its own
     try:
         resume_from = str(run_dir / CHECKPOINT) if resume_state is not None else None
         if resume_state is not None:
@@ -296,7 +295,7 @@ def _write_run_files(
     run_dir: Path,
     datamodule: L.LightningDataModule,
     resume_state: Optional[dict],
-    run_id: Optional[str],
+    run_id: str,
 ) -> None:
     """Rank 0, owning ``run_dir``: the event files rolled back to the checkpoint (or cleaned, for a resume without
     one), then ``config.yaml`` and ``data.json`` (each with the run identity), the tokenizer, and a finished run
@@ -306,7 +305,7 @@ def _write_run_files(
     elif cfg.resume:
         clean_start(run_dir)
     atomic_write_text(run_dir / "config.yaml", config_text(cfg, run_id), run_dir)
-    data = {"fingerprint": data_identity(cfg), **({"run_id": run_id} if run_id else {})}
+    data = {"fingerprint": data_identity(cfg), "run_id": run_id}
     write_json(run_dir / DATA, data, run_dir)  # a resume checks it
     if getattr(datamodule, "tokenizer", None) is not None:  # fine-tuning from this run encodes text with it
         atomic_write_text(run_dir / TOKENIZER, datamodule.tokenizer.to_str(), run_dir)
@@ -592,6 +591,10 @@ def train(
     check_machine(cfg)
     preflight(cfg)
     resumed = check_resume(cfg, folder)
+    if rank_zero_only.rank == 0 and (resumed is None or resumed.state is None):  # a run that records its HPARAMS
+        check_record(
+            log.root or choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, cfg.resume, 0, folder).parent
+        )
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.cpu_threads > 0:
         torch.set_num_threads(cfg.trainer.cpu_threads)
@@ -623,7 +626,7 @@ def _fit(
     datamodule: L.LightningDataModule,
     module: L.LightningModule,
     run_dir: Path,
-    resuming: tuple[Optional[str], Optional[int], Optional[str]],
+    resuming: tuple[Optional[str], Optional[int], str],
     callbacks: list[L.Callback],
     hparams: Optional[dict],
     started: float,
@@ -691,7 +694,7 @@ def _best_checkpoint(module: L.LightningModule, run_dir: Path) -> Optional[Model
 
 
 def _recorded_divergence(
-    cfg: DictConfig, trainer: L.Trainer, run_dir: Path, last: LastCheckpoint, kept: Optional[int], run_id: Optional[str]
+    cfg: DictConfig, trainer: L.Trainer, run_dir: Path, last: LastCheckpoint, kept: Optional[int], run_id: str
 ) -> contextlib.AbstractContextManager:
     """Around ``fit``: a divergence recorded in ``metrics.json`` (rank 0), with the step of the last checkpoint kept
     (this process's last save, else the one it resumed from), and ended as one line (``training/divergence.py``)."""
@@ -742,15 +745,17 @@ def overridden_columns(cfg: DictConfig, overrides: Iterable[str]) -> tuple[str, 
 def run_folder(cfg: DictConfig, overrides: Iterable[str]) -> str:
     """The folder of ``<output_dir>/<experiment>/`` in which the ``train`` command's runs with these ``key=value``
     overrides take their versions (Hydra's ``override_dirname``): ``model.attention.kind=full`` → ``kind=full``
-    (:func:`foundation.rundir.values_name`: keys in sorted order, each by its shortest unambiguous tail, values as
-    given, unsafe characters as ``_``, capped with a hash). The keys a resume may change (``MAY_CHANGE_ON_RESUME``:
-    ``resume``, ``output_dir``, ``trainer.max_steps``, ...) and ``experiment`` do not name it, so a resume with the
-    same overrides finds its run. '' when nothing names it, or when ``run_dir`` is given (that is the run's place)."""
+    (:func:`foundation.rundir.values_name`: keys in sorted order, each by the name it owns among the config's keys,
+    ``dropout`` for ``model.dropout`` and ``attention.dropout`` for ``model.attention.dropout``; values as given, unsafe
+    characters as ``_`` and then a hash of the exact overrides, so two different overrides never share a folder;
+    capped with a hash). The keys a resume may change (``MAY_CHANGE_ON_RESUME``: ``resume``, ``output_dir``,
+    ``trainer.max_steps``, ...) and ``experiment`` do not name it, so a resume with the same overrides finds its run.
+    '' when nothing names it, or when ``run_dir`` is given (that is the run's place)."""
     if cfg.run_dir is not None:
         return ""
     given = dict(o.split("=", 1) for o in overrides)
     named = {k: given[k] for k in sorted(given) if k not in MAY_CHANGE_ON_RESUME and k != "experiment"}
-    return values_name(named) if named else ""
+    return values_name(named, list(flatten(to_container(cfg)))) if named else ""
 
 
 def gpu_note(cfg: DictConfig) -> Optional[str]:
@@ -783,11 +788,12 @@ def main(args: argparse.Namespace) -> int:
     log = LogPlace(root=experiment, axes=overridden_columns(cfg, args.overrides))  # one HPARAMS tab for all its runs
     metrics = train(cfg, log=log, folder=folder)
     if metrics["global_step"] < cfg.trainer.max_steps:  # a run that did not finish never exits 0
-        print(
-            f"error: {metrics['run_dir']}: training stopped at step {metrics['global_step']} of "
-            f"{cfg.trainer.max_steps}; rerun with resume=true to finish it",
-            file=sys.stderr,
-        )
+        if says_errors():  # (once, under DDP)
+            print(
+                f"error: {metrics['run_dir']}: training stopped at step {metrics['global_step']} of "
+                f"{cfg.trainer.max_steps}; rerun with resume=true to finish it",
+                file=sys.stderr,
+            )
         return 1
     print("\n".join(ending_lines(run_objective(cfg), metrics, gpu_note(cfg), experiment)))
     return 0

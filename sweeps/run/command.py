@@ -25,6 +25,10 @@ failed shape is one ``error:`` line each and exit 2. The projection (:mod:`sweep
 first trial and written as ``plan.json``. The control's trials run first, as a gate (:mod:`sweeps.run.gate`): a
 control that does not pass stops the sweep before the arms with exit code 4 (``--no-gate`` runs them anyway).
 
+What costs seconds is checked before what costs minutes (:func:`check_before_preflight`): a database storage is opened
+within its connect timeout, the stored study compared with the file, and a journal study's lock tried for a running
+``sweep``, all before the preflight.
+
 The study file is read and checked once, here: the workers get the loaded :class:`~sweeps.spec.study.Study` whole,
 its points' configs checked, and ``--add-seeds`` grows it (:meth:`~sweeps.spec.study.Study.with_seeds`) without
 reading the file again. Each process opens a study's storage once (:class:`sweeps.run.storage.RunStorage`).
@@ -69,6 +73,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from foundation.confined import open_inside
 from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
+from foundation.lock import check_free
 from sweeps import stored
 from sweeps.run import gate, plan, preflight, storage
 from sweeps.run.storage import GridPointTaken, RunStorage
@@ -158,9 +163,22 @@ def _created_elsewhere(study: Study, opened: object, options: dict, sampler: obj
         time.sleep(0.5)
 
 
+def check_before_preflight(study: Study, runs: RunStorage, new_study: bool) -> Optional[Path]:
+    """What costs seconds, checked before the preflight spends minutes: a database storage opened (within its connect
+    timeout), the stored study the file's (unless ``--new-study`` sets it aside), no other ``sweep`` owning a journal
+    study now, and where ``--new-study`` would move it (returned; None when there is nothing to move)."""
+    if runs.url is not None:
+        runs.storage  # noqa: B018  (connected here, or one line)
+    if not new_study:
+        check_stored(study, runs.url)
+    if runs.journal is not None:
+        check_free(study.root, f"study {study.name} ({study.root})")
+    return runs.aside_path() if new_study else None
+
+
 def check_stored(study: Study, url: Optional[str]) -> None:
-    """A journal study already started must have the file's objective and space: checked before the command
-    writes anything (an RDB study is checked when it is opened)."""
+    """A study already started must have the file's objective and space: checked before the command writes
+    anything."""
     for one in study.studies:
         ostudy = RunStorage(one, url).stored_study()
         if ostudy is not None:
@@ -666,6 +684,19 @@ def with_added_seeds(study: Study, stores: dict[str, RunStorage], add: int = 0) 
     return study.with_seeds(added) if added else study
 
 
+def planned(study: Study, stores: dict[str, RunStorage], add: int) -> Study:
+    """The study as ``sweep`` would run it, read only, for ``--preflight``'s plan: grown by the seeds an earlier
+    ``--add-seeds`` stored on it and by ``add`` more (the numbers the sweep would take, unless a stored trial holds a
+    higher seed: the count is what the plan needs)."""
+    ostudy = stores[study.name].stored_study()
+    added = [int(s) for s in ostudy.user_attrs.get(ADDED_SEEDS, [])] if ostudy is not None else []
+    if add:
+        used = {*added, *study.seeds, *(study.control.seeds if study.control is not None else ())}
+        family = set().union(*stored.family_seeds(study, stores[study.name].url).values())
+        added += replication.next_unused(max(used, default=-1) + 1, add, family)
+    return study.with_seeds(added) if added else study
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study file, e.g. sweeps/random_vs_learned.yaml")
     parser.add_argument("--preset", help="preset of the study file (default: cpu when it has one), e.g. gpu")
@@ -684,13 +715,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="add N replicate seeds (the next unused numbers) to a grid study and its control, "
         "then resume it; plan N from the report's power calculation before running",
     )
-    parser.add_argument(
+    derived = parser.add_mutually_exclusive_group()  # one derived study at a time: argparse names both flags
+    derived.add_argument(
         "--replicate",
         action="store_true",
         help="run the study's replication: its arms and control again on fresh seeds (the file's replicate: block, "
         "else the next hundred above the design's), as a study of its own beside the original",
     )
-    parser.add_argument(
+    derived.add_argument(
         "--budget",
         type=float,
         metavar="F",
@@ -708,13 +740,14 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="start the study afresh: its folder (journal, trials, report) is moved aside to <folder>.<time>, "
         "nothing is deleted; for a study file whose search space or objective changed",
     )
-    parser.add_argument(
+    preflights = parser.add_mutually_exclusive_group()  # only the preflight, or none: argparse names both flags
+    preflights.add_argument(
         "--preflight",
         action="store_true",
         help="train every distinct trial shape of the study and its control a few steps, each in a fresh process on "
         "the trials' device; print its seconds per step, peak memory and the study's projected cost; write nothing",
     )
-    parser.add_argument(
+    preflights.add_argument(
         "--no-preflight",
         action="store_true",
         help="start the trials without the preflight (also LINFORMER_LAB_PREFLIGHT=0)",
@@ -763,21 +796,21 @@ def main(args: argparse.Namespace) -> int:
         return 0
     for s in study.studies:  # the accelerator its trials ask for is on this machine: refused before any write
         check_machine(s.shared)
+    _optuna_quiet()
+    aside = check_before_preflight(study, runs, args.new_study)
     shapes = None
     if args.preflight or not (args.no_preflight or preflight.turned_off()):
         shapes = _preflight(study, args.workers)  # before any write: a shape that fails refuses the study
         if shapes is None:
             return 2
         if args.preflight:
+            study = planned(study, stores, args.add_seeds or 0)
+            shapes = preflight.with_trials_of(shapes, study)
             gated = study.control is not None and not (args.no_gate or gate.turned_off())
             print("\n".join(plan.lines(plan.project(study, shapes, *_layout(study, args.workers), gated=gated))))
             print("preflight OK: nothing written")
             return 0
-    _optuna_quiet()
-    if not args.new_study:
-        check_stored(study, args.storage)
     if args.new_study:
-        aside = runs.aside_path()
         with runs.own():  # no other sweep runs it
             aside = runs.set_aside(aside)
         if aside is not None:

@@ -6,7 +6,8 @@ levers) and exit code :data:`EXIT_GATED`; ``--no-gate`` runs the arms anyway.
 
 The decision is stored on the study (user attr ``control_gate``: the decision and the control's trial numbers it
 was taken on), so a resumed study keeps it unless the control changed (trials added by ``--add-seeds``, or a trial
-retried): then it is taken again. A control that is not yet judged (fewer than 2 complete trials of an arm, its
+retried), or the stored decision is not one (``passed`` not a bool: an edited ``"false"`` would read as true): then it
+is taken again. A control that is not yet judged (fewer than 2 complete trials of an arm, its
 trials failed) stops the arms too: the paragraph says so.
 """
 
@@ -89,11 +90,22 @@ def decide(study: Study, ostudy: optuna.Study, control_trials: list[FrozenTrial]
     reused = {repr(sorted(p.items())) for p in first_points(study)}
     on = judged_on(control_trials) + judged_on([t for t in own if repr(sorted(t.params.items())) in reused])
     stored = ostudy.user_attrs.get(GATE)
-    if isinstance(stored, dict) and stored.get("on") == on:
-        return bool(stored.get("passed")), str(stored.get("why", ""))
+    if kept(stored, on):
+        return stored["passed"], stored["why"]
     passed, why = verdict(study, control_trials, own)
     ostudy.set_user_attr(GATE, {"passed": passed, "on": on, "why": why})
     return passed, why
+
+
+def kept(stored: object, on: list[int]) -> bool:
+    """Whether a stored decision stands: taken on the control's trials ``on`` and read strictly, ``passed`` a bool and
+    ``why`` a string (an edited ``"passed": "false"`` is no decision, and the control is judged again)."""
+    return (
+        isinstance(stored, dict)
+        and stored.get("on") == on
+        and isinstance(stored.get("passed"), bool)
+        and isinstance(stored.get("why"), str)
+    )
 
 
 def turned_off() -> bool:

@@ -268,7 +268,7 @@ def failure_line(shape: Shape, err: BaseException) -> str:
     name = type(err).__name__
     said = f"{name}: {text}" if text else name
     if _is_oom(err):
-        way = f"out of memory ({said}); use a smaller data.batch_size (now {shape.cfg.data.batch_size})"
+        way = f"out of memory at this shape ({said}); use a smaller data.batch_size (now {shape.cfg.data.batch_size})"
         if shape.cfg.trainer.accumulate_grad_batches == 1:
             way += " with trainer.accumulate_grad_batches to keep the batch"
     elif _is_compile(err):
@@ -282,10 +282,16 @@ def failure_line(shape: Shape, err: BaseException) -> str:
     return f"preflight: {shape.label} [{shape.setting}] failed: {way}"
 
 
+# What torch's allocators say when an allocation fails: CUDA's "out of memory", the CPU's "DefaultCPUAllocator: can't
+# allocate memory" (a RuntimeError, e.g. under an address-space limit)
+OUT_OF_MEMORY = ("out of memory", "can't allocate memory")
+
+
 def _is_oom(err: BaseException) -> bool:
     import torch
 
-    return isinstance(err, (MemoryError, torch.OutOfMemoryError)) or "out of memory" in str(err).lower()
+    said = str(err).lower()
+    return isinstance(err, (MemoryError, torch.OutOfMemoryError)) or any(words in said for words in OUT_OF_MEMORY)
 
 
 def _is_compile(err: BaseException) -> bool:

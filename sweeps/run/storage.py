@@ -64,6 +64,7 @@ from foundation.confined import check_tree
 from foundation.errors import ConfigError
 from foundation.lock import LOCK, Owner
 from foundation.paths import check_folder
+from sweeps.run.plan import PLAN
 from sweeps.spec.study import Study
 from sweeps.stored import (
     GRACE_S,
@@ -149,13 +150,15 @@ class RunStorage:
         return self._storage
 
     def stored_study(self) -> Optional[optuna.Study]:
-        """The study as a journal already holds it, opened to read only (None when the journal does not hold it
-        yet, and for an RDB study): what the command checks before it owns the study or writes anything."""
-        if self.journal is None or not self.journal.is_file():
+        """The study as its storage already holds it (None when it does not hold it yet): a journal opened to read
+        only, a database as the sweep opens it (within its connect timeout); what the command checks before the
+        preflight, before it owns the study or writes anything."""
+        if self.journal is not None and not self.journal.is_file():
             return None
+        opened = open_storage(self.study, None, create=False) if self.journal is not None else self.storage
         try:
-            return optuna.load_study(study_name=self.study.name, storage=open_storage(self.study, None, create=False))
-        except KeyError:  # the journal does not hold it yet
+            return optuna.load_study(study_name=self.study.name, storage=opened)
+        except KeyError:  # the storage does not hold it yet
             return None
 
     # ----------------------------------------------------------------------------- the journal's folder and owner
@@ -196,7 +199,7 @@ class RunStorage:
         check_tree(
             root,
             f"study {self.study.name}",
-            files=(JOURNAL, LOCK, JOURNAL_LOCK, "control/" + JOURNAL, "control/" + LOCK, "control/" + JOURNAL_LOCK),
+            files=(JOURNAL, LOCK, JOURNAL_LOCK, PLAN, *(f"control/{name}" for name in (JOURNAL, LOCK, JOURNAL_LOCK))),
             folders=("logs", HEARTBEATS, "control", "control/" + HEARTBEATS),
             links=(OPTUNA_LOCK, "control/" + OPTUNA_LOCK),  # removed by the owner (own), never opened
         )

@@ -64,6 +64,21 @@ def scaled_steps(key: str, value: Any, factor: float) -> Any:
     return max(steps, 1) if key in AT_LEAST_ONE else steps
 
 
+def check_changes(steps: Any, factor: float) -> None:
+    """``--budget F`` changes the recipe's ``trainer.max_steps`` (``steps`` at ×1): a factor whose steps round back
+    to the ×1 recipe would run the same study on fresh seeds under the name of a larger budget; one line naming the
+    least factor that changes it."""
+    if scaled_steps("trainer.max_steps", steps, factor) != steps:
+        return
+    least = next(
+        f / 100 for f in range(101, 100 * MAX_FACTOR + 1) if scaled_steps("trainer.max_steps", steps, f / 100) != steps
+    )
+    raise ConfigError(
+        f"--budget {factor:g}: trainer.max_steps={steps} stays {steps} steps at {factor:g} × (a whole number of "
+        f"steps): this factor changes no step count; use --budget {least:g} or more"
+    )
+
+
 def scale_layer(layer: Any, factor: float, prefix: str = "") -> Any:
     """A layer of config keys (dotted or nested mappings, plain containers) with its step-valued keys scaled."""
     if not isinstance(layer, dict):

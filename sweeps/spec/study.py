@@ -477,6 +477,7 @@ def _validate(
         check_number("budget.timeout_s", b.timeout_s, 0, 365 * 86400, low_open=True)
     try:
         shared = run_config.merge_run([base, nested(dict(spec.overrides))])
+        steps = shared.trainer.max_steps  # at ×1
         if factor is not None:  # the recipe at F × its steps (sweeps.spec.budget)
             budget.scale_config(shared, factor)
         study = Study(
@@ -494,6 +495,8 @@ def _validate(
         study.build_config({})
     except ConfigError as err:
         raise ConfigError(f"overrides: {err}") from None
+    if factor is not None:
+        budget.check_changes(steps, factor)
     if spec.ladder is not None:
         check_ladder(spec, study.arms, study.config)
     _resolve(study)

@@ -271,6 +271,33 @@ def lock_folder(root: Path) -> None:
     (root / ".lock").mkdir()
 
 
+def earlier_layout(w) -> str:
+    """An experiment whose run lies directly in its folder (``runs/earlier/version_0``), as before runs were named by
+    their overrides."""
+    run = w.root / "runs" / "earlier" / "version_0"
+    if not run.exists():
+        shutil.copytree(w.trained, run)
+    return "earlier"
+
+
+def experiment_record(w, name: str, link: bool = False) -> str:
+    """An experiment folder whose ``.hparams.json`` is a link to a file outside it, or a folder."""
+    record = w.root / "runs" / name / ".hparams.json"
+    if not os.path.lexists(record):
+        record.parent.mkdir(parents=True)
+        if link:
+            (w.files / "outside.json").write_text("{}\n")
+            record.symlink_to(w.files / "outside.json")
+        else:
+            record.mkdir()
+    return name
+
+
+def plan_folder(root: Path) -> None:
+    root.mkdir()
+    (root / "plan.json").mkdir()
+
+
 def new_study_target_taken(w) -> Path:
     """A started study whose --new-study target names (this second and the next ones) already exist."""
     import time
@@ -399,6 +426,19 @@ CASES: dict[str, tuple[Callable, str]] = {
         "metrics.step_2.json: not a file",
     ),
     # a run's files are the run's (training/runfiles.py): none missing, none of another run, each range-checked
+    "train/resume by overrides of a run in the earlier layout": (
+        lambda w: train(w, f"experiment={earlier_layout(w)}", "seed=1", "resume=true"),
+        "runs/earlier/version_0 is a run of this experiment in its folder, not in the folder these overrides name",
+    ),
+    # the experiment's HPARAMS record (training/tensorboard.py), checked before the run's folder is made
+    "train/.hparams.json a link to a file outside": (
+        lambda w: train(w, f"experiment={experiment_record(w, 'hp_link', link=True)}"),
+        ".hparams.json: a symbolic link (to ",
+    ),
+    "train/.hparams.json a folder": (
+        lambda w: train(w, f"experiment={experiment_record(w, 'hp_dir')}"),
+        ".hparams.json: a folder where the HPARAMS record of the runs in",
+    ),
     "train/resume with config.yaml deleted and another learning rate": (
         lambda w: train(
             w,
@@ -693,6 +733,23 @@ CASES: dict[str, tuple[Callable, str]] = {
         lambda w: ["sweep", str(new_study_target_taken(w)), "--new-study"],
         "already exists, where the earlier study would be moved",
     ),
+    "sweep/plan.json a folder": (
+        lambda w: ["sweep", str(study_folder(w, "plandir", plan_folder))],
+        "plan.json is a folder where a file belongs",
+    ),
+    "sweep/--budget with --replicate": (
+        lambda w: ["sweep", str(w.study("s_ok.yaml")), "--budget", "4", "--replicate"],
+        "argument --replicate: not allowed with argument --budget",
+    ),
+    "sweep/--preflight with --no-preflight": (
+        lambda w: ["sweep", str(w.study("s_ok.yaml")), "--preflight", "--no-preflight"],
+        "argument --no-preflight: not allowed with argument --preflight",
+    ),
+    "sweep/--budget that changes no step count": (
+        lambda w: ["sweep", str(w.study("s_ok.yaml")), "--budget", "1.2"],
+        "--budget 1.2: trainer.max_steps=2 stays 2 steps at 1.2 × (a whole number of steps): this factor changes no "
+        "step count; use --budget 1.26 or more",
+    ),
     "sweep/a study whose overrides changed since it started": (
         lambda w: ["sweep", str(overrides_changed(w))],
         "was started with another identity: config.optim.lr: 0.001 there, 0.002 here",
@@ -943,6 +1000,17 @@ def test_bad_input_gets_one_line_exit_2_and_writes_nothing(world, case, capsys, 
     assert PASSWORD not in out.out + out.err
     assert snapshot(world.root) == before, "files were written, changed or removed"
     assert not (world.root / "code_ran").exists()
+
+
+@pytest.mark.parametrize("rank, lines", [({}, 1), ({"RANK": "0"}, 1), ({"LOCAL_RANK": "1"}, 0), ({"RANK": "3"}, 0)])
+def test_under_ddp_only_rank_0_prints_the_error_line(world, monkeypatch, capsys, rank, lines):
+    for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in rank.items():  # as Lightning sets them in the ranks it launches, which run the command again
+        monkeypatch.setenv(name, value)
+    assert cli.main(train(world, "model.dropout=1.5")) == 2
+    err = capsys.readouterr().err
+    assert len([line for line in err.splitlines() if line.startswith("error: ")]) == lines and "Traceback" not in err
 
 
 # sysfs takes no new file, whoever asks; its permission bits (os.access) let root through.

@@ -4,6 +4,7 @@ objectives named, read only; asked through the dashboard's own WSGI app, as the 
 from __future__ import annotations
 
 import json
+import socket
 import warnings
 import wsgiref.util
 
@@ -149,3 +150,15 @@ def test_the_dashboard_opens_a_study_at_a_larger_budget_as_the_sweep_prints_it(t
     open_study(RunStorage(larger.control, None))
     view, _ = served(larger, None)
     assert [s.study_name for s in view.get_all_studies()] == [larger.control.name]
+
+
+def test_a_port_another_program_listens_on_is_only_the_error_line(tmp_path, tiny_overrides, capsys):
+    study = study_file(tmp_path, tiny_overrides)
+    open_study(RunStorage(study.control, None))
+    with socket.create_server(("127.0.0.1", 0)) as busy:  # another program's server, on this machine only
+        port = busy.getsockname()[1]
+        assert cli.main(["dashboard", str(study.path), "--port", str(port)]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""  # no address printed, no server started
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen there (")

@@ -154,3 +154,25 @@ def test_a_database_that_accepts_and_never_answers_is_one_line_naming_it_and_the
             assert f"--storage postgresql+psycopg2://lab:***@127.0.0.1:{port}/optuna: no answer within 2 s" in error
             assert "hunter2" not in out.out + out.err
     assert snapshot(tmp_path) == before
+
+
+def test_a_database_that_never_answers_refuses_the_sweep_before_its_preflight(
+    tmp_path, tiny_overrides, capsys, monkeypatch
+):
+    pytest.importorskip("psycopg2", reason="the PostgreSQL driver (pip install 'linformer-lab[postgres]')")
+    from sweeps.run import command
+
+    monkeypatch.setattr(stored, "STORAGE_TIMEOUT_S", 2)
+    monkeypatch.setenv("LINFORMER_LAB_PREFLIGHT", "1")
+    monkeypatch.setattr(command, "_preflight", lambda *args: pytest.fail("the preflight ran before the storage"))
+    path = write_study(tmp_path, tiny_overrides, "silent", {"seed": {"type": "categorical", "choices": [0, 1]}})
+    with silent_server() as port:
+        for preflight in ([], ["--preflight"]):
+            started = time.monotonic()
+            assert (
+                cli.main(["sweep", str(path), "--storage", f"postgresql+psycopg2://lab@127.0.0.1:{port}/x", *preflight])
+                == 2
+            )
+            assert time.monotonic() - started < 15
+            assert "no answer within 2 s" in one_error(capsys.readouterr().err)
+    assert not (tmp_path / "runs").exists()

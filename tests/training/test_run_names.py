@@ -4,6 +4,7 @@
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
@@ -77,6 +78,13 @@ def test_the_folder_name_says_the_defining_overrides_in_one_safe_folder_name(tin
     assert run_folder(cfg, ["data.source=a", "model.attention.kind=" + "b" * 300]) != run_folder(
         cfg, ["data.source=a", "model.attention.kind=" + "b" * 299]
     )  # cut names keep a hash of the whole
+    # two different overrides never share a folder: a key named by the tail it owns among the config's keys, and a
+    # hash of the exact overrides where a character was replaced
+    assert run_folder(cfg, ["model.dropout=0.1"]) == "dropout=0.1"
+    assert run_folder(cfg, ["model.attention.dropout=0.1"]) == "attention.dropout=0.1"
+    spaced, joined = run_folder(cfg, ["data.source=my corpus.txt"]), run_folder(cfg, ["data.source=my_corpus.txt"])
+    assert joined == "source=my_corpus.txt" and spaced.startswith("source=my_corpus.txt-") and spaced != joined
+    assert run_folder(cfg, ["seed=1,k=2"]) != run_folder(cfg, ["seed=1", "model.attention.options.k=2"])
     # an explicit run_dir is the run's place
     assert run_folder(run_config.load(tiny.config, [*tiny.args, "run_dir=/tmp/r"]), ["seed=3"]) == ""
 
@@ -95,3 +103,28 @@ def test_a_named_folder_that_cannot_be_one_is_one_line_before_anything_is_writte
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is a file, not a folder" in err[0], err
     assert sorted(p.name for p in experiment.iterdir()) == ["kind=full"] and not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("record", [{"axes": "seed"}, {"values": {"seed": 0}, "metrics": [{}]}])
+def test_an_hparams_record_of_another_form_is_made_anew_and_the_run_completes(tiny, tmp_path, record):
+    config = _config_file(tiny, tmp_path)
+    experiment = tmp_path / "runs" / "tiny"
+    experiment.mkdir(parents=True)
+    (experiment / ".hparams.json").write_text(json.dumps(record))
+    assert cli.main(["train", str(config)]) == 0
+    assert (experiment / "version_0" / "metrics.json").is_file()
+    made = json.loads((experiment / ".hparams.json").read_text())
+    assert made["values"]["seed"] == [0] and "hp/val_masked_loss" in made["metrics"] and made["axes"] == []
+
+
+def test_overrides_that_differ_only_in_a_keys_prefix_get_two_folders_and_each_resume_finds_its_own(tiny, tmp_path):
+    config = _config_file(tiny, tmp_path)
+    experiment = tmp_path / "runs" / "tiny"
+    assert cli.main(["train", str(config), "model.dropout=0.2"]) == 0
+    assert cli.main(["train", str(config), "model.attention.dropout=0.2"]) == 0
+    first, second = experiment / "dropout=0.2" / "version_0", experiment / "attention.dropout=0.2" / "version_0"
+    assert (first / "metrics.json").is_file() and (second / "metrics.json").is_file()
+    assert cli.main(["train", str(config), "model.dropout=0.2", "resume=true", "trainer.max_steps=9"]) == 0
+    assert json.loads((first / "metrics.json").read_text())["global_step"] == 9
+    assert not (first.parent / "version_1").exists()
+    assert json.loads((second / "metrics.json").read_text())["global_step"] == 6

@@ -132,18 +132,8 @@ def test_a_file_of_another_run_is_refused_in_one_line(runs, capsys, name):
     assert "holds files of different runs" in refused(runs, capsys, run)
 
 
-def test_another_seeds_checkpoint_without_identities_is_still_refused_by_its_recorded_config(runs, capsys):
-    def strip(r: Path) -> None:
-        strip_identities(r)
-        shutil.copy(runs.root / "seed1" / CHECKPOINT, r / CHECKPOINT)
-        edit_checkpoint(r, lambda s: s["resume_state"].pop("run_id"))
-
-    line = refused(runs, capsys, copy_of(runs, "legacy_swap", strip))
-    assert "was saved by a run of another config (seed (1 there, 0 here))" in line
-
-
 def strip_identities(run: Path) -> None:
-    """The run as it was written before identities existed."""
+    """The run with the identity line and keys removed from every file (a copied run made to pass for another)."""
     config = run / "config.yaml"
     config.write_text("\n".join(config.read_text().splitlines()[1:]) + "\n")
     for name in ("data.json", "metrics.json"):
@@ -153,13 +143,62 @@ def strip_identities(run: Path) -> None:
     edit_checkpoint(run, lambda s: s["resume_state"].pop("run_id"))
 
 
-def test_a_run_from_before_identities_resumes_and_stays_without_one(runs, capsys):
-    run = copy_of(runs, "legacy", strip_identities)
-    assert cli.main(resume(runs, run, "trainer.max_steps=3")) == 0, capsys.readouterr().err[-2000:]
-    assert not (run / "config.yaml").read_text().startswith("# run ")
-    assert "run_id" not in json.loads((run / "data.json").read_text())
-    assert torch.load(run / CHECKPOINT, weights_only=True)["resume_state"]["run_id"] is None
-    assert json.loads((run / "metrics.json").read_text())["global_step"] == 3
+def another_seeds_checkpoint_stripped(runs) -> Callable[[Path], None]:
+    def strip(r: Path) -> None:
+        strip_identities(r)
+        shutil.copy(runs.root / "seed1" / CHECKPOINT, r / CHECKPOINT)
+        edit_checkpoint(r, lambda s: s["resume_state"].pop("run_id"))
+
+    return strip
+
+
+@pytest.mark.parametrize("case", ["its own files", "another seed's checkpoint"])
+def test_a_run_whose_files_carry_no_identity_is_refused_saying_how_to_start_afresh(runs, capsys, case):
+    strip = strip_identities if case == "its own files" else another_seeds_checkpoint_stripped(runs)
+    line = refused(runs, capsys, copy_of(runs, f"stripped_{case.split()[0]}", strip))
+    assert "its files carry no run identity (checkpoints/last.ckpt, config.yaml, data.json, metrics.json)" in line
+    assert "start afresh, without resume=true (a new version) or with run_dir=<a new folder>" in line
+
+
+def classifier(runs) -> Path:
+    """A finished tiny classifier run (it keeps checkpoints/best.ckpt), trained once."""
+    run = runs.root / "classifier"
+    if not run.exists():
+        rows = runs.root / "rows.csv"
+        rows.write_text(
+            "text,label\n" + "".join(f"review {i} was {'good' if i % 2 else 'bad'},{i % 2}\n" for i in range(60))
+        )
+        args = [*runs.tiny, "task=classify", "data.tokenizer.kind=byte", f"data.source={rows}", "data.val_fraction=0.2"]
+        assert cli.main(["train", str(CONFIG), *args, f"run_dir={run}"]) == 0
+    return run
+
+
+def test_a_classifiers_best_checkpoint_is_bound_to_the_run_like_its_last(runs, capsys):
+    run = classifier(runs)
+    ident = (run / "config.yaml").read_text().splitlines()[0].removeprefix("# run ")
+    assert torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)["resume_state"]["run_id"] == ident
+    args = [
+        "task=classify",
+        "data.tokenizer.kind=byte",
+        f"data.source={runs.root / 'rows.csv'}",
+        "data.val_fraction=0.2",
+    ]
+    for name, spoil in {
+        "another run's": lambda r: edit_checkpoint_at(r / "checkpoints" / "best.ckpt", "0" * 32),
+        "identity-less": lambda r: edit_checkpoint_at(r / "checkpoints" / "best.ckpt", None),
+    }.items():
+        copy = runs.root / f"best_{name.split()[0]}"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(run, copy)
+        spoil(copy)
+        line = refused(runs, capsys, copy, *args)
+        assert "holds files of different runs" in line and "checkpoints/best.ckpt: " in line
+
+
+def edit_checkpoint_at(path: Path, run_id) -> None:
+    state = torch.load(path, weights_only=True)
+    state["resume_state"]["run_id"] = run_id
+    torch.save(state, path)
 
 
 def test_a_run_whose_checkpoint_alone_lacks_the_identity_is_refused(runs, capsys):

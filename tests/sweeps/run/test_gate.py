@@ -62,6 +62,17 @@ def test_a_stored_decision_is_kept_while_the_control_is_the_one_it_was_taken_on(
     assert ostudy.user_attrs[gate.GATE] == {"passed": False, "on": [], "why": said}
 
 
+@pytest.mark.parametrize("passed", ["false", 1, None, [True]])
+def test_a_stored_decision_whose_passed_is_not_a_bool_is_judged_again(tmp_path, tiny_overrides, passed):
+    path = write_study(tmp_path, tiny_overrides, "strict", SPACE, {"model.attention.kind": "linformer"}, **ARMED)
+    study = load_study(path)
+    ostudy = optuna.create_study()
+    ostudy.set_user_attr(gate.GATE, {"passed": passed, "on": [], "why": "edited"})  # bool("false") is True
+    decided, said = gate.decide(study, ostudy, [])
+    assert decided is False and "could not be judged" in said
+    assert ostudy.user_attrs[gate.GATE] == {"passed": False, "on": [], "why": said}
+
+
 @pytest.mark.processes  # the sweep's workers
 def test_the_arm_the_control_reuses_runs_with_the_control_and_no_other_arm_before_the_gate(
     tmp_path, tiny, monkeypatch, capsys

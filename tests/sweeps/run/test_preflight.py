@@ -127,6 +127,21 @@ def test_out_of_memory_is_one_line_with_a_smaller_batch_as_the_way_out(tmp_path,
     assert "out of memory" in line and "a smaller data.batch_size (now 8)" in line and "\n" not in line
 
 
+def test_a_cpu_allocation_that_fails_is_out_of_memory_at_this_shape_naming_the_arm(
+    tmp_path, tiny_overrides, monkeypatch
+):
+    from lightning_modules.encoder import TransformerEncoder
+
+    def too_big(self, *args, **kwargs):  # torch's own CPU failure (a RuntimeError), as under an address-space limit
+        return torch.empty(2**50, dtype=torch.uint8)
+
+    monkeypatch.setattr(TransformerEncoder, "forward", too_big)
+    line = _failure(tmp_path, tiny_overrides, monkeypatch)
+    assert "DefaultCPUAllocator: can't allocate memory" in line and line.startswith("preflight: control degraded")
+    assert "failed: out of memory at this shape" in line and "use a smaller data.batch_size (now 8)" in line
+    assert "\n" not in line
+
+
 def test_a_failed_shape_refuses_the_sweep_in_one_line_per_shape_before_anything_is_written(
     tmp_path, tiny_overrides, monkeypatch, capsys
 ):
@@ -182,3 +197,21 @@ def test_a_sweep_writes_its_plan_and_ends_with_the_measured_against_the_projecte
     lines = done.stdout.splitlines()
     assert any(line.startswith("plan: 2 trial(s)") for line in lines)
     assert any(line.startswith("plan: measured") and "× the projection" in line for line in lines)
+
+
+def test_preflight_with_add_seeds_plans_the_added_seeds_and_writes_nothing(
+    tmp_path, tiny_overrides, monkeypatch, capsys
+):
+    monkeypatch.setenv("LINFORMER_LAB_PREFLIGHT", "1")
+    path = write_study(tmp_path, tiny_overrides, "grow", {"seed": {"type": "categorical", "choices": [0, 1]}})
+
+    def runner(shape, steps, threads, gpus):
+        shape.measured = {"setup_s": 1.0, "first_step_s": 2.0, "step_s": 1.0, "validation_s": 0.5, "start_s": 3.0,
+                          "memory": "rss", "peak_mb": 100.0, "total_mb": 1000.0}  # fmt: skip
+
+    monkeypatch.setattr(preflight, "run_shape", runner)
+    monkeypatch.setattr(preflight, "measured_line", lambda shape: "measured")
+    assert cli.main(["sweep", str(path), "--preflight", "--add-seeds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: 4 trial(s)" in out and "preflight OK: nothing written" in out  # the 2 seeds of the file and 2 more
+    assert not (tmp_path / "runs").exists()

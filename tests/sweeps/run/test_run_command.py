@@ -478,3 +478,28 @@ def test_a_grid_studys_storage_makes_trials_from_points_only(tmp_path, tiny):
     with pytest.raises(storage.GridPointTaken):
         ostudy.ask()
     assert len(ostudy.get_trials()) == 2  # nothing was written by the refused ask
+
+
+# --------------------------------------------------------------------------------------- cheap before expensive
+def no_preflight_yet(monkeypatch) -> None:
+    """The preflight turned on, and a test failure if it starts: what the test checks must come first."""
+    monkeypatch.setenv("LINFORMER_LAB_PREFLIGHT", "1")
+    monkeypatch.setattr(command, "_preflight", lambda *args: pytest.fail("the preflight ran before the check"))
+
+
+@pytest.mark.parametrize("args", [(), ("--new-study",), ("--preflight",)])
+def test_a_study_another_sweep_runs_is_refused_before_the_preflight(
+    tmp_path, tiny_overrides, monkeypatch, capsys, args
+):
+    from foundation.lock import Owner
+
+    no_preflight_yet(monkeypatch)
+    path = write_study(tmp_path, tiny_overrides, "owned", {"seed": {"type": "categorical", "choices": [0, 1]}})
+    study = load_study(path)
+    command.open_study(storage.RunStorage(study, None))  # a study with a journal, as a running sweep has
+    with Owner(study.root, "the other sweep"):  # another sweep command owns it (a lock of its own open file)
+        before = sorted((p.name, p.stat().st_mtime_ns) for p in study.root.iterdir())
+        assert cli.main(["sweep", str(path), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: study owned ({study.root}): in use by "), err
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in study.root.iterdir()) == before  # nothing moved aside
