@@ -26,6 +26,7 @@ from foundation.paths import check_folder, check_name, check_path
 from foundation.rundir import check_experiment_folder
 from lightning_modules.attention import ATTENTION_KINDS, check_model, misplaced_option
 from lightning_modules.config import ModelConfig, OptimConfig
+from lightning_modules.optim import cooldown_start
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
@@ -166,6 +167,7 @@ def check(cfg: DictConfig) -> None:
     check_data(cfg.data, cfg.task, cfg.model.max_len)
     check_optim(cfg.optim)
     check_trainer(cfg.trainer)
+    check_cooldown(cfg.optim, cfg.trainer.max_steps)
     att = cfg.model.attention
     check_seed(cfg.seed)
     check_name("experiment", cfg.experiment)
@@ -223,6 +225,25 @@ def check_optim(optim: DictConfig) -> None:
     check_number("optim.eps", optim.eps, 0, 1, low_open=True)
     check_number("optim.warmup_steps", optim.warmup_steps, 0, MAX_STEPS, integer=True)
     check_number("optim.gradient_clip_val", optim.gradient_clip_val, 0, 1e6)
+    check_number("optim.cooldown_fraction", optim.cooldown_fraction, 0, 1, low_open=True)
+
+
+def check_cooldown(optim: DictConfig, max_steps: int) -> None:
+    """A ``wsd`` schedule's cooldown is at least one step and starts once the warm-up is over."""
+    if optim.schedule != "wsd":
+        return
+    start = cooldown_start(max_steps, optim.cooldown_fraction)
+    require(
+        start < max_steps,
+        f"optim.cooldown_fraction: {optim.cooldown_fraction} of trainer.max_steps={max_steps} is no whole step of "
+        "cooldown; a larger fraction (or more steps) is required",
+    )
+    require(
+        start >= optim.warmup_steps,
+        f"optim.cooldown_fraction: {optim.cooldown_fraction} of trainer.max_steps={max_steps} starts the cooldown at "
+        f"step {start}, inside the warm-up (optim.warmup_steps={optim.warmup_steps}); at most "
+        f"{1 - optim.warmup_steps / max_steps:.3g} is allowed",
+    )
 
 
 def check_trainer(t: DictConfig) -> None:
