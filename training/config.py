@@ -80,6 +80,9 @@ class RunConfig:
     # task classify: a pretraining run directory (or a .ckpt file) whose encoder weights and tokenizer are
     # loaded; its architecture must equal model.*. null: train from scratch.
     init_from: Optional[str] = None
+    # A checkpoint to branch off (training/branch.py): a cooldown (optim.schedule=wsd) of a constant-rate trunk
+    # starts from that checkpoint's whole state, in a run folder of its own. null: start from scratch.
+    branch_from: Optional[str] = None
     # Where the config answers its question in minutes: cpu, or gpu (a run on a CPU then says, at its start and
     # end, that it needs a GPU; nothing else changes).
     answers_on: Literal["cpu", "gpu"] = "cpu"
@@ -176,7 +179,7 @@ def check(cfg: DictConfig) -> None:
         check_folder("run_dir", cfg.run_dir)
     else:
         check_experiment_folder(cfg.output_dir, cfg.experiment)
-    for key in ("init_from",):
+    for key in ("init_from", "branch_from"):
         if cfg[key] is not None:
             check_path(key, cfg[key])
     check_hf_cache()
