@@ -754,15 +754,8 @@ def main(args: argparse.Namespace) -> int:
         check_number("--timeout-s", args.timeout_s, 0, 365 * 86400, low_open=True)
     if args.add_seeds is not None:
         check_number("--add-seeds", args.add_seeds, 1, 10_000, integer=True)
-    study = load_study(
-        args.study,
-        args.preset,
-        args.n_trials,
-        args.timeout_s,
-        replicate=args.replicate,
-        factor=args.budget,
-        curve=args.budgets,
-    )
+    derived = {"replicate": args.replicate, "factor": args.budget, "curve": args.budgets}
+    study = load_study(args.study, args.preset, args.n_trials, args.timeout_s, **derived)
     stores = storage.run_storages(study, args.storage, args.workers)  # opened lazily: nothing read or written yet
     runs = stores[study.name]  # the study's storage; its control's lies inside its folder
     if args.storage is None:  # its folder holds no link and no name of the wrong type, before any journal is read

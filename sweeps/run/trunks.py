@@ -40,7 +40,7 @@ from training import config as run_config
 from training.branch import KeepCheckpoints, kept_checkpoint
 
 TRUNK = "trunk"
-POINTS = "budget_points"  # user attr of a curve trial: budget name (x1, x2, ...) -> that cooldown's scalar metrics
+POINTS = budgets.POINTS
 
 
 def point_folder(study: Study, params: dict[str, Any]) -> Path:
@@ -102,16 +102,33 @@ def run_curve(
     hparams: dict[str, Any],
     callbacks: Sequence[L.Callback] = (),
 ) -> dict[str, dict[str, Any]]:
-    """Train the trunk, then each budget's cooldown, of the grid point ``params`` (its config ``cfg``, at ×1);
-    return each budget's ``metrics.json`` by budget name (``x1``, ``x4``, ...)."""
+    """Train the trunk, then each budget's cooldown, of the grid point ``params`` (its config ``cfg``, at ×1), in the
+    point's folder; return each budget's ``metrics.json`` by budget name (``x1``, ``x4``, ...)."""
     from training.tensorboard import LogPlace
-    from training.train import train  # heavy import, only in workers
 
-    folder = point_folder(study, params)
-    trunk, cooldowns = curve_configs(cfg, folder, study.budgets)
-    check_extendable(folder, [point for point, _ in cooldowns])
     log = LogPlace(root=(study.parent or study).root)
+    return train_curve(cfg, point_folder(study, params), study.budgets, hparams, callbacks, log)
+
+
+def train_curve(
+    cfg: DictConfig,
+    folder: Path,
+    factors: Sequence[float],
+    hparams: Optional[dict[str, Any]] = None,
+    callbacks: Sequence[L.Callback] = (),
+    log: Any = None,
+) -> dict[str, dict[str, Any]]:
+    """The trunk of config ``cfg`` (at ×1) in ``folder/trunk``, then each budget's cooldown in
+    ``folder/cooldown_x<F>``, each resuming its folder where it exists; each budget's ``metrics.json`` by budget name.
+    ``log``: the TensorBoard log directory the runs belong to (a :class:`training.tensorboard.LogPlace`)."""
+    from training.tensorboard import LogPlace
+    from training.train import train  # heavy import, only where runs train
+
+    trunk, cooldowns = curve_configs(cfg, folder, factors)
+    check_extendable(folder, [point for point, _ in cooldowns])
+    log = log or LogPlace(root=folder)
     keep = KeepCheckpoints(folder / TRUNK, [point.branch for point, _ in cooldowns])
+    hparams = hparams or {}
     train(trunk, callbacks=[*callbacks, keep], hparams={**hparams, "sweep/budget": TRUNK}, log=log)
     out = {}
     for point, cooldown in cooldowns:

@@ -43,6 +43,7 @@ from sweeps.spec.replication import CURVE_SUFFIX
 from training.config import MAX_STEPS, check_cooldown
 
 SUFFIX = CURVE_SUFFIX  # a curve study's name: <study>_<preset>_curve
+POINTS = "budget_points"  # user attr of a curve trial: budget name (x1, x2, ...) -> that cooldown's scalar metrics
 SEED_FACTOR = 1000  # its fresh seeds start at 1000 × the replication's default start: past any --budget study's
 
 
@@ -59,11 +60,12 @@ def parse(text: Any) -> list[float]:
         ) from None
 
 
-def check_factors(factors: Sequence[Any], steps: int) -> tuple[float, ...]:
-    """The factors of ``--budgets`` at a study of ``steps`` steps: at least two, sorted and strictly increasing, each
-    in [1, :data:`MAX_FACTOR`] with at most two decimals, each giving more steps than the one before."""
-    if len(factors) < 2:
-        raise ConfigError(f"--budgets: at least two budgets make a curve, got {list(factors)}")
+def check_factors(factors: Sequence[Any], steps: int, minimum: int = 2) -> tuple[float, ...]:
+    """The factors of ``--budgets`` at a study of ``steps`` steps: at least ``minimum`` (two make a curve), sorted and
+    strictly increasing, each in [1, :data:`MAX_FACTOR`] with at most two decimals, each giving more steps than the
+    one before."""
+    if len(factors) < minimum:
+        raise ConfigError(f"--budgets: at least {minimum} budgets make a curve, got {list(factors)}")
     out = []
     for f in factors:
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or not 1 <= f <= MAX_FACTOR:
@@ -173,11 +175,11 @@ def cooldown_config(cfg: DictConfig, point: Point, branch_from: Optional[str], r
     return out
 
 
-def check_curve(cfg: DictConfig, factors: Sequence[float]) -> None:
+def check_curve(cfg: DictConfig, factors: Sequence[float], minimum: int = 2) -> None:
     """A trial's config ``cfg`` can be run as a curve at ``factors``: each budget changes its step count, its trunk
     and largest budget stay within the steps a run may take, and each budget's cooldown is a valid ``wsd`` schedule
     (at least one step, after the warm-up: the smallest budget's decides)."""
-    check_factors(factors, cfg.trainer.max_steps)
+    check_factors(factors, cfg.trainer.max_steps, minimum)
     curve = curve_of(cfg, factors)
     if curve[-1].steps > MAX_STEPS:
         raise ConfigError(f"--budgets: ×{curve[-1].factor:g} gives {curve[-1].steps} steps, more than {MAX_STEPS}")

@@ -57,6 +57,9 @@ def test_a_curve_study_trains_one_trunk_per_point_and_a_cooldown_per_budget_then
     assert len(trials) == 2 and all(set(trunks.points_of(t)) == {"x1", "x2", "x4"} for t in trials)
     assert _steps(point / "trunk") == 19 and _steps(point / "cooldown_x4") == 24
     assert {name: (point / name / "metrics.json").stat().st_mtime_ns for name in ended} == ended
+    assert cli.main(["report", str(path), "--budgets", "1,2,4"]) == 0
+    summary = (tmp_path / "runs" / "curves_curve" / "report" / "summary.md").read_text()
+    assert "## curves as training goes on: budgets ×1, ×2, ×4" in summary
 
 
 def test_a_budget_the_trunk_passed_without_a_checkpoint_is_refused_before_anything_trains(tmp_path, monkeypatch):

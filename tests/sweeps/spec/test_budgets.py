@@ -43,7 +43,7 @@ def test_a_curve_trial_counts_the_validations_of_its_trunk_and_of_each_cooldown(
 @pytest.mark.parametrize(
     "factors, message",
     [
-        ([1], "at least two budgets make a curve"),
+        ([1], "at least 2 budgets make a curve"),
         ([1, 0.5], "0.5 is not a number in [1, 100]"),
         ([1, 101], "101 is not a number in [1, 100]"),
         ([1, 2.125], "2.125 has more than two decimals"),
