@@ -7,8 +7,7 @@ as a separate run of the **stretched schedule** at each budget (``sweep --budget
 budget`: every step count × F; ``--schedule``: its decay, linear to 0 at the new end by default, whatever the config's
 own). Both end at the same number of steps.
 The table gives, per budget, each seed's two objective values, the mean paired difference (cooldown − stretched)
-with its 95 % CI over seeds, and the seed spread (standard deviation) of each method: the method agrees with the
-stretched schedule "within seed noise" when that CI holds 0 and the mean difference is below the smaller spread.
+with its 95 % CI over seeds, the seed spread (standard deviation) of each method, and :func:`agreement`.
 Runs go to ``<output-dir>/<config name>/seed=<s>/{trunk,cooldown_x<F>,stretched_x<F>}`` and are resumed where they
 exist; the table is also written there as ``comparison.md`` and ``comparison.json``.
 """
@@ -66,12 +65,24 @@ def summary(results: dict[int, dict[str, tuple[float, float]]], factors: Sequenc
         c = stats.compare(cool, sep)
         lo, hi = c.ci()
         spreads = [stats.summarize(list(v.values())).std for v in (cool, sep)]
-        noise = min(spreads)
-        agrees = c.judged and lo <= 0 <= hi and abs(c.diff) < noise if math.isfinite(noise) else None
         seeds = "; ".join(f"{s}: {fmt(cool[s])} / {fmt(sep[s])}" for s in sorted(results))
-        words = {True: "within seed noise", False: "differs", None: "not judged (one seed)"}[agrees]
-        rows.append([f"×{f:g}", seeds, f"{signed(c.diff)} {interval(lo, hi)}", *map(fmt, spreads), words])
+        rows.append(
+            [f"×{f:g}", seeds, f"{signed(c.diff)} {interval(lo, hi)}", *map(fmt, spreads), agreement(c, spreads)]
+        )
     return rows
+
+
+def agreement(c: stats.Comparison, spreads: Sequence[float]) -> str:
+    """How the two methods compare at a budget: they **differ** where the 95 % CI of the paired difference excludes 0;
+    agree **within seed noise** where it holds 0 and the mean difference is below the smaller seed spread; else they
+    are **not shown to agree** (more seeds would tell)."""
+    noise = min(spreads)
+    if not c.judged or not math.isfinite(noise):
+        return "not judged (one seed)"
+    lo, hi = c.ci()
+    if not lo <= 0 <= hi:
+        return "differs"
+    return "within seed noise" if abs(c.diff) < noise else f"not shown to agree ({c.n} seeds)"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

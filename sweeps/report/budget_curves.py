@@ -53,7 +53,7 @@ def at_budget(study: Study, rows: Sequence[Row], factor: float) -> list[Row]:
             continue
         trial: FrozenTrial = copy.copy(r.trial)
         trial.values = [float(point[m]) for m in study.metrics]
-        where = r.trial.user_attrs.get("run_dir")
+        where = r.trial.user_attrs.get(budgets.CURVE_DIR)
         cooldown = {"run_dir": str(Path(where) / f"cooldown_{name}")} if where else {}
         trial.user_attrs = {**r.trial.user_attrs, "metrics": dict(point), **cooldown}
         out.append(Row(trial, r.arm, r.replicate, r.role, r.reused))

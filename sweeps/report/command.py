@@ -186,7 +186,6 @@ def header_section(
     deltas = [f"{m} ±{markdown.fmt(d)} ({source})" for m in study.metrics for d, source in [study.delta(m)]]
     out.append(f"- δ, the margin within which two arms are on par: {', '.join(deltas)}.")
     out += comparisons.holm_line(found) + comparisons.family_line(found)
-    out += [f"- Verdicts {claims.two_stage_words(study.added_seeds)}."] if claims.two_stage(study.added_seeds) else []
     out += comparisons.noise_line(found)
     for m, direction in zip(study.metrics, study.directions):
         if (threshold := study.success(m)) is not None:
@@ -319,6 +318,7 @@ def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_row
         out.append("- retried with the same params after their worker died: trials " + ", ".join(map(str, died)))
     if study.added_seeds:
         out.append(f"- seeds added by `sweep --add-seeds`: {', '.join(map(str, study.added_seeds))}")
+        out.append(f"- verdicts {claims.two_stage_words(study.added_seeds)}")
     if study.replicate is None and url is None and (replica_root(study) / stored.JOURNAL).is_file():
         out.append(f"- replicated on fresh seeds: `linformer-lab report {study.file_args} --replicate`")
     if study.replicate is None and url is None:

@@ -75,7 +75,9 @@ def objective(study: Study, trial: optuna.Trial, run: dict[str, Any]) -> float |
     }
     if study.budgets:  # a trunk and a cooldown per budget (sweeps/run/trunks.py); it answers at the largest
         points = trunks.run_curve(study, params, study.config(params, run), hparams, [StopWhenAsked()])
-        trial.set_user_attr("run_dir", str(trunks.point_folder(study, params)))
+        folder = trunks.point_folder(study, params)
+        trial.set_user_attr(trunks.CURVE_DIR, str(folder))  # its trunk and cooldowns
+        trial.set_user_attr("run_dir", str(trunks.cooldown_folder(folder, max(study.budgets))))  # what it answers
         trial.set_user_attr(trunks.POINTS, {name: _scalars(m) for name, m in points.items()})
         metrics = trunks.largest(points, study.budgets)
     else:

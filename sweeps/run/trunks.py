@@ -40,7 +40,7 @@ from training import config as run_config
 from training.branch import KeepCheckpoints, kept_checkpoint
 
 TRUNK = "trunk"
-POINTS = budgets.POINTS
+POINTS, CURVE_DIR = budgets.POINTS, budgets.CURVE_DIR
 
 
 def point_folder(study: Study, params: dict[str, Any]) -> Path:

@@ -44,6 +44,7 @@ from training.config import MAX_STEPS, check_cooldown
 
 SUFFIX = CURVE_SUFFIX  # a curve study's name: <study>_<preset>_curve
 POINTS = "budget_points"  # user attr of a curve trial: budget name (x1, x2, ...) -> that cooldown's scalar metrics
+CURVE_DIR = "curve_dir"  # user attr of a curve trial: the folder of its trunk and cooldowns
 SEED_FACTOR = 1000  # its fresh seeds start at 1000 × the replication's default start: past any --budget study's
 
 

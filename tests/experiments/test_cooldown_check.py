@@ -34,3 +34,15 @@ def test_a_budget_that_cannot_cool_down_after_the_warm_up_is_refused_before_anyt
     assert cooldown_check.main([*args, "--output-dir", str(tmp_path / "check")]) == 2
     assert "--budgets: ×1: optim.cooldown_fraction: 0.2 of trainer.max_steps=6" in capsys.readouterr().err
     assert not (tmp_path / "check").exists()
+
+
+def test_the_two_methods_differ_only_where_the_ci_of_their_difference_excludes_0():
+    from sweeps.spec import stats
+
+    def paired(diffs):
+        return stats.compare({i: 2.0 + d for i, d in enumerate(diffs)}, {i: 2.0 for i in range(len(diffs))})
+
+    assert cooldown_check.agreement(paired([-0.1, -0.11, -0.12]), [0.05, 0.07]) == "differs"
+    assert cooldown_check.agreement(paired([-0.01, 0.02, -0.005]), [0.05, 0.07]) == "within seed noise"
+    assert cooldown_check.agreement(paired([-0.3, 0.02]), [0.05, 0.07]) == "not shown to agree (2 seeds)"
+    assert cooldown_check.agreement(paired([0.1]), [float("nan")] * 2) == "not judged (one seed)"

@@ -50,6 +50,8 @@ def test_a_curve_study_trains_one_trunk_per_point_and_a_cooldown_per_budget_then
     first = next(t for t in trials if t.params["seed"] == 100000)
     points = trunks.points_of(first)
     assert set(points) == {"x1", "x2"} and first.value == points["x2"][load_study(path, curve="1,2").metrics[0]]
+    assert first.user_attrs["curve_dir"] == str(point)  # the report reads each budget's run from there
+    assert first.user_attrs["run_dir"] == str(point / "cooldown_x2")  # the run the trial answers with
     ended = {name: (point / name / "metrics.json").stat().st_mtime_ns for name in ("cooldown_x1", "cooldown_x2")}
 
     assert cli.main(["sweep", str(path), "--budgets", "1,2,4"]) == 0

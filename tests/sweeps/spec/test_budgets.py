@@ -101,3 +101,23 @@ def test_every_shipped_cpu_study_validates_as_budget_curves(path, capsys):
     trunk and five cooldowns, checked; nothing written."""
     assert cli.main(["sweep", str(path), "--preset", "cpu", "--budgets", "1,2,4,8,16", "--check"]) == 0
     assert "study OK" in capsys.readouterr().out
+
+
+def test_the_plan_projects_a_curve_trial_as_its_trunk_and_cooldowns_and_states_the_cost(tmp_path, tiny_overrides):
+    """6 steps validated every 3, ×1 and ×2 at 20 %: the trunk trains 10 steps (validated at 3, 6, 9 and its end),
+    the cooldowns 5 → 6 and 10 → 12 (one validation each): 13 steps and 6 validations a trial, and the plan says what
+    the curve costs."""
+    from sweeps.run import plan, preflight
+
+    space = {"seed": {"type": "categorical", "choices": [0, 1]}, "arm": {"type": "categorical", "choices": ARMS}}
+    study = load_study(write_study(tmp_path, tiny_overrides, "curves", space), curve="1,2")
+    shapes = preflight.shapes_of(study)
+    assert {t[2:] for s in shapes for t in s.trials} == {(13, 6)}
+    for s in shapes:
+        s.measured = {"setup_s": 1.0, "first_step_s": 1.0, "step_s": 1.0, "validation_s": 0.0, "start_s": 0.0,
+                      "memory": "rss", "peak_mb": 1.0, "total_mb": 10.0}  # fmt: skip
+    projected = plan.project(study, shapes, workers=1, threads=1, gpus=0)
+    assert projected["wall_s"] == pytest.approx(4 * (1 + 1 + 12))
+    assert "plan: budgets ×1, ×2: a trunk of 10 steps and cooldowns of 3 per seed and arm" in "\n".join(
+        plan.lines(projected)
+    )
