@@ -177,7 +177,12 @@ def _cell(c: Compared) -> str:
 def _arm_cell(a: ArmCurve) -> str:
     if a.last is None or not a.last.judged:
         return "no spread to judge"
-    words = "still improving" if a.improving else "not shown to improve"
+    if a.improving:
+        words = "still improving"
+    elif a.last.p_value < stats.ALPHA and a.last.a_better(a.direction):
+        words = f"improving by less than δ/2 = {fmt(a.delta / 2)}"
+    else:
+        words = "not shown to improve"
     return f"{words}: {signed(a.last.diff)} over the last doubling ({p_is(a.last.p_value)}, {a.last.test})"
 
 

@@ -78,5 +78,6 @@ def test_the_report_reads_each_pair_at_every_budget_and_names_where_it_settled_a
     lines = budget_curves.section(study, pairs, arms, budget_curves.figure(pairs, tmp_path / "f.png"))
     text = "\n".join(lines)
     assert "| pair: A − B, 95 % CI, verdict | ×1 | ×2 | ×4 | settled | about |" in text
+    assert "| full | 3.01 | 2.51 | 2.5 | improving by less than δ/2 = 0.025: -0.01 over the last doubling" in text
     assert "×4: on par within ±0.05" in text and (tmp_path / "f.png").stat().st_size > 0
     assert not any(math.isnan(m) for a in arms for m in a.means)
