@@ -74,7 +74,7 @@ def summary(results: dict[int, dict[str, tuple[float, float]]], factors: Sequenc
 
 def agreement(c: stats.Comparison, spreads: Sequence[float]) -> str:
     """How the two methods compare at a budget: they **differ** where the 95 % CI of the paired difference excludes 0;
-    agree **within seed noise** where it holds 0 and the mean difference is below the smaller seed spread; else they
+    agree **within seed noise** where it holds 0 and the mean difference is at most the smaller seed spread; else they
     are **not shown to agree** (more seeds would tell)."""
     noise = min(spreads)
     if not c.judged or not math.isfinite(noise):
@@ -82,7 +82,7 @@ def agreement(c: stats.Comparison, spreads: Sequence[float]) -> str:
     lo, hi = c.ci()
     if not lo <= 0 <= hi:
         return "differs"
-    return "within seed noise" if abs(c.diff) < noise else f"not shown to agree ({c.n} seeds)"
+    return "within seed noise" if abs(c.diff) <= noise else f"not shown to agree ({c.n} seeds)"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
