@@ -62,8 +62,11 @@ class OptimConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-6
     warmup_steps: int = 100
-    # Decay after warm-up: linear to 0 at max_steps, cosine to 0, or constant.
-    schedule: Literal["linear", "cosine", "constant"] = "linear"
+    # Decay after warm-up: linear to 0 at max_steps, cosine to 0, constant, or wsd (warmup–stable–decay: constant,
+    # then a cooldown to 0 over the last cooldown_fraction of max_steps, shaped linear, cosine or 1-sqrt).
+    schedule: Literal["linear", "cosine", "constant", "wsd"] = "linear"
+    cooldown_fraction: float = 0.2
+    cooldown_shape: Literal["linear", "cosine", "1-sqrt"] = "linear"
     gradient_clip_val: float = 1.0
     # A length curriculum, the same for every kind (BERT trained 90 % of its steps at 128 tokens, then 512): the first
     # short_steps training steps are split evenly over short_lengths, in order, and a step at length m cuts each block

@@ -1,4 +1,4 @@
-"""AdamW with linear warm-up, then linear, cosine or no decay (per optimiser step)."""
+"""AdamW with linear warm-up, then linear, cosine, no decay, or warmup–stable–decay (per optimiser step)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,34 @@ from torch import nn
 from lightning_modules.attention import SelfAttention
 
 
-def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
-    """Multiplier of the peak learning rate at ``step``: step/warmup during warm-up, then
-    1 - p (linear), (1 + cos πp)/2 (cosine) or 1 (constant), p the fraction of decay done."""
+def cooldown_factor(q: float, shape: str) -> float:
+    """The learning rate's multiplier at a fraction ``q`` ∈ [0, 1] of a cooldown (Hägele et al. 2024, Sec. 3):
+    ``linear`` 1 − q, ``cosine`` (1 + cos πq)/2, ``1-sqrt`` 1 − √q (it stays near the peak longest and drops last)."""
+    if shape == "linear":
+        return 1.0 - q
+    if shape == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * q))
+    return 1.0 - math.sqrt(q)
+
+
+def cooldown_start(total: int, fraction: float) -> int:
+    """The first step of a warmup–stable–decay schedule's cooldown: its last ``fraction`` of ``total`` steps,
+    rounded to a whole step (a trunk saves its checkpoint there: :mod:`sweeps.spec.budgets`)."""
+    return total - int(round(fraction * total))
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str, cooldown: float = 0.2, shape: str = "linear") -> float:
+    """Multiplier of the peak learning rate at ``step``: step/warmup during warm-up, then 1 - p (linear),
+    (1 + cos πp)/2 (cosine) or 1 (constant), p the fraction of decay done; ``wsd`` (warmup–stable–decay): 1 until
+    :func:`cooldown_start` (the last ``cooldown`` fraction of ``total``), then :func:`cooldown_factor` of the
+    fraction of the cooldown done, 0 at ``total``."""
     if step < warmup:
         return (step + 1) / warmup
     if schedule == "constant":
         return 1.0
+    if schedule == "wsd":
+        start = max(cooldown_start(total, cooldown), warmup)
+        return 1.0 if step < start else cooldown_factor(min(1.0, (step - start) / max(1, total - start)), shape)
     p = min(1.0, (step - warmup) / max(1, total - warmup))
     return 1.0 - p if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * p))
 
@@ -49,6 +70,14 @@ def build_optimizer(model: nn.Module, optim: dict, max_steps: int) -> dict[str, 
         foreach=True,
     )
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_factor(s, optim["warmup_steps"], max_steps, optim["schedule"])
+        opt,
+        lambda s: lr_factor(
+            s,
+            optim["warmup_steps"],
+            max_steps,
+            optim["schedule"],
+            optim.get("cooldown_fraction", 0.2),
+            optim.get("cooldown_shape", "linear"),
+        ),
     )
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

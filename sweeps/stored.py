@@ -423,6 +423,8 @@ def check_family(study: Study, url: Optional[str]) -> None:
             if study.factor is None
             else "its seeds follow from the factor: take another --budget, or move that study's folder aside"
         )
+        if study.budgets:  # a curve study's seeds follow from the curve rule (sweeps.spec.budgets)
+            where, fix = f"--budgets ({key})", "its seeds are fixed by the curve rule: move that study's folder aside"
         replication.check_family(where, study.name, seeds or [], family, fix)
     check_original(study, url)
 

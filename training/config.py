@@ -26,6 +26,7 @@ from foundation.paths import check_folder, check_name, check_path
 from foundation.rundir import check_experiment_folder
 from lightning_modules.attention import ATTENTION_KINDS, check_model, misplaced_option
 from lightning_modules.config import ModelConfig, OptimConfig
+from lightning_modules.optim import cooldown_start
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
@@ -79,6 +80,9 @@ class RunConfig:
     # task classify: a pretraining run directory (or a .ckpt file) whose encoder weights and tokenizer are
     # loaded; its architecture must equal model.*. null: train from scratch.
     init_from: Optional[str] = None
+    # A checkpoint to branch off (training/branch.py): a cooldown (optim.schedule=wsd) of a constant-rate trunk
+    # starts from that checkpoint's whole state, in a run folder of its own. null: start from scratch.
+    branch_from: Optional[str] = None
     # Where the config answers its question in minutes: cpu, or gpu (a run on a CPU then says, at its start and
     # end, that it needs a GPU; nothing else changes).
     answers_on: Literal["cpu", "gpu"] = "cpu"
@@ -167,6 +171,7 @@ def check(cfg: DictConfig) -> None:
     check_optim(cfg.optim)
     check_trainer(cfg.trainer)
     check_curriculum(cfg)
+    check_cooldown(cfg.optim, cfg.trainer.max_steps)
     att = cfg.model.attention
     check_seed(cfg.seed)
     check_name("experiment", cfg.experiment)
@@ -175,7 +180,7 @@ def check(cfg: DictConfig) -> None:
         check_folder("run_dir", cfg.run_dir)
     else:
         check_experiment_folder(cfg.output_dir, cfg.experiment)
-    for key in ("init_from",):
+    for key in ("init_from", "branch_from"):
         if cfg[key] is not None:
             check_path(key, cfg[key])
     check_hf_cache()
@@ -225,6 +230,7 @@ def check_optim(optim: DictConfig) -> None:
     check_number("optim.warmup_steps", optim.warmup_steps, 0, MAX_STEPS, integer=True)
     check_number("optim.gradient_clip_val", optim.gradient_clip_val, 0, 1e6)
     check_number("optim.short_steps", optim.short_steps, 0, MAX_STEPS, integer=True)
+    check_number("optim.cooldown_fraction", optim.cooldown_fraction, 0, 1, low_open=True)
 
 
 def check_curriculum(cfg: DictConfig) -> None:
@@ -249,6 +255,24 @@ def check_curriculum(cfg: DictConfig) -> None:
         len(lengths) <= optim.short_steps <= cfg.trainer.max_steps,
         f"optim.short_steps: {optim.short_steps} must be at least one step a length ({len(lengths)}) and at most "
         f"trainer.max_steps={cfg.trainer.max_steps}",
+    )
+
+
+def check_cooldown(optim: DictConfig, max_steps: int) -> None:
+    """A ``wsd`` schedule's cooldown is at least one step and starts once the warm-up is over."""
+    if optim.schedule != "wsd":
+        return
+    start = cooldown_start(max_steps, optim.cooldown_fraction)
+    require(
+        start < max_steps,
+        f"optim.cooldown_fraction: {optim.cooldown_fraction} of trainer.max_steps={max_steps} is no whole step of "
+        "cooldown; a larger fraction (or more steps) is required",
+    )
+    require(
+        start >= optim.warmup_steps,
+        f"optim.cooldown_fraction: {optim.cooldown_fraction} of trainer.max_steps={max_steps} starts the cooldown at "
+        f"step {start}, inside the warm-up (optim.warmup_steps={optim.warmup_steps}); at most "
+        f"{1 - optim.warmup_steps / max_steps:.3g} is allowed",
     )
 
 

@@ -51,6 +51,7 @@ from lightning_modules.encoder import TransformerEncoder, count_parameters
 from lightning_modules.language_model import EXAMPLES
 from training import config as run_config
 from training.answer import Objective, ObjectiveMetrics, ending_lines, objective_of
+from training.branch import BRANCH, Branch, check_branch
 from training.console import progress, quiet_third_parties
 from training.divergence import DivergenceGuard, recorded
 from training.resume import (
@@ -251,10 +252,12 @@ def _open_run_dir(
     module: L.LightningModule,
     resumed: Optional[Resumed],
     folder: str,
+    branch: Optional[Branch] = None,
 ) -> tuple[Path, Optional[str], Optional[dict], Optional[Owner], str]:
     """The run directory, owned by this process (rank 0) and with its files written (:func:`_write_run_files`); the
     checkpoint to resume from; when the run to resume has already finished and recorded its metrics, those
-    metrics (then nothing is written); the ownership, for the caller to release; and the run's identity.
+    metrics (then nothing is written); the ownership, for the caller to release; and the run's identity. A run
+    ``branch``-ed off another's checkpoint starts from that checkpoint and records it (``branch.json``).
 
     A DDP launch runs this in every rank (RANK / LOCAL_RANK / SLURM_PROCID); only rank 0 owns and writes. What a
     resume continues (``resumed``) was checked by :func:`check_resume` before anything was written; here a foreign
@@ -270,6 +273,8 @@ def _open_run_dir(
     run_id = resumed.run_id if resumed is not None and resumed.run_id else new_run_id()  # a resumed run keeps its own
     try:
         resume_from = str(run_dir / CHECKPOINT) if resume_state is not None else None
+        if branch is not None:
+            resume_from = str(branch.path)
         if resume_state is not None:
             check_architecture(resume_state, module, run_dir / CHECKPOINT)
             done = finished_metrics(run_dir, resumed.step, cfg.trainer.max_steps)
@@ -283,6 +288,8 @@ def _open_run_dir(
                 owner = Owner(run_dir)
             owner.record()
             _write_run_files(cfg, run_dir, datamodule, resume_state, run_id)
+            if branch is not None:
+                write_json(run_dir / BRANCH, branch.record(), run_dir)
     except BaseException:
         if owner is not None:
             owner.release()
@@ -595,6 +602,8 @@ def train(
         check_record(
             log.root or choose_run_dir(cfg.output_dir, cfg.experiment, cfg.run_dir, cfg.resume, 0, folder).parent
         )
+    # a run that starts (or restarts before its first save) off another run's checkpoint: training/branch.py
+    branch = check_branch(cfg) if resumed is None or resumed.state is None else None
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.cpu_threads > 0:
         torch.set_num_threads(cfg.trainer.cpu_threads)
@@ -607,7 +616,7 @@ def train(
         check_same_data(cfg, run_dir, tokenizer.to_str() if tokenizer is not None else None)
     module = build_module_or_refuse(cfg, datamodule)
     run_dir, resume_from, done, owner, run_id = _open_run_dir(
-        cfg, datamodule, module, resumed, folder
+        cfg, datamodule, module, resumed, folder, branch
     )  # the first write
     if done is not None:
         print(
@@ -637,7 +646,7 @@ def _fit(
     resume_from, kept, run_id = resuming
     study_metrics = str((hparams or {}).get("sweep/objective", "")).split(",")
     answer = ObjectiveMetrics(run_objective(cfg, datamodule), [m for m in study_metrics if m.startswith("val/")])
-    logger = _logger(cfg, module, run_dir, resume_from is not None, hparams, answer, log)
+    logger = _logger(cfg, module, run_dir, kept is not None, hparams, answer, log)
     flops = TrainingFlops()
     run = RunMetrics(flops)
     sample = SampleValidation(answer.objective.metric, run, answer.levels)

@@ -51,7 +51,7 @@ from foundation.atomic import atomic_text, atomic_write_text
 from foundation.errors import ConfigError
 from sweeps import stored
 from sweeps.control import Row, control_label, reused_rows, rows_of, run_baselines, value
-from sweeps.report import comparisons, context, efficiency, figures, markdown, replication, scale
+from sweeps.report import budget_curves, claims, comparisons, context, efficiency, figures, markdown, replication, scale
 from sweeps.report.comparisons import comparisons_table, pair_sentence, seeds_advice
 from sweeps.report.findings import Findings, findings
 from sweeps.report.power import has_power, power_section
@@ -185,7 +185,7 @@ def header_section(
     out += [f"{label} {line}" for line in answered] + [""]
     deltas = [f"{m} ±{markdown.fmt(d)} ({source})" for m in study.metrics for d, source in [study.delta(m)]]
     out.append(f"- δ, the margin within which two arms are on par: {', '.join(deltas)}.")
-    out += comparisons.holm_line(found)
+    out += comparisons.holm_line(found) + comparisons.family_line(found)
     out += comparisons.noise_line(found)
     for m, direction in zip(study.metrics, study.directions):
         if (threshold := study.success(m)) is not None:
@@ -318,6 +318,7 @@ def study_lines(study: Study, ostudy: optuna.Study, rows: list[Row], control_row
         out.append("- retried with the same params after their worker died: trials " + ", ".join(map(str, died)))
     if study.added_seeds:
         out.append(f"- seeds added by `sweep --add-seeds`: {', '.join(map(str, study.added_seeds))}")
+        out.append(f"- verdicts {claims.two_stage_words(study.added_seeds)}")
     if study.replicate is None and url is None and (replica_root(study) / stored.JOURNAL).is_file():
         out.append(f"- replicated on fresh seeds: `linformer-lab report {study.file_args} --replicate`")
     if study.replicate is None and url is None:
@@ -442,7 +443,8 @@ def replication_lines(report: "Report", out: Path) -> list[str]:
             "",
         ]
     outcomes = replication.replicate(original.found, report.found, fresh.control is not None)
-    at = [replication.at_budget(o) for o in outcomes] if fresh.factor is not None else None
+    earlier = [original.found, *_replica_found(fresh, report.url)]  # every earlier seed of the family, pooled
+    at = [replication.at_budget(o, replication.pooled_earlier(o, earlier)) for o in outcomes] if fresh.factor else None
     replication.write_csv(outcomes, out / "replication.csv", at)
     gains = f"{_gain_words(original.found)} on the design's seeds, {_gain_words(report.found)} on the fresh ones"
     if fresh.factor is not None:
@@ -454,6 +456,7 @@ def replication_lines(report: "Report", out: Path) -> list[str]:
             endings(original, report),
             seeds_words(fresh),
             replication.undecided_at_budget(original.found, report.found),
+            at,
         )
     return replication.section(
         original.study.name,
@@ -466,11 +469,21 @@ def replication_lines(report: "Report", out: Path) -> list[str]:
     )
 
 
+def _replica_found(fresh: Study, url: Optional[str]) -> list:
+    """The replication's findings where it has run (its seeds pool with the design's as the earlier estimate)."""
+    try:
+        return [Report(load_study(fresh.path, fresh.preset, replicate=True), url).found]
+    except ConfigError:
+        return []
+
+
 def endings(original: "Report", larger: "Report") -> list[tuple[str, str, str]]:
     """Per arm of the study: whether its runs were still improving at their end, at ×1 and at ×F
     (:func:`sweeps.report.replication.ending`), from the trials' curves of the first objective (the sample curve,
     :func:`sweeps.report.figures.step_curves`) and its seed spread."""
     metric, sense, out = larger.study.metrics[0], larger.study.directions[0], []
+    if larger.study.shared.optim.schedule != "constant":  # the loss falls where the learning rate decays, at any budget
+        return [(arm, replication.DECAYING, replication.DECAYING) for arm in larger.found.own]
     for arm in larger.found.own:
         cells = []
         for report in (original, larger):
@@ -545,7 +558,9 @@ def write_report(study: Study, url: Optional[str] = None) -> Path:
         drawn, not_drawn = scale.write_ladder(report.ladder, ttt, spectra, out)
         scale_lines = scale.section(report.ladder, ttt, spectra, drawn)
         plots, skipped = plots + drawn, skipped + not_drawn
-    replicated = replication_lines(report, out) if study.replicate is not None else []
+    replicated = replication_lines(report, out) if study.replicate is not None and not study.budgets else []
+    if study.budgets:  # every verdict as a curve over budget (sweeps/report/budget_curves.py)
+        replicated = budget_curves.report_lines(study, report.rows, report.control_rows, out)
     atomic_write_text(out / "summary.md", summary_md(report, plots, skipped, scale_lines, replicated))
     return out
 
@@ -567,11 +582,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="report the study re-asked at F times its steps (sweep --budget F): each verdict of the original "
         "holds, is smaller in the same direction, or changed; and whether the arms were still improving",
     )
+    parser.add_argument(
+        "--budgets",
+        metavar="F1,F2,...",
+        help="report the study's budget curves (sweep --budgets): each verdict's effect at every budget, where it "
+        "settled, and whether it is about learning speed or the quality reached",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = load_study(args.study, args.preset, replicate=args.replicate, factor=args.budget)
+    study = load_study(args.study, args.preset, replicate=args.replicate, factor=args.budget, curve=args.budgets)
     out = write_report(study, args.storage)
     print((out / "summary.md").read_text())
     print(f"report: {out}/ (summary.md, trials.csv, *.png)")

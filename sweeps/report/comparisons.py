@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from sweeps.control import trivial_key
-from sweeps.report import markdown
+from sweeps.report import claims, markdown
 from sweeps.report.findings import (
     Compared,
     Findings,
@@ -177,6 +177,25 @@ def holm_line(found: Findings) -> list[str]:
         f"Seed counts are planned at {markdown.PCT} power for the observed difference and spread, at "
         "the level Holm applies to each test now. The control's arms are in neither family: its power check "
         "and the context gain are design checks of the study."
+    ]
+
+
+ON_PAR_TESTS = "'on par'"
+
+
+def family_line(found: Findings) -> list[str]:
+    """The report's Holm families, comparison by comparison: two reports of the same runs that correct over other
+    families (a study alone; one budget of its curves) can read another verdict for the same pair."""
+    if not found.compared:
+        return []
+    better = [f"{c.pair.a} − {c.pair.b} on {c.pair.metric}" for c in found.compared]
+    better += [f"success rates of {r.a} and {r.b} on {r.metric}" for r in found.rates]
+    on_par = [f"{c.pair.a} − {c.pair.b} on {c.pair.metric}" for c in found.compared if c.pair.may_be_on_par]
+    families = f"{claims.family_words(better)}; {claims.family_words(on_par, ON_PAR_TESTS)}"
+    return [
+        f"- Holm families of this report: {families}. "
+        "A report over other runs of the same pairs (another budget, the replication pooled in) corrects over "
+        "another family, so the same pair can read decided in one and undecided in the other."
     ]
 
 

@@ -22,12 +22,14 @@ Numbers first (:func:`replicate`, frozen dataclasses), then the words and table 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from foundation.atomic import atomic_text
+from sweeps.report import claims as rules
 from sweeps.report.findings import Compared, Findings, RatesCompared
 from sweeps.report.markdown import PCT, fmt, interval, table
 from sweeps.spec import stats
@@ -48,6 +50,10 @@ class Claim:
     first: str
     second: str
     original: Evidence
+
+    @property
+    def claim_arms(self) -> tuple[str, str]:
+        return self.first, self.second
 
 
 @dataclass(frozen=True)
@@ -314,31 +320,53 @@ def write_csv(outcomes: list[Outcome], path: Path, at: Optional[list[str]] = Non
 
 
 # --------------------------------------------------------------------------------------- a larger budget
-HOLDS, SMALLER, CHANGED = "holds", "smaller, same direction", "changed"
+HOLDS, SMALLER, CHANGED = rules.HOLDS, rules.SMALLER, rules.CHANGED
+AT_BUDGET = (HOLDS, rules.LARGER, SMALLER, CHANGED, rules.NOT_SHOWN, rules.UNDECIDED, NOT_DECIDED)
 END_SHARE = 0.2  # "at the end": the fall of the loss over the last fifth of training
+DECAYING = (
+    "not judged: the learning rate decays to 0 at the end of these runs, where the loss falls at any budget "
+    "(the budget curves, `sweep --budgets`, read it)"
+)
 
 
-def at_budget(o: Outcome) -> str:
+def oriented(c: Compared, arm: str) -> stats.Comparison:
+    """``c``'s difference as ``arm``'s gain over the other arm in the metric's favour (> 0: ``arm`` is better)."""
+    comparison = c.pair.comparison
+    sign = (1 if c.pair.direction == "maximize" else -1) * (1 if arm == c.pair.a else -1)
+    return dataclasses.replace(comparison, diff=sign * comparison.diff)
+
+
+def pooled_earlier(o: Outcome, earlier: Sequence[Findings]) -> Optional[stats.Comparison]:
+    """The claim's gain (its first arm over its second) from every earlier seed of the family: the design's and, where
+    it has run, the replication's (``earlier``: their findings), pooled (:func:`sweeps.report.claims.pooled`); None
+    for a claim that is not 'better'."""
+    if o.claim.kind != stats.BETTER:
+        return None
+    arms = [rules.pooled(*(f.values.get((arm, o.claim.metric), {}) for f in earlier)) for arm in o.claim.claim_arms]
+    comparison = stats.compare(*arms)  # first − second
+    sign = 1 if o.claim.original.pair.direction == "maximize" else -1
+    return dataclasses.replace(comparison, diff=sign * comparison.diff)
+
+
+def at_budget(o: Outcome, earlier: Optional[stats.Comparison] = None) -> str:
     """What a larger budget (``--budget F``, judged by :func:`replicate` on its fresh seeds) says of a verdict of the
-    original: it **holds** (the same verdict, a 'better' gain not below the original's estimate's reach: the ×F 95 %
-    CI reaches it); it is **smaller, same direction** (the same arm ahead, but its ×F CI lies wholly below the
-    original's estimate, or the ×F seeds call the pair on par or leave it undecided); it **changed** (the ×F seeds
-    decide against it, or put the other arm ahead); else **not decided** (nothing decided at ×F: its reference did
-    not learn, its control lacked power, the pair not run, or an undecided pair whose CI still reaches the original's
-    gain)."""
+    original, by a test between the budgets (:func:`sweeps.report.claims.budget_word`): the ×F gain against
+    ``earlier``, the pooled estimate of every earlier seed of the family (:func:`pooled_earlier`; else the original's
+    estimate, which was reported because it was significant and so is biased away from 0): **larger**, **smaller** or
+    **changed** (the other arm ahead) where the change between the budgets is significant; **holds** where it is shown
+    inside ±δ; **not shown to differ** otherwise; **undecided** where the ×F CI crosses 0; an 'on par' verdict holds
+    where the ×F seeds find it on par again; **changed** where the ×F seeds decide against the verdict; **not
+    decided** where they decide nothing (their reference did not learn, their control lacked power, the pair not
+    run)."""
     if o.status == CONTRADICTED:
         return CHANGED
     if o.fresh is None or o.blocked:
         return NOT_DECIDED
     if o.claim.kind != stats.BETTER:
         return HOLDS if o.status == REPLICATED else NOT_DECIDED
-    size, _, hi = edge(o.fresh, o.claim.first)
-    original, _, _ = edge(o.claim.original, o.claim.first)
-    if size <= 0:
-        return CHANGED
-    if hi < original or (o.status == NOT_DECIDED and o.fresh.verdict.kind == stats.ON_PAR):
-        return SMALLER
-    return HOLDS if o.status == REPLICATED else NOT_DECIDED
+    first = earlier if earlier is not None else oriented(o.claim.original, o.claim.first)
+    later = oriented(o.fresh, o.claim.first)
+    return rules.budget_word(first, later, rules.change(first, later), o.claim.original.pair.delta)
 
 
 def end_fall(
@@ -419,21 +447,18 @@ def budget_section(
     endings: list[tuple[str, str, str]],
     seeds: str,
     open_pairs: list[list[str]] = (),
+    at: Optional[Sequence[str]] = None,
 ) -> list[str]:
     """The section of a study re-asked at ``factor`` × its steps: per verdict of the original (``name``) what it is
     at ×F (:func:`at_budget`), both estimates with their CIs side by side; then whether each arm was still improving
     at the end of its runs at ×1 and at ×F (``endings``: arm, its ×1 cell, its ×F cell, :func:`ending_cell`)."""
     x = f"×{factor:g}"
-    counts = {s: sum(at_budget(o) == s for o in outcomes) for s in (HOLDS, SMALLER, CHANGED, NOT_DECIDED)}
-    tallied = ", ".join(f"{v} {s}" for s, v in counts.items())
+    at = list(at) if at is not None else [at_budget(o) for o in outcomes]
+    counts = {s: at.count(s) for s in AT_BUDGET}
+    tallied = ", ".join(f"{v} {s}" for s, v in counts.items() if v)
     body = [
-        [
-            claim_text(o.claim),
-            estimate(o.claim, o.claim.original),
-            estimate(o.claim, o.fresh),
-            f"**{at_budget(o)}**: {o.why}",
-        ]
-        for o in outcomes
+        [claim_text(o.claim), estimate(o.claim, o.claim.original), estimate(o.claim, o.fresh), f"**{w}**: {o.why}"]
+        for o, w in zip(outcomes, at)
     ]
     out = [
         f"## {name} re-asked at {x} the budget",
@@ -445,12 +470,13 @@ def budget_section(
         else f"**At {x}:** {name} decided no verdict.",
         "",
         f"Every step count of the recipe is {x} (its learning-rate schedule stretched to the new end), on fresh "
-        f"{seeds}. A verdict holds when the {x} seeds reach it again with a gain whose 95 % CI reaches the original's "
-        "estimate; it is smaller, same direction, when the same arm stays ahead but that CI lies below the original's "
-        "estimate or the pair is now on par; it changed when the other arm is ahead or the seeds decide against it "
-        "(docs/verdicts.md). Still improving: an arm's objective improved over the last fifth of training (the slope "
-        "of its sample curve there, the fixed validation sample scored every twentieth of training) by more than the "
-        "seed spread of its final value.",
+        f"{seeds}. Each gain at {x} is set against the pooled estimate of every earlier seed of the family (the "
+        "design's and the replication's, where it has run), not the ×1 estimate reported because it was significant; "
+        "larger, smaller or changed only where a t test of the change between the budgets is significant at 5 %, "
+        "holds only where the change is shown inside ±δ (TOST), else not shown to differ; undecided where the "
+        f"{x} CI crosses 0 (docs/verdicts.md). The {x} seeds are judged under Holm's correction over their own "
+        "tests: a family of their own. Still improving: read only where the runs train at a constant learning rate "
+        "(the slope of the sample curve over the last fifth against the seed spread of the final value).",
         "",
     ]
     if body:

@@ -48,7 +48,7 @@ from foundation.checked import read_json, read_run_config
 from foundation.errors import ConfigError
 from lightning_modules.attention import ATTENTION_KINDS
 from sweeps.control import Row, run_metrics
-from sweeps.report import comparisons, efficiency, markdown
+from sweeps.report import claims, comparisons, efficiency, markdown
 from sweeps.report.comparisons import verdict
 from sweeps.report.findings import Compared, Findings, curve_of
 from sweeps.report.markdown import fmt, signed, signed_interval
@@ -130,9 +130,20 @@ class Ladder:
         return xs, ys
 
     def trend(self, line: str, axis: str = "parameters") -> Optional[stats.Trend]:
-        """The gap's least-squares trend over log10 size; None with fewer than 2 sized rungs."""
+        """The gap's least-squares trend over log10 size; None with fewer than :data:`claims.MIN_TREND_POINTS`
+        sized rungs (a line through two points is no trend: docs/verdicts.md, "Claims")."""
         xs, ys = self.points(line, axis)
-        return stats.trend(xs, ys) if len(set(xs)) >= 2 else None
+        return stats.trend(xs, ys) if len(set(xs)) >= claims.MIN_TREND_POINTS else None
+
+    def residuals(self, line: str, axis: str = "parameters") -> str:
+        """Each sized rung's mean gap less the trend's value there, in order of size ("" without a trend)."""
+        t, (xs, ys) = self.trend(line, axis), self.points(line, axis)
+        if t is None:
+            return ""
+        by_x: dict[float, list[float]] = {}
+        for x, y in zip(xs, ys):
+            by_x.setdefault(x, []).append(y)
+        return ", ".join(signed(sum(v) / len(v) - t.at(x)) for x, v in sorted(by_x.items()))
 
     def has_axis(self, axis: str) -> bool:
         """Whether some rung's reference runs recorded ``axis`` (a study still running may lack a rung)."""
@@ -193,7 +204,9 @@ def verdict_text(ladder: Ladder, rung: str, line: str, short: bool = False) -> s
 
 def trend_text(ladder: Ladder, line: str, axis: str = "parameters") -> str:
     """The gap's slope per tenfold size with its 95 % CI, and what it means for ``line``."""
-    return trend(ladder.trend(line, axis), AXES[axis], line, ladder.reference, ladder.direction)
+    text = trend(ladder.trend(line, axis), AXES[axis], line, ladder.reference, ladder.direction)
+    residuals = ladder.residuals(line, axis)
+    return text + (f" (each rung's mean gap less the fit: {residuals})" if residuals else "")
 
 
 def _at(ladder: Ladder, rung: str, axis: str) -> str:
@@ -739,7 +752,7 @@ def rung_verdict(c: Optional[Compared], line: str, arm: str, reference: str, sho
 def trend(t: Optional[stats.Trend], what: str, line: str, reference: str, direction: str) -> str:
     """A gap's slope per tenfold size with its 95 % CI, and what it means for ``line``."""
     if t is None:
-        return f"no trend: fewer than 2 rungs with {what} recorded"
+        return f"no trend: fewer than {claims.MIN_TREND_POINTS} rungs with {what} recorded (the rungs' gaps alone)"
     lo, hi = t.slope_ci()
     ci = signed_interval(lo, hi)
     fit = f"{signed(t.slope)} per tenfold {what} (95 % CI {ci}, least squares over {t.n} seeds' gaps)"

@@ -1,5 +1,6 @@
 """``linformer-lab sweep STUDY.yaml [--preset P] [--storage URL] [--n-trials N] [--workers W] [--add-seeds N]
-[--replicate | --budget F] [--new-study] [--check] [--preflight | --no-preflight] [--no-gate]``.
+[--replicate | --budget F | --budgets F1,F2,...] [--new-study] [--check] [--preflight | --no-preflight]
+[--no-gate]``.
 
 Launches, or resumes, an Optuna study. The command validates the study file, the sampler's and pruner's
 arguments and the storage URL (exit 2 before any trial; ``--check`` stops there, writing nothing), takes
@@ -52,6 +53,10 @@ inflates the error rates the verdicts promise (docs/verdicts.md).
 fresh seeds of the file's ``replicate:`` block, as the study ``<study>_<preset>_replicate`` beside the original. Its
 seeds are checked, before anything is written, against those ``--add-seeds`` stored on the original; every flag above
 applies to it as to any study (``--add-seeds`` grows the replication, with seeds above its own).
+
+``--budgets 1,2,4,8,16`` runs the study's budget curves (:mod:`sweeps.spec.budgets`, :mod:`sweeps.run.trunks`): each
+trial is one trunk per seed and arm at a constant learning rate, and a cooldown branched off it per budget, as the
+derived study ``<study>_<preset>_curve``; listing more budgets later trains the trunks on.
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ from foundation.confined import open_inside
 from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
 from foundation.lock import check_free
 from sweeps import stored
-from sweeps.run import gate, plan, preflight, storage
+from sweeps.run import gate, plan, preflight, storage, trunks
 from sweeps.run.storage import GridPointTaken, RunStorage
 from sweeps.spec import identity, replication
 from sweeps.spec.schema import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM
@@ -365,6 +370,7 @@ def prepare(study: Study, runs: RunStorage, points: Optional[list[dict]] = None)
     ostudy.set_user_attr("study_file", str(study.path))
     ostudy.set_user_attr("preset", study.preset)
     runs.fail_stale_trials(ostudy)
+    trunks.extend(study, ostudy)  # a curve study asked for more budgets: its finished points go on
     if study.is_grid:
         for point in study.points[: study.n_trials] if points is None else points:
             ostudy.enqueue_trial(point, skip_if_exists=True)
@@ -729,6 +735,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="re-ask the study at F times its steps (the schedule stretched to the new end) on fresh seeds, as a "
         "study of its own beside the original, <study>_<preset>_x<F>",
     )
+    parser.add_argument(
+        "--budgets",
+        metavar="F1,F2,...",
+        help="the study as curves over these budgets (times its steps, e.g. 1,2,4,8,16) on fresh seeds: one trunk "
+        "per seed and arm at a constant learning rate, a cooldown branched off it per budget, as "
+        "<study>_<preset>_curve",
+    )
     _add_run_flags(parser)
 
 
@@ -774,9 +787,8 @@ def main(args: argparse.Namespace) -> int:
         check_number("--timeout-s", args.timeout_s, 0, 365 * 86400, low_open=True)
     if args.add_seeds is not None:
         check_number("--add-seeds", args.add_seeds, 1, 10_000, integer=True)
-    study = load_study(
-        args.study, args.preset, args.n_trials, args.timeout_s, replicate=args.replicate, factor=args.budget
-    )
+    derived = {"replicate": args.replicate, "factor": args.budget, "curve": args.budgets}
+    study = load_study(args.study, args.preset, args.n_trials, args.timeout_s, **derived)
     stores = storage.run_storages(study, args.storage, args.workers)  # opened lazily: nothing read or written yet
     runs = stores[study.name]  # the study's storage; its control's lies inside its folder
     if args.storage is None:  # its folder holds no link and no name of the wrong type, before any journal is read

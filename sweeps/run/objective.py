@@ -19,6 +19,7 @@ import optuna
 from optuna_integration import PyTorchLightningPruningCallback
 
 from foundation.errors import ConfigError, Diverged
+from sweeps.run import trunks
 from sweeps.spec.study import Study
 
 PRUNE_MONITOR = "val/loss"
@@ -64,19 +65,28 @@ def objective(study: Study, trial: optuna.Trial, run: dict[str, Any]) -> float |
     from training.train import train  # heavy import, only in workers
 
     params = study.suggest(trial)
-    pruning = StepPruning(trial, monitor=PRUNE_MONITOR) if study.spec.pruner.kind != "none" else None
+    pruned = study.spec.pruner.kind != "none" and not study.budgets  # a curve's trunk is not pruned on its way
+    pruning = StepPruning(trial, monitor=PRUNE_MONITOR) if pruned else None
     hparams = {
         **params,
         "sweep/study": study.name,
         "sweep/trial": trial.number,
         "sweep/objective": ",".join(study.metrics),
     }
-    metrics = train(
-        study.config(params, run),
-        callbacks=[StopWhenAsked(), *([pruning] if pruning else [])],  # train() guards against divergence
-        hparams=hparams,
-        log=LogPlace(root=(study.parent or study).root),  # one TensorBoard log directory: the study's, control's too
-    )
+    if study.budgets:  # a trunk and a cooldown per budget (sweeps/run/trunks.py); it answers at the largest
+        points = trunks.run_curve(study, params, study.config(params, run), hparams, [StopWhenAsked()])
+        folder = trunks.point_folder(study, params)
+        trial.set_user_attr(trunks.CURVE_DIR, str(folder))  # its trunk and cooldowns
+        trial.set_user_attr("run_dir", str(trunks.cooldown_folder(folder, max(study.budgets))))  # what it answers
+        trial.set_user_attr(trunks.POINTS, {name: _scalars(m) for name, m in points.items()})
+        metrics = trunks.largest(points, study.budgets)
+    else:
+        metrics = train(
+            study.config(params, run),
+            callbacks=[StopWhenAsked(), *([pruning] if pruning else [])],  # train() guards against divergence
+            hparams=hparams,
+            log=LogPlace(root=(study.parent or study).root),  # one TensorBoard log directory: the study's, control's
+        )
     if pruning is not None:
         pruning.check_pruned()  # a decision taken in a spawned rank (ddp_spawn) surfaces here
     missing = [m for m in study.metrics if m not in metrics]
@@ -87,7 +97,10 @@ def objective(study: Study, trial: optuna.Trial, run: dict[str, Any]) -> float |
     bad = [(m, v) for m, v in zip(study.metrics, values) if not math.isfinite(v)]
     if bad:
         raise Diverged(f"diverged: {bad[0][0]}={bad[0][1]} at the end")
-    trial.set_user_attr(
-        "metrics", {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-    )
+    trial.set_user_attr("metrics", _scalars(metrics))
     return values[0] if len(values) == 1 else values
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a ``metrics.json`` (what a trial keeps in its user attrs)."""
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}

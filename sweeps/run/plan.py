@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from foundation.atomic import write_json
 from sweeps.run.preflight import Shape
+from sweeps.spec import budgets
 from sweeps.spec.study import Study
 from training.console import clock
 
@@ -96,7 +97,12 @@ def project(
         "memory": largest.measured["memory"],
         "shapes": [{"arm": s.label, "setting": s.setting, "trials": len(s.trials), **s.measured} for s in shapes],
         "projected_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **({"curve": budgets.cost_line(study.budgets, *_steps_and_fraction(study))} if study.budgets else {}),
     }
+
+
+def _steps_and_fraction(study: Study) -> tuple[int, float]:
+    return study.shared.trainer.max_steps, study.shared.optim.cooldown_fraction
 
 
 def _open_at_mean(study: Study, runs: list[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -129,6 +135,7 @@ def lines(plan: dict[str, Any]) -> list[str]:
         f"about {clock(plan['wall_s'])} wall time{device}, {plan['cpu_hours']:.2f} CPU-hours",
         f"plan: largest peak memory {plan['largest_peak_mb']:.0f} MB of {plan['total_mb']:.0f} MB ({where}), "
         f"{plan['largest_peak_arm']}",
+        *([f"plan: {plan['curve']}"] if plan.get("curve") else []),
     ]
 
 

@@ -42,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from foundation.configfile import flatten, to_container
 from foundation.errors import ConfigError
+from sweeps.spec import budgets
 from sweeps.spec.study import Study
 
 STEPS = 10  # optimiser steps a shape trains: the first (compile, warm-up), WARMUP more, then the timed ones
@@ -132,7 +133,8 @@ def shapes_of(study: Study) -> list[Shape]:
             key = shape_key(cfg)
             label = _label(s, params)
             shape = found.setdefault(key, Shape(key, label, cfg, grid=s.is_grid))
-            shape.trials.append((s.name, params, cfg.trainer.max_steps, validations(cfg)))
+            work = budgets.work(cfg, s.budgets) if s.budgets else (cfg.trainer.max_steps, validations(cfg))
+            shape.trials.append((s.name, params, *work))  # a curve trial: its trunk's and cooldowns' steps
     shapes = list(found.values())
     flats = [costly(shape.cfg) for shape in shapes]
     differs = tuple(

@@ -40,6 +40,7 @@ from sweeps.spec.grids import integer_seeds
 from sweeps.spec.schema import REPLICATE_SUFFIX, SEED_PARAM
 from training.config import check_seed
 
+CURVE_SUFFIX = "_curve"  # a budget-curve study's name suffix (sweeps.spec.budgets, which imports this module's)
 FRESH_STEP = 100  # the default fresh seeds start at the first multiple of this above every seed of the design
 
 
@@ -175,9 +176,10 @@ def suffix(factor: Optional[float]) -> str:
 
 
 def is_derived_name(original: str, name: str) -> bool:
-    """Whether study ``name`` is a derived study of the study named ``original`` (its replication, ``_x<F>``)."""
+    """Whether study ``name`` is a derived study of the study named ``original`` (its replication, ``_x<F>``, its
+    budget curves)."""
     return (
-        name == original + REPLICATE_SUFFIX
+        name in (original + REPLICATE_SUFFIX, original + CURVE_SUFFIX)
         or re.fullmatch(re.escape(original + budget.SUFFIX) + r"[0-9]+(\.[0-9]{1,2})?", name) is not None
     )
 

@@ -38,7 +38,7 @@ from foundation.configfile import flatten, merge, read_yaml, to_container
 from foundation.errors import ConfigError, check_number
 from foundation.paths import NAME_MAX, PATH_MAX, check_folder, check_name
 from foundation.rundir import NAME_LIMIT
-from sweeps.spec import budget, grids, replication, validation
+from sweeps.spec import budget, budgets, grids, replication, validation
 from sweeps.spec.controls import control_spec
 from sweeps.spec.ladders import check_ladder
 from sweeps.spec.schema import (
@@ -93,11 +93,16 @@ class Study:
     # of a study at F times the budget (``sweep --budget F``, :mod:`sweeps.spec.budget`, a derived study whose
     # ``replicate`` holds its fresh seeds): F, by which every step count of its trials is scaled; None for any other
     factor: Optional[float] = None
+    # of a budget-curve study (``sweep --budgets 1,2,4``, :mod:`sweeps.spec.budgets`, a derived study whose
+    # ``replicate`` holds its fresh seeds): its factors, each trial a trunk and a cooldown per factor; () for others
+    budgets: tuple[float, ...] = ()
 
     @property
     def name(self) -> str:
         if self.parent is not None:
             return f"{self.parent.name}_control"
+        if self.budgets:
+            return self.original_name + budgets.SUFFIX
         return self.original_name + (replication.suffix(self.factor) if self.replicate is not None else "")
 
     @property
@@ -115,6 +120,8 @@ class Study:
         """The flag that makes a derived study of the original (``--replicate``, ``--budget 4``); "" for others."""
         if self.replicate is None:
             return ""
+        if self.budgets:
+            return f"--budgets {','.join(f'{f:g}' for f in self.budgets)}"
         return "--replicate" if self.factor is None else f"--budget {self.factor:g}"
 
     @property
@@ -345,13 +352,15 @@ def load_study(
     added_seeds: Sequence[int] = (),
     replicate: bool = False,
     factor: Optional[float] = None,
+    curve: Optional[Sequence[float]] = None,
 ) -> Study:
     """Read, merge (file < preset < command-line budget) and validate a study file.
 
     ``preset`` None picks ``cpu`` when the file has presets. ``added_seeds``: seeds ``sweep --add-seeds``
     stored on the study, added to its grid and control. ``replicate``: the study's replication on fresh seeds
     (:mod:`sweeps.spec.replication`) instead of the study; ``factor`` (``--budget F``): the study re-asked at F × its
-    steps on fresh seeds (:mod:`sweeps.spec.budget`), a derived study like the replication. Raises
+    steps on fresh seeds (:mod:`sweeps.spec.budget`), a derived study like the replication; ``curve`` (``--budgets
+    1,2,4``): the study as budget curves on fresh seeds (:mod:`sweeps.spec.budgets`), another derived study. Raises
     :class:`ConfigError` (one line, prefixed with the file) on any problem, including a trial config that would not
     validate.
     """
@@ -371,9 +380,14 @@ def load_study(
         command_line = {"n_trials": n_trials, "timeout_s": timeout_s}
         layers.append({"budget": {k: v for k, v in command_line.items() if v is not None}})
         factor = budget.check_factor(factor) if factor is not None else None
+        if curve is not None and (replicate or factor is not None):
+            raise ConfigError(
+                "--budgets: a budget curve is a derived study of its own, on its own fresh seeds; it is not run with "
+                f"{'--replicate' if replicate else '--budget'}"
+            )
         spec = merge(StudySpec, layers)
-        derived = replicate or factor is not None
-        fresh = _fresh(spec, raw, derived, factor, preset)
+        derived = replicate or factor is not None or curve is not None
+        fresh = _fresh(spec, raw, derived, budgets.SEED_FACTOR if curve is not None else factor, preset, curve)
         if derived:
             replication.as_replicate(spec, fresh)
         if factor is not None:
@@ -382,6 +396,8 @@ def load_study(
             path, preset, spec, validation.file_metrics(raw, presets), tuple(added_seeds), tuple(presets), factor
         )
         study.replicate = fresh if derived else None
+        if curve is not None:
+            _as_curve(study, budgets.parse(curve))
         check_folders(study)
     except ConfigError as err:
         raise ConfigError(f"{_where(path, preset)}: {err}") from None
@@ -425,8 +441,22 @@ def check_folders(study: Study) -> None:
             )
 
 
+def _as_curve(study: Study, factors: list[float]) -> None:
+    """``study`` (and its control) asked as budget curves at ``factors``: every point's config checked as a trunk
+    and a cooldown per factor (:func:`sweeps.spec.budgets.check_curve`)."""
+    for s in study.studies:
+        for params in s.points if s.is_grid else s.range_ends():
+            budgets.check_curve(s.config(params), factors)
+        s.budgets = budgets.check_factors(factors, s.shared.trainer.max_steps)
+
+
 def _fresh(
-    spec: DictConfig, raw: dict, derived: bool, factor: Optional[float] = None, preset: Optional[str] = None
+    spec: DictConfig,
+    raw: dict,
+    derived: bool,
+    factor: Optional[float] = None,
+    preset: Optional[str] = None,
+    curve: Optional[Sequence[float]] = None,
 ) -> Optional[dict]:
     """A derived study's fresh seeds (the replication's, or at ``factor`` × the budget), checked whenever the study
     is loaded as one or its file gives a ``replicate:`` block (so that ``sweep --check`` finds a bad one); None
@@ -435,7 +465,7 @@ def _fresh(
     if not derived and block.seeds is None and block.control_seeds is None:
         return None
     original = f"{spec.study}_{preset}" if preset else spec.study
-    names = (original, original + replication.suffix(factor))
+    names = (original, original + (budgets.SUFFIX if curve is not None else replication.suffix(factor)))
     if factor is not None:
         return replication.budget_seeds(spec, replication.file_seeds(raw), factor, names)
     return replication.fresh_seeds(spec, replication.file_seeds(raw), names)
@@ -595,6 +625,7 @@ def _control_study(study: Study, study_points: dict[str, dict], checked: dict[st
         presets=study.presets,
         checked=dict(checked),
         factor=study.factor,
+        budgets=study.budgets,
     )
     points = []
     containers: dict[str, Any] = {}

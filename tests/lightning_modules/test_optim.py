@@ -1,11 +1,14 @@
 """The optimiser the runs train with: AdamW on two parameter groups, multi-tensor, under the warm-up schedule."""
 
+import math
+
+import pytest
 import tiny
 import torch
 import torch.nn.functional as F
 
 from lightning_modules.encoder import TransformerEncoder
-from lightning_modules.optim import build_optimizer, parameter_groups
+from lightning_modules.optim import build_optimizer, cooldown_factor, cooldown_start, lr_factor, parameter_groups
 
 OPTIM = {"lr": 3e-3, "betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "warmup_steps": 3, "schedule": "linear"}
 
@@ -48,3 +51,53 @@ def test_adamw_decays_the_matrices_but_not_biases_norms_or_what_the_kind_exempts
     decay, no_decay = parameter_groups(full)
     assert no_decay == [name for name, p in full.named_parameters() if p.ndim < 2]
     assert "shared.weight_0" in parameter_groups(tiny.layer(tiny.attention(k=4)))[1]
+
+
+@pytest.mark.parametrize(
+    "shape, q, expected",
+    [
+        ("linear", 0.25, 0.75),
+        ("cosine", 0.5, 0.5),
+        ("cosine", 0.25, (1 + math.cos(math.pi / 4)) / 2),
+        ("1-sqrt", 0.25, 0.5),
+    ],
+)
+def test_a_cooldown_shape_is_its_formula(shape, q, expected):
+    assert cooldown_factor(q, shape) == pytest.approx(expected)
+    assert cooldown_factor(0.0, shape) == 1.0 and cooldown_factor(1.0, shape) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("shape", ["linear", "cosine", "1-sqrt"])
+def test_wsd_warms_up_holds_the_peak_then_cools_down_over_the_last_fraction(shape):
+    """100 steps, warm-up 10, cooldown 20 %: (s+1)/10 up to step 9, exactly 1 from step 10 to 79 (the constant
+    schedule's values: a trunk at constant lr is this schedule's stable phase), then falling monotonically to 0 at
+    step 100, the shape's value at each fraction of the cooldown."""
+    factors = [lr_factor(s, 10, 100, "wsd", 0.2, shape) for s in range(101)]
+    assert factors[:10] == [(s + 1) / 10 for s in range(10)]
+    assert factors[10:80] == [lr_factor(s, 10, 100, "constant") for s in range(10, 80)] == [1.0] * 70
+    assert factors[80] == 1.0 and factors[100] == pytest.approx(0.0)
+    assert all(a > b for a, b in zip(factors[80:], factors[81:]))
+    assert factors[90] == pytest.approx(cooldown_factor(0.5, shape))
+    assert cooldown_start(100, 0.2) == 80 and cooldown_start(7, 0.2) == 6  # rounded to a whole step
+
+
+def test_the_1_sqrt_cooldown_stays_above_linear_which_stays_above_cosine_early_on():
+    """Hägele et al.'s 1-sqrt keeps more of the peak than linear over the cooldown's first quarter; it drops last."""
+    for q in (0.02, 0.1, 0.2):
+        assert cooldown_factor(q, "1-sqrt") < cooldown_factor(q, "linear")
+    assert cooldown_factor(0.9, "1-sqrt") < cooldown_factor(0.9, "linear")
+    assert cooldown_factor(0.2, "cosine") > cooldown_factor(0.2, "linear")
+
+
+def test_the_scheduler_follows_wsd_with_the_configured_cooldown():
+    model = tiny.encoder(tiny.attention(k=4))
+    optim = {**OPTIM, "warmup_steps": 2, "schedule": "wsd", "cooldown_fraction": 0.5, "cooldown_shape": "cosine"}
+    built = build_optimizer(model, optim, max_steps=8)
+    scheduler = built["lr_scheduler"]["scheduler"]
+    seen = []
+    for _ in range(8):
+        seen.append(built["optimizer"].param_groups[0]["lr"] / OPTIM["lr"])
+        scheduler.step()
+    assert seen == pytest.approx(
+        [0.5, 1.0, 1.0, 1.0, 1.0, cooldown_factor(0.25, "cosine"), 0.5, cooldown_factor(0.75, "cosine")]
+    )

@@ -40,11 +40,19 @@ def test_merge_order_defaults_then_yaml_then_overrides(tmp_path):
         ("task=clm", "task: 'clm' needs model.attention.causal=true"),
         ("trainer.compile=sometimes", "trainer.compile: 'sometimes' is not one of auto, true, false"),
         ("trainer.compile=1", "trainer.compile: 1 is not one of auto, true, false"),
+        ("optim.schedule=wsd2", "optim.schedule"),
+        ("optim.cooldown_shape=sqrt", "optim.cooldown_shape"),
+        ("optim.cooldown_fraction=0", "optim.cooldown_fraction: must be a finite number in (0, 1], got 0"),
+        (
+            "optim.schedule=wsd optim.cooldown_fraction=0.95",
+            "optim.cooldown_fraction: 0.95 of trainer.max_steps=600 starts the cooldown at step 30, inside the warm-up",
+        ),
+        ("optim.schedule=wsd optim.cooldown_fraction=0.0001", "is no whole step of cooldown"),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(override, message):
     with pytest.raises(ConfigError) as err:
-        run_config.load(CONFIGS / "base.yaml", [override])
+        run_config.load(CONFIGS / "base.yaml", override.split())
     assert message in str(err.value)
     assert "\n" not in str(err.value)
 

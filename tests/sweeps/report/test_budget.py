@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import types
 
 import optuna
 import pytest
@@ -28,12 +29,14 @@ CONTROL = {"reference": {"optim.lr": 1e-3}, "degraded": {"optim.lr": 5e-3}}
 NO_CONTEXT = 3.1
 
 
-def study_file(tmp_path, tiny_overrides):
+def study_file(tmp_path, tiny_overrides, schedule: str = "constant"):
+    """The study over four arms; its runs train at a ``schedule`` learning rate (constant: their ends can be read)."""
     return write_study(
         tmp_path,
         tiny_overrides,
         "bud",
         {"seed": {"type": "categorical", "choices": [0, 1, 2, 3]}, "arm": {"choices": ARMS}},
+        {"optim.schedule": schedule},
         arms=["arm"],
         control=CONTROL,
         verdict={"delta": {"val/loss": 0.05}},
@@ -82,7 +85,9 @@ def rows_of(path) -> dict[tuple[str, str], dict]:
         return {(r["first"], r["second"]): r for r in csv.DictReader(fh)}
 
 
-def test_each_verdict_holds_is_smaller_or_changed_at_the_larger_budget(tmp_path, tiny_overrides):
+def test_each_verdict_holds_is_smaller_or_changed_at_the_larger_budget_by_a_test_between_budgets(
+    tmp_path, tiny_overrides
+):
     path = study_file(tmp_path, tiny_overrides)
     # the original: a better than b by 0.3, than c by 0.3, than d by 0.3
     fill(
@@ -96,7 +101,8 @@ def test_each_verdict_holds_is_smaller_or_changed_at_the_larger_budget(tmp_path,
         tmp_path,
         falls={"a": 0.001},
     )
-    # at ×4: a − b still 0.3 (holds); a − c 0.1 (smaller, same direction); d now better than a (changed)
+    # at ×4: a − b still 0.3 (holds: the change shown inside ±δ); a − c 0.1 (smaller: the change significant); d now
+    # better than a (changed)
     fill(
         load_study(path, factor=4),
         {
@@ -112,14 +118,15 @@ def test_each_verdict_holds_is_smaller_or_changed_at_the_larger_budget(tmp_path,
     out = write_report(load_study(path, factor=4))
     rows = rows_of(out / "replication.csv")
     assert rows[("a", "b")]["at_budget"] == "holds"
-    assert rows[("a", "c")]["at_budget"] == "smaller, same direction"
+    assert rows[("a", "c")]["at_budget"] == "smaller"
     assert rows[("a", "d")]["at_budget"] == "changed"
     assert float(rows[("a", "c")]["original_estimate"]) == pytest.approx(0.3, abs=0.01)
     assert float(rows[("a", "c")]["fresh_estimate"]) == pytest.approx(0.1, abs=0.01)
     summary = (out / "summary.md").read_text()
     assert "## bud re-asked at ×4 the budget" in summary
     # b, c, d were on par at ×1; at ×4 d is far ahead of both and c of b: changed
-    assert "**At ×4: of the original's 6 decided verdicts, 1 holds, 1 smaller, same direction, 4 changed" in summary
+    assert "**At ×4: of the original's 6 decided verdicts, 1 holds, 1 smaller, 4 changed.**" in summary
+    assert "set against the pooled estimate of every earlier seed of the family" in summary
     assert "| a better than c on val/loss | 0.3 [0.3, 0.3] (n = 4) | 0.103 [0.0945, 0.11] (n = 4) |" in summary
     # whether the arms were still improving: a fell 0.2 over the last fifth at ×4, far beyond its seed spread
     line_a = next(line for line in summary.splitlines() if line.startswith("| a |"))
@@ -129,6 +136,37 @@ def test_each_verdict_holds_is_smaller_or_changed_at_the_larger_budget(tmp_path,
     # a run without a sample curve is read from its two full validations: the second half's slope over a fifth
     line_c = next(line for line in summary.splitlines() if line.startswith("| c |"))
     assert "still improving: improved 0.2 " in line_c
+
+
+def test_runs_whose_learning_rate_decays_to_their_end_are_not_judged_still_improving(tmp_path, tiny_overrides):
+    """The loss falls where a linear schedule decays to 0, at any budget: the last fifth of such runs says nothing."""
+    path = study_file(tmp_path, tiny_overrides, schedule="linear")
+    fill(load_study(path), {"a": [2.0, 2.02, 1.98, 2.01], "b": [2.3, 2.31, 2.29, 2.31]}, tmp_path, falls={"a": 0.2})
+    fill(load_study(path, factor=4), {"a": [1.7, 1.71, 1.69, 1.7], "b": [2.0, 2.01, 1.99, 2.01]}, tmp_path)
+    summary = (write_report(load_study(path, factor=4)) / "summary.md").read_text()
+    line_a = next(line for line in summary.splitlines() if line.startswith("| a |"))
+    assert line_a.count("not judged: the learning rate decays to 0") == 2 and "still improving" not in line_a
+
+
+def test_a_later_gain_is_set_against_every_earlier_seed_of_the_family_pooled():
+    """The design's a − b 0.3 on seeds 0–1 and the replication's 0.1 on 100–101 pool to 0.2 on four seeds."""
+    from sweeps.report.findings import Findings
+    from sweeps.spec import stats
+
+    pair = stats.Pair("a", "b", "val/loss", "minimize", 0.05, stats.compare({0: 2.0}, {0: 2.3}))
+    original = types.SimpleNamespace(pair=pair)
+    claim = replication.Claim(stats.BETTER, "val/loss", "a", "b", original)
+    outcome = replication.Outcome(claim, None, replication.NOT_DECIDED, "")
+
+    def found(a, b):
+        return Findings(
+            ["a", "b"], ["a", "b"], {("a", "val/loss"): a, ("b", "val/loss"): b}, [], [], None, None, {}, []
+        )
+
+    design = found({(0,): 2.0, (1,): 2.1}, {(0,): 2.3, (1,): 2.4})
+    replica = found({(100,): 2.2, (101,): 2.25}, {(100,): 2.3, (101,): 2.35})
+    earlier = replication.pooled_earlier(outcome, [design, replica])
+    assert earlier.diff == pytest.approx(0.2) and earlier.n == 4 and earlier.paired
 
 
 def test_a_verdict_the_larger_budget_cannot_judge_is_not_decided(tmp_path, tiny_overrides):
@@ -226,7 +264,9 @@ def test_a_ladder_over_n_reports_each_gap_at_its_n_over_k_beside_the_claim(tmp_p
             add(ostudy, {"seed": seed, "arm": "linformer", "n": n}, 2.0 + gap + 0.011 * seed, {"metrics": flops})
     summary = (write_report(study) / "summary.md").read_text()
     assert "at n=16 (n/k = 2;" in summary and "at n=32 (n/k = 4;" in summary
-    assert "per tenfold n/k" in summary and "(the paper's claim: the gap does not grow)." in summary
+    # two lengths make no trend (a line through two points): the gaps alone, beside the claim
+    assert "no trend: fewer than 3 rungs with n/k recorded (the rungs' gaps alone)" in summary
+    assert "per tenfold n/k" not in summary and "(the paper's claim: the gap does not grow)." in summary
     assert "rungs with parameters recorded" not in summary  # a ladder over n reads its trend over n/k alone:
     assert "per tenfold training FLOPs" not in summary and "per tenfold parameters" not in summary  # not the few %
 

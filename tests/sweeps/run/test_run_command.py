@@ -354,6 +354,7 @@ def test_add_seeds_runs_only_the_new_seeds_points_and_the_report_counts_them(tmp
     summary = (tmp_path / "runs" / "grown" / "report" / "summary.md").read_text()
     assert "- trials: 3 finished of 3" in summary and "- control: 6 finished of 6" in summary
     assert "- seeds added by `sweep --add-seeds`: 2" in summary
+    assert "- verdicts two-stage: seeds 2 were added after the study had been read" in summary
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,263 @@
+"""A budget-curve study's section (``linformer-lab report STUDY --preset P --budgets 1,2,4,8,16``): every verdict as a
+curve over training budget, read where it stops changing (the study: :mod:`sweeps.spec.budgets`).
+
+Each budget is judged as any study is (:func:`sweeps.report.findings.findings` over that budget's cooldown points:
+Holm's families are the pairs at that budget, one family per budget). Then, per pair:
+
+* **Settled** (:func:`settled_at`): the verdict settled at budget B_i when, from the doubling that ends at B_i on, at
+  every doubling B_{j−1} → B_j both arms' mean cooldown points moved less than δ/2 and the verdict read the same at
+  B_{j−1} and B_j. Its answer is its verdict at B_i. When the last doubling still moves, it is **not settled by ×N**
+  (N the largest budget run).
+* **About learning speed or the quality reached** (:func:`about`): a settled verdict that reads the same at the
+  smallest budget, with an effect there not shown to differ from the settled one (a paired t test over seeds of the
+  change of the effect), is about the **quality reached**; one that differs there is about **learning speed** at the
+  small budget, and what it settles to is the quality reached.
+* **Still improving** (:func:`improving`), per arm: its cooldown point improved between the last two budgets by at
+  least δ/2, significantly (a paired t test over seeds at α). A cooldown ends each point at a learning rate of 0, so
+  the change between two points is learning, not the decay of the learning rate (the slope of one run's last fifth,
+  where the schedule decays to 0, falls at any budget).
+
+Numbers first (:func:`curves`, frozen dataclasses), then the words, the table and ``budget_curves.png`` (the effect of
+each pair against budget on a log axis, with its 95 % CI and ±δ drawn: :func:`section`).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from optuna.trial import FrozenTrial
+
+from foundation.atomic import write_figure
+from sweeps.control import Row
+from sweeps.report import claims
+from sweeps.report.findings import Compared, Findings, findings
+from sweeps.report.markdown import fmt, p_is, signed, signed_interval, table
+from sweeps.report.replication import said
+from sweeps.spec import budgets, stats
+from sweeps.spec.study import Study
+
+FIGURE = "budget_curves.png"
+
+
+# --------------------------------------------------------------------------------------- numbers
+def at_budget(study: Study, rows: Sequence[Row], factor: float) -> list[Row]:
+    """The rows as they read at one budget: each trial's values and metrics its cooldown's at ``factor`` (a trial
+    without that point is left out)."""
+    name, out = budgets.name(factor), []
+    for r in rows:
+        point = (r.trial.user_attrs.get(budgets.POINTS) or {}).get(name)
+        if point is None or any(m not in point for m in study.metrics):
+            continue
+        trial: FrozenTrial = copy.copy(r.trial)
+        trial.values = [float(point[m]) for m in study.metrics]
+        where = r.trial.user_attrs.get(budgets.CURVE_DIR)
+        cooldown = {"run_dir": str(Path(where) / f"cooldown_{name}")} if where else {}
+        trial.user_attrs = {**r.trial.user_attrs, "metrics": dict(point), **cooldown}
+        out.append(Row(trial, r.arm, r.replicate, r.role, r.reused))
+    return out
+
+
+@dataclass(frozen=True)
+class PairCurve:
+    """One pair over the budgets: its comparison at each budget (A − B), where it settled, and what it is about."""
+
+    a: str
+    b: str
+    metric: str
+    delta: float
+    factors: tuple[float, ...]
+    compared: tuple[Compared, ...]
+    settled: Optional[float]  # the budget it settled at (None: not settled by the largest)
+    about: str
+
+
+@dataclass(frozen=True)
+class ArmCurve:
+    """One arm's mean cooldown point at each budget, and the paired change between its last two."""
+
+    arm: str
+    means: tuple[float, ...]
+    last: Optional[stats.Comparison]  # last − previous, paired over seeds (None: fewer than two budgets)
+    direction: str
+    delta: float
+
+    @property
+    def improving(self) -> Optional[bool]:
+        return improving(self.last, self.direction, self.delta)
+
+
+def improving(last: Optional[stats.Comparison], direction: str, delta: float) -> Optional[bool]:
+    """Still improving: the change of the cooldown point over the last doubling is in the metric's favour,
+    significant at α, and at least δ/2 (what keeps a verdict from settling); None: no spread to judge by."""
+    if last is None or not last.judged:
+        return None
+    return last.p_value < stats.ALPHA and last.a_better(direction) and abs(last.diff) >= delta / 2
+
+
+def moved_little(values: Sequence[float], delta: float) -> bool:
+    """Both arms' means moved less than δ/2 over one doubling (``values``: before and after, per arm)."""
+    return all(abs(after - before) < delta / 2 for before, after in values)
+
+
+def settled_at(factors: Sequence[float], verdicts: Sequence[str], moves: Sequence[bool]) -> Optional[float]:
+    """The budget a verdict settled at: the smallest B_i (i ≥ 1) such that at every doubling from B_{i−1} → B_i on,
+    the arms moved less than δ/2 (``moves[j]``: over B_{j} → B_{j+1}) and the verdict read the same on both sides;
+    None when the last doubling fails that (not settled by the largest budget)."""
+    settled = None
+    for j in range(len(factors) - 1, 0, -1):
+        if not (moves[j - 1] and verdicts[j - 1] == verdicts[j]):
+            break
+        settled = factors[j]
+    return settled
+
+
+def about(
+    compared: Sequence[Compared], effects: Sequence[dict], factors: Sequence[float], settled: Optional[float]
+) -> str:
+    """Whether a pair's verdict is about the quality reached or about learning speed (the module's docstring)."""
+    if settled is None:
+        return f"not settled by ×{factors[-1]:g}: still changing (learning speed)"
+    i = list(factors).index(settled)
+    moved = stats.compare(effects[i], effects[0])  # the change of A − B from the smallest budget, paired by seed
+    same = said(compared[0]) == said(compared[i]) and not (moved.judged and moved.p_value < stats.ALPHA)
+    if same:
+        return f"quality reached: the same from ×{factors[0]:g} on"
+    return (
+        f"learning speed at ×{factors[0]:g} ({said(compared[0])}, A − B {signed(compared[0].pair.comparison.diff)}); "
+        f"the quality reached: {said(compared[i])} by ×{settled:g} (change {signed(moved.diff)}, {p_is(moved.p_value)})"
+    )
+
+
+def _pair_curve(found: list[Findings], factors: tuple[float, ...], c0: Compared) -> Optional[PairCurve]:
+    key = (c0.pair.a, c0.pair.b, c0.pair.metric)
+    compared = [next((c for c in f.compared if (c.pair.a, c.pair.b, c.pair.metric) == key), None) for f in found]
+    if any(c is None for c in compared):
+        return None
+    a, b, metric = key
+    means = [[stats.summarize(list(f.values[(arm, metric)].values())).mean for f in found] for arm in (a, b)]
+    moves = [moved_little([(m[j], m[j + 1]) for m in means], c0.pair.delta) for j in range(len(factors) - 1)]
+    verdicts = [said(c) for c in compared]
+    settled = settled_at(factors, verdicts, moves)
+    effects = [claims.effects(f.values[(a, metric)], f.values[(b, metric)]) for f in found]
+    return PairCurve(
+        a, b, metric, c0.pair.delta, factors, tuple(compared), settled, about(compared, effects, factors, settled)
+    )
+
+
+def curves(
+    study: Study, rows: Sequence[Row], control_rows: Sequence[Row] = ()
+) -> tuple[list[PairCurve], list[ArmCurve]]:
+    """Every pair and every arm of a curve study over its budgets (the budgets every trial has run)."""
+    factors = tuple(f for f in study.budgets if at_budget(study, rows, f))
+    if len(factors) < 2:
+        return [], []
+    found = [
+        findings(study, at_budget(study, rows, f), at_budget(study.control, control_rows, f) if study.control else [])
+        for f in factors
+    ]
+    pairs = [p for c in found[-1].compared if (p := _pair_curve(found, factors, c)) is not None]
+    metric, direction = study.metrics[0], study.directions[0]
+    arms = []
+    for arm in found[-1].own:
+        values = [f.values.get((arm, metric), {}) for f in found]
+        means = tuple(stats.summarize(list(v.values())).mean for v in values)
+        arms.append(ArmCurve(arm, means, stats.compare(values[-1], values[-2]), direction, study.delta(metric)[0]))
+    return pairs, arms
+
+
+# --------------------------------------------------------------------------------------- words
+def _cell(c: Compared) -> str:
+    lo, hi = c.pair.comparison.ci()
+    return f"{signed(c.pair.comparison.diff)} {signed_interval(lo, hi)} {said(c)}"
+
+
+def _arm_cell(a: ArmCurve) -> str:
+    if a.last is None or not a.last.judged:
+        return "no spread to judge"
+    if a.improving:
+        words = "still improving"
+    elif a.last.p_value < stats.ALPHA and a.last.a_better(a.direction):
+        words = f"improving by less than δ/2 = {fmt(a.delta / 2)}"
+    else:
+        words = "not shown to improve"
+    return f"{words}: {signed(a.last.diff)} over the last doubling ({p_is(a.last.p_value)}, {a.last.test})"
+
+
+def section(study: Study, pairs: list[PairCurve], arms: list[ArmCurve], drawn: bool) -> list[str]:
+    """The report's section: the settled rule, the pairs' table and figure, the arms' table."""
+    x = [f"×{f:g}" for f in (pairs[0].factors if pairs else study.budgets)]
+    out = [
+        f"## {study.original_name} as training goes on: budgets {', '.join(x)}",
+        "",
+        "Each point is a cooldown branched off one constant-learning-rate trunk per seed and arm (its last "
+        f"{fmt(study.shared.optim.cooldown_fraction * 100)} % of the budget's steps, the learning rate to 0). "
+        "A verdict settled at the budget from whose doubling on both arms' mean points moved less than δ/2 at "
+        "every doubling and the verdict read the same; it is about the quality reached when it reads the same at "
+        "the smallest budget with an effect not shown to differ there (a paired t test over seeds), else about "
+        "learning speed. Holm's families: the pairs at each budget, one family per budget (docs/verdicts.md).",
+        "",
+    ]
+    if not pairs:
+        return out + ["No pair has a point at two budgets yet.", ""]
+    body = [
+        [f"{p.a} − {p.b} on {p.metric} (δ {fmt(p.delta)})", *map(_cell, p.compared), _settled_cell(p), p.about]
+        for p in pairs
+    ]
+    out += [*table(["pair: A − B, 95 % CI, verdict", *x, "settled", "about"], body), ""]
+    if drawn:
+        out += [f"![each pair's A − B against budget, 95 % CIs, ±δ dashed]({FIGURE})", ""]
+    rows = [[a.arm, *map(fmt, a.means), _arm_cell(a)] for a in arms]
+    out += [*table([f"arm: mean {study.metrics[0]}", *x, "at the end"], rows), ""]
+    return out
+
+
+def _settled_cell(p: PairCurve) -> str:
+    if p.settled is None:
+        return f"not settled by ×{p.factors[-1]:g}"
+    i = p.factors.index(p.settled)
+    return f"×{p.settled:g}: {said(p.compared[i])}"
+
+
+def figure(pairs: list[PairCurve], path: Path) -> bool:
+    """budget_curves.png: each pair's A − B against budget (log axis), its 95 % CI as bars, ±δ dashed."""
+    if not pairs:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with plt.style.context("default"):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for k, p in enumerate(pairs):
+            shift = 1 + 0.03 * (k - (len(pairs) - 1) / 2)  # side by side at each budget
+            xs = [f * shift for f in p.factors]
+            ys = [c.pair.comparison.diff for c in p.compared]
+            cis = [c.pair.comparison.ci() for c in p.compared]
+            err = [[y - lo for y, (lo, _) in zip(ys, cis)], [hi - y for y, (_, hi) in zip(ys, cis)]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{p.a} − {p.b}")
+        delta = pairs[0].delta
+        for d in (delta, -delta):
+            ax.axhline(d, color="gray", linestyle="--", linewidth=1)
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(pairs[0].factors), [f"×{f:g}" for f in pairs[0].factors])
+        ax.set(
+            xlabel="training budget (times the study's steps, log)",
+            ylabel=f"A − B on {pairs[0].metric} (95 % CI; ±δ dashed)",
+            title="each verdict's effect as training goes on",
+        )
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        write_figure(path, fig, dpi=110)
+        plt.close(fig)
+    return True
+
+
+def report_lines(study: Study, rows: Sequence[Row], control_rows: Sequence[Row], out: Path) -> list[str]:
+    """The section of a curve study's report, its figure written to ``out``."""
+    pairs, arms = curves(study, rows, control_rows)
+    return section(study, pairs, arms, figure(pairs, out / FIGURE))

@@ -1,0 +1,83 @@
+"""A budget-curve study's report (sweeps/report/budget_curves.py): the settled rule, learning speed against the
+quality reached, the end-of-training rule that a decaying learning rate cannot fool, the table and the figure."""
+
+import math
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from studies import ARMS, write_study
+
+from sweeps.control import rows_of
+from sweeps.report import budget_curves
+from sweeps.spec import stats
+from sweeps.spec.study import load_study
+
+
+def test_a_verdict_settles_where_every_later_doubling_moves_the_arms_less_than_half_delta_and_keeps_the_verdict():
+    factors = (1, 2, 4, 8, 16)
+    assert budget_curves.settled_at(factors, ["a", "b", "b", "b", "b"], [False, True, True, True]) == 4
+    assert budget_curves.settled_at(factors, ["b"] * 5, [True] * 4) == 2  # the first doubling already stable
+    assert budget_curves.settled_at(factors, ["b"] * 5, [True, True, True, False]) is None  # the last one moved
+    assert budget_curves.settled_at(factors, ["b", "b", "a", "b", "b"], [True] * 4) == 16  # flipped at 4, back at 8
+    assert budget_curves.moved_little([(2.0, 2.04), (2.1, 2.12)], 0.1) and not budget_curves.moved_little(
+        [(2.0, 2.06)], 0.1
+    )
+
+
+def test_an_arm_is_still_improving_only_when_its_last_doubling_improved_it_by_half_delta_beyond_seed_noise():
+    """The change of the cooldown point over the last doubling, paired by seed: a loss that fell by 0.1 at every seed
+    is still improving at δ = 0.1; not at δ = 0.3 (less than δ/2); one that fell by 0.1 on average but rose at one seed
+    is not shown to."""
+    before = {0: 2.0, 1: 2.1, 2: 2.2}
+    fell = stats.compare({k: v - 0.1 + 0.001 * k for k, v in before.items()}, before)
+    noisy = stats.compare({0: 1.7, 1: 2.2, 2: 2.1}, before)
+    assert budget_curves.improving(fell, "minimize", 0.1) is True
+    assert budget_curves.improving(fell, "minimize", 0.3) is False
+    assert budget_curves.improving(noisy, "minimize", 0.1) is False
+    assert budget_curves.improving(fell, "maximize", 0.1) is False  # a falling accuracy is not improving
+
+
+SEEDS = [100000, 100001, 100002]
+# mean objective per budget; the linformer arm trails by 0.3 at ×1 (learning speed), by ~0.01 from ×2 on
+MEANS = {"full": [3.0, 2.5, 2.49], "linformer": [3.3, 2.51, 2.50]}
+
+
+def _trial(arm: str, seed: int, number: int, metric: str, noise: float):
+    points = {
+        f"x{f}": {metric: MEANS[arm][i] + noise, "val/loss": MEANS[arm][i] + noise} for i, f in enumerate((1, 2, 4))
+    }
+    return optuna.trial.create_trial(
+        params={"seed": seed, "arm": arm},
+        distributions={"seed": CategoricalDistribution(SEEDS), "arm": CategoricalDistribution(list(ARMS))},
+        values=[points["x4"][metric]],
+        user_attrs={"budget_points": points, "metrics": points["x4"]},
+    )
+
+
+def test_the_report_reads_each_pair_at_every_budget_and_names_where_it_settled_and_what_it_is_about(
+    tmp_path, tiny_overrides
+):
+    """Two arms on three seeds: linformer trails by 0.3 at ×1 (a verdict), by 0.01 from ×2 on (within δ): the pair
+    settles at ×4 on its ×2 verdict, which differs from ×1's: learning speed at ×1."""
+    space = {"seed": {"type": "categorical", "choices": [0, 1, 2]}, "arm": {"type": "categorical", "choices": ARMS}}
+    metric = load_study(write_study(tmp_path, tiny_overrides, "curves", space)).metrics[0]
+    path = write_study(tmp_path, tiny_overrides, "curves", space, verdict={"delta": {metric: 0.05}})
+    study = load_study(path, curve="1,2,4")
+    trials = [
+        _trial(arm, seed, i, metric, 0.01 * j * (1.2 if arm == "linformer" else 1))
+        for i, (arm, (j, seed)) in enumerate((a, s) for a in ARMS for s in enumerate(SEEDS))
+    ]
+    pairs, arms = budget_curves.curves(study, rows_of(study, trials))
+    (pair,) = pairs
+    assert pair.factors == (1.0, 2.0, 4.0)
+    assert [c.pair.comparison.diff for c in pair.compared] == pytest.approx([-0.3, -0.01, -0.01], abs=0.005)
+    assert [budget_curves.said(c) for c in pair.compared] == ["full better", *["on par within ±0.05"] * 2]
+    assert pair.settled == 4.0 and pair.about.startswith("learning speed at ×1 (full better")
+    assert len(arms) == 2 and all(a.improving is False for a in arms)  # 0.01 over the last doubling
+    lines = budget_curves.section(study, pairs, arms, budget_curves.figure(pairs, tmp_path / "f.png"))
+    text = "\n".join(lines)
+    assert "| pair: A − B, 95 % CI, verdict | ×1 | ×2 | ×4 | settled | about |" in text
+    assert "| full | 3.01 | 2.51 | 2.5 | improving by less than δ/2 = 0.025: -0.01 over the last doubling" in text
+    assert "×4: on par within ±0.05" in text and (tmp_path / "f.png").stat().st_size > 0
+    assert not any(math.isnan(m) for a in arms for m in a.means)
