@@ -223,3 +223,59 @@ def context_of(study: Study, control_rows: list[Row]) -> Optional[ContextGain]:
     return _gain(
         study, control_values(study, control_rows)[0]["reference"], _no_context(study, reference, control_rows)
     )
+
+
+# --------------------------------------------------------------------------------------- importance over the arms
+@dataclass
+class ArmImportance:
+    """What the arm params of a study (its control's role for a control) explain of one objective's spread, seeds
+    left out (a seed is a replicate, not a hyper-parameter): ``importances`` of the params that explain something
+    beyond the seed spread (Optuna's fANOVA over those params alone, seeded), and ``p_values`` of every varying arm
+    param (one-way ANOVA of the objective grouped by the param's values, the seeds as replicates)."""
+
+    importances: dict[str, float]
+    p_values: dict[str, float]
+
+    @property
+    def nothing(self) -> list[str]:
+        """The varying arm params that explain nothing beyond the seed spread."""
+        return [p for p in self.p_values if p not in self.importances]
+
+    def words(self) -> str:
+        """``projection explains nothing beyond the seed spread (one-way ANOVA over its values, p = 0.41)``."""
+        said = [f"{_short(p)}: p = {self.p_values[p]:.2g}" for p in self.nothing]
+        verb = "explains" if len(said) == 1 else "explain"
+        return f"{', '.join(said)} (one-way ANOVA over the seeds) {verb} nothing beyond the seed spread" if said else ""
+
+
+def arm_params(study: Study) -> list[str]:
+    """The params a study's importance is over: its arms (a control's: its role), never the seed."""
+    return [CONTROL_PARAM] if study.parent is not None else [p for p in study.arms if p != "seed"]
+
+
+def arm_importance(study: Study, trials: list[FrozenTrial], objective: int = 0) -> ArmImportance:
+    """:class:`ArmImportance` of objective number ``objective`` over the complete counted ``trials``."""
+    import optuna
+
+    excluded = stored.excluded_numbers(trials)
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.number not in excluded]
+    p_values = {}
+    for p in arm_params(study):
+        groups: dict[str, list[float]] = {}
+        for t in done:
+            if p in t.params:
+                groups.setdefault(repr(t.params[p]), []).append(t.values[objective])
+        if len(groups) < 2:
+            continue
+        spread = [g for g in groups.values() if len(g) > 1]
+        p_values[p] = float(stats.one_way_p(list(groups.values()))) if spread else 1.0
+    explaining = [p for p, pv in p_values.items() if pv < stats.ALPHA]  # beyond the seed spread
+    if len(explaining) <= 1:
+        return ArmImportance({p: 1.0 for p in explaining}, p_values)
+    view = optuna.create_study(directions=["minimize"])  # the trials as they are: fANOVA ranks spread, not direction
+    view.add_trials([t for t in done if all(p in t.params for p in explaining)])
+    evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
+    found = optuna.importance.get_param_importances(
+        view, evaluator=evaluator, params=explaining, target=lambda t: t.values[objective]
+    )
+    return ArmImportance(dict(found), p_values)

@@ -21,7 +21,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-from typing import Any, Optional, Sequence
+import json
+import re
+import wsgiref.simple_server
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import optuna
 from optuna.storages import BaseStorage
@@ -80,9 +84,25 @@ class ReadOnlyStudies(BaseStorage):
         return shown
 
     def _trial(self, trial: FrozenTrial, storage: BaseStorage) -> FrozenTrial:
+        """A trial as the page shows it: numbered apart, its attributes as text (:func:`as_text`), and its learning
+        curve (the objective's sample curve from its TensorBoard events, :func:`training.sample_curve.run_curve`)
+        as its intermediate values where it reported none."""
         shown = copy.copy(trial)
         shown._trial_id = self._join(trial._trial_id, storage)
+        shown.user_attrs = {k: as_text(v) for k, v in trial.user_attrs.items()}
+        run_dir, metric = trial.user_attrs.get("run_dir"), self._metric()
+        if not trial.intermediate_values and isinstance(run_dir, str) and metric and Path(run_dir).is_dir():
+            from training.sample_curve import run_curve
+
+            curve = run_curve(run_dir, metric)
+            if curve is not None:
+                shown.intermediate_values = {int(step): float(v) for step, v in zip(*curve)}
         return shown
+
+    def _metric(self) -> Optional[str]:
+        """The objective whose curve a trial shows: the first metric of the studies (a study's and its control's)."""
+        first = next(iter(self.names.values()), [])
+        return first[0] if first and str(first[0]).startswith("val/") else None
 
     # --------------------------------------------------------------------------- studies
     def get_all_studies(self) -> list:  # Optuna's FrozenStudy, whose module is private
@@ -140,6 +160,115 @@ class ReadOnlyStudies(BaseStorage):
     create_new_study = delete_study = set_study_user_attr = set_study_system_attr = _refuse
     create_new_trial = set_trial_param = set_trial_state_values = set_trial_intermediate_value = _refuse
     set_trial_user_attr = set_trial_system_attr = _refuse
+
+
+def as_text(value: Any) -> Any:
+    """An attribute as the page shows it: text and numbers as they are, a mapping as ``key value`` pairs one a line
+    (numbers to 4 significant figures), a list joined by commas; nothing of JSON's escapes (``\\u2265``)."""
+    if isinstance(value, dict):
+        return "\n".join(f"{k} {as_text(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(as_text(v)) for v in value)
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    return value
+
+
+WRITES = ("POST", "PUT", "PATCH", "DELETE")
+REFUSAL = (
+    "linformer-lab dashboard is read only: the study's workers write its storage; change a study with "
+    "`linformer-lab sweep`"
+)
+BANNER = (
+    '<div style="background:#fff3cd;color:#5c4400;padding:6px 12px;font:14px sans-serif;border-bottom:1px solid '
+    '#e0c36a">Read only: this page shows a linformer-lab study and its control as their workers write them. Buttons '
+    "that would create, delete, rename or edit are refused (<code>linformer-lab sweep</code> changes a study). Each "
+    "trial's intermediate values are its objective's sample curve.</div>"
+)
+# The page's write buttons, hidden by their labels as the page draws them (they would be refused anyway).
+HIDE = (
+    "<script>new MutationObserver(function(){document.querySelectorAll('button,li[role=menuitem]').forEach("
+    "function(b){if(/^(create study|create|delete|delete study|rename|rename study|edit|save|mark as (complete|"
+    "failed|pruned)|fail trial|complete trial|prune trial)$/i.test((b.innerText||b.getAttribute('aria-label')||'')"
+    ".trim())){b.style.display='none';}});}).observe(document.documentElement,{childList:true,subtree:true});"
+    "</script>"
+)
+STUDY_PAGE = re.compile(r"^/api/studies/(\d+)$")
+IMPORTANCES = re.compile(r"^/api/studies/(\d+)/param_importances$")
+
+
+def _json(start_response: Callable, status: str, body: dict) -> list[bytes]:
+    data = json.dumps(body).encode()
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+    return [data]
+
+
+def _replicates(study: Study) -> bool:
+    """Whether a study's trials are replicates of their arms (a grid with several seeds; a control): no best trial."""
+    return study.parent is not None or (study.is_grid and len(study.seeds) > 1)
+
+
+def read_only(app: Callable, view: ReadOnlyStudies, study: Study) -> Callable:
+    """optuna-dashboard's WSGI ``app`` served read only: every write refused with a 403 and one line (the page keeps
+    no write button it can find, and says it is read only), parameter importance over each study's arms alone
+    (:func:`sweeps.control.arm_importance`: never the seed; an arm that explains nothing beyond the seed spread left
+    out), and no best trial for a study of replicate seeds."""
+    by_name = {one.name: one for one in study.studies}
+
+    def one_of(study_id: str) -> Optional[Study]:
+        try:
+            return by_name.get(view.get_study_name_from_id(int(study_id)))
+        except (KeyError, IndexError, ValueError):
+            return None
+
+    def serve(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "")
+        if method in WRITES:
+            return _json(start_response, "403 Forbidden", {"reason": REFUSAL})
+        if (found := IMPORTANCES.match(path)) and (one := one_of(found.group(1))) is not None:
+            return _json(start_response, "200 OK", {"param_importances": importances(view, int(found.group(1)), one)})
+        captured: dict[str, Any] = {}
+
+        def keep(status: str, headers: list, exc_info: Any = None) -> Callable:
+            captured.update(status=status, headers=headers)
+            return lambda data: None
+
+        body = b"".join(app(environ, keep))
+        kind = dict((k.lower(), v) for k, v in captured["headers"]).get("content-type", "")
+        if kind.startswith("text/html"):
+            body = body.replace(b"<body>", b"<body>" + (BANNER + HIDE).encode(), 1)
+        elif (found := STUDY_PAGE.match(path)) and captured["status"].startswith("200"):
+            one = one_of(found.group(1))
+            if one is not None and _replicates(one):
+                detail = json.loads(body)
+                detail["best_trials"] = []
+                body = json.dumps(detail).encode()
+        headers = [(k, v) for k, v in captured["headers"] if k.lower() != "content-length"]
+        start_response(captured["status"], [*headers, ("Content-Length", str(len(body)))])
+        return [body]
+
+    return serve
+
+
+def importances(view: ReadOnlyStudies, study_id: int, study: Study) -> list[list[dict]]:
+    """The page's parameter importances of ``study`` (one list per objective): its arms only, none for an arm that
+    explains nothing beyond the seed spread."""
+    from sweeps.control import arm_importance
+
+    trials = view.get_all_trials(study_id, deepcopy=False)
+    out = []
+    for i, _ in enumerate(study.metrics):
+        found = arm_importance(study, trials, i).importances
+        kind = "CategoricalDistribution"
+        out.append([{"name": p, "importance": v, "distribution": kind} for p, v in found.items()])
+    return out
+
+
+class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
+    """The server's request handler without a line per request on the console."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 def served(study: Study, url: Optional[str]) -> tuple[ReadOnlyStudies, list[str]]:
@@ -201,12 +330,18 @@ def main(args: argparse.Namespace) -> int:
     view, lines = served(study, args.storage)
     import optuna_dashboard
 
-    print(f"dashboard: http://{args.host}:{args.port}/dashboard  (read only; Ctrl-C stops it)", flush=True)
-    print("\n".join(lines), flush=True)
+    app = read_only(optuna_dashboard.wsgi(view), view, study)
     try:
-        optuna_dashboard.run_server(view, host=args.host, port=args.port)
+        server = wsgiref.simple_server.make_server(args.host, args.port, app, handler_class=_QuietHandler)
     except OSError as err:
         raise ConfigError(
             f"--host {args.host} --port {args.port}: cannot listen there ({err.strerror or err}); choose another --port"
         ) from None
+    print(f"dashboard: http://{args.host}:{args.port}/dashboard  (read only; Ctrl-C stops it)", flush=True)
+    print("\n".join(lines), flush=True)
+    with server:
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
     return 0

@@ -77,6 +77,7 @@ from sweeps.spec.schema import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM
 from sweeps.spec.study import Study, load_study
 from sweeps.spec.validation import requested_devices
 from sweeps.stored import check_objective, name_metrics, objective_of
+from training.answer import Objective, link_of
 from training.config import MAX_STEPS
 from training.console import clock
 from training.train import check_machine
@@ -359,6 +360,7 @@ def footer(study: Study, url: Optional[str]) -> str:
         [
             f"report:      linformer-lab report {study.file_args}{where}",
             f"tensorboard: tensorboard --logdir {study.root} --host {HOST}",
+            *(f"             then open {link_of(Objective(m))}" for m in study.metrics if m.startswith("val/")),
             f"dashboard:   linformer-lab dashboard {study.file_args}{where} --host {HOST}  (the study and its control)",
         ]
     )
@@ -462,12 +464,13 @@ def run(
     target = study if not gated or study.is_grid else study.control  # an open study's sampler waits for the gate
     procs = start_workers(target, url, workers, visible, _trials_left(study, ostudies), deadline)
     started = time.time()
+    pace = (started, _finished(target, ostudies)[0])  # one clock for the whole sweep, across the gate
     on_sigterm = signal.signal(signal.SIGTERM, _terminated)
     try:
-        follow(target, ostudies, procs)
+        follow(target, ostudies, procs, pace)
         if gated and not any(p.exitcode for p in procs):
             start = lambda: start_workers(study, url, workers, visible, _trials_left(study, ostudies), deadline)  # noqa: E731
-            if (stopped := _after_control(study, ostudies, procs, start)) is not None:
+            if (stopped := _after_control(study, ostudies, procs, start, pace)) is not None:
                 print(f"gate: {stopped}", file=sys.stderr)
                 print(footer(study, url))
                 return gate.EXIT_GATED
@@ -493,10 +496,15 @@ def run(
 
 
 def _after_control(
-    study: Study, ostudies: dict[str, optuna.Study], procs: list[mp.Process], start: object
+    study: Study,
+    ostudies: dict[str, optuna.Study],
+    procs: list[mp.Process],
+    start: object,
+    pace: Optional[tuple[float, int]] = None,
 ) -> Optional[str]:
     """The gate, once the control has run: the paragraph that stops the sweep, or None after the arms have run
-    (their points enqueued, workers started by ``start`` and followed; added to ``procs``)."""
+    (their points enqueued, workers started by ``start`` and followed on the sweep's clock ``pace``; added to
+    ``procs``)."""
     passed, said = gate.decide(study, ostudies[study.name], ostudies[study.control.name].get_trials(deepcopy=False))
     if not passed:
         return said
@@ -507,7 +515,7 @@ def _after_control(
     if not _met(study, ostudies[study.name].trials):
         more = start()
         procs += more
-        follow(study, ostudies, more)
+        follow(study, ostudies, more, pace)
     return None
 
 
@@ -592,10 +600,13 @@ def _finished(study: Study, ostudies: dict[str, optuna.Study]) -> tuple[int, Opt
     return done, (None if any(n is None for n in budgets) else sum(budgets))
 
 
-def follow(study: Study, ostudies: dict[str, optuna.Study], procs: list[mp.Process]) -> None:
-    """Until every worker has exited: one line per newly finished trial followed by the progress line, one per
-    worker that exits with an error."""
-    started, (done_before, _) = time.time(), _finished(study, ostudies)
+def follow(
+    study: Study, ostudies: dict[str, optuna.Study], procs: list[mp.Process], pace: Optional[tuple[float, int]] = None
+) -> None:
+    """Until every worker has exited: one line per newly finished trial, then one progress line for those found
+    together, and one line per worker that exits with an error. ``pace``: the sweep's start and the trials finished
+    before it (default: now), so that the clock runs on across the gate."""
+    started, done_before = pace if pace is not None else (time.time(), _finished(study, ostudies)[0])
     seen = {(s.name, t.number) for s in study.studies for t in ostudies[s.name].trials if t.state.is_finished()}
     alive = list(procs)
     while alive:
@@ -605,12 +616,15 @@ def follow(study: Study, ostudies: dict[str, optuna.Study], procs: list[mp.Proce
             alive.remove(p)
             if p.exitcode != 0:
                 print(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}: see {study.root / 'logs'}/", flush=True)
+        new = 0
         for s in study.studies:
             for t in ostudies[s.name].get_trials(deepcopy=False):
                 if t.state.is_finished() and (s.name, t.number) not in seen and stored.DISCARDED not in t.user_attrs:
                     seen.add((s.name, t.number))
+                    new += 1
                     print(("control " if s.parent is not None else "") + _describe(t, s), flush=True)
-                    print(progress_line(*_finished(study, ostudies), done_before, time.time() - started), flush=True)
+        if new:
+            print(progress_line(*_finished(study, ostudies), done_before, time.time() - started), flush=True)
 
 
 def summarise(study: Study, ostudies: dict[str, optuna.Study], started: float, deadline: Optional[float]) -> bool:

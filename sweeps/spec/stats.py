@@ -233,6 +233,18 @@ def seeds_for_on_par(c: Comparison, delta: float, alpha: float = ALPHA, power: f
 
 
 # --------------------------------------------------------------------------------------- multiplicity
+def one_way_p(groups: Sequence[Sequence[float]]) -> float:
+    """The p-value of a one-way ANOVA (SciPy's ``f_oneway``): do the groups' means differ beyond the spread within
+    them (the seeds)? Groups without spread: 0 when their means differ, else 1."""
+    groups = [np.asarray(g, dtype=float) for g in groups if len(g)]
+    if len(groups) < 2:
+        return 1.0
+    within = sum(float(((g - g.mean()) ** 2).sum()) for g in groups)
+    if within == 0.0 or sum(len(g) for g in groups) <= len(groups):
+        return 0.0 if len({float(g.mean()) for g in groups}) > 1 else 1.0
+    return float(sp.f_oneway(*groups).pvalue)
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values: sorted ascending, p_(i) · (m − i + 1), made monotone, capped at 1.
     A hypothesis is rejected at family-wise level α when its adjusted p is below α."""

@@ -88,7 +88,7 @@ def test_figures_are_shown_in_summary_md_at_the_section_they_illustrate(tmp_path
     for chart in ("history.png", "parallel_coordinate.png"):
         assert (out / chart).stat().st_size > 1000
         assert f"]({chart})" in figures and f"`{chart}`" not in summary
-    assert "![val/loss of each trial in the order they ran, with the best so far" in figures
+    assert "![val/loss of each trial in the order they ran, by arm" in figures
     assert "## Plots" not in summary
 
 
