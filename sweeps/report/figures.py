@@ -69,19 +69,30 @@ def step_curves(rows: list[Row], metric: str = CURVE_TAG) -> dict[str, list[tupl
     return out
 
 
-def _no_context_level(rows: list[Row], metric: str) -> Optional[float]:
+# What the no-context level is, by where metrics.json keeps it and the task: its label on the learning curves.
+LEVEL_LABELS = {
+    "unigram": "no context (unigram, same targets)",
+    "recall": "chance (a model without context: 1 / values)",
+    "trivial": "no context (majority class)",
+}
+
+
+def _no_context_level(rows: list[Row], metric: str) -> tuple[Optional[float], str]:
     """The mean over the complete trials of what a model without context reaches on ``metric`` (the unigram on the
-    same targets, else the trivial baseline: :func:`sweeps.control.no_context_key`), as summary.md reads it."""
-    levels = []
+    same targets, else the trivial baseline: :func:`sweeps.control.no_context_key`), as summary.md reads it, and
+    where it came from (``unigram``, ``trivial``)."""
+    levels, source = [], "trivial"
     for r in rows:
         metrics = {**r.metrics, **run_baselines(r)}
         if r.complete and (key := no_context_key(metric, metrics)) in metrics:
             levels.append(float(metrics[key]))
-    return sum(levels) / len(levels) if levels else None
+            source = "unigram" if "unigram" in key else "trivial"
+    return (sum(levels) / len(levels) if levels else None), source
 
 
-def plot_learning_curves(rows: list[Row], path: Path, metric: str = CURVE_TAG) -> bool:
-    """``metric`` (the study's objective) of every trial against step, by arm, with the no-context level dashed."""
+def plot_learning_curves(rows: list[Row], path: Path, metric: str = CURVE_TAG, task: str = "") -> bool:
+    """``metric`` (the study's objective) of every trial against step, by arm, with the no-context level dashed and
+    named for what it is on ``task`` (chance on recall, the unigram of a language model's targets)."""
     import matplotlib.pyplot as plt
 
     metric = curve_metric(metric)
@@ -101,8 +112,10 @@ def plot_learning_curves(rows: list[Row], path: Path, metric: str = CURVE_TAG) -
                 marker=".",
                 label=arm if j == 0 and len(curves) <= 12 else None,
             )
-    if (level := _no_context_level(rows, metric)) is not None:
-        ax.axhline(level, color="black", linestyle="--", linewidth=1, label="no context (unigram, same targets)")
+    level, source = _no_context_level(rows, metric)
+    if level is not None:
+        label = LEVEL_LABELS["recall" if task == "recall" else source]
+        ax.axhline(level, color="black", linestyle="--", linewidth=1, label=label)
     ax.set_xlabel("training step")
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} of every trial, by arm")
@@ -228,7 +241,7 @@ def write_plots(study: Study, ostudy: optuna.Study, rows: list[Row], out: Path) 
             plt.close("all")
     if not complete:  # Optuna would draw empty axes
         skipped += [f"{name}.png (no complete trial of the study yet)" for name in ("history", "parallel_coordinate")]
-    if plot_learning_curves(rows, out / LEARNING_CURVES, study.metrics[0]):
+    if plot_learning_curves(rows, out / LEARNING_CURVES, study.metrics[0], str(study.shared.task)):
         written.append(LEARNING_CURVES)
     else:
         skipped.append(f"{LEARNING_CURVES} (no trial run directory with TensorBoard events here)")

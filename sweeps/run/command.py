@@ -487,12 +487,30 @@ def run(
     met = summarise(study, ostudies, started, deadline)
     if projected is not None:
         print(plan.measured_line(projected, time.time() - started))
+        for line in plan.why_off(projected, time.time() - started, _took(study, ostudies, shapes or [], before)):
+            print(line)
     print(footer(study, url))
     stopped = input_error(study, ostudies, before)
     if stopped is not None:
         print(f"error: {stopped}", file=sys.stderr)
         return 2
     return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)
+
+
+def _took(
+    study: Study, ostudies: dict[str, optuna.Study], shapes: list[preflight.Shape], before: set[tuple[str, int]]
+) -> list[tuple[str, float, float]]:
+    """(shape label, projected seconds, measured seconds) of each trial this sweep ran to the end."""
+    index = {(name, repr(sorted(p.items()))): (s, steps, n_val) for s in shapes for name, p, steps, n_val in s.trials}
+    out = []
+    for one in study.studies:
+        for t in ostudies[one.name].get_trials(deepcopy=False):
+            found = index.get((one.name, repr(sorted(t.params.items()))))
+            if (one.name, t.number) in before or found is None or t.duration is None or not t.state.is_finished():
+                continue
+            shape, steps, n_val = found
+            out.append((shape.label, plan.trial_seconds(shape.measured, steps, n_val), t.duration.total_seconds()))
+    return out
 
 
 def _after_control(

@@ -139,24 +139,25 @@ def test_hparams_draws_every_trial_of_a_study_and_its_control_in_its_default_vie
     from studies import ARMS, CONTROL
 
     space = {"seed": {"type": "categorical", "choices": [0]}, "arm": {"choices": ARMS}}
-    path = write_study(tmp_path, tiny, "mixed", space, arms=["arm"], control=CONTROL)
+    path = write_study(tmp_path, tiny, "mixed", space, arms=["arm"], control={**CONTROL, "seeds": [0, 1]})
     assert cli.main(["sweep", str(path), "--workers", "1", "--no-preflight", "--no-gate"]) == 0
     with tensorboard(tmp_path / "runs" / "mixed") as url:
         shown = _shown(url)
         groups = _sessions(url, shown["columns"])
-    names = sorted(g["name"] for g in groups)
-    # 3 trials: the control's reference is the study's arm "full" at seed 0, trained once (by the control)
-    assert names == [
-        "arm=linformer/seed=0_trial_1",
-        "control/control=degraded/seed=0_trial_1",
-        "control/control=reference/seed=0_trial_0",
-    ], names
+    by_name = {g["name"]: g["hparams"] for g in groups}
+    # 5 trials: the arms' 2, the control's reference at seed 1 and degraded at seeds 0 and 1 (its reference at seed 0
+    # is the arm "full" at seed 0, trained once); each named by its folder in the study
+    assert len(groups) == 5 and sorted(n.split("/")[0] for n in by_name) == [
+        "arm=full",
+        "arm=linformer",
+        *["control"] * 3,
+    ]
     for group in groups:
         assert set(group["hparams"]) == set(shown["columns"]), group["name"]  # a value in every column
-    by_name = {g["name"]: g["hparams"] for g in groups}
-    assert by_name["control/control=reference/seed=0_trial_0"]["model.attention.options.k"] == "–"
-    assert by_name["arm=linformer/seed=0_trial_1"]["control"] == "study"
-    assert by_name["control/control=reference/seed=0_trial_0"]["arm"] == "–"
+    reference = next(h for n, h in by_name.items() if n.startswith("control/control=reference/"))
+    linformer = next(h for n, h in by_name.items() if n.startswith("arm=linformer/"))
+    assert reference["model.attention.options.k"] == "–" and reference["arm"] == "–"
+    assert linformer["control"] == "study" and linformer["model.attention.options.k"] == "8"
     ticked = shown["differs"][:5]
     assert ticked[:3] == ["arm", "control", "seed"], shown["differs"]
     assert "experiment" not in shown["differs"] and "sweep/trial" not in shown["differs"]
