@@ -242,10 +242,12 @@ class ArmImportance:
         return [p for p in self.p_values if p not in self.importances]
 
     def words(self) -> str:
-        """``projection explains nothing beyond the seed spread (one-way ANOVA over its values, p = 0.41)``."""
-        said = [f"{_short(p)}: p = {self.p_values[p]:.2g}" for p in self.nothing]
+        """``projection (p = 0.41) explains nothing beyond the seed spread (one-way ANOVA over its values' seeds)``."""
+        said = [f"{_short(p)} (p = {self.p_values[p]:.2g})" for p in self.nothing]
+        if not said:
+            return ""
         verb = "explains" if len(said) == 1 else "explain"
-        return f"{', '.join(said)} (one-way ANOVA over the seeds) {verb} nothing beyond the seed spread" if said else ""
+        return f"{' and '.join(said)} {verb} nothing beyond the seed spread (one-way ANOVA over its values' seeds)"
 
 
 def arm_params(study: Study) -> list[str]:

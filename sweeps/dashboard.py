@@ -113,6 +113,7 @@ class ReadOnlyStudies(BaseStorage):
                     continue
                 one = copy.copy(one)
                 one.system_attrs = self._shown(storage, one._study_id, one.system_attrs)
+                one.user_attrs = {k: as_text(v) for k, v in one.user_attrs.items()}
                 one._study_id = self._join(one._study_id, storage)
                 shown.append(one)
         return sorted(shown, key=lambda s: s._study_id)
@@ -135,7 +136,7 @@ class ReadOnlyStudies(BaseStorage):
 
     def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
         storage, local = self._split(study_id)
-        return storage.get_study_user_attrs(local)
+        return {k: as_text(v) for k, v in storage.get_study_user_attrs(local).items()}
 
     def get_study_system_attrs(self, study_id: int) -> dict[str, Any]:
         storage, local = self._split(study_id)
@@ -162,11 +163,16 @@ class ReadOnlyStudies(BaseStorage):
     set_trial_user_attr = set_trial_system_attr = _refuse
 
 
+LONG = 600  # an attribute's text beyond this (the study's identity) is named by its keys: the page would cut it
+
+
 def as_text(value: Any) -> Any:
     """An attribute as the page shows it: text and numbers as they are, a mapping as ``key value`` pairs one a line
-    (numbers to 4 significant figures), a list joined by commas; nothing of JSON's escapes (``\\u2265``)."""
+    (numbers to 4 significant figures; a long one by its keys), a list joined by commas; nothing of JSON's escapes
+    (``\\u2265``)."""
     if isinstance(value, dict):
-        return "\n".join(f"{k} {as_text(v)}" for k, v in value.items())
+        text = "\n".join(f"{k} {as_text(v)}" for k, v in value.items())
+        return text if len(text) <= LONG else f"{', '.join(map(str, value))} (a record of {len(text):,} characters)"
     if isinstance(value, (list, tuple)):
         return ", ".join(str(as_text(v)) for v in value)
     if isinstance(value, float):
@@ -180,18 +186,21 @@ REFUSAL = (
     "`linformer-lab sweep`"
 )
 BANNER = (
-    '<div style="background:#fff3cd;color:#5c4400;padding:6px 12px;font:14px sans-serif;border-bottom:1px solid '
-    '#e0c36a">Read only: this page shows a linformer-lab study and its control as their workers write them. Buttons '
-    "that would create, delete, rename or edit are refused (<code>linformer-lab sweep</code> changes a study). Each "
-    "trial's intermediate values are its objective's sample curve.</div>"
+    '<div style="position:fixed;left:0;right:0;bottom:0;z-index:99999;background:#fff3cd;color:#5c4400;'
+    'padding:6px 12px;font:14px sans-serif;border-top:1px solid #e0c36a">Read only: this page shows a linformer-lab '
+    "study and its control as their workers write them; it creates, deletes, renames and edits nothing "
+    "(<code>linformer-lab sweep</code> changes a study). A trial's intermediate values are its objective's sample "
+    "curve.</div>"
 )
-# The page's write buttons, hidden by their labels as the page draws them (they would be refused anyway).
+# The page's write buttons, hidden by their labels as the page draws them (refused anyway). A script file of this
+# server's own: the page's Content-Security-Policy runs no inline script.
+HIDE_PATH = "/linformer-lab/read-only.js"
 HIDE = (
-    "<script>new MutationObserver(function(){document.querySelectorAll('button,li[role=menuitem]').forEach("
-    "function(b){if(/^(create study|create|delete|delete study|rename|rename study|edit|save|mark as (complete|"
-    "failed|pruned)|fail trial|complete trial|prune trial)$/i.test((b.innerText||b.getAttribute('aria-label')||'')"
-    ".trim())){b.style.display='none';}});}).observe(document.documentElement,{childList:true,subtree:true});"
-    "</script>"
+    "new MutationObserver(function(){document.querySelectorAll('button,[role=menuitem]').forEach(function(b){"
+    "var t=(b.innerText||b.getAttribute('aria-label')||b.getAttribute('title')||'').trim();"
+    "if(/^(create study|create|delete|delete study|rename|rename study|edit|save|mark as (complete|failed|pruned)"
+    "|fail trial|complete trial|prune trial|tell|upload|upload artifact)$/i.test(t)){b.style.display='none';}});})"
+    ".observe(document.documentElement,{childList:true,subtree:true});"
 )
 STUDY_PAGE = re.compile(r"^/api/studies/(\d+)$")
 IMPORTANCES = re.compile(r"^/api/studies/(\d+)/param_importances$")
@@ -225,6 +234,10 @@ def read_only(app: Callable, view: ReadOnlyStudies, study: Study) -> Callable:
         method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "")
         if method in WRITES:
             return _json(start_response, "403 Forbidden", {"reason": REFUSAL})
+        if path == HIDE_PATH:
+            data = HIDE.encode()
+            start_response("200 OK", [("Content-Type", "text/javascript"), ("Content-Length", str(len(data)))])
+            return [data]
         if (found := IMPORTANCES.match(path)) and (one := one_of(found.group(1))) is not None:
             return _json(start_response, "200 OK", {"param_importances": importances(view, int(found.group(1)), one)})
         captured: dict[str, Any] = {}
@@ -236,7 +249,7 @@ def read_only(app: Callable, view: ReadOnlyStudies, study: Study) -> Callable:
         body = b"".join(app(environ, keep))
         kind = dict((k.lower(), v) for k, v in captured["headers"]).get("content-type", "")
         if kind.startswith("text/html"):
-            body = body.replace(b"<body>", b"<body>" + (BANNER + HIDE).encode(), 1)
+            body = body.replace(b"<body>", f'<body>{BANNER}<script src="{HIDE_PATH}"></script>'.encode(), 1)
         elif (found := STUDY_PAGE.match(path)) and captured["status"].startswith("200"):
             one = one_of(found.group(1))
             if one is not None and _replicates(one):
@@ -251,16 +264,16 @@ def read_only(app: Callable, view: ReadOnlyStudies, study: Study) -> Callable:
 
 
 def importances(view: ReadOnlyStudies, study_id: int, study: Study) -> list[list[dict]]:
-    """The page's parameter importances of ``study`` (one list per objective): its arms only, none for an arm that
-    explains nothing beyond the seed spread."""
+    """The page's parameter importances of ``study`` (one list per objective): its arms only; an arm that explains
+    nothing beyond the seed spread as a bar of 0 whose name says so."""
     from sweeps.control import arm_importance
 
     trials = view.get_all_trials(study_id, deepcopy=False)
     out = []
     for i, _ in enumerate(study.metrics):
-        found = arm_importance(study, trials, i).importances
-        kind = "CategoricalDistribution"
-        out.append([{"name": p, "importance": v, "distribution": kind} for p, v in found.items()])
+        found = arm_importance(study, trials, i)
+        named = {**found.importances, **{f"{p}: nothing beyond the seed spread": 0.0 for p in found.nothing}}
+        out.append([{"name": p, "importance": v, "distribution": "CategoricalDistribution"} for p, v in named.items()])
     return out
 
 
@@ -292,7 +305,8 @@ def served(study: Study, url: Optional[str]) -> tuple[ReadOnlyStudies, list[str]
             lines.append(f"  {role} {one.name}: not run yet ({where})")
             continue
         ostudy = optuna.load_study(study_name=one.name, storage=view)
-        stored.check_objective(one, ostudy, url)
+        holder = next(st for st in storages if one.name in {x.study_name for x in st.get_all_studies()})
+        stored.check_objective(one, optuna.load_study(study_name=one.name, storage=holder), url)  # as stored
         lines.append(f"  {role} {one.name}: {counts(ostudy.trials)}; objective {', '.join(one.metrics)} ({where})")
     return view, lines
 

@@ -50,6 +50,8 @@ DROPPED = ("epoch",)  # Lightning's scalars that say nothing here
 # control's differ; the control's role column says which is which): never an axis.
 NOT_AXES = ("sweep/", "experiment")
 NOT_APPLICABLE = "–"  # the value a run shows in a column of its log directory that does not apply to it
+# A study's trial: its control role (the study's own trials: STUDY), seed and number, as sweeps/ passes them
+CONTROL, STUDY, SEED, TRIAL = "control", "study", "seed", "sweep/trial"
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,9 @@ class LogPlace:
     # each with the value such a run shows (:func:`filled`): TensorBoard's table and parallel coordinates drop every
     # run without a value for a shown column.
     fill: tuple[tuple[str, str], ...] = ()
-    # Trial IDs under ``root`` rather than under the output directory: a study's, whose long name every trial shares
-    # and the tab's column would cut to "random_vs_lear…"
-    ids_under_root: bool = False
+    # Trial IDs of a study's trials (:func:`trial_id`), not their folders: the study's long name, which every trial
+    # shares, would fill the tab's column ("random_vs_lear…")
+    trial_ids: bool = False
 
 
 def filled(params: dict[str, Any], fill: Sequence[tuple[str, str]]) -> dict[str, Any]:
@@ -79,21 +81,32 @@ def filled(params: dict[str, Any], fill: Sequence[tuple[str, str]]) -> dict[str,
 
 def log_roots(run_dir: Path, output_dir: Path, log: LogPlace, params: dict[str, Any]) -> tuple[list[Path], str]:
     """The log directory whose HPARAMS tab lists the run (``log.root`` or the run directory's parent), and the run's
-    Trial ID: its folder under ``log.root`` for a study's trial (``log.ids_under_root``:
-    ``projection=learned/seed=0_trial_4``), else under ``output_dir`` when it is inside it (``bytes_mlm/version_0``),
-    else under the log directory, after a single run's overrides (``kind=full bytes_mlm/version_1``) unless its
-    folder already says them (``bytes_mlm/kind=full/version_0``: a run below a folder of the log directory).
+    Trial ID: a study's trial by its arm, seed and number (``log.trial_ids``: :func:`trial_id`), else its folder
+    under ``output_dir`` when it is inside it (``bytes_mlm/version_0``), else under the log directory, after a single
+    run's overrides (``kind=full bytes_mlm/version_1``) unless its folder already says them
+    (``bytes_mlm/kind=full/version_0``: a run below a folder of the log directory).
 
     Only there: TensorBoard takes the first experiment config it finds among the runs it shows, so a config in
     ``output_dir`` too would compete with the experiments' and studies' own when ``--logdir runs`` shows several."""
     root = Path(log.root or run_dir.parent)
-    parents = run_dir.resolve().parents
-    base = root if log.ids_under_root and root.resolve() in parents else output_dir
-    inside = base.resolve() in parents
-    name = Path(os.path.relpath(run_dir.resolve(), (base if inside else root).resolve())).as_posix()
+    if log.trial_ids and TRIAL in params:
+        return [root], trial_id(params, log.axes)
+    inside = output_dir.resolve() in run_dir.resolve().parents
+    name = Path(os.path.relpath(run_dir.resolve(), (output_dir if inside else root).resolve())).as_posix()
     if log.axes and run_dir.resolve().parent == root.resolve():
         name = f"{values_name({a: params[a] for a in log.axes if a in params})} {name}"
     return [root], name
+
+
+def trial_id(params: dict[str, Any], axes: Sequence[str]) -> str:
+    """A study's trial as the HPARAMS tab's Trial ID, short enough for its column: a control trial by its role, any
+    other by its arms' values, then its seed and number (``degraded s0 #2``, ``random s3 #11``)."""
+    role = params.get(CONTROL)
+    shown = (
+        [role] if role not in (None, STUDY) else [params[a] for a in axes if a in params and a not in (CONTROL, SEED)]
+    )
+    seed = [f"s{params[SEED]}"] if SEED in params else []
+    return " ".join([*(str(v) for v in shown if v != NOT_APPLICABLE), *seed, f"#{params[TRIAL]}"])
 
 
 class RunLogger(TensorBoardLogger):

@@ -128,9 +128,16 @@ def speed_p(arms: Sequence[ArmSpeed]) -> float:
     return stats.one_way_p([a.tokens_per_sec for a in arms])
 
 
+SPEED_NOISE = 0.1  # without seeds enough to measure their spread, mean speeds this far apart differ (one tenth)
+
+
 def speeds_differ(arms: Sequence[ArmSpeed]) -> bool:
-    """A front of speed against quality means something only when the speeds differ beyond their noise."""
-    return speed_p(arms) < stats.ALPHA
+    """A front of speed against quality means something only when the speeds differ beyond their noise: the seeds'
+    spread (:func:`speed_p`) where there are 2 degrees of freedom within the arms at least, else :data:`SPEED_NOISE`."""
+    if sum(len(a.tokens_per_sec) - 1 for a in arms) >= 2:
+        return speed_p(arms) < stats.ALPHA
+    speeds = [a.mean_speed for a in arms]
+    return max(speeds) > (1 + SPEED_NOISE) * min(speeds)
 
 
 def pareto_front(points: Sequence[tuple[float, float]], maximize_quality: bool) -> list[int]:
@@ -219,7 +226,7 @@ def section(arms: Sequence[ArmSpeed], metric: str, maximize: bool, no_context: S
     front = set(pareto_front([(a.mean_speed, a.mean_quality) for a in arms], maximize)) if differ else set()
     learners = learned(arms, no_context)
     target = target_ppl(learners) if len(learners) >= 2 else None
-    quality = metric if in_error(metric) else "perplexity"
+    quality, side = (metric, "above") if in_error(metric) else ("perplexity", "below")
     head = ["arm", "seeds", f"{metric} (mean ± sd)", "training tokens/s (mean)", *(["Pareto front"] if differ else [])]
     if target is not None:
         head.append(f"seconds to {target_words(metric, target)} (median, reached)")
@@ -240,13 +247,13 @@ def section(arms: Sequence[ArmSpeed], metric: str, maximize: bool, no_context: S
     if target is not None:
         lines[-1] += (
             f" Time to target, among the {len(learners)} arms that learned to use their context (their median "
-            f"final {quality} is past a model without context's): training-step seconds until "
+            f"final {quality} is {side} a model without context's): training-step seconds until "
             f"{target_words(metric, target)}, the worst of those arms' median final {quality} (a quality each of "
             "them reaches and a model without context does not)."
         )
     elif any(a.curves for a in arms):
         lines[-1] += (
-            f" No time to target: {len(learners)} arm{'' if len(learners) == 1 else 's'} ended past the "
+            f" No time to target: {len(learners)} arm{'' if len(learners) == 1 else 's'} ended {side} the "
             f"{quality} of a model without context, and a time to target compares at least two arms that learned."
         )
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

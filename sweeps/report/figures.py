@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import optuna
 from optuna.trial import TrialState
@@ -184,11 +184,17 @@ def plot_importances(study: Study, ostudy: optuna.Study, index: int, metric: str
     return True, found.words()
 
 
-def legible(fig: Any) -> None:
+def legible(fig: Any, names: Sequence[str] = ()) -> None:
     """Optuna's parallel coordinates made legible: lines on a colour map with no near-white end (its "Blues" draws
-    the worst trials white on grey), the figure's titles inside it."""
+    the worst trials white on grey), each axis named by the last part of its param (Optuna cuts a long name to
+    ``model.attention.o...``: one of ``names``), the figure's titles inside it."""
     from matplotlib.collections import LineCollection
 
+    for ax in fig.axes[:1]:
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+        if labels:
+            full = [next((n for n in names if n.startswith(t.removesuffix("..."))), t) for t in labels]
+            ax.set_xticks(ax.get_xticks(), [n.rsplit(".", 1)[-1] if n in names else n for n in full], rotation=0)
     for ax in fig.axes:
         for collection in ax.collections:
             if isinstance(collection, LineCollection) and collection.get_array() is not None:
@@ -220,7 +226,7 @@ def write_plots(study: Study, ostudy: optuna.Study, rows: list[Row], out: Path) 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 vis.plot_parallel_coordinate(ostudy, target_name=metric, target=lambda t, i=i: t.values[i])
-            legible(plt.gcf())
+            legible(plt.gcf(), list(study.spec.space))
             write_figure(out / name, plt.gcf(), dpi=110)
             written.append(name)
         except Exception as err:  # optuna refuses some plots on too few trials; say so, keep the rest

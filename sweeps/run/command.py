@@ -463,8 +463,7 @@ def run(
     before = {(s.name, t.number) for s in study.studies for t in ostudies[s.name].trials}
     target = study if not gated or study.is_grid else study.control  # an open study's sampler waits for the gate
     procs = start_workers(target, url, workers, visible, _trials_left(study, ostudies), deadline)
-    started = time.time()
-    pace = (started, _finished(target, ostudies)[0])  # one clock for the whole sweep, across the gate
+    pace = ((started := time.time()), _finished(target, ostudies)[0])  # one clock for the sweep, across the gate
     on_sigterm = signal.signal(signal.SIGTERM, _terminated)
     try:
         follow(target, ostudies, procs, pace)
@@ -486,15 +485,22 @@ def run(
         signal.signal(signal.SIGTERM, on_sigterm)
     met = summarise(study, ostudies, started, deadline)
     if projected is not None:
-        print(plan.measured_line(projected, time.time() - started))
-        for line in plan.why_off(projected, time.time() - started, _took(study, ostudies, shapes or [], before)):
-            print(line)
+        _measured(study, ostudies, projected, time.time() - started, (shapes or [], before))
     print(footer(study, url))
     stopped = input_error(study, ostudies, before)
     if stopped is not None:
         print(f"error: {stopped}", file=sys.stderr)
         return 2
     return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)
+
+
+def _measured(
+    study: Study, ostudies: dict[str, optuna.Study], projected: dict, elapsed_s: float, ran: tuple[list, set]
+) -> None:
+    """The sweep's measured wall time against the projection, and why when it is far off (``ran``: the preflight's
+    shapes and the trials stored before this sweep)."""
+    took = _took(study, ostudies, *ran)
+    print("\n".join([plan.measured_line(projected, elapsed_s), *plan.why_off(projected, elapsed_s, took)]))
 
 
 def _took(

@@ -63,21 +63,21 @@ _PLACES: dict[str, Any] = {}
 
 def log_place(study: Study) -> Any:
     """Where the trials of ``study`` and its control show in TensorBoard (``training.tensorboard.LogPlace``): the
-    study's folder, each trial by its folder there; the study's arms, its control's role and the seed as the axes; and
-    every column that some trial lacks filled, so that HPARAMS shows every trial: an arm's trials have no control role
-    ("study"), full attention no ``k`` ("–")."""
+    study's folder, each trial by its arm, seed and number; the study's arms, its control's role and the seed as the
+    axes; and every column that some trial lacks filled, so that HPARAMS shows every trial: an arm's trials have no
+    control role ("study"), full attention no ``k`` ("–")."""
     from sweeps.run.preflight import trial_points
     from sweeps.spec.schema import CONTROL_PARAM
-    from training.tensorboard import NOT_APPLICABLE, LogPlace
+    from training.tensorboard import NOT_APPLICABLE, STUDY, LogPlace
     from training.train import hparams_of
 
     top = study.parent or study
     if top.name not in _PLACES:
         rows = [{**hparams_of(s.config(p)), **p} for s in top.studies for p in trial_points(s)]
         names = [n for n in dict.fromkeys(k for row in rows for k in row) if any(n not in row for row in rows)]
-        fill = tuple((n, "study" if n == CONTROL_PARAM else NOT_APPLICABLE) for n in names)
+        fill = tuple((n, STUDY if n == CONTROL_PARAM else NOT_APPLICABLE) for n in names)
         axes = tuple(dict.fromkeys([*top.arms, *([CONTROL_PARAM] if top.control else []), *top.spec.space]))
-        _PLACES[top.name] = LogPlace(root=top.root, axes=axes, fill=fill, ids_under_root=True)
+        _PLACES[top.name] = LogPlace(root=top.root, axes=axes, fill=fill, trial_ids=True)
     return _PLACES[top.name]
 
 

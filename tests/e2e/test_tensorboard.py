@@ -134,8 +134,8 @@ def _sessions(url: str, columns: list[str]) -> list[dict]:
 def test_hparams_draws_every_trial_of_a_study_and_its_control_in_its_default_view(tiny, tmp_path):
     """A study whose arms and control set different keys (full attention has no ``k``; the arms have no control
     role): every trial has a value in every column, so the table and the parallel coordinates (which drop a trial
-    without a value for a shown column) draw them all; the study's axes come first and are ticked; trial IDs are the
-    trials' folders in the study."""
+    without a value for a shown column) draw them all; the study's axes come first and are ticked; trial IDs are short
+    (arm, seed, number)."""
     from studies import ARMS, CONTROL
 
     space = {"seed": {"type": "categorical", "choices": [0]}, "arm": {"choices": ARMS}}
@@ -146,18 +146,15 @@ def test_hparams_draws_every_trial_of_a_study_and_its_control_in_its_default_vie
         groups = _sessions(url, shown["columns"])
     by_name = {g["name"]: g["hparams"] for g in groups}
     # 5 trials: the arms' 2, the control's reference at seed 1 and degraded at seeds 0 and 1 (its reference at seed 0
-    # is the arm "full" at seed 0, trained once); each named by its folder in the study
-    assert len(groups) == 5 and sorted(n.split("/")[0] for n in by_name) == [
-        "arm=full",
-        "arm=linformer",
-        *["control"] * 3,
-    ]
+    # is the arm "full" at seed 0, trained once); each Trial ID its arm (a control's role), seed and number
+    assert sorted(n.rsplit(" ", 2)[0] for n in by_name) == ["degraded", "degraded", "full", "linformer", "reference"]
+    assert all(n.rsplit(" ", 2)[1] in ("s0", "s1") for n in by_name), sorted(by_name)
     for group in groups:
         assert set(group["hparams"]) == set(shown["columns"]), group["name"]  # a value in every column
-    reference = next(h for n, h in by_name.items() if n.startswith("control/control=reference/"))
-    linformer = next(h for n, h in by_name.items() if n.startswith("arm=linformer/"))
+    reference = next(h for n, h in by_name.items() if n.startswith("reference s1 #"))
+    linformer = next(h for n, h in by_name.items() if n.startswith("linformer s0 #"))
     assert reference["model.attention.options.k"] == "–" and reference["arm"] == "–"
     assert linformer["control"] == "study" and linformer["model.attention.options.k"] == "8"
-    ticked = shown["differs"][:5]
-    assert ticked[:3] == ["arm", "control", "seed"], shown["differs"]
+    # the study's axes (arm, control role, seed) and the kind that tells full attention apart, ticked (the first five)
+    assert shown["differs"] == ["arm", "control", "model.attention.kind", "seed"], shown["differs"]
     assert "experiment" not in shown["differs"] and "sweep/trial" not in shown["differs"]

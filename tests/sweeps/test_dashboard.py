@@ -204,7 +204,16 @@ def test_the_dashboard_ranks_the_arms_never_the_seed_and_shows_no_best_trial_of_
     _, ranked = ask(app, f"/api/studies/{ids[study.name]}/param_importances")
     assert [p["name"] for p in ranked["param_importances"][0]] == ["arm"]
     _, none = ask(app, f"/api/studies/{ids[study.control.name]}/param_importances")
-    assert none["param_importances"] == [[]]  # the control's roles explain nothing beyond the seed spread
+    # the control's roles explain nothing beyond the seed spread: the chart says so, with a bar of 0
+    assert none["param_importances"] == [
+        [
+            {
+                "name": "control: nothing beyond the seed spread",
+                "importance": 0.0,
+                "distribution": "CategoricalDistribution",
+            }
+        ]
+    ]
     _, detail = ask(app, f"/api/studies/{ids[study.name]}")
     assert detail["best_trials"] == [] and len(detail["trials"]) == 4
 
