@@ -485,7 +485,7 @@ def run(
         signal.signal(signal.SIGTERM, on_sigterm)
     met = summarise(study, ostudies, started, deadline)
     if projected is not None:
-        _measured(study, ostudies, projected, time.time() - started, (shapes or [], before))
+        _measured(study, ostudies, projected, started, shapes or [])
     print(footer(study, url))
     stopped = input_error(study, ostudies, before)
     if stopped is not None:
@@ -495,24 +495,25 @@ def run(
 
 
 def _measured(
-    study: Study, ostudies: dict[str, optuna.Study], projected: dict, elapsed_s: float, ran: tuple[list, set]
+    study: Study, ostudies: dict[str, optuna.Study], projected: dict, started: float, shapes: list[preflight.Shape]
 ) -> None:
-    """The sweep's measured wall time against the projection, and why when it is far off (``ran``: the preflight's
-    shapes and the trials stored before this sweep)."""
-    took = _took(study, ostudies, *ran)
+    """The sweep's measured wall time against the projection, and why when it is far off (``shapes``: the
+    preflight's, with the trials of each)."""
+    took, elapsed_s = _took(study, ostudies, shapes, started), time.time() - started
     print("\n".join([plan.measured_line(projected, elapsed_s), *plan.why_off(projected, elapsed_s, took)]))
 
 
 def _took(
-    study: Study, ostudies: dict[str, optuna.Study], shapes: list[preflight.Shape], before: set[tuple[str, int]]
+    study: Study, ostudies: dict[str, optuna.Study], shapes: list[preflight.Shape], started: float
 ) -> list[tuple[str, float, float]]:
-    """(shape label, projected seconds, measured seconds) of each trial this sweep ran to the end."""
+    """(shape label, projected seconds, measured seconds) of each trial this sweep (started at ``started``) ran from
+    its start to its end."""
     index = {(name, repr(sorted(p.items()))): (s, steps, n_val) for s in shapes for name, p, steps, n_val in s.trials}
     out = []
     for one in study.studies:
         for t in ostudies[one.name].get_trials(deepcopy=False):
             found = index.get((one.name, repr(sorted(t.params.items()))))
-            if (one.name, t.number) in before or found is None or t.duration is None or not t.state.is_finished():
+            if found is None or t.duration is None or t.datetime_start.timestamp() < started:
                 continue
             shape, steps, n_val = found
             out.append((shape.label, plan.trial_seconds(shape.measured, steps, n_val), t.duration.total_seconds()))

@@ -378,7 +378,11 @@ def check(study: Study, threads: int, gpus: Optional[str], steps: int = STEPS) -
     """Measure every shape of ``study`` (each by :func:`run_shape`), printing one line per shape; raise
     :class:`PreflightFailed` with one line per failed shape."""
     shapes = shapes_of(study)
-    print(f"preflight: {len(shapes)} trial shape(s), {steps} steps each, each in a fresh process", flush=True)
+    print(
+        f"preflight: {len(shapes)} trial shape(s), one at a time, each in a fresh process: {steps} steps or more, "
+        f"until two blocks of steps agree within {AGREE:.0%}",
+        flush=True,
+    )
     for shape in shapes:
         run_shape(shape, steps, threads, gpus)
         print(shape.failure if shape.failure is not None else measured_line(shape), flush=True)
