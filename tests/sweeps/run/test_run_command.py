@@ -513,3 +513,27 @@ def test_the_progress_clock_runs_on_across_the_gate_and_trials_found_together_pr
     command.follow(study, ostudies, [worker], pace)  # the arms, after the gate
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("progress")]
     assert line.startswith(("progress: 3/6 trials, 3:04 elapsed, about 3:04 left", "progress: 3/6 trials, 3:05")), line
+
+
+def test_the_plans_reason_reads_the_trials_this_sweep_ran_not_those_before_it(tmp_path, tiny_overrides):
+    from optuna.distributions import CategoricalDistribution
+
+    from sweeps.run import preflight
+
+    space = {"seed": {"type": "categorical", "choices": [0, 1]}, "arm": {"choices": ARMS}}
+    study = load_study(write_study(tmp_path, tiny_overrides, "took", space, arms=["arm"]))
+    ostudy = optuna.create_study(study_name=study.name)
+
+    def add(seed: int) -> None:
+        params = {"seed": seed, "arm": "full"}
+        dists = {k: CategoricalDistribution([v]) for k, v in params.items()}
+        ostudy.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=1.0))
+
+    add(0)  # finished by an earlier sweep
+    time.sleep(0.05)
+    started = time.time()
+    add(1)
+    measured = {"setup_s": 1.0, "first_step_s": 1.0, "step_s": 0.5, "validation_s": 0.5}
+    trials = [(study.name, {"seed": s, "arm": "full"}, 11, 2) for s in (0, 1)]
+    shape = preflight.Shape("k", "full", None, trials=trials, measured=measured)
+    assert command._took(study, {study.name: ostudy}, [shape], started) == [("full", 1 + 1 + 10 * 0.5 + 2 * 0.5, 0.0)]
