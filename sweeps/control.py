@@ -231,7 +231,8 @@ class ArmImportance:
     """What the arm params of a study (its control's role for a control) explain of one objective's spread, seeds
     left out (a seed is a replicate, not a hyper-parameter): ``importances`` of the params that explain something
     beyond the seed spread (Optuna's fANOVA over those params alone, seeded), and ``p_values`` of every varying arm
-    param (one-way ANOVA of the objective grouped by the param's values, the seeds as replicates)."""
+    param (:func:`sweeps.spec.stats.blocked_p`: the objective by the param's values, each seed's own level taken
+    out)."""
 
     importances: dict[str, float]
     p_values: dict[str, float]
@@ -242,12 +243,13 @@ class ArmImportance:
         return [p for p in self.p_values if p not in self.importances]
 
     def words(self) -> str:
-        """``projection (p = 0.41) explains nothing beyond the seed spread (one-way ANOVA over its values' seeds)``."""
+        """``projection (p = 0.41) explains nothing beyond the seed spread (ANOVA over the values, seeds as
+        blocks)``."""
         said = [f"{_short(p)} (p = {self.p_values[p]:.2g})" for p in self.nothing]
         if not said:
             return ""
         verb = "explains" if len(said) == 1 else "explain"
-        return f"{' and '.join(said)} {verb} nothing beyond the seed spread (one-way ANOVA over its values' seeds)"
+        return f"{' and '.join(said)} {verb} nothing beyond the seed spread (ANOVA over the values, seeds as blocks)"
 
 
 def arm_params(study: Study) -> list[str]:
@@ -263,14 +265,14 @@ def arm_importance(study: Study, trials: list[FrozenTrial], objective: int = 0) 
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.number not in excluded]
     p_values = {}
     for p in arm_params(study):
-        groups: dict[str, list[float]] = {}
-        for t in done:
-            if p in t.params:
-                groups.setdefault(repr(t.params[p]), []).append(t.values[objective])
-        if len(groups) < 2:
-            continue
-        spread = [g for g in groups.values() if len(g) > 1]
-        p_values[p] = float(stats.one_way_p(list(groups.values()))) if spread else 1.0
+        # each trial by the param's value and its replicate (its other params: the seed, the other arms)
+        cells = {
+            (repr(t.params[p]), repr(sorted((k, v) for k, v in t.params.items() if k != p))): t.values[objective]
+            for t in done
+            if p in t.params
+        }
+        if len({g for g, _ in cells}) >= 2:
+            p_values[p] = stats.blocked_p(cells)
     explaining = [p for p, pv in p_values.items() if pv < stats.ALPHA]  # beyond the seed spread
     if len(explaining) <= 1:
         return ArmImportance({p: 1.0 for p in explaining}, p_values)
