@@ -155,6 +155,8 @@ def test_hparams_draws_every_trial_of_a_study_and_its_control_in_its_default_vie
     linformer = next(h for n, h in by_name.items() if n.startswith("linformer s0 #"))
     assert reference["model.attention.options.k"] == "–" and reference["arm"] == "–"
     assert linformer["control"] == "study" and linformer["model.attention.options.k"] == "8"
-    # the study's axes (arm, control role, seed) and the kind that tells full attention apart, ticked (the first five)
-    assert shown["differs"] == ["arm", "control", "model.attention.kind", "seed"], shown["differs"]
+    # the study's axes (arm, control role, seed), the kind and k (8 for the arm, 1 for the degraded control): the
+    # five the tab ticks; Linformer's other options (one value, or "–" for full attention) are not axes
+    axes = ["arm", "control", "model.attention.kind", "model.attention.options.k", "seed"]
+    assert shown["differs"] == axes, shown["differs"]
     assert "experiment" not in shown["differs"] and "sweep/trial" not in shown["differs"]
