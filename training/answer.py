@@ -121,14 +121,15 @@ class ObjectiveMetrics(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         scores = trainer.callback_metrics
-        if trainer.sanity_checking or self.objective.metric not in scores:
+        if trainer.sanity_checking:
             return
-        value = float(scores[self.objective.metric])
-        out = {self.objective.hp_metric: value}
-        if (level := self._no_context(trainer)) is not None:
-            out[GAIN_HP] = self.objective.gain(value, level)
-        out.update({Objective(m).hp_metric: float(scores[m]) for m in self.extra if m in scores})
-        for logger in trainer.loggers:
+        out = {Objective(m).hp_metric: float(scores[m]) for m in self.extra if m in scores}
+        if self.objective.metric in scores:
+            value = float(scores[self.objective.metric])
+            out[self.objective.hp_metric] = value
+            if (level := self._no_context(trainer)) is not None:
+                out[GAIN_HP] = self.objective.gain(value, level)
+        for logger in trainer.loggers if out else ():
             logger.log_metrics(out, step=trainer.global_step)
 
 

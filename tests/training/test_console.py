@@ -145,6 +145,9 @@ def test_without_a_terminal_progress_is_plain_lines_and_hparams_carry_the_object
     assert {"model.attention.kind", "model.attention.options.k", "optim.lr", "seed", "trainer.max_steps"} <= columns
     assert not any(c.startswith(("data.listops", "data.mqar", "data.classify", "trainer.num_nodes")) for c in columns)
     assert len(columns) <= 30
+    # every hp/* at the step it validated (3 and 6), the module's hp/val_loss and hp/val_ppl too
+    for tag in ("hp/val_masked_loss", "hp/context_gain", "hp/val_loss", "hp/val_ppl"):
+        assert [e.step for e in acc.Scalars(tag)] == [3, 6], tag
     last = {t: acc.Scalars(t)[-1].value for t in ("hp/val_masked_loss", "hp/context_gain")}
     assert last["hp/val_masked_loss"] == pytest.approx(metrics["val/masked_loss"], abs=1e-6)
     gain = metrics["baselines"]["unigram/masked_loss"] - metrics["val/masked_loss"]
