@@ -230,7 +230,8 @@ def context_of(study: Study, control_rows: list[Row]) -> Optional[ContextGain]:
 class ArmImportance:
     """What the arm params of a study (its control's role for a control) explain of one objective's spread, seeds
     left out (a seed is a replicate, not a hyper-parameter): ``importances`` of the params that explain something
-    beyond the seed spread (Optuna's fANOVA over those params alone, seeded), and ``p_values`` of every varying arm
+    beyond the seed spread (each one's share of the spread they explain: its between-values sum of squares over
+    theirs), and ``p_values`` of every varying arm
     param (:func:`sweeps.spec.stats.blocked_p`: the objective by the param's values, each seed's own level taken
     out)."""
 
@@ -259,11 +260,9 @@ def arm_params(study: Study) -> list[str]:
 
 def arm_importance(study: Study, trials: list[FrozenTrial], objective: int = 0) -> ArmImportance:
     """:class:`ArmImportance` of objective number ``objective`` over the complete counted ``trials``."""
-    import optuna
-
     excluded = stored.excluded_numbers(trials)
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.number not in excluded]
-    p_values = {}
+    p_values, spread = {}, {}
     for p in arm_params(study):
         # each trial by the param's value and its replicate (its other params: the seed, the other arms)
         cells = {
@@ -272,14 +271,9 @@ def arm_importance(study: Study, trials: list[FrozenTrial], objective: int = 0) 
             if p in t.params
         }
         if len({g for g, _ in cells}) >= 2:
-            p_values[p] = stats.blocked_p(cells)
-    explaining = [p for p, pv in p_values.items() if pv < stats.ALPHA]  # beyond the seed spread
-    if len(explaining) <= 1:
-        return ArmImportance({p: 1.0 for p in explaining}, p_values)
-    view = optuna.create_study(directions=["minimize"])  # the trials as they are: fANOVA ranks spread, not direction
-    view.add_trials([t for t in done if all(p in t.params for p in explaining)])
-    evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
-    found = optuna.importance.get_param_importances(
-        view, evaluator=evaluator, params=explaining, target=lambda t: t.values[objective]
+            p_values[p], spread[p] = stats.blocked_p(cells), stats.between_ss(cells)
+    explaining = {p: spread[p] for p, pv in p_values.items() if pv < stats.ALPHA}  # beyond the seed spread
+    total = sum(explaining.values())
+    return ArmImportance(
+        {p: v / total if total > 0 else 1.0 / len(explaining) for p, v in explaining.items()}, p_values
     )
-    return ArmImportance(dict(found), p_values)

@@ -24,7 +24,7 @@ LEARNING_CURVES = "learning_curves.png"
 CAPTIONS = {
     "history": "{metric} of each trial in the order they ran, by arm (the best so far where trials are not seeds)",
     "parallel_coordinate": "each complete trial's params and its {metric} (Optuna's parallel coordinates)",
-    "param_importances": "how much of {metric}'s spread each arm param explains, seeds left out (fANOVA)",
+    "param_importances": "how much of {metric}'s spread each arm param explains, seeds left out",
     "pareto_front": "the trials on both objectives, the Pareto-optimal ones marked (Optuna's Pareto front)",
     "learning_curves": (
         "{metric} of every trial against training step (its fixed validation sample every twentieth of training "
@@ -176,7 +176,7 @@ def plot_importances(study: Study, ostudy: optuna.Study, index: int, metric: str
     fig, ax = plt.subplots(figsize=(7, 1.6 + 0.5 * len(names)))
     ax.barh([n.rsplit(".", 1)[-1] for n in names], [found.importances[n] for n in names], color="tab:blue")
     ax.set_xlim(0, 1)
-    ax.set_xlabel(f"share of {metric}'s spread it explains (fANOVA over the arms; seeds are replicates)")
+    ax.set_xlabel(f"share of the spread of {metric} the arms explain (seeds are replicates, not params)")
     ax.set_title(f"Importance of the study's arms for {metric}")
     fig.tight_layout()
     write_figure(path, fig, dpi=110)

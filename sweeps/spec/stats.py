@@ -268,6 +268,16 @@ def blocked_p(cells: Mapping[tuple[Hashable, Hashable], float]) -> float:
     return float(sp.f.sf((ss_group / df_group) / (ss_rest / df_rest), df_group, df_rest))
 
 
+def between_ss(cells: Mapping[tuple[Hashable, Hashable], float]) -> float:
+    """The spread the groups explain: the between-group sum of squares, Σ_g n_g (mean_g − mean)², of ``cells``
+    (``(group, block) → value``)."""
+    values = np.array(list(cells.values()), dtype=float)
+    by_group: dict[Hashable, list[float]] = {}
+    for (g, _), v in cells.items():
+        by_group.setdefault(g, []).append(v)
+    return float(sum(len(v) * (np.mean(v) - values.mean()) ** 2 for v in by_group.values()))
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values: sorted ascending, p_(i) · (m − i + 1), made monotone, capped at 1.
     A hypothesis is rejected at family-wise level α when its adjusted p is below α."""
