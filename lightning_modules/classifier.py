@@ -28,8 +28,9 @@ Metrics (torchmetrics), on the validation split (``val/``) and on each test set 
 
 The first of ``data.classify.metrics`` (the task's official metrics) selects checkpoints: ``training.train``
 keeps the best ``val/<first>`` (``checkpoint_monitor``, higher is better) as ``checkpoints/best.ckpt`` and
-evaluates it on the test sets; ``hp/val_loss`` and ``hp/val_<first>`` fill the HPARAMS tab. ListOps (task
-``listops``) uses the classification defaults: official metric accuracy, one test set.
+evaluates it on the test sets; ``hp/val_loss`` and ``hp/val_<first>`` fill the HPARAMS tab (``hp_metrics``, logged
+by ``training.answer``). ListOps (task ``listops``) uses the classification defaults: official metric accuracy, one
+test set.
 """
 
 from __future__ import annotations
@@ -190,8 +191,7 @@ class SequenceClassifierModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         scores, loss = self.val_scores.compute(), self.val_loss.compute()
-        first = self.metrics[0]
-        self.log_dict({**scores, "val/loss": loss, "hp/val_loss": loss, f"hp/val_{first}": scores[f"val/{first}"]})
+        self.log_dict({**scores, "val/loss": loss})  # training.answer logs the hp/* copies, at the step validated
         self.val_scores.reset()
         self.val_loss.reset()
 

@@ -178,7 +178,7 @@ class TokenPredictionModule(L.LightningModule):
                 for s, name in ((0, "loss"), (1, "accuracy")):
                     self.keep_examples(f"{prefix}{name}", sums[:, s, m], sums[:, 2, m])
         ppl = math.exp(min(scores["val/loss"], 50.0))
-        self.log_dict({**scores, "val/ppl": ppl, "hp/val_loss": scores["val/loss"], "hp/val_ppl": ppl})
+        self.log_dict({**scores, "val/ppl": ppl})  # training.answer logs the hp/* copies, at the step validated
 
     def keep_examples(self, metric: str, sums: Tensor, counts: Tensor) -> None:
         """Hand one metric's per-example sums and counts to ``metrics.json`` (``validation_examples``): they ride

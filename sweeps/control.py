@@ -223,3 +223,57 @@ def context_of(study: Study, control_rows: list[Row]) -> Optional[ContextGain]:
     return _gain(
         study, control_values(study, control_rows)[0]["reference"], _no_context(study, reference, control_rows)
     )
+
+
+# --------------------------------------------------------------------------------------- importance over the arms
+@dataclass
+class ArmImportance:
+    """What the arm params of a study (its control's role for a control) explain of one objective's spread, seeds
+    left out (a seed is a replicate, not a hyper-parameter): ``importances`` of the params that explain something
+    beyond the seed spread (each one's share of the spread they explain: its between-values sum of squares over
+    theirs), and ``p_values`` of every varying arm
+    param (:func:`sweeps.spec.stats.blocked_p`: the objective by the param's values, each seed's own level taken
+    out)."""
+
+    importances: dict[str, float]
+    p_values: dict[str, float]
+
+    @property
+    def nothing(self) -> list[str]:
+        """The varying arm params that explain nothing beyond the seed spread."""
+        return [p for p in self.p_values if p not in self.importances]
+
+    def words(self) -> str:
+        """``projection (p = 0.41) explains nothing beyond the seed spread (ANOVA over the values, seeds as
+        blocks)``."""
+        said = [f"{_short(p)} (p = {self.p_values[p]:.2g})" for p in self.nothing]
+        if not said:
+            return ""
+        verb = "explains" if len(said) == 1 else "explain"
+        return f"{' and '.join(said)} {verb} nothing beyond the seed spread (ANOVA over the values, seeds as blocks)"
+
+
+def arm_params(study: Study) -> list[str]:
+    """The params a study's importance is over: its arms (a control's: its role), never the seed."""
+    return [CONTROL_PARAM] if study.parent is not None else [p for p in study.arms if p != "seed"]
+
+
+def arm_importance(study: Study, trials: list[FrozenTrial], objective: int = 0) -> ArmImportance:
+    """:class:`ArmImportance` of objective number ``objective`` over the complete counted ``trials``."""
+    excluded = stored.excluded_numbers(trials)
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.number not in excluded]
+    p_values, spread = {}, {}
+    for p in arm_params(study):
+        # each trial by the param's value and its replicate (its other params: the seed, the other arms)
+        cells = {
+            (repr(t.params[p]), repr(sorted((k, v) for k, v in t.params.items() if k != p))): t.values[objective]
+            for t in done
+            if p in t.params
+        }
+        if len({g for g, _ in cells}) >= 2:
+            p_values[p], spread[p] = stats.blocked_p(cells), stats.between_ss(cells)
+    explaining = {p: spread[p] for p, pv in p_values.items() if pv < stats.ALPHA}  # beyond the seed spread
+    total = sum(explaining.values())
+    return ArmImportance(
+        {p: v / total if total > 0 else 1.0 / len(explaining) for p, v in explaining.items()}, p_values
+    )

@@ -21,8 +21,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import re
 import socket
-from typing import Any, Optional, Sequence
+import wsgiref.simple_server
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import optuna
 from optuna.storages import BaseStorage
@@ -81,9 +85,25 @@ class ReadOnlyStudies(BaseStorage):
         return shown
 
     def _trial(self, trial: FrozenTrial, storage: BaseStorage) -> FrozenTrial:
+        """A trial as the page shows it: numbered apart, its attributes as text (:func:`as_text`), and its learning
+        curve (the objective's sample curve from its TensorBoard events, :func:`training.sample_curve.run_curve`)
+        as its intermediate values where it reported none."""
         shown = copy.copy(trial)
         shown._trial_id = self._join(trial._trial_id, storage)
+        shown.user_attrs = {k: as_text(v) for k, v in trial.user_attrs.items()}
+        run_dir, metric = trial.user_attrs.get("run_dir"), self._metric()
+        if not trial.intermediate_values and isinstance(run_dir, str) and metric and Path(run_dir).is_dir():
+            from training.sample_curve import run_curve
+
+            curve = run_curve(run_dir, metric)
+            if curve is not None:
+                shown.intermediate_values = {int(step): float(v) for step, v in zip(*curve)}
         return shown
+
+    def _metric(self) -> Optional[str]:
+        """The objective whose curve a trial shows: the first metric of the studies (a study's and its control's)."""
+        first = next(iter(self.names.values()), [])
+        return first[0] if first and str(first[0]).startswith("val/") else None
 
     # --------------------------------------------------------------------------- studies
     def get_all_studies(self) -> list:  # Optuna's FrozenStudy, whose module is private
@@ -94,6 +114,7 @@ class ReadOnlyStudies(BaseStorage):
                     continue
                 one = copy.copy(one)
                 one.system_attrs = self._shown(storage, one._study_id, one.system_attrs)
+                one.user_attrs = {k: as_text(v) for k, v in one.user_attrs.items()}
                 one._study_id = self._join(one._study_id, storage)
                 shown.append(one)
         return sorted(shown, key=lambda s: s._study_id)
@@ -116,7 +137,7 @@ class ReadOnlyStudies(BaseStorage):
 
     def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
         storage, local = self._split(study_id)
-        return storage.get_study_user_attrs(local)
+        return {k: as_text(v) for k, v in storage.get_study_user_attrs(local).items()}
 
     def get_study_system_attrs(self, study_id: int) -> dict[str, Any]:
         storage, local = self._split(study_id)
@@ -143,6 +164,127 @@ class ReadOnlyStudies(BaseStorage):
     set_trial_user_attr = set_trial_system_attr = _refuse
 
 
+LONG = 600  # an attribute's text beyond this (the study's identity) is named by its keys: the page would cut it
+
+
+def as_text(value: Any) -> Any:
+    """An attribute as the page shows it: text and numbers as they are, a mapping as ``key value`` pairs one a line
+    (numbers to 4 significant figures; a long one by its keys), a list joined by commas; nothing of JSON's escapes
+    (``\\u2265``)."""
+    if isinstance(value, dict):
+        text = "\n".join(f"{k} {as_text(v)}" for k, v in value.items())
+        return text if len(text) <= LONG else f"{', '.join(map(str, value))} (a record of {len(text):,} characters)"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(as_text(v)) for v in value)
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    return value
+
+
+WRITES = ("POST", "PUT", "PATCH", "DELETE")
+REFUSAL = (
+    "linformer-lab dashboard is read only: the study's workers write its storage; change a study with "
+    "`linformer-lab sweep`"
+)
+BANNER = (
+    '<div style="position:fixed;left:0;right:0;bottom:0;z-index:99999;background:#fff3cd;color:#5c4400;'
+    'padding:6px 12px;font:14px sans-serif;border-top:1px solid #e0c36a">Read only: this page shows a linformer-lab '
+    "study and its control as their workers write them; it creates, deletes, renames and edits nothing "
+    "(<code>linformer-lab sweep</code> changes a study). A trial's intermediate values are its objective's sample "
+    "curve.</div>"
+)
+# The page's write buttons, hidden by their labels as the page draws them (refused anyway). A script file of this
+# server's own: the page's Content-Security-Policy runs no inline script.
+HIDE_PATH = "/linformer-lab/read-only.js"
+HIDE = (
+    "new MutationObserver(function(){document.querySelectorAll('button,[role=menuitem]').forEach(function(b){"
+    "var t=(b.innerText||b.getAttribute('aria-label')||b.getAttribute('title')||'').trim();"
+    "if(/^(create study|create|delete|delete study|rename|rename study|edit|save|mark as (complete|failed|pruned)"
+    "|fail trial|complete trial|prune trial|tell|upload|upload artifact)$/i.test(t)){b.style.display='none';}});})"
+    ".observe(document.documentElement,{childList:true,subtree:true});"
+)
+STUDY_PAGE = re.compile(r"^/api/studies/(\d+)$")
+IMPORTANCES = re.compile(r"^/api/studies/(\d+)/param_importances$")
+
+
+def _json(start_response: Callable, status: str, body: dict) -> list[bytes]:
+    data = json.dumps(body).encode()
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+    return [data]
+
+
+def _replicates(study: Study) -> bool:
+    """Whether a study's trials are replicates of their arms (a grid with several seeds; a control): no best trial."""
+    return study.parent is not None or (study.is_grid and len(study.seeds) > 1)
+
+
+def read_only(app: Callable, view: ReadOnlyStudies, study: Study) -> Callable:
+    """optuna-dashboard's WSGI ``app`` served read only: every write refused with a 403 and one line (the page keeps
+    no write button it can find, and says it is read only), parameter importance over each study's arms alone
+    (:func:`sweeps.control.arm_importance`: never the seed; an arm that explains nothing beyond the seed spread left
+    out), and no best trial for a study of replicate seeds."""
+    by_name = {one.name: one for one in study.studies}
+
+    def one_of(study_id: str) -> Optional[Study]:
+        try:
+            return by_name.get(view.get_study_name_from_id(int(study_id)))
+        except (KeyError, IndexError, ValueError):
+            return None
+
+    def serve(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "")
+        if method in WRITES:
+            return _json(start_response, "403 Forbidden", {"reason": REFUSAL})
+        if path == HIDE_PATH:
+            data = HIDE.encode()
+            start_response("200 OK", [("Content-Type", "text/javascript"), ("Content-Length", str(len(data)))])
+            return [data]
+        if (found := IMPORTANCES.match(path)) and (one := one_of(found.group(1))) is not None:
+            return _json(start_response, "200 OK", {"param_importances": importances(view, int(found.group(1)), one)})
+        captured: dict[str, Any] = {}
+
+        def keep(status: str, headers: list, exc_info: Any = None) -> Callable:
+            captured.update(status=status, headers=headers)
+            return lambda data: None
+
+        body = b"".join(app(environ, keep))
+        kind = dict((k.lower(), v) for k, v in captured["headers"]).get("content-type", "")
+        if kind.startswith("text/html"):
+            body = body.replace(b"<body>", f'<body>{BANNER}<script src="{HIDE_PATH}"></script>'.encode(), 1)
+        elif (found := STUDY_PAGE.match(path)) and captured["status"].startswith("200"):
+            one = one_of(found.group(1))
+            if one is not None and _replicates(one):
+                detail = json.loads(body)
+                detail["best_trials"] = []
+                body = json.dumps(detail).encode()
+        headers = [(k, v) for k, v in captured["headers"] if k.lower() != "content-length"]
+        start_response(captured["status"], [*headers, ("Content-Length", str(len(body)))])
+        return [body]
+
+    return serve
+
+
+def importances(view: ReadOnlyStudies, study_id: int, study: Study) -> list[list[dict]]:
+    """The page's parameter importances of ``study`` (one list per objective): its arms only; an arm that explains
+    nothing beyond the seed spread as a bar of 0 whose name says so."""
+    from sweeps.control import arm_importance
+
+    trials = view.get_all_trials(study_id, deepcopy=False)
+    out = []
+    for i, _ in enumerate(study.metrics):
+        found = arm_importance(study, trials, i)
+        named = {**found.importances, **{f"{p}: nothing beyond the seed spread": 0.0 for p in found.nothing}}
+        out.append([{"name": p, "importance": v, "distribution": "CategoricalDistribution"} for p, v in named.items()])
+    return out
+
+
+class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
+    """The server's request handler without a line per request on the console."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
 def served(study: Study, url: Optional[str]) -> tuple[ReadOnlyStudies, list[str]]:
     """The storage the dashboard serves for ``study`` (its control's included) and one line per study it holds. A
     study of the file that has not run yet is left out (the line says so); none at all is one ConfigError line."""
@@ -164,7 +306,8 @@ def served(study: Study, url: Optional[str]) -> tuple[ReadOnlyStudies, list[str]
             lines.append(f"  {role} {one.name}: not run yet ({where})")
             continue
         ostudy = optuna.load_study(study_name=one.name, storage=view)
-        stored.check_objective(one, ostudy, url)
+        holder = next(st for st in storages if one.name in {x.study_name for x in st.get_all_studies()})
+        stored.check_objective(one, optuna.load_study(study_name=one.name, storage=holder), url)  # as stored
         lines.append(f"  {role} {one.name}: {counts(ostudy.trials)}; objective {', '.join(one.metrics)} ({where})")
     return view, lines
 
@@ -202,13 +345,19 @@ def main(args: argparse.Namespace) -> int:
     view, lines = served(study, args.storage)
     import optuna_dashboard
 
-    check_port(args.host, args.port)  # before the address is printed and the server says it listens
-    print(f"dashboard: http://{args.host}:{args.port}/dashboard  (read only; Ctrl-C stops it)", flush=True)
-    print("\n".join(lines), flush=True)
+    app = read_only(optuna_dashboard.wsgi(view), view, study)
+    check_port(args.host, args.port)  # before the address is printed
     try:
-        optuna_dashboard.run_server(view, host=args.host, port=args.port)
+        server = wsgiref.simple_server.make_server(args.host, args.port, app, handler_class=_QuietHandler)
     except OSError as err:  # taken between the check and the server's start
         raise _cannot_listen(args.host, args.port, err) from None
+    print(f"dashboard: http://{args.host}:{args.port}/dashboard  (read only; Ctrl-C stops it)", flush=True)
+    print("\n".join(lines), flush=True)
+    with server:
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
     return 0
 
 

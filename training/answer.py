@@ -87,12 +87,13 @@ NO_CONTEXT = "no_context/"  # TensorBoard: the no-context level of the objective
 class ObjectiveMetrics(L.Callback):
     """After each validation, the HPARAMS tab's answer: ``hp/<objective>`` (``hp/val_masked_loss``), the context
     gain ``hp/context_gain`` (:meth:`Objective.gain`, nats for a loss) and ``hp/<metric>`` of each of ``extra``
-    (a study's other objectives), logged at the step validated. :meth:`levels` is the no-context level's tag and
+    (a study's other objectives, the module's own: ``hp/val_loss``), all logged at the step validated (the module's
+    ``self.log`` would log them one step earlier). :meth:`levels` is the no-context level's tag and
     value, which the sample validations (training/sample_curve.py) log as a line to read the objective against."""
 
     def __init__(self, objective: Objective, extra: Sequence[str] = ()) -> None:
         self.objective = objective
-        self.extra = [m for m in extra if m != objective.metric]
+        self.extra = list(dict.fromkeys(m for m in extra if m != objective.metric))
         self._levels: Optional[dict[str, Any]] = None
 
     def tags(self) -> list[str]:
@@ -120,14 +121,15 @@ class ObjectiveMetrics(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         scores = trainer.callback_metrics
-        if trainer.sanity_checking or self.objective.metric not in scores:
+        if trainer.sanity_checking:
             return
-        value = float(scores[self.objective.metric])
-        out = {self.objective.hp_metric: value}
-        if (level := self._no_context(trainer)) is not None:
-            out[GAIN_HP] = self.objective.gain(value, level)
-        out.update({Objective(m).hp_metric: float(scores[m]) for m in self.extra if m in scores})
-        for logger in trainer.loggers:
+        out = {Objective(m).hp_metric: float(scores[m]) for m in self.extra if m in scores}
+        if self.objective.metric in scores:
+            value = float(scores[self.objective.metric])
+            out[self.objective.hp_metric] = value
+            if (level := self._no_context(trainer)) is not None:
+                out[GAIN_HP] = self.objective.gain(value, level)
+        for logger in trainer.loggers if out else ():
             logger.log_metrics(out, step=trainer.global_step)
 
 
@@ -175,7 +177,8 @@ def ending_lines(
 ) -> list[str]:
     """The last lines of a finished run: its other validation scores and speed, the objective, the
     no-context level and the gain, then the run directory and the TensorBoard command on ``logdir`` (default: the
-    run directory's parent), which shows the run beside the other runs of its experiment."""
+    run directory's parent), which shows the run beside the other runs of its experiment, and the address that opens
+    it on the objective's curve."""
     others = [
         f"{k} {metrics[k]:.4g}"
         for k in ("val/ppl", "val/loss", "val/accuracy")
@@ -190,4 +193,11 @@ def ending_lines(
         lines.append(f"note: {needs_gpu}")
     run_dir = Path(metrics["run_dir"])
     lines += [f"run directory: {run_dir}", f"tensorboard --logdir {logdir or run_dir.parent} --host 127.0.0.1"]
-    return lines
+    return lines + [f"  then open {link_of(objective)}"]
+
+
+def link_of(objective: Objective) -> str:
+    """TensorBoard's address that opens on the objective's sample curve and no-context level, unsmoothed."""
+    from training.tensorboard import objective_link
+
+    return objective_link(objective.metric, NO_CONTEXT + objective.metric.removeprefix("val/"))

@@ -9,6 +9,13 @@ Each filter names one message at its source, so every other warning still shows:
   Lightning checks it before any callback of the run can set it;
 - Lightning's ``PossibleUserWarning`` "GPU available but not used" on a run whose ``trainer.accelerator`` chose the
   CPU (its "GPU available: True (cuda), used: False" line stays and says the same without advice);
+- Lightning's device lines on a machine without the device: "GPU available: False, used: False" and "TPU available:
+  False, using: 0 TPU cores" (INFO, same logger; the run's device is in its config and its first line);
+- Lightning's "`Trainer.fit` stopped: `max_steps=N` reached." (INFO): a run ends with lines of its own that say
+  where it stopped, and an unfinished one says so as an error;
+- Lightning's warning that ``on_before_batch_transfer`` is overridden in the module while a data module is passed:
+  the lab's language models move their batches' tensors there on purpose (lightning_modules/language_model.py),
+  whatever the data module;
 - torch's ``FutureWarning`` that ``isinstance(treespec, LeafSpec)`` is deprecated, raised by Lightning's own
   ``utilities/_pytree.py`` (Lightning's code, not ours, uses the old name);
 - the datasets library's progress bars ("Generating train split", "Map", "Filter") while a corpus is prepared,
@@ -33,6 +40,9 @@ ADVERT = "💡 Tip:"
 TENSOR_CORES = "that has Tensor Cores. To properly utilize them"
 GPU_UNUSED = "GPU available but not used"
 PYTREE = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+NO_DEVICE = ("GPU available: False", "TPU available: False")  # starts of Lightning's lines for an absent device
+FIT_STOPPED = "`Trainer.fit` stopped: `max_steps="
+BATCH_HOOK = r"You have overridden `on_before_batch_transfer` in `LightningModule` but have passed in a"
 DATASETS_BARS = "HF_DATASETS_DISABLE_PROGRESS_BARS"
 # Lightning's rank-zero helpers log through whichever of these modules was imported last.
 RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
@@ -40,11 +50,12 @@ FALLBACK_COLUMNS = 100  # a terminal that reports zero columns gets a bar of thi
 
 
 class _NoAdvice(logging.Filter):
-    """Lightning's rank-zero records but its advert and its Tensor-Cores advice."""
+    """Lightning's rank-zero records but its advert, its Tensor-Cores advice, its lines for an absent device and its
+    "fit stopped at max_steps"."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)
-        return not (message.startswith(ADVERT) or TENSOR_CORES in message)
+        return not (message.startswith((ADVERT, *NO_DEVICE, FIT_STOPPED)) or TENSOR_CORES in message)
 
 
 _NO_ADVICE = _NoAdvice()
@@ -54,6 +65,7 @@ def quiet_third_parties() -> None:
     """Install the filters above (idempotent): process-wide, each for exactly one message."""
     warnings.filterwarnings("ignore", message=PYTREE, category=FutureWarning, module=r"lightning\..*_pytree")
     warnings.filterwarnings("ignore", message=GPU_UNUSED, category=PossibleUserWarning)
+    warnings.filterwarnings("ignore", message=BATCH_HOOK, category=UserWarning)
     for name in RANK_ZERO_LOGGERS:
         logger = logging.getLogger(name)
         if _NO_ADVICE not in logger.filters:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import lightning as L
@@ -115,3 +116,32 @@ class SampleValidation(L.Callback):
             random.setstate(python_rng)
             for module, training in modes.items():
                 module.train(training)
+
+
+# A run's curves as read: a report draws them and then judges each arm's end from them (×F reports); the dashboard
+# reads them at every refresh. The key holds the
+# run's events files with their sizes and times, so a run that wrote more since is read again.
+_READ: dict[tuple, Optional[tuple[list[int], list[float]]]] = {}
+
+
+def run_curve(run_dir: str, metric: str) -> Optional[tuple[list[int], list[float]]]:
+    """``(steps, values)`` of ``metric``'s sample curve in the run's events, else of its full validations (None: the
+    run logged neither); in step order, a step written twice with its later value (a resumed run has one events file
+    per process, read in the order of their names, which need not be the order they were written in). The report's
+    learning curves and the dashboard's intermediate values read it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted(Path(run_dir).glob("events.out.tfevents.*"))
+    key = (str(run_dir), metric, tuple((f.name, st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()]))
+    if key not in _READ:
+        ea = EventAccumulator(str(run_dir), size_guidance={"scalars": 0}, purge_orphaned_data=False)
+        ea.Reload()
+        tags = ea.Tags().get("scalars", [])
+        tag = next((t for t in (sample_tag(metric), metric) if t in tags), None)
+        curve = None
+        if tag is not None:
+            latest = {e.step: e.value for e in sorted(ea.Scalars(tag), key=lambda e: e.wall_time)}
+            steps = sorted(latest)
+            curve = steps, [latest[s] for s in steps]
+        _READ[key] = curve
+    return _READ[key]

@@ -5,8 +5,9 @@ for the whole of a run that validates within one long epoch). A new run records:
 
 - its hyper-parameters as the HPARAMS tab's session start, with no metric value: the tab reads each metric from the
   run's own ``hp/*`` scalars (placeholders would draw NaN points at step 0);
-- a custom-scalars chart per objective (:func:`objective_layout`): the full set's ``val/<name>``, the fixed sample's
-  ``val_sample/<name>`` and the no-context level ``no_context/<name>`` of every run in one chart;
+- a custom-scalars chart per objective (:func:`objective_layout`): the fixed sample's ``val_sample/<name>`` and the
+  no-context level ``no_context/<name>`` of every run in one chart; a run's last lines print the address that opens
+  the time series on the same two cards, pinned and unsmoothed (:func:`objective_link`);
 - the log directory's experiment config (:func:`write_experiment`), at the log directory's root: the experiment's
   folder for a single run (``runs/bytes_mlm``), the study's folder for a study's trials and its control's. It marks
   the axes (a study's parameters, a single run's overrides, and every hyper-parameter whose value differs between
@@ -22,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import io
+import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
+from urllib.parse import quote, urlencode
 
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.compat.proto import event_pb2
@@ -40,11 +43,16 @@ from foundation.confined import check_inside
 from foundation.errors import ConfigError
 from foundation.rundir import values_name
 
+HOST, PORT = "127.0.0.1", 6006  # where `tensorboard --host 127.0.0.1` serves, at its default port
 STATE = ".hparams.json"
 EXPERIMENT_SUFFIX = ".experiment"  # the experiment config's events file: events.out.tfevents.<seconds>.experiment
 DROPPED = ("epoch",)  # Lightning's scalars that say nothing here
-# A sweep's bookkeeping (sweep/trial differs between every two trials): never an axis.
-NOT_AXES = ("sweep/",)
+# A sweep's bookkeeping (sweep/trial differs between every two trials) and the experiment's name (a study's and its
+# control's differ; the control's role column says which is which): never an axis.
+NOT_AXES = ("sweep/", "experiment")
+NOT_APPLICABLE = "–"  # the value a run shows in a column of its log directory that does not apply to it
+# A study's trial: its control role (the study's own trials: STUDY), seed and number, as sweeps/ passes them
+CONTROL, STUDY, SEED, TRIAL = "control", "study", "seed", "sweep/trial"
 
 
 @dataclass(frozen=True)
@@ -54,22 +62,52 @@ class LogPlace:
 
     root: Optional[Path] = None
     axes: tuple[str, ...] = ()
+    # The columns some runs of the log directory lack (full attention has no ``k``, a study's arms no control role),
+    # each with the value such a run shows (:func:`filled`): TensorBoard's table and parallel coordinates drop every
+    # run without a value for a shown column.
+    fill: tuple[tuple[str, str], ...] = ()
+    # Trial IDs of a study's trials (:func:`trial_id`), not their folders: the study's long name, which every trial
+    # shares, would fill the tab's column ("random_vs_lear…")
+    trial_ids: bool = False
+
+
+def filled(params: dict[str, Any], fill: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """``params`` with a value in every column of ``fill``: the column's own where the run has one, as text (one
+    column holds one type: its domain is the text values seen), else the column's filler."""
+    out = dict(params)
+    for name, filler in fill:
+        out[name] = str(out[name]) if name in out else filler
+    return out
 
 
 def log_roots(run_dir: Path, output_dir: Path, log: LogPlace, params: dict[str, Any]) -> tuple[list[Path], str]:
     """The log directory whose HPARAMS tab lists the run (``log.root`` or the run directory's parent), and the run's
-    Trial ID: its folder under ``output_dir`` when it is inside it (``bytes_mlm/version_0``), else under the log
-    directory, after a single run's overrides (``kind=full bytes_mlm/version_1``) unless its folder already says
-    them (``bytes_mlm/kind=full/version_0``: a run below a folder of the log directory).
+    Trial ID: a study's trial by its arm, seed and number (``log.trial_ids``: :func:`trial_id`), else its folder
+    under ``output_dir`` when it is inside it (``bytes_mlm/version_0``), else under the log directory, after a single
+    run's overrides (``kind=full bytes_mlm/version_1``) unless its folder already says them
+    (``bytes_mlm/kind=full/version_0``: a run below a folder of the log directory).
 
     Only there: TensorBoard takes the first experiment config it finds among the runs it shows, so a config in
     ``output_dir`` too would compete with the experiments' and studies' own when ``--logdir runs`` shows several."""
     root = Path(log.root or run_dir.parent)
+    if log.trial_ids and TRIAL in params:
+        return [root], trial_id(params, log.axes)
     inside = output_dir.resolve() in run_dir.resolve().parents
     name = Path(os.path.relpath(run_dir.resolve(), (output_dir if inside else root).resolve())).as_posix()
     if log.axes and run_dir.resolve().parent == root.resolve():
         name = f"{values_name({a: params[a] for a in log.axes if a in params})} {name}"
     return [root], name
+
+
+def trial_id(params: dict[str, Any], axes: Sequence[str]) -> str:
+    """A study's trial as the HPARAMS tab's Trial ID, short enough for its column: a control trial by its role, any
+    other by its arms' values, then its seed and number (``degraded s0 #2``, ``random s3 #11``)."""
+    role = params.get(CONTROL)
+    shown = (
+        [role] if role not in (None, STUDY) else [params[a] for a in axes if a in params and a not in (CONTROL, SEED)]
+    )
+    seed = [f"s{params[SEED]}"] if SEED in params else []
+    return " ".join([*(str(v) for v in shown if v != NOT_APPLICABLE), *seed, f"#{params[TRIAL]}"])
 
 
 class RunLogger(TensorBoardLogger):
@@ -80,11 +118,23 @@ class RunLogger(TensorBoardLogger):
 
 
 def objective_layout(metric: str, level: Optional[str]) -> dict[str, dict[str, list]]:
-    """The custom-scalars chart of ``metric`` (``val/masked_loss``): full set, fixed sample and no-context level."""
+    """The custom-scalars chart of ``metric`` (``val/masked_loss``): the fixed sample's curve (about 20 points a run)
+    and the no-context level. The full set's two or three validations stay on their own card: smoothed as a line of
+    two points, they would be drawn far from their values."""
     name = metric.removeprefix("val/")
-    tags = [f"^{metric}$", f"^val_sample/{name}$", *([f"^{level}$"] if level else [])]
-    title = f"{name}: full validation set, fixed sample" + (", no-context level" if level else "")
+    tags = [f"^val_sample/{name}$", *([f"^{level}$"] if level else [])]
+    title = f"{name}: fixed validation sample" + (", no-context level" if level else "")
     return {"objective": {title: ["Multiline", tags]}}
+
+
+def objective_link(metric: str, level: Optional[str], port: int = PORT) -> str:
+    """The address that opens TensorBoard's time series on ``metric``'s sample curve and its no-context level, pinned
+    first, unsmoothed (its ``smoothing`` and ``pinnedCards`` query parameters)."""
+    name = metric.removeprefix("val/")
+    cards = [{"plugin": "scalars", "tag": t} for t in (f"val_sample/{name}", *([level] if level else []))]
+    pinned = json.dumps(cards, separators=(",", ":"))
+    query = urlencode({"smoothing": 0, "pinnedCards": pinned}, safe="[]{}:,/", quote_via=quote)
+    return f"http://{HOST}:{port}/?{query}#timeseries"
 
 
 def record_run(
@@ -168,11 +218,15 @@ def check_record(root: Path) -> None:
 
 
 def varied(state: dict[str, Any]) -> list[str]:
-    """The axes: the recorded ones (overrides, a study's parameters), then every hyper-parameter whose values
-    differ between the directory's runs (:data:`NOT_AXES` aside)."""
+    """The axes: the recorded ones (overrides, a study's parameters), then every hyper-parameter with two values
+    that apply between the directory's runs (:data:`NOT_AXES` aside; a column that only applies to some runs, as
+    Linformer's options beside full attention, is told by the kind's column). The tab sorts them by name and ticks
+    the first five."""
     values = state["values"]
     return [a for a in state["axes"] if a in values] + [
-        k for k, v in values.items() if len(v) > 1 and k not in state["axes"] and not k.startswith(NOT_AXES)
+        k
+        for k, v in values.items()
+        if len([x for x in v if x != NOT_APPLICABLE]) > 1 and k not in state["axes"] and not k.startswith(NOT_AXES)
     ]
 
 

@@ -69,7 +69,7 @@ from training.resume import (
 )
 from training.runfiles import BEST, METRICS, Resumed, check_run_files, config_text, new_run_id
 from training.sample_curve import SampleValidation
-from training.tensorboard import LogPlace, RunLogger, check_record, log_roots, objective_layout, record_run
+from training.tensorboard import LogPlace, RunLogger, check_record, filled, log_roots, objective_layout, record_run
 
 HP_METRICS = ("hp/val_loss", "hp/val_ppl")
 FORKING_STRATEGIES = ("ddp_fork", "ddp_notebook")
@@ -165,7 +165,7 @@ HP_KEYS = (
 HP_BY_TASK = {"mlm": ("data.mask_prob",), "recall": ("data.mqar.",), "listops": ("data.listops.",)}
 
 
-def _hparams(cfg: DictConfig) -> dict[str, Any]:
+def hparams_of(cfg: DictConfig) -> dict[str, Any]:
     """The flat scalar hyper-parameters of the HPARAMS tab (lists become strings): :data:`HP_KEYS`,
     ``model.attention.*`` and the task's own data keys (:data:`HP_BY_TASK`)."""
     flat = flatten(to_container(cfg))
@@ -335,7 +335,7 @@ def _logger(
     logger = RunLogger(save_dir=str(run_dir.parent), name="", version=run_dir.name, default_hp_metric=False)
     if not resumed and rank_zero_only.rank == 0:  # the ranks strategy=ddp starts log nothing of their own
         hp_metrics = list(dict.fromkeys([*answer.tags(), *getattr(module, "hp_metrics", HP_METRICS)]))
-        params = {**_hparams(cfg), **(hparams or {})}
+        params = filled({**hparams_of(cfg), **(hparams or {})}, log.fill)
         layout = objective_layout(answer.objective.metric, answer.level_tag)
         axes = log.axes or tuple(k for k in hparams or {} if not k.startswith("sweep/"))  # a trial's parameters
         roots, name = log_roots(run_dir, Path(cfg.output_dir), log, params)
@@ -645,7 +645,11 @@ def _fit(
     and its step (None, None for a run that starts afresh) and the run's identity."""
     resume_from, kept, run_id = resuming
     study_metrics = str((hparams or {}).get("sweep/objective", "")).split(",")
-    answer = ObjectiveMetrics(run_objective(cfg, datamodule), [m for m in study_metrics if m.startswith("val/")])
+    # the module's HPARAMS metrics (hp/val_loss: val/loss) too, all logged at the step validated
+    module_metrics = [m.replace("hp/val_", "val/", 1) for m in getattr(module, "hp_metrics", HP_METRICS)]
+    answer = ObjectiveMetrics(
+        run_objective(cfg, datamodule), [m for m in [*study_metrics, *module_metrics] if m.startswith("val/")]
+    )
     logger = _logger(cfg, module, run_dir, kept is not None, hparams, answer, log)
     flops = TrainingFlops()
     run = RunMetrics(flops)
@@ -748,7 +752,7 @@ def overridden_columns(cfg: DictConfig, overrides: Iterable[str]) -> tuple[str, 
     """The HPARAMS columns that ``key=value`` overrides set (``model.attention.kind=full`` → that column; a whole
     node, ``model.attention={...}``, → each of its columns), to list first."""
     keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
-    return tuple(c for c in _hparams(cfg) if any(c == k or c.startswith(k + ".") for k in keys))
+    return tuple(c for c in hparams_of(cfg) if any(c == k or c.startswith(k + ".") for k in keys))
 
 
 def run_folder(cfg: DictConfig, overrides: Iterable[str]) -> str:

@@ -168,12 +168,14 @@ def holm_line(found: Findings) -> list[str]:
     m_better, m_par = found.family()
     if not m_par:
         return []
-    n_rates = f", {len(found.rates)} comparisons of success rates" if found.rates else ""
+    n_rates = f", {markdown.counted(len(found.rates), 'comparison')} of success rates" if found.rates else ""
     rate = f"{stats.ALPHA * 100:.0f} %"
+    better, par = markdown.counted(m_better, "'better' test"), markdown.counted(m_par, "'on par' test")
     return [
-        f"- Holm's correction over the {m_better} 'better' tests of this report ({m_par} comparisons of "
-        f"means{n_rates}) keeps their family-wise error rate at {rate}; the {m_par} 'on par' tests "
-        f"(TOST: the 90 % CI of A − B inside ±δ) are a second Holm family at {rate}. "
+        f"- Holm's correction over the {better} of this report ({markdown.counted(m_par, 'comparison')} of "
+        f"means{n_rates}) keeps their family-wise error rate at {rate}; the {par} (TOST: the 90 % CI of A − B "
+        "inside ±δ) "
+        f"{'is' if m_par == 1 else 'are'} a second Holm family at {rate}. "
         f"Seed counts are planned at {markdown.PCT} power for the observed difference and spread, at "
         "the level Holm applies to each test now. The control's arms are in neither family: its power check "
         "and the context gain are design checks of the study."

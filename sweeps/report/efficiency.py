@@ -27,7 +27,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from foundation.atomic import write_figure
+from sweeps.spec import stats
+from training.answer import Objective
 from training.curves import reach
+from training.sample_curve import run_curve
 
 KIND_COSTS = Path(__file__).parents[1] / "kind_costs.json"  # sweeps/kind_costs.json
 
@@ -78,8 +81,30 @@ def no_context_floor(arms: Sequence[ArmSpeed]) -> Optional[float]:
     return min(floors) if floors else None
 
 
+def in_error(metric: str) -> bool:
+    """Whether a time to target reads ``metric`` itself (an accuracy or score, as its error 1 − value: lower is
+    better, as a perplexity) rather than the validation perplexity (a loss objective)."""
+    return Objective(metric).kind != "loss"
+
+
+def error_curve(metric: str, run: dict) -> Optional[list]:
+    """A run's ``[seconds, tokens, 1 − value]`` of ``metric`` at each point of its sample curve (training seconds
+    and tokens pro rata of the step: the run's ``train_time_s`` and ``tokens`` over its steps); None without one."""
+    steps, seconds, tokens = run.get("global_step"), run.get("train_time_s"), run.get("tokens")
+    if not run.get("run_dir") or not all(isinstance(x, (int, float)) and x > 0 for x in (steps, seconds, tokens)):
+        return None
+    curve = run_curve(str(run["run_dir"]), metric) if Path(str(run["run_dir"])).is_dir() else None
+    return [[s * seconds / steps, s * tokens / steps, 1.0 - v] for s, v in zip(*curve)] if curve else None
+
+
+def target_words(metric: str, target: float) -> str:
+    """``val ppl ≤ 3.1``, or for an accuracy ``val/accuracy ≥ 0.92``: a target in the objective's own units."""
+    return f"{metric} ≥ {1.0 - target:.4g}" if in_error(metric) else f"val ppl ≤ {target:.4g}"
+
+
 def arm_speeds(rows: Sequence, metric: str) -> list[ArmSpeed]:
-    """One entry per arm that has the metric and a throughput in every finished trial (report rows)."""
+    """One entry per arm that has the metric and a throughput in every finished trial (report rows). Its curves are
+    of validation perplexity, or of the objective's error for an accuracy or score (:func:`in_error`)."""
     arms: dict[str, ArmSpeed] = {}
     for r in rows:
         m = r.metrics
@@ -89,11 +114,30 @@ def arm_speeds(rows: Sequence, metric: str) -> list[ArmSpeed]:
         entry.quality.append(float(m[metric]))
         entry.tokens_per_sec.append(float(m["tokens_per_sec"]))
         run = _metrics_json(r.trial.user_attrs.get("run_dir"))
-        if (curve := _curve(run)) is not None:
+        if (curve := error_curve(metric, run) if in_error(metric) else _curve(run)) is not None:
             entry.curves.append(curve)
-        if (floor := no_context_ppl({**m, **run})) is not None:
+        level = Objective(metric).no_context({**m, **run}) if in_error(metric) else None
+        if (floor := 1.0 - level if level is not None else no_context_ppl({**m, **run})) is not None:
             entry.no_context_ppl.append(floor)
     return list(arms.values())
+
+
+def speed_p(arms: Sequence[ArmSpeed]) -> float:
+    """Whether the arms' throughputs differ beyond their seeds' spread: the p-value of a one-way ANOVA over their
+    seeds' tokens/s (:func:`sweeps.spec.stats.one_way_p`); arms of the same compute differ by noise alone."""
+    return stats.one_way_p([a.tokens_per_sec for a in arms])
+
+
+SPEED_NOISE = 0.1  # without seeds enough to measure their spread, mean speeds this far apart differ (one tenth)
+
+
+def speeds_differ(arms: Sequence[ArmSpeed]) -> bool:
+    """A front of speed against quality means something only when the speeds differ beyond their noise: the seeds'
+    spread (:func:`speed_p`) where there are 2 degrees of freedom within the arms at least, else :data:`SPEED_NOISE`."""
+    if sum(len(a.tokens_per_sec) - 1 for a in arms) >= 2:
+        return speed_p(arms) < stats.ALPHA
+    speeds = [a.mean_speed for a in arms]
+    return max(speeds) > (1 + SPEED_NOISE) * min(speeds)
 
 
 def pareto_front(points: Sequence[tuple[float, float]], maximize_quality: bool) -> list[int]:
@@ -160,10 +204,10 @@ def learned(arms: Sequence[ArmSpeed], no_context: Sequence[ArmSpeed] = ()) -> li
     return [a for a in arms if a.curves and trivial_target(arms, final_ppl(a), no_context) is None]
 
 
-def _row(a: ArmSpeed, front: bool, target: Optional[float], learner: bool) -> list[str]:
+def _row(a: ArmSpeed, front: bool, target: Optional[float], learner: bool, differ: bool = True) -> list[str]:
     sd = statistics.stdev(a.quality) if len(a.quality) > 1 else float("nan")
     cells = [a.arm or "(all trials)", str(len(a.quality)), f"{a.mean_quality:.4g} ± {sd:.2g}", f"{a.mean_speed:,.0f}"]
-    cells.append("yes" if front else "")
+    cells += ["yes" if front else ""] if differ else []
     if target is not None and not learner:
         cells.append("— (ends at the no-context level)")
     elif target is not None:
@@ -178,35 +222,44 @@ def section(arms: Sequence[ArmSpeed], metric: str, maximize: bool, no_context: S
     does not reach), Pareto membership."""
     if len(arms) < 2:
         return []
-    front = set(pareto_front([(a.mean_speed, a.mean_quality) for a in arms], maximize))
+    differ = speeds_differ(arms)
+    front = set(pareto_front([(a.mean_speed, a.mean_quality) for a in arms], maximize)) if differ else set()
     learners = learned(arms, no_context)
     target = target_ppl(learners) if len(learners) >= 2 else None
-    head = ["arm", "seeds", f"{metric} (mean ± sd)", "training tokens/s (mean)", "Pareto front"]
+    quality, side = (metric, "above") if in_error(metric) else ("perplexity", "below")
+    head = ["arm", "seeds", f"{metric} (mean ± sd)", "training tokens/s (mean)", *(["Pareto front"] if differ else [])]
     if target is not None:
-        head.append(f"seconds to val ppl ≤ {target:.4g} (median, reached)")
-    body = [_row(a, arms.index(a) in front, target, a in learners) for a in sorted(arms, key=lambda a: -a.mean_speed)]
+        head.append(f"seconds to {target_words(metric, target)} (median, reached)")
+    ordered = sorted(arms, key=lambda a: -a.mean_speed)
+    body = [_row(a, arms.index(a) in front, target, a in learners, differ) for a in ordered]
     lines = [
         "## Quality against speed",
         "",
-        f"Quality at equal training steps ({metric}) against training throughput, one row per arm, fastest "
-        "first; an arm is on the Pareto front when no other arm is at least as fast and at least as good "
-        "(and better in one).",
+        f"Quality at equal training steps ({metric}) against training throughput, one row per arm, fastest first; "
+        + (
+            "an arm is on the Pareto front when no other arm is at least as fast and at least as good (and better "
+            "in one)."
+            if differ
+            else f"the arms' speeds do not differ beyond their seeds' spread (one-way ANOVA over the seeds' tokens/s, "
+            f"p = {speed_p(arms):.2g}), so no speed–quality front is drawn: at equal speed, quality decides."
+        ),
     ]
     if target is not None:
         lines[-1] += (
             f" Time to target, among the {len(learners)} arms that learned to use their context (their median "
-            f"final perplexity is below a model without context's): training-step seconds until val ppl ≤ "
-            f"{target:.4g}, the worst of those arms' median final perplexities (a quality each of them reaches and "
-            "a model without context does not)."
+            f"final {quality} is {side} a model without context's): training-step seconds until "
+            f"{target_words(metric, target)}, the worst of those arms' median final {quality} (a quality each of "
+            "them reaches and a model without context does not)."
         )
     elif any(a.curves for a in arms):
         lines[-1] += (
-            f" No time to target: {len(learners)} arm{'' if len(learners) == 1 else 's'} ended below the "
-            "perplexity of a model without context, and a time to target compares at least two arms that learned."
+            f" No time to target: {len(learners)} arm{'' if len(learners) == 1 else 's'} ended {side} the "
+            f"{quality} of a model without context, and a time to target compares at least two arms that learned."
         )
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
-    return lines + ["", "![quality against speed](pareto.png)", "", *long_sequence_section([a.arm for a in arms])]
+    figure = ["", "![quality against speed](pareto.png)"] if differ else []
+    return lines + [*figure, "", *long_sequence_section([a.arm for a in arms])]
 
 
 def kind_costs(path: Path = KIND_COSTS) -> Optional[dict]:
@@ -256,8 +309,9 @@ def long_sequence_section(arms: Sequence[str], path: Path = KIND_COSTS) -> list[
 
 
 def pareto(arms: Sequence[ArmSpeed], metric: str, maximize: bool, path: Path) -> bool:
-    """pareto.png: each arm's mean quality against its mean throughput, with seed spread as error bars."""
-    if len(arms) < 2:
+    """pareto.png: each arm's mean quality against its mean throughput, with seed spread as error bars (kept within
+    [0, 1] for an accuracy or score); none when the speeds do not differ beyond their noise (:func:`speeds_differ`)."""
+    if len(arms) < 2 or not speeds_differ(arms):
         return False
     import matplotlib
 
@@ -269,10 +323,13 @@ def pareto(arms: Sequence[ArmSpeed], metric: str, maximize: bool, path: Path) ->
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for i, a in enumerate(arms):
             sd_q = statistics.stdev(a.quality) if len(a.quality) > 1 else 0.0
+            low, high = sd_q, sd_q
+            if in_error(metric):  # an accuracy's bar stops at 0 and 1
+                low, high = min(sd_q, a.mean_quality), min(sd_q, 1.0 - a.mean_quality)
             ax.errorbar(
                 a.mean_speed,
                 a.mean_quality,
-                yerr=sd_q,
+                yerr=[[low], [high]],
                 fmt="o" if i in front else "s",
                 capsize=3,
                 color="tab:blue" if i in front else "tab:gray",

@@ -66,3 +66,8 @@ def mean_std(values: Sequence[float]) -> str:
 def figure(file: str, caption: str) -> str:
     """A figure of the report folder shown in summary.md where it is read: ``![caption](file)``."""
     return f"![{caption}]({file})"
+
+
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """``1 comparison``, ``2 comparisons``: a count with its noun in the number it takes."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

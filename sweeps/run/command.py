@@ -87,6 +87,7 @@ from sweeps.spec.schema import ADDED_SEEDS, MAX_TRIALS, SEED_PARAM
 from sweeps.spec.study import Study, load_study
 from sweeps.spec.validation import requested_devices
 from sweeps.stored import check_objective, name_metrics, objective_of
+from training.answer import Objective, link_of
 from training.config import MAX_STEPS
 from training.console import clock
 from training.train import check_machine
@@ -383,6 +384,7 @@ def footer(study: Study, url: Optional[str]) -> str:
         [
             f"report:      linformer-lab report {study.file_args}{where}",
             f"tensorboard: tensorboard --logdir {study.root} --host {HOST}",
+            *(f"             then open {link_of(Objective(m))}" for m in study.metrics if m.startswith("val/")),
             f"dashboard:   linformer-lab dashboard {study.file_args}{where} --host {HOST}  (the study and its control)",
         ]
     )
@@ -485,13 +487,13 @@ def run(
     before = {(s.name, t.number) for s in study.studies for t in ostudies[s.name].trials}
     target = study if not gated or study.is_grid else study.control  # an open study's sampler waits for the gate
     procs = start_workers(target, url, workers, visible, _trials_left(study, ostudies), deadline)
-    started = time.time()
+    pace = ((started := time.time()), _finished(target, ostudies)[0])  # one clock for the sweep, across the gate
     on_sigterm = signal.signal(signal.SIGTERM, _terminated)
     try:
-        follow(target, ostudies, procs)
+        follow(target, ostudies, procs, pace)
         if gated and not any(p.exitcode for p in procs):
             start = lambda: start_workers(study, url, workers, visible, _trials_left(study, ostudies), deadline)  # noqa: E731
-            if (stopped := _after_control(study, ostudies, procs, start)) is not None:
+            if (stopped := _after_control(study, ostudies, procs, start, pace)) is not None:
                 print(f"gate: {stopped}", file=sys.stderr)
                 print(footer(study, url))
                 return gate.EXIT_GATED
@@ -507,7 +509,7 @@ def run(
         signal.signal(signal.SIGTERM, on_sigterm)
     met = summarise(study, ostudies, started, deadline)
     if projected is not None:
-        print(plan.measured_line(projected, time.time() - started))
+        _measured(study, ostudies, projected, started, shapes or [])
     print(footer(study, url))
     stopped = input_error(study, ostudies, before)
     if stopped is not None:
@@ -516,11 +518,42 @@ def run(
     return 2 if any(p.exitcode == 2 for p in procs) else (0 if met else 1)
 
 
+def _measured(
+    study: Study, ostudies: dict[str, optuna.Study], projected: dict, started: float, shapes: list[preflight.Shape]
+) -> None:
+    """The sweep's measured wall time against the projection, and why when it is far off (``shapes``: the
+    preflight's, with the trials of each)."""
+    took, elapsed_s = _took(study, ostudies, shapes, started), time.time() - started
+    print("\n".join([plan.measured_line(projected, elapsed_s), *plan.why_off(projected, elapsed_s, took)]))
+
+
+def _took(
+    study: Study, ostudies: dict[str, optuna.Study], shapes: list[preflight.Shape], started: float
+) -> list[tuple[str, float, float]]:
+    """(shape label, projected seconds, measured seconds) of each trial this sweep (started at ``started``) ran from
+    its start to its end."""
+    index = {(name, repr(sorted(p.items()))): (s, steps, n_val) for s in shapes for name, p, steps, n_val in s.trials}
+    out = []
+    for one in study.studies:
+        for t in ostudies[one.name].get_trials(deepcopy=False):
+            found = index.get((one.name, repr(sorted(t.params.items()))))
+            if found is None or t.duration is None or t.datetime_start.timestamp() < started:
+                continue
+            shape, steps, n_val = found
+            out.append((shape.label, plan.trial_seconds(shape.measured, steps, n_val), t.duration.total_seconds()))
+    return out
+
+
 def _after_control(
-    study: Study, ostudies: dict[str, optuna.Study], procs: list[mp.Process], start: object
+    study: Study,
+    ostudies: dict[str, optuna.Study],
+    procs: list[mp.Process],
+    start: object,
+    pace: Optional[tuple[float, int]] = None,
 ) -> Optional[str]:
     """The gate, once the control has run: the paragraph that stops the sweep, or None after the arms have run
-    (their points enqueued, workers started by ``start`` and followed; added to ``procs``)."""
+    (their points enqueued, workers started by ``start`` and followed on the sweep's clock ``pace``; added to
+    ``procs``)."""
     passed, said = gate.decide(study, ostudies[study.name], ostudies[study.control.name].get_trials(deepcopy=False))
     if not passed:
         return said
@@ -531,7 +564,7 @@ def _after_control(
     if not _met(study, ostudies[study.name].trials):
         more = start()
         procs += more
-        follow(study, ostudies, more)
+        follow(study, ostudies, more, pace)
     return None
 
 
@@ -616,10 +649,13 @@ def _finished(study: Study, ostudies: dict[str, optuna.Study]) -> tuple[int, Opt
     return done, (None if any(n is None for n in budgets) else sum(budgets))
 
 
-def follow(study: Study, ostudies: dict[str, optuna.Study], procs: list[mp.Process]) -> None:
-    """Until every worker has exited: one line per newly finished trial followed by the progress line, one per
-    worker that exits with an error."""
-    started, (done_before, _) = time.time(), _finished(study, ostudies)
+def follow(
+    study: Study, ostudies: dict[str, optuna.Study], procs: list[mp.Process], pace: Optional[tuple[float, int]] = None
+) -> None:
+    """Until every worker has exited: one line per newly finished trial, then one progress line for those found
+    together, and one line per worker that exits with an error. ``pace``: the sweep's start and the trials finished
+    before it (default: now), so that the clock runs on across the gate."""
+    started, done_before = pace if pace is not None else (time.time(), _finished(study, ostudies)[0])
     seen = {(s.name, t.number) for s in study.studies for t in ostudies[s.name].trials if t.state.is_finished()}
     alive = list(procs)
     while alive:
@@ -629,12 +665,15 @@ def follow(study: Study, ostudies: dict[str, optuna.Study], procs: list[mp.Proce
             alive.remove(p)
             if p.exitcode != 0:
                 print(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}: see {study.root / 'logs'}/", flush=True)
+        new = 0
         for s in study.studies:
             for t in ostudies[s.name].get_trials(deepcopy=False):
                 if t.state.is_finished() and (s.name, t.number) not in seen and stored.DISCARDED not in t.user_attrs:
                     seen.add((s.name, t.number))
+                    new += 1
                     print(("control " if s.parent is not None else "") + _describe(t, s), flush=True)
-                    print(progress_line(*_finished(study, ostudies), done_before, time.time() - started), flush=True)
+        if new:
+            print(progress_line(*_finished(study, ostudies), done_before, time.time() - started), flush=True)
 
 
 def summarise(study: Study, ostudies: dict[str, optuna.Study], started: float, deadline: Optional[float]) -> bool:

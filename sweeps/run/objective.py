@@ -58,10 +58,33 @@ class StepPruning(PyTorchLightningPruningCallback):
         super().on_validation_end(trainer, types.SimpleNamespace(current_epoch=trainer.global_step))
 
 
+# The HPARAMS place of each study's trials (its control's too), by the study's name: worked out once a process.
+_PLACES: dict[str, Any] = {}
+
+
+def log_place(study: Study) -> Any:
+    """Where the trials of ``study`` and its control show in TensorBoard (``training.tensorboard.LogPlace``): the
+    study's folder, each trial by its arm, seed and number; the study's arms, its control's role and the seed as the
+    axes; and every column that some trial lacks filled, so that HPARAMS shows every trial: an arm's trials have no
+    control role ("study"), full attention no ``k`` ("–")."""
+    from sweeps.run.preflight import trial_points
+    from sweeps.spec.schema import CONTROL_PARAM
+    from training.tensorboard import NOT_APPLICABLE, STUDY, LogPlace
+    from training.train import hparams_of
+
+    top = study.parent or study
+    if top.name not in _PLACES:
+        rows = [{**hparams_of(s.config(p)), **p} for s in top.studies for p in trial_points(s)]
+        names = [n for n in dict.fromkeys(k for row in rows for k in row) if any(n not in row for row in rows)]
+        fill = tuple((n, STUDY if n == CONTROL_PARAM else NOT_APPLICABLE) for n in names)
+        axes = tuple(dict.fromkeys([*top.arms, *([CONTROL_PARAM] if top.control else []), *top.spec.space]))
+        _PLACES[top.name] = LogPlace(root=top.root, axes=axes, fill=fill, trial_ids=True)
+    return _PLACES[top.name]
+
+
 def objective(study: Study, trial: optuna.Trial, run: dict[str, Any]) -> float | list[float]:
     """Train the trial's config (``run``: its run directory and experiment name, and ``resume`` for a retry
     that continues a dead attempt) and return the study's metric(s) from its ``metrics.json``."""
-    from training.tensorboard import LogPlace
     from training.train import train  # heavy import, only in workers
 
     params = study.suggest(trial)
@@ -74,7 +97,9 @@ def objective(study: Study, trial: optuna.Trial, run: dict[str, Any]) -> float |
         "sweep/objective": ",".join(study.metrics),
     }
     if study.budgets:  # a trunk and a cooldown per budget (sweeps/run/trunks.py); it answers at the largest
-        points = trunks.run_curve(study, params, study.config(params, run), hparams, [StopWhenAsked()])
+        points = trunks.run_curve(
+            study, params, study.config(params, run), hparams, [StopWhenAsked()], log_place(study)
+        )
         folder = trunks.point_folder(study, params)
         trial.set_user_attr(trunks.CURVE_DIR, str(folder))  # its trunk and cooldowns
         trial.set_user_attr("run_dir", str(trunks.cooldown_folder(folder, max(study.budgets))))  # what it answers
@@ -85,7 +110,7 @@ def objective(study: Study, trial: optuna.Trial, run: dict[str, Any]) -> float |
             study.config(params, run),
             callbacks=[StopWhenAsked(), *([pruning] if pruning else [])],  # train() guards against divergence
             hparams=hparams,
-            log=LogPlace(root=(study.parent or study).root),  # one TensorBoard log directory: the study's, control's
+            log=log_place(study),  # one TensorBoard log directory: the study's, control's too
         )
     if pruning is not None:
         pruning.check_pruned()  # a decision taken in a spawned rank (ddp_spawn) surfaces here

@@ -18,6 +18,7 @@ writes, the data's first preparation by several workers at once, and a trial tha
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Optional
 
@@ -28,6 +29,7 @@ from sweeps.spec.study import Study
 from training.console import clock
 
 PLAN = "plan.json"
+OFF = 0.25  # a measured wall time this far from the projection (either way) is explained at the end
 
 
 def trial_seconds(measured: dict, steps: int, n_validations: int) -> float:
@@ -153,6 +155,37 @@ def measured_line(plan: dict[str, Any], elapsed_s: float) -> str:
         f"plan: measured {clock(elapsed_s)} wall time for {plan['trials']} trial(s), projected "
         f"{clock(projected)}{ratio}"
     )
+
+
+def why_off(plan: dict[str, Any], elapsed_s: float, took: list[tuple[str, float, float]]) -> list[str]:
+    """When the sweep's wall time is more than :data:`OFF` away from the projection, why, from ``took``: (shape
+    label, projected, measured seconds) of each trial this sweep ran. The shape whose trials were furthest from
+    their projection, the noise its preflight measured, and the machine's load average then and now."""
+    if plan["wall_s"] <= 0 or abs(elapsed_s / plan["wall_s"] - 1) <= OFF or not took:
+        return []
+    by_shape: dict[str, list[float]] = {}
+    for label, projected, measured in took:
+        pair = by_shape.setdefault(label, [0.0, 0.0, 0])
+        pair[0], pair[1], pair[2] = pair[0] + projected, pair[1] + measured, pair[2] + 1
+    ratios = {label: m / p for label, (p, m, _) in by_shape.items() if p > 0}
+    if not ratios:
+        return []
+    worst = max(ratios, key=lambda label: abs(ratios[label] - 1))
+    shape = next((s for s in plan["shapes"] if s["arm"] == worst), {})
+    noise = f", measured to ±{50 * shape['step_noise']:.0f} %" if "step_noise" in shape else ""
+    loads = [s["load"] for s in plan["shapes"] if "load" in s]
+    then = f"{max(loads):.1f} at its preflight, " if loads else ""
+    alike = all(abs(r - ratios[worst]) <= OFF * ratios[worst] for r in ratios.values())
+    cause = (
+        "every shape alike: the machine's other load changed"
+        if alike and len(ratios) > 1
+        else f"{worst}'s trials most ({by_shape[worst][2]} trial(s), {ratios[worst]:.2f}× their projection; "
+        f"its preflight {shape.get('step_s', 0):.3g} s/step{noise})"
+    )
+    return [
+        f"plan: off by more than {OFF:.0%}: {cause}; the machine's load average {then}"
+        f"{os.getloadavg()[0]:.1f} now (other processes share its cores)"
+    ]
 
 
 def left_of(study: Study, trials: dict[str, list]) -> Optional[set[tuple[str, str]]]:

@@ -12,7 +12,10 @@ writing nothing (no logger, no run directory; one checkpoint into a temporary fo
 
 * ``setup_s``: from the start of the trial's work to its first batch (data prepared, model built, trainer set up);
 * ``first_step_s``: the first step, which compiles (``trainer.compile``) and warms the libraries up;
-* ``step_s``: seconds per step after :data:`WARMUP` more steps, over the rest (the time between steps included);
+* ``step_s``: seconds per step after :data:`WARMUP` more steps, read in blocks: the shape trains on until the last
+  two blocks agree within :data:`AGREE` (the other shapes are idle, each measured in turn; what else the machine
+  runs is not), and ``step_noise`` says how far apart they were (``step_agreed``: whether they settled); the time
+  between steps included; ``load``: the machine's one-minute load average after it;
 * ``validation_s``: one validation pass at the trial's ``trainer.limit_val_batches``; ``checkpoint_s``: one save of
   the trial's checkpoint (a trial saves one after every validation), into a temporary folder;
 * ``start_s``: the process's start and its import of the training stack (a sweep worker pays it once);
@@ -45,8 +48,12 @@ from foundation.errors import ConfigError
 from sweeps.spec import budgets
 from sweeps.spec.study import Study
 
-STEPS = 10  # optimiser steps a shape trains: the first (compile, warm-up), WARMUP more, then the timed ones
+STEPS = 10  # optimiser steps a shape trains at least: the first (compile, warm-up), WARMUP more, then the timed ones
 WARMUP = 2
+# The timed steps are read as consecutive blocks (two at least); a shape trains on, MORE_BLOCKS blocks at most,
+# until the seconds per step of its last two blocks agree within AGREE (the machine's other load comes and goes).
+AGREE = 0.15
+MORE_BLOCKS = 4
 TIMEOUT_S = float(os.environ.get("LINFORMER_LAB_PREFLIGHT_TIMEOUT_S", "900"))  # per shape, compile included
 # Keys that do not change what a trial costs per step: a trial's seed, the optimiser's numbers, how long it trains
 # and how often it validates (the projection multiplies by them), names, folders, initialisation scales.
@@ -184,7 +191,7 @@ def measure(cfg: DictConfig, steps: int = STEPS, threads: int = 0) -> dict[str, 
     datamodule.setup("fit")
     module = build_module_or_refuse(cfg, datamodule)
     timer = StepTimer(work, steps)
-    arguments = {**trainer_arguments(cfg), "max_steps": steps, "val_check_interval": steps}
+    arguments = {**trainer_arguments(cfg), "max_steps": timer.cap, "val_check_interval": timer.cap}
     trainer = L.Trainer(
         **arguments,
         logger=False,
@@ -196,11 +203,13 @@ def measure(cfg: DictConfig, steps: int = STEPS, threads: int = 0) -> dict[str, 
     )
     with compile_failures(compiles(cfg)):
         trainer.fit(module, datamodule=datamodule)
+        if len(timer.validation) < 2:  # stopped once its step times agreed, before the validation at the cap
+            trainer.validate(module, datamodule=datamodule, verbose=False)
     with tempfile.TemporaryDirectory() as scratch:  # a trial saves its checkpoint after every validation
         saving = time.perf_counter()
         trainer.save_checkpoint(Path(scratch) / "last.ckpt", weights_only=False)
         checkpoint_s = time.perf_counter() - saving
-    measured = {"import_s": imported, **timer.result(), "checkpoint_s": checkpoint_s}
+    measured = {"import_s": imported, **timer.result(), "checkpoint_s": checkpoint_s, "load": os.getloadavg()[0]}
     return {**measured, **_memory(timer.device, rss_before)}
 
 
@@ -221,10 +230,13 @@ def _memory(device: Any, rss_before: float) -> dict[str, Any]:
 
 class StepTimer(L.Callback):
     """A Lightning callback that times a short fit: the set-up up to the first batch, the first step, the steps
-    after :data:`WARMUP` more, and the validation (the device synchronised at each edge it times)."""
+    after :data:`WARMUP` more in blocks, and the validation (the device synchronised at each edge it times). It
+    stops the fit once ``steps`` are trained and its last two blocks agree (:data:`AGREE`), or at ``cap``."""
 
     def __init__(self, started: float, steps: int) -> None:
         self.started, self.steps = started, steps
+        self.block = max(1, (steps - WARMUP - 1) // 2)  # steps per block: two blocks in ``steps``
+        self.cap = steps + MORE_BLOCKS * self.block
         self.marks: list[float] = []  # end of each training step
         self.first_batch: Optional[float] = None
         self.validation: list[float] = []
@@ -244,6 +256,18 @@ class StepTimer(L.Callback):
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.marks.append(self._now())
+        if len(self.marks) >= self.steps and self.agreed():
+            trainer.should_stop = True
+
+    def rates(self) -> list[float]:
+        """Seconds per step of each whole block after the warm-up."""
+        timed = self.marks[WARMUP:]
+        n = (len(timed) - 1) // self.block
+        return [(timed[(i + 1) * self.block] - timed[i * self.block]) / self.block for i in range(n)]
+
+    def agreed(self) -> bool:
+        rates = self.rates()
+        return len(rates) >= 2 and abs(rates[-1] - rates[-2]) <= AGREE * min(rates[-2:])
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self.validation = [self._now()]
@@ -254,11 +278,16 @@ class StepTimer(L.Callback):
     def result(self) -> dict[str, float]:
         if self.first_batch is None or len(self.marks) < WARMUP + 2:
             raise RuntimeError(f"the preflight trained {len(self.marks)} step(s) of {self.steps}")
-        timed = self.marks[WARMUP:]
+        rates = self.rates()
+        last = rates[-2:] if self.agreed() else sorted(rates)
+        step_s = sum(rates[-2:]) / 2 if self.agreed() else last[len(last) // 2]
         return {
             "setup_s": self.first_batch - self.started,
             "first_step_s": self.marks[0] - self.first_batch,
-            "step_s": (timed[-1] - timed[0]) / (len(timed) - 1),
+            "step_s": step_s,
+            # how far apart the blocks it rests on were, as a share of it; whether the last two agreed
+            "step_noise": (max(last) - min(last)) / step_s if step_s > 0 else 0.0,
+            "step_agreed": self.agreed(),
             "validation_s": self.validation[1] - self.validation[0] if len(self.validation) == 2 else 0.0,
         }
 
@@ -357,7 +386,11 @@ def check(study: Study, threads: int, gpus: Optional[str], steps: int = STEPS) -
     """Measure every shape of ``study`` (each by :func:`run_shape`), printing one line per shape; raise
     :class:`PreflightFailed` with one line per failed shape."""
     shapes = shapes_of(study)
-    print(f"preflight: {len(shapes)} trial shape(s), {steps} steps each, each in a fresh process", flush=True)
+    print(
+        f"preflight: {len(shapes)} trial shape(s), one at a time, each in a fresh process: {steps} steps or more, "
+        f"until two blocks of steps agree within {AGREE:.0%}",
+        flush=True,
+    )
     for shape in shapes:
         run_shape(shape, steps, threads, gpus)
         print(shape.failure if shape.failure is not None else measured_line(shape), flush=True)
@@ -379,11 +412,19 @@ def measured_line(shape: Shape) -> str:
     m = shape.measured or {}
     where = "GPU memory" if m.get("memory") == "cuda" else "peak RSS growth of the machine's memory"
     return (
-        f"preflight: {shape.label} [{shape.setting}]: {m['step_s']:.3f} s/step after warm-up, first step "
+        f"preflight: {shape.label} [{shape.setting}]: {m['step_s']:.3f} s/step after warm-up {_noise(m)}, first step "
         f"{m['first_step_s']:.1f} s (compile and warm-up), set-up {m['setup_s']:.1f} s, validation "
         f"{m['validation_s']:.1f} s, peak {m['peak_mb']:.0f} MB of {m['total_mb']:.0f} MB ({where}); "
         f"{len(shape.trials)} {'trial(s)' if shape.grid else 'point(s) of its range'}"
     )
+
+
+def _noise(m: dict) -> str:
+    """``(±4 %: two blocks agreed)``: how far the measurement's blocks were apart, and whether they settled."""
+    if "step_noise" not in m:
+        return ""
+    spread = f"±{50 * m['step_noise']:.0f} %"
+    return f"({spread}: two blocks agreed)" if m.get("step_agreed") else f"({spread}: its blocks never agreed; busy?)"
 
 
 def turned_off() -> bool:

@@ -101,12 +101,14 @@ def run_curve(
     cfg: DictConfig,
     hparams: dict[str, Any],
     callbacks: Sequence[L.Callback] = (),
+    log: Any = None,
 ) -> dict[str, dict[str, Any]]:
     """Train the trunk, then each budget's cooldown, of the grid point ``params`` (its config ``cfg``, at ×1), in the
-    point's folder; return each budget's ``metrics.json`` by budget name (``x1``, ``x4``, ...)."""
+    point's folder, logged to ``log`` (a :class:`training.tensorboard.LogPlace`; None: the study's root); return each
+    budget's ``metrics.json`` by budget name (``x1``, ``x4``, ...)."""
     from training.tensorboard import LogPlace
 
-    log = LogPlace(root=(study.parent or study).root)
+    log = log or LogPlace(root=(study.parent or study).root)
     return train_curve(cfg, point_folder(study, params), study.budgets, hparams, callbacks, log)
 
 

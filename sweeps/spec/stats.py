@@ -233,6 +233,51 @@ def seeds_for_on_par(c: Comparison, delta: float, alpha: float = ALPHA, power: f
 
 
 # --------------------------------------------------------------------------------------- multiplicity
+def one_way_p(groups: Sequence[Sequence[float]]) -> float:
+    """The p-value of a one-way ANOVA (SciPy's ``f_oneway``): do the groups' means differ beyond the spread within
+    them (the seeds)? Groups without spread: 0 when their means differ, else 1."""
+    groups = [np.asarray(g, dtype=float) for g in groups if len(g)]
+    if len(groups) < 2:
+        return 1.0
+    within = sum(float(((g - g.mean()) ** 2).sum()) for g in groups)
+    if within == 0.0 or sum(len(g) for g in groups) <= len(groups):
+        return 0.0 if len({float(g.mean()) for g in groups}) > 1 else 1.0
+    return float(sp.f_oneway(*groups).pvalue)
+
+
+def blocked_p(cells: Mapping[tuple[Hashable, Hashable], float]) -> float:
+    """Does the group explain the values beyond their blocks' spread? ``cells``: ``(group, block) → value``, a block
+    being a replicate (a seed, with the other params of the trial): the p-value of the group in a two-way additive
+    ANOVA over the blocks every group has (each block's own level taken out, as a paired comparison does), else of a
+    one-way ANOVA (:func:`one_way_p`). Without spread left: 0 when the groups differ, else 1."""
+    groups = sorted({g for g, _ in cells}, key=repr)
+    blocks = [b for b in sorted({b for _, b in cells}, key=repr) if all((g, b) in cells for g in groups)]
+    if len(groups) < 2:
+        return 1.0
+    if len(blocks) < 2:
+        return one_way_p([[v for (g, _), v in cells.items() if g == group] for group in groups])
+    y = np.array([[cells[(g, b)] for b in blocks] for g in groups], dtype=float)  # (groups, blocks)
+    grand = y.mean()
+    ss_group = len(blocks) * float(((y.mean(1) - grand) ** 2).sum())
+    ss_block = len(groups) * float(((y.mean(0) - grand) ** 2).sum())
+    ss_rest = float(((y - grand) ** 2).sum()) - ss_group - ss_block
+    tiny = 1e-12 * max(1.0, float((y**2).sum()))
+    if ss_rest <= tiny:
+        return 0.0 if ss_group > tiny else 1.0
+    df_group, df_rest = len(groups) - 1, (len(groups) - 1) * (len(blocks) - 1)
+    return float(sp.f.sf((ss_group / df_group) / (ss_rest / df_rest), df_group, df_rest))
+
+
+def between_ss(cells: Mapping[tuple[Hashable, Hashable], float]) -> float:
+    """The spread the groups explain: the between-group sum of squares, Σ_g n_g (mean_g − mean)², of ``cells``
+    (``(group, block) → value``)."""
+    values = np.array(list(cells.values()), dtype=float)
+    by_group: dict[Hashable, list[float]] = {}
+    for (g, _), v in cells.items():
+        by_group.setdefault(g, []).append(v)
+    return float(sum(len(v) * (np.mean(v) - values.mean()) ** 2 for v in by_group.values()))
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values: sorted ascending, p_(i) · (m − i + 1), made monotone, capped at 1.
     A hypothesis is rejected at family-wise level α when its adjusted p is below α."""

@@ -92,7 +92,8 @@ def _check_curves(url: str, shown: dict, steps: int) -> None:
                 assert [p[1] for p in points] == list(range(1, steps + 1)), (run, tag)  # a point per step
     charts = [c for cat in shown["layout"]["category"] for c in cat["chart"]]
     (chart,) = [c for c in charts if c["title"].startswith("masked_loss")]
-    assert chart["multiline"]["tag"] == ["^val/masked_loss$", "^val_sample/masked_loss$", "^no_context/masked_loss$"]
+    # the sample curve and its level (the full set's two or three points, smoothed as a line, would mislead)
+    assert chart["multiline"]["tag"] == ["^val_sample/masked_loss$", "^no_context/masked_loss$"]
 
 
 @pytest.mark.processes
@@ -113,4 +114,49 @@ def test_tensorboard_shows_runs_by_what_differs_with_their_curves_and_hparams(ti
     assert single["domains"]["model.attention.kind"] == ["full", "linformer"]
     assert single["metrics"][:2] == ["hp/val_masked_loss", "hp/context_gain"]
     assert swept["runs"] == ["kind=full/seed=0_trial_1", "kind=linformer/seed=0_trial_0"]
-    assert swept["differs"] == swept["columns"][:2] == ["model.attention.kind", "seed"]  # the study's parameters
+    assert swept["differs"][:2] == swept["columns"][:2] == ["model.attention.kind", "seed"]  # the study's parameters
+
+
+def _sessions(url: str, columns: list[str]) -> list[dict]:
+    """The session groups as the HPARAMS tab asks for them (every status, every column in the result, no filter)."""
+    statuses = ["STATUS_FAILURE", "STATUS_RUNNING", "STATUS_SUCCESS", "STATUS_UNKNOWN"]
+    request = {
+        "experimentName": "",
+        "allowedStatuses": statuses,
+        "colParams": [{"hparam": c, "includeInResult": True} for c in columns],
+        "startIndex": 0,
+        "sliceSize": 1000,
+    }
+    return _get(url, "/data/plugin/hparams/session_groups", request)["sessionGroups"]
+
+
+@pytest.mark.processes
+def test_hparams_draws_every_trial_of_a_study_and_its_control_in_its_default_view(tiny, tmp_path):
+    """A study whose arms and control set different keys (full attention has no ``k``; the arms have no control
+    role): every trial has a value in every column, so the table and the parallel coordinates (which drop a trial
+    without a value for a shown column) draw them all; the study's axes come first and are ticked; trial IDs are short
+    (arm, seed, number)."""
+    from studies import ARMS, CONTROL
+
+    space = {"seed": {"type": "categorical", "choices": [0]}, "arm": {"choices": ARMS}}
+    path = write_study(tmp_path, tiny, "mixed", space, arms=["arm"], control={**CONTROL, "seeds": [0, 1]})
+    assert cli.main(["sweep", str(path), "--workers", "1", "--no-preflight", "--no-gate"]) == 0
+    with tensorboard(tmp_path / "runs" / "mixed") as url:
+        shown = _shown(url)
+        groups = _sessions(url, shown["columns"])
+    by_name = {g["name"]: g["hparams"] for g in groups}
+    # 5 trials: the arms' 2, the control's reference at seed 1 and degraded at seeds 0 and 1 (its reference at seed 0
+    # is the arm "full" at seed 0, trained once); each Trial ID its arm (a control's role), seed and number
+    assert sorted(n.rsplit(" ", 2)[0] for n in by_name) == ["degraded", "degraded", "full", "linformer", "reference"]
+    assert all(n.rsplit(" ", 2)[1] in ("s0", "s1") for n in by_name), sorted(by_name)
+    for group in groups:
+        assert set(group["hparams"]) == set(shown["columns"]), group["name"]  # a value in every column
+    reference = next(h for n, h in by_name.items() if n.startswith("reference s1 #"))
+    linformer = next(h for n, h in by_name.items() if n.startswith("linformer s0 #"))
+    assert reference["model.attention.options.k"] == "–" and reference["arm"] == "–"
+    assert linformer["control"] == "study" and linformer["model.attention.options.k"] == "8"
+    # the study's axes (arm, control role, seed), the kind and k (8 for the arm, 1 for the degraded control): the
+    # five the tab ticks; Linformer's other options (one value, or "–" for full attention) are not axes
+    axes = ["arm", "control", "model.attention.kind", "model.attention.options.k", "seed"]
+    assert shown["differs"] == axes, shown["differs"]
+    assert "experiment" not in shown["differs"] and "sweep/trial" not in shown["differs"]

@@ -162,3 +162,96 @@ def test_a_port_another_program_listens_on_is_only_the_error_line(tmp_path, tiny
     assert out.out == ""  # no address printed, no server started
     lines = out.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen there (")
+
+
+def call(app, method: str, path: str) -> tuple[str, bytes]:
+    """``method path`` of a WSGI app: its status line and body."""
+    environ: dict = {"PATH_INFO": path, "REQUEST_METHOD": method}
+    wsgiref.util.setup_testing_defaults(environ)
+    status = []
+    body = b"".join(app(environ, lambda line, headers, exc_info=None: status.append(line)))
+    return status[0], body
+
+
+def served_read_only(study):
+    from sweeps.dashboard import read_only
+
+    view, _ = served(study, None)
+    return read_only(optuna_dashboard.wsgi(view), view, study), view
+
+
+def test_the_dashboard_refuses_every_write_in_one_line_and_says_it_is_read_only(tmp_path, tiny_overrides):
+    study = study_file(tmp_path, tiny_overrides)
+    open_study(RunStorage(study.control, None))
+    add(open_study(RunStorage(study, None)), {"seed": 0, "arm": "full"}, 3.0)
+    journals = {one.name: (one.root / stored.JOURNAL).read_bytes() for one in study.studies}
+    app, view = served_read_only(study)
+    (listed,) = [s for s in view.get_all_studies() if s.study_name == study.name]
+    for method, path in (
+        ("DELETE", f"/api/studies/{listed._study_id}"),
+        ("POST", "/api/studies"),
+        ("POST", f"/api/studies/{listed._study_id}/rename"),
+        ("PUT", f"/api/studies/{listed._study_id}/note"),
+        ("POST", f"/api/trials/{view.get_all_trials(listed._study_id)[0]._trial_id}/tell"),
+    ):
+        status, body = call(app, method, path)
+        assert status.startswith("403"), (method, path, status)
+        assert "read only" in json.loads(body)["reason"]
+    assert {one.name: (one.root / stored.JOURNAL).read_bytes() for one in study.studies} == journals
+    status, page = call(app, "GET", "/dashboard")
+    assert status.startswith("200") and b"Read only" in page
+
+
+def test_the_dashboard_ranks_the_arms_never_the_seed_and_shows_no_best_trial_of_replicates(tmp_path, tiny_overrides):
+    study = study_file(tmp_path, tiny_overrides)
+    ostudy = open_study(RunStorage(study, None))
+    control = open_study(RunStorage(study.control, None))
+    for seed, (full, linformer) in enumerate([(3.0, 2.0), (3.2, 2.1)]):
+        add(ostudy, {"seed": seed, "arm": "full"}, full)
+        add(ostudy, {"seed": seed, "arm": "linformer"}, linformer)
+        # the control's roles explain nothing beyond the seeds: the seed moves both, their gap changes sign
+        add(control, {"control": "reference", "seed": seed}, 1.0 + seed)
+        add(control, {"control": "degraded", "seed": seed}, 1.05 + 0.9 * seed)
+    app, view = served_read_only(study)
+    ids = {s.study_name: s._study_id for s in view.get_all_studies()}
+    _, ranked = ask(app, f"/api/studies/{ids[study.name]}/param_importances")
+    assert [p["name"] for p in ranked["param_importances"][0]] == ["arm"]
+    _, none = ask(app, f"/api/studies/{ids[study.control.name]}/param_importances")
+    # the control's roles explain nothing beyond the seed spread: the chart says so, with a bar of 0
+    assert none["param_importances"] == [
+        [
+            {
+                "name": "control: nothing beyond the seed spread",
+                "importance": 0.0,
+                "distribution": "CategoricalDistribution",
+            }
+        ]
+    ]
+    _, detail = ask(app, f"/api/studies/{ids[study.name]}")
+    assert detail["best_trials"] == [] and len(detail["trials"]) == 4
+
+
+def test_a_trial_shows_its_sample_curve_as_intermediate_values_and_its_attributes_as_text(tmp_path, tiny_overrides):
+    from torch.utils.tensorboard import SummaryWriter
+
+    study = study_file(tmp_path, tiny_overrides)
+    run_dir = tmp_path / "run"
+    with SummaryWriter(str(run_dir)) as writer:
+        for step, value in ((5, 3.0), (10, 2.5), (15, 2.25)):
+            writer.add_scalar("val_sample/loss", value, step)
+    ostudy = open_study(RunStorage(study, None))
+    ostudy.add_trial(
+        optuna.trial.create_trial(
+            params={"seed": 0, "arm": "full"},
+            distributions={"seed": CategoricalDistribution([0]), "arm": CategoricalDistribution(["full"])},
+            value=2.25,
+            user_attrs={"run_dir": str(run_dir), "metrics": {"val/loss": 2.2512345, "gate": "≥ 0.1"}},
+        )
+    )
+    app, view = served_read_only(study)
+    ids = {s.study_name: s._study_id for s in view.get_all_studies()}
+    _, detail = ask(app, f"/api/studies/{ids[study.name]}")
+    (trial,) = detail["trials"]
+    assert [(v["step"], v["value"]) for v in trial["intermediate_values"]] == [(5, 3.0), (10, 2.5), (15, 2.25)]
+    attrs = {a["key"]: a["value"] for a in trial["user_attrs"]}
+    assert attrs["metrics"] == "val/loss 2.251\ngate ≥ 0.1"

@@ -33,6 +33,10 @@ NOISE = (
     "Warning",
     "Tensor Cores",
     "GPU available but not used",
+    "GPU available: False",
+    "TPU available",
+    "`Trainer.fit` stopped",
+    "on_before_batch_transfer",
     "Generating train split",
     "Map:",
     "Filter:",
@@ -101,7 +105,11 @@ def test_a_run_ends_with_its_objective_and_shows_a_bar_in_a_zero_width_terminal_
     run = run_of(tmp_path / "runs" / "bytes_mlm")
     metrics = json.loads((run / "metrics.json").read_text())
     value, level = metrics["val/masked_loss"], metrics["baselines"]["unigram/masked_loss"]
-    tail = lines[-4:]
+    tail, link = lines[-5:-1], lines[-1]  # the last: the address that opens on the sample curve, unsmoothed
+    assert (
+        link.startswith("  then open http://127.0.0.1:6006/?smoothing=0&pinnedCards=")
+        and "val_sample/masked_loss" in link
+    )
     # Six steps of a tiny model leave nothing learned: the run says so in words.
     assert tail[0].startswith(f"val/masked_loss {value:.4f} (the objective)"), tail
     assert f"no context {level:.4f} (baselines/unigram/masked_loss)" in tail[0]
@@ -137,47 +145,55 @@ def test_without_a_terminal_progress_is_plain_lines_and_hparams_carry_the_object
     assert {"model.attention.kind", "model.attention.options.k", "optim.lr", "seed", "trainer.max_steps"} <= columns
     assert not any(c.startswith(("data.listops", "data.mqar", "data.classify", "trainer.num_nodes")) for c in columns)
     assert len(columns) <= 30
+    # every hp/* at the step it validated (3 and 6), the module's hp/val_loss and hp/val_ppl too
+    for tag in ("hp/val_masked_loss", "hp/context_gain", "hp/val_loss", "hp/val_ppl"):
+        assert [e.step for e in acc.Scalars(tag)] == [3, 6], tag
     last = {t: acc.Scalars(t)[-1].value for t in ("hp/val_masked_loss", "hp/context_gain")}
     assert last["hp/val_masked_loss"] == pytest.approx(metrics["val/masked_loss"], abs=1e-6)
     gain = metrics["baselines"]["unigram/masked_loss"] - metrics["val/masked_loss"]
     assert last["hp/context_gain"] == pytest.approx(gain, abs=1e-6)
 
 
-def test_lightnings_advice_on_a_gpu_machine_stays_off_the_console_and_its_device_line_stays(monkeypatch, caplog):
-    """On a machine with a GPU (faked): a run that chose the CPU gets no "GPU available but not used" warning, and
-    the Tensor-Cores advice that Lightning logs before a spawned rank's callbacks set the precision is not shown;
-    the line that says which device is used is."""
+def lightning_console(monkeypatch, caplog, gpu: bool, quiet: bool, say) -> tuple[list[str], list[str]]:
+    """What a CPU Trainer's creation and ``say()`` warn and log, on a machine with a GPU or without one (faked), with
+    the lab's filters (``quiet``) or without them (the filters a run in this process installed are restored after)."""
     import logging
     import warnings
 
     import lightning as L
-    from lightning.fabric.utilities import rank_zero
     from lightning.pytorch.accelerators import CUDAAccelerator
 
     from training.console import RANK_ZERO_LOGGERS, quiet_third_parties
 
-    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: True))
-    for name in RANK_ZERO_LOGGERS:  # without the filters a run in this process installed (restored afterwards)
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: gpu))
+    for name in RANK_ZERO_LOGGERS:
         monkeypatch.setattr(logging.getLogger(name), "filters", [])
+    caplog.clear()
+    with warnings.catch_warnings(record=True) as shown, caplog.at_level(logging.INFO):
+        warnings.simplefilter("always")
+        quiet and quiet_third_parties()
+        L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+        say()
+    return [str(w.message) for w in shown], [r.getMessage() for r in caplog.records]
+
+
+def test_lightnings_advice_on_a_gpu_machine_stays_off_the_console_and_its_device_line_stays(monkeypatch, caplog):
+    """On a machine with a GPU (faked): a run that chose the CPU gets no "GPU available but not used" warning, and
+    the Tensor-Cores advice that Lightning logs before a spawned rank's callbacks set the precision is not shown;
+    the line that says which device is used is."""
+    from lightning.fabric.utilities import rank_zero
+
     advice = (
         "You are using a CUDA device ('NVIDIA H200') that has Tensor Cores. To properly utilize them, you should set "
         "`torch.set_float32_matmul_precision('medium' | 'high')` which will trade-off precision for performance."
     )
 
-    def console() -> tuple[list[str], list[str]]:
-        caplog.clear()
-        with warnings.catch_warnings(record=True) as shown, caplog.at_level(logging.INFO):
-            warnings.simplefilter("always")
-            quiet and quiet_third_parties()
-            L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
-            rank_zero.rank_zero_info(advice)
-        return [str(w.message) for w in shown], [r.getMessage() for r in caplog.records]
+    def console(quiet: bool) -> tuple[list[str], list[str]]:
+        return lightning_console(monkeypatch, caplog, True, quiet, lambda: rank_zero.rank_zero_info(advice))
 
-    quiet = False  # the control: Lightning's own console says both
-    warned, logged = console()
+    warned, logged = console(quiet=False)  # the control: Lightning's own console says both
     assert any("GPU available but not used" in w for w in warned) and advice in logged
-    quiet = True
-    warned, logged = console()
+    warned, logged = console(quiet=True)
     assert not any("GPU available but not used" in w for w in warned) and advice not in logged
     assert "GPU available: True (cuda), used: False" in logged
 
@@ -208,3 +224,31 @@ def test_a_first_run_on_a_machine_shows_none_of_the_datasets_librarys_bars_unles
     assert not [w for w in ("Generating train split", "Map:", "Filter:") if w in quiet], quiet[-2000:]
     asked = console("asked", HF_DATASETS_DISABLE_PROGRESS_BARS="0")
     assert "Generating train split" in asked and "Map:" in asked  # the control: the bars this test looks for
+
+
+def test_the_lines_lightning_prints_that_the_lab_decided_stay_off_the_console(monkeypatch, caplog):
+    """Each filter of training/console.py, against Lightning's own words: on a machine without a GPU or TPU, the
+    lines that say so; "`Trainer.fit` stopped: `max_steps=N` reached."; the warning that the module overrides
+    ``on_before_batch_transfer`` while a data module is passed (what the lab's language models do on purpose)."""
+    from lightning.fabric.utilities import rank_zero
+    from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+    hook = (
+        "You have overridden `on_before_batch_transfer` in `LightningModule` but have passed in a "
+        "`LightningDataModule`. It will use the implementation from `LightningModule` instance."
+    )
+
+    def say() -> None:
+        rank_zero.rank_zero_info("`Trainer.fit` stopped: `max_steps=6` reached.")
+        rank_zero_warn(hook)
+
+    def console(quiet: bool) -> tuple[list[str], list[str]]:
+        return lightning_console(monkeypatch, caplog, False, quiet, say)
+
+    warned, logged = console(quiet=False)  # the control: Lightning's own console says all of them
+    assert hook in warned
+    assert {"GPU available: False, used: False", "`Trainer.fit` stopped: `max_steps=6` reached."} <= set(logged)
+    assert any(line.startswith("TPU available: False") for line in logged)
+    warned, logged = console(quiet=True)
+    assert hook not in warned
+    assert not [line for line in logged if line.startswith(("GPU available", "TPU available", "`Trainer.fit`"))]

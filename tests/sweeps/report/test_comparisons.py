@@ -78,7 +78,7 @@ def test_the_report_opens_with_the_answer_the_delta_and_the_holm_statement(tmp_p
     lines = (write_report(study) / "summary.md").read_text().splitlines()
     assert lines[0] == "# Study answered" and lines[2] == first.format(path=path)
     assert lines[4] == "- δ, the margin within which two arms are on par: val/loss ±0.01 (default)."
-    assert lines[5].startswith("- Holm's correction over the 1 'better' tests of this report (1 comparisons of means)")
+    assert lines[5].startswith("- Holm's correction over the 1 'better' test of this report (1 comparison of means)")
 
 
 def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tiny_overrides):
@@ -108,5 +108,5 @@ def test_a_recall_study_reports_success_rates_with_exact_intervals(tmp_path, tin
     # Boschloo p = 0.068 for 6/6 vs 3/6 (Fisher's: 0.18), doubled by Holm with the t test's p = 0.074
     assert "runs reaching val/accuracy ≥ 0.9: 6/6 vs 3/6, Boschloo p = 0.14 after Holm" in summary.splitlines()[2]
     assert "| a | b | 6/6 [0.54, 1.00] | 3/6 [0.12, 0.88] | 0.068 (0.14) | undecided (no difference shown) |" in summary
-    assert "(1 comparisons of means, 1 comparisons of success rates)" in summary
+    assert "(1 comparison of means, 1 comparison of success rates)" in summary
     assert "- Success: a run with val/accuracy ≥ 0.9 solved the task (study file)" in summary

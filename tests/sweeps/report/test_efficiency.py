@@ -224,7 +224,7 @@ def test_learning_curves_plot_the_studys_objective_with_the_no_context_level_of_
         r.trial.state, r.complete = TrialState.COMPLETE, True
         rows.append(r)
     assert figures.step_curves(rows, "val/masked_loss") == {"full": [([0, 1], [3.125, 2.625])] * 2}
-    assert figures._no_context_level(rows, "val/masked_loss") == pytest.approx(3.1)
+    assert figures._no_context_level(rows, "val/masked_loss") == (pytest.approx(3.1), "unigram")
     drawn = []
     monkeypatch.setattr(figures, "write_figure", lambda path, fig, dpi: drawn.append(fig.axes[0]))
     monkeypatch.setattr(plt, "close", lambda fig: None)
@@ -233,7 +233,31 @@ def test_learning_curves_plot_the_studys_objective_with_the_no_context_level_of_
     assert ax.get_ylabel() == "val/masked_loss"
     dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert len(dashed) == 1 and list(dashed[0].get_ydata()) == pytest.approx([3.1, 3.1])
+    assert dashed[0].get_label() == "no context (unigram, same targets)"
     assert [list(line.get_ydata()) for line in ax.get_lines() if line.get_linestyle() != "--"] == [[3.125, 2.625]] * 2
+
+
+def test_recalls_no_context_level_is_labelled_chance_not_unigram(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.trial import TrialState
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = tmp_path / "trial_0"
+    with SummaryWriter(str(run)) as writer:
+        for step, value in ((1, 0.25), (2, 0.5)):
+            writer.add_scalar("val_sample/accuracy", value, step)
+    (run / "metrics.json").write_text(json.dumps({"baselines": {"unigram/accuracy": 0.0625}}))  # as recall's runs
+    r = row("learned", 0.5, 1.0, str(run))
+    r.trial.state, r.complete = TrialState.COMPLETE, True
+    drawn = []
+    monkeypatch.setattr(figures, "write_figure", lambda path, fig, dpi: drawn.append(fig.axes[0]))
+    monkeypatch.setattr(plt, "close", lambda fig: None)
+    assert figures.plot_learning_curves([r], tmp_path / "curves.png", "val/accuracy", "recall")
+    (dashed,) = [line for line in drawn[0].get_lines() if line.get_linestyle() == "--"]
+    assert dashed.get_label().startswith("chance") and list(dashed.get_ydata()) == pytest.approx([0.0625] * 2)
 
 
 def test_the_learning_curves_read_a_runs_sample_curve_where_it_logged_one(tmp_path):

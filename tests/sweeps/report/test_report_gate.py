@@ -168,8 +168,8 @@ def test_the_control_arms_are_outside_both_holm_families(tmp_path, tiny_override
     study = study_with(tmp_path, tiny_overrides, [2.07, 2.08, 2.06], [1.87, 1.89, 1.86], degraded=[3.09, 3.10, 3.08])
     summary = (write_report(study) / "summary.md").read_text()
     # one pair of the study's own arms: one 'better' test and one 'on par' test, nothing of the control's
-    assert "Holm's correction over the 1 'better' tests of this report (1 comparisons of means)" in summary
-    assert "the 1 'on par' tests" in summary
+    assert "Holm's correction over the 1 'better' test of this report (1 comparison of means)" in summary
+    assert "the 1 'on par' test (TOST" in summary
     table = summary[summary.index("## Comparisons") :]
     assert "control" not in table.split("\n\n")[1]
     # the control's arms are listed beside the study's, the reference from arm a's own trials

@@ -88,7 +88,7 @@ def test_figures_are_shown_in_summary_md_at_the_section_they_illustrate(tmp_path
     for chart in ("history.png", "parallel_coordinate.png"):
         assert (out / chart).stat().st_size > 1000
         assert f"]({chart})" in figures and f"`{chart}`" not in summary
-    assert "![val/loss of each trial in the order they ran, with the best so far" in figures
+    assert "![val/loss of each trial in the order they ran, by arm" in figures
     assert "## Plots" not in summary
 
 
@@ -106,3 +106,32 @@ def test_an_interrupted_trial_is_reported_as_interrupted_not_failed(tmp_path, ti
     summary = (write_report(study) / "summary.md").read_text()
     assert "- interrupted (SIGTERM or Ctrl-C), not failed: trials 0, each put back and continued by a copy" in summary
     assert "## Failed trials" not in summary and "worker died" not in summary
+
+
+def test_importance_ranks_the_arms_never_the_seed_and_names_an_arm_that_explains_nothing(
+    tmp_path, tiny_overrides, monkeypatch
+):
+    """A replicate design: the seed moves every trial (it would explain most of the spread), the arm moves it
+    beyond that; the figure draws the arm alone. Where the arms differ by no more than the seeds do, the report names
+    the arm instead of drawing it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from sweeps.report import figures
+
+    study, ostudy, _ = three_seeds(tmp_path, tiny_overrides)
+    for seed in range(3):
+        add(ostudy, {"seed": seed, "arm": "a"}, 1.0 * seed + 2.0)
+        add(ostudy, {"seed": seed, "arm": "b"}, 1.0 * seed + 1.8)
+    drawn = []
+    monkeypatch.setattr(figures, "write_figure", lambda path, fig, dpi: drawn.append(fig.axes[0]))
+    assert figures.plot_importances(study, ostudy, 0, "val/loss", tmp_path / "i.png") == (True, "")
+    assert [t.get_text() for t in drawn[0].get_yticklabels()] == ["arm"]
+
+    (tmp_path / "alike").mkdir()
+    study, ostudy, _ = three_seeds(tmp_path / "alike", tiny_overrides)
+    for seed, (a, b) in enumerate([(2.0, 2.1), (3.1, 3.0), (4.0, 4.05)]):
+        add(ostudy, {"seed": seed, "arm": "a"}, a)
+        add(ostudy, {"seed": seed, "arm": "b"}, b)
+    drawn_now, words = figures.plot_importances(study, ostudy, 0, "val/loss", tmp_path / "j.png")
+    assert not drawn_now and words.startswith("arm (p = ") and "explains nothing beyond the seed spread" in words

@@ -300,3 +300,19 @@ def test_the_gap_trend_and_its_slope_interval_match_scipy_linregress():
     # too few points for a spread, or a single size: no interval, and no slope without 2 sizes
     assert math.isnan(stats.trend([1.0, 2.0], [0.1, 0.3]).slope_ci()[0])
     assert math.isnan(stats.trend([1.0, 1.0, 1.0], [0.1, 0.2, 0.3]).slope)
+
+
+def test_an_arm_explains_the_spread_beyond_its_seeds_when_each_seeds_own_level_is_taken_out():
+    """Seeds 0-2 move both arms by a whole unit; arm b sits 0.2 below a at every seed. Grouped alone (one-way) the
+    seeds' spread hides the arm; with the seeds as blocks (as the comparisons pair seeds) the arm explains it. A gap
+    that changes sign from seed to seed explains nothing."""
+    from sweeps.spec.stats import between_ss, blocked_p, one_way_p
+
+    steady = {("a", s): 2.0 + s for s in range(3)} | {("b", s): 1.8 + s for s in range(3)}
+    assert one_way_p([[2.0, 3.0, 4.0], [1.8, 2.8, 3.8]]) > 0.5
+    assert blocked_p(steady) == 0.0  # no spread left once arm and seed are taken out
+    noisy = {("a", s): 2.0 + s + e for s, e in enumerate((0.1, -0.05, 0.02))} | {("b", s): 1.8 + s for s in range(3)}
+    assert blocked_p(noisy) < 0.05
+    flips = {("a", 0): 2.0, ("a", 1): 3.1, ("a", 2): 4.0, ("b", 0): 2.1, ("b", 1): 3.0, ("b", 2): 4.05}
+    assert blocked_p(flips) > 0.5
+    assert between_ss(steady) == pytest.approx(6 * 0.1**2)  # each arm's mean 0.1 from the grand mean, 3 trials each

@@ -215,3 +215,37 @@ def test_preflight_with_add_seeds_plans_the_added_seeds_and_writes_nothing(
     out = capsys.readouterr().out
     assert "plan: 4 trial(s)" in out and "preflight OK: nothing written" in out  # the 2 seeds of the file and 2 more
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_preflight_trains_on_until_two_blocks_of_steps_agree_and_states_their_noise():
+    """Seconds per step are read in blocks after the warm-up: a block slowed by the machine's other load does not
+    count alone; the shape trains on (up to its cap) until its last two blocks agree, and says how far apart they
+    were."""
+    timer = preflight.StepTimer(0.0, 10)  # blocks of 3 steps after 1 + 2 warm-up steps, at most 4 blocks more
+    gaps = [1.0, 0.1, 0.1] + [0.1] * 3 + [0.3] * 3 + [0.1] * 3 + [0.105] * 3  # busy in the second block
+    now = 0.0
+    for gap in gaps:
+        now += gap
+        timer.marks.append(now)
+        if len(timer.marks) >= timer.steps and timer.agreed():
+            break
+    assert len(timer.marks) == 15  # 10 steps were not enough: blocks 0.1, 0.3, 0.1, then 0.105 agreed
+    timer.first_batch = 0.0
+    result = timer.result()
+    assert result["step_s"] == pytest.approx(0.1025) and result["step_agreed"]
+    assert result["step_noise"] == pytest.approx(0.005 / 0.1025)
+    assert preflight._noise(result) == "(±2 %: two blocks agreed)"
+    assert timer.cap == 10 + 4 * 3
+
+
+def test_a_projection_off_by_more_than_a_quarter_says_which_shape_and_the_machines_load():
+    shapes = [
+        {"arm": "learned", "step_s": 0.2, "step_noise": 0.5, "load": 6.0},
+        {"arm": "random", "step_s": 0.05, "step_noise": 0.02, "load": 6.0},
+    ]
+    projected = {"wall_s": 100.0, "shapes": shapes}
+    took = [("learned", 40.0, 12.0), ("learned", 40.0, 13.0), ("random", 10.0, 11.0), ("random", 10.0, 10.0)]
+    (line,) = plan.why_off(projected, 50.0, took)
+    assert line.startswith("plan: off by more than 25%: learned's trials most (2 trial(s), 0.31× their projection")
+    assert "0.2 s/step, measured to ±25 %" in line and "load average 6.0 at its preflight" in line
+    assert plan.why_off(projected, 110.0, took) == []  # within a quarter: nothing to explain

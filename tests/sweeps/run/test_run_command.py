@@ -504,3 +504,62 @@ def test_a_study_another_sweep_runs_is_refused_before_the_preflight(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: study owned ({study.root}): in use by "), err
     assert sorted((p.name, p.stat().st_mtime_ns) for p in study.root.iterdir()) == before  # nothing moved aside
+
+
+def test_the_progress_clock_runs_on_across_the_gate_and_trials_found_together_print_one_line(
+    tmp_path, tiny_overrides, monkeypatch, capsys
+):
+    """Two trials finished between two looks print one progress line, not two with the same count; after the gate
+    the clock goes on from the sweep's start (no "7/22, 1:10 elapsed" after "6/22, 3:04 elapsed")."""
+    from optuna.distributions import CategoricalDistribution
+
+    space = {"seed": {"type": "categorical", "choices": [0, 1]}, "arm": {"choices": ARMS}}
+    study = load_study(write_study(tmp_path, tiny_overrides, "clock", space, arms=["arm"], control=CONTROL))
+    ostudies = {s.name: optuna.create_study(study_name=s.name) for s in study.studies}
+    worker = types.SimpleNamespace(sentinel=object(), exitcode=0, name="w", pid=1, join=lambda: None)
+
+    def finishing(target, *params):
+        def wait(sentinels, timeout):
+            for p in params:
+                dists = {k: CategoricalDistribution([v]) for k, v in p.items()}
+                target.add_trial(optuna.trial.create_trial(params=p, distributions=dists, value=1.0))
+            return sentinels
+
+        return wait
+
+    control = ostudies[study.control.name]
+    both = finishing(control, {"control": "degraded", "seed": 0}, {"control": "degraded", "seed": 1})
+    monkeypatch.setattr(command, "wait", both)
+    pace = (time.time() - 184, 0)  # the sweep started 3:04 ago
+    command.follow(study, ostudies, [worker], pace)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("progress")]
+    # 6 trials: the arms' 4 and the control's degraded 2 (its reference is the arm "full", trained once)
+    assert len(lines) == 1 and lines[0].startswith("progress: 2/6 trials, 3:04 elapsed"), lines
+    monkeypatch.setattr(command, "wait", finishing(ostudies[study.name], {"seed": 0, "arm": "linformer"}))
+    command.follow(study, ostudies, [worker], pace)  # the arms, after the gate
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("progress")]
+    assert line.startswith(("progress: 3/6 trials, 3:04 elapsed, about 3:04 left", "progress: 3/6 trials, 3:05")), line
+
+
+def test_the_plans_reason_reads_the_trials_this_sweep_ran_not_those_before_it(tmp_path, tiny_overrides):
+    from optuna.distributions import CategoricalDistribution
+
+    from sweeps.run import preflight
+
+    space = {"seed": {"type": "categorical", "choices": [0, 1]}, "arm": {"choices": ARMS}}
+    study = load_study(write_study(tmp_path, tiny_overrides, "took", space, arms=["arm"]))
+    ostudy = optuna.create_study(study_name=study.name)
+
+    def add(seed: int) -> None:
+        params = {"seed": seed, "arm": "full"}
+        dists = {k: CategoricalDistribution([v]) for k, v in params.items()}
+        ostudy.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=1.0))
+
+    add(0)  # finished by an earlier sweep
+    time.sleep(0.05)
+    started = time.time()
+    add(1)
+    measured = {"setup_s": 1.0, "first_step_s": 1.0, "step_s": 0.5, "validation_s": 0.5}
+    trials = [(study.name, {"seed": s, "arm": "full"}, 11, 2) for s in (0, 1)]
+    shape = preflight.Shape("k", "full", None, trials=trials, measured=measured)
+    assert command._took(study, {study.name: ostudy}, [shape], started) == [("full", 1 + 1 + 10 * 0.5 + 2 * 0.5, 0.0)]
