@@ -100,7 +100,31 @@ def project(
         "shapes": [{"arm": s.label, "setting": s.setting, "trials": len(s.trials), **s.measured} for s in shapes],
         "projected_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **({"curve": budgets.cost_line(study.budgets, *_steps_and_fraction(study))} if study.budgets else {}),
+        "against_full": against_full(shapes),
     }
+
+
+def tokens_per_s(shape: Shape) -> float:
+    """A shape's measured training tokens per second: a step's batch of ``model.max_len``-token blocks over its
+    seconds per step (a length curriculum's short steps train the same tokens)."""
+    cfg = shape.cfg
+    return cfg.data.batch_size * cfg.model.max_len / shape.measured["step_s"]
+
+
+def against_full(shapes: list[Shape]) -> list[dict[str, Any]]:
+    """Each measured shape whose attention is not full attention, against full attention's measured shape at the
+    same sequence length n: ``ratio`` = its tokens per second ÷ full attention's (above 1: faster per token). A shape
+    with no full attention at its n is left out. From the preflight's one process per shape, so the ratio carries
+    both measurements' noise (each line says it)."""
+    full = {s.cfg.model.max_len: s for s in shapes if s.measured and s.cfg.model.attention.kind == "full"}
+    out = []
+    for shape in shapes:
+        n = shape.cfg.model.max_len
+        if not shape.measured or shape.cfg.model.attention.kind == "full" or n not in full:
+            continue
+        out.append({"arm": shape.label, "setting": shape.setting, "n": n,
+                    "ratio": tokens_per_s(shape) / tokens_per_s(full[n])})  # fmt: skip
+    return out
 
 
 def _steps_and_fraction(study: Study) -> tuple[int, float]:
@@ -138,6 +162,14 @@ def lines(plan: dict[str, Any]) -> list[str]:
         f"plan: largest peak memory {plan['largest_peak_mb']:.0f} MB of {plan['total_mb']:.0f} MB ({where}), "
         f"{plan['largest_peak_arm']}",
         *([f"plan: {plan['curve']}"] if plan.get("curve") else []),
+        *(
+            [
+                "plan: tokens/s against full attention at the same n: "
+                + "; ".join(f"{a['setting']} {a['ratio']:.2f}×" for a in plan["against_full"])
+            ]
+            if plan.get("against_full")
+            else []
+        ),
     ]
 
 

@@ -52,6 +52,23 @@ def measured_shapes(study):
     return shapes
 
 
+def test_the_plan_states_each_arms_tokens_per_second_against_full_attention_at_its_n(tmp_path, tiny_overrides):
+    arms = {"arm": {"type": "categorical", "choices": {
+        "full": {"model.attention.kind": "full"}, "linformer": {"model.attention.kind": "linformer"}}}}  # fmt: skip
+    space = {"seed": {"type": "categorical", "choices": [0]}, **arms}
+    study = load_study(write_study(tmp_path, tiny_overrides, "speed", space))
+    shapes = measured_shapes(study)
+    seconds = {"full": 2.0, "linformer": 0.5}
+    for shape in shapes:
+        shape.measured["step_s"] = seconds.get(str(shape.cfg.model.attention.kind), 1.0)
+    projected = plan.project(study, shapes, workers=1, threads=1, gpus=0)
+    linformer = [a for a in projected["against_full"] if "linformer" in a["setting"]]
+    assert linformer and all(a["ratio"] == pytest.approx(4.0) for a in linformer)  # 4x full attention's tokens/s
+    assert all("kind=full" not in a["setting"] for a in projected["against_full"])
+    assert any(line.startswith("plan: tokens/s against full attention at the same n: ") and "4.00×" in line
+               for line in plan.lines(projected))  # fmt: skip
+
+
 def test_the_plan_projects_the_trials_left_and_names_the_largest_arm(tmp_path, tiny_overrides):
     study = load_study(tiny_study(tmp_path, tiny_overrides))
     shapes = measured_shapes(study)
