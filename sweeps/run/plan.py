@@ -23,6 +23,7 @@ import time
 from typing import Any, Optional
 
 from foundation.atomic import write_json
+from lightning_modules.attention import attention_class
 from sweeps.run.preflight import Shape
 from sweeps.spec import budgets
 from sweeps.spec.study import Study
@@ -111,16 +112,21 @@ def tokens_per_s(shape: Shape) -> float:
     return cfg.data.batch_size * cfg.model.max_len / shape.measured["step_s"]
 
 
+def _exact(shape: Shape) -> bool:
+    """The shape's attention is full attention (the kind that declares itself ``exact``)."""
+    return attention_class(shape.cfg.model).exact
+
+
 def against_full(shapes: list[Shape]) -> list[dict[str, Any]]:
     """Each measured shape whose attention is not full attention, against full attention's measured shape at the
     same sequence length n: ``ratio`` = its tokens per second ÷ full attention's (above 1: faster per token). A shape
     with no full attention at its n is left out. From the preflight's one process per shape, so the ratio carries
     both measurements' noise (each line says it)."""
-    full = {s.cfg.model.max_len: s for s in shapes if s.measured and s.cfg.model.attention.kind == "full"}
+    full = {s.cfg.model.max_len: s for s in shapes if s.measured and _exact(s)}
     out = []
     for shape in shapes:
         n = shape.cfg.model.max_len
-        if not shape.measured or shape.cfg.model.attention.kind == "full" or n not in full:
+        if not shape.measured or _exact(shape) or n not in full:
             continue
         out.append({"arm": shape.label, "setting": shape.setting, "n": n,
                     "ratio": tokens_per_s(shape) / tokens_per_s(full[n])})  # fmt: skip
