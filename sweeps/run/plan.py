@@ -7,6 +7,8 @@ A trial's projected seconds, from its shape's measurements::
     set-up + first step (compile, warm-up) + (steps − 1) × seconds per step
            + validations × (one validation's seconds + one checkpoint save's)
 
+(under a length curriculum, its short steps at their own measured seconds per step, the rest at the full length's).
+
 The trials left run in order (the control's first) on W worker slots, each trial on the slot that frees first,
 after each worker's start (one process start and import, measured once). On the CPU each worker has cores/W torch
 threads, as the sweep sets them, and the preflight measured at that count. Trials sharing one GPU (more workers than
@@ -34,11 +36,14 @@ OFF = 0.25  # a measured wall time this far from the projection (either way) is 
 
 
 def trial_seconds(measured: dict, steps: int, n_validations: int) -> float:
-    """One trial's projected seconds (module docstring), one worker's start aside."""
+    """One trial's projected seconds (module docstring), one worker's start aside; under a length curriculum its
+    first ``short_steps`` (the compiling first step among them) at ``short_step_s``, the rest at ``step_s``."""
+    short = min(steps, measured.get("short_steps", 0))
+    per_step = (max(0, short - 1) * measured["short_step_s"] + (steps - short) * measured["step_s"]) if short else None
     return (
         measured["setup_s"]
         + measured["first_step_s"]
-        + max(0, steps - 1) * measured["step_s"]
+        + (per_step if per_step is not None else max(0, steps - 1) * measured["step_s"])
         + n_validations * (measured["validation_s"] + measured.get("checkpoint_s", 0.0))
     )
 

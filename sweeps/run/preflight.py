@@ -16,6 +16,8 @@ writing nothing (no logger, no run directory; one checkpoint into a temporary fo
   two blocks agree within :data:`AGREE` (the other shapes are idle, each measured in turn; what else the machine
   runs is not), and ``step_noise`` says how far apart they were (``step_agreed``: whether they settled); the time
   between steps included; ``load``: the machine's one-minute load average after it;
+* ``short_step_s`` and ``short_steps``, for a run with a length curriculum (``optim.short_steps``): ``step_s`` is then
+  timed with the curriculum off (every step at the full length), and its short steps in a second short fit;
 * ``validation_s``: one validation pass at the trial's ``trainer.limit_val_batches``; ``checkpoint_s``: one save of
   the trial's checkpoint (a trial saves one after every validation), into a temporary folder;
 * ``start_s``: the process's start and its import of the training stack (a sweep worker pays it once);
@@ -173,17 +175,32 @@ def _label(study: Study, params: dict) -> str:
 # --------------------------------------------------------------------------------------- measuring one shape
 def measure(cfg: DictConfig, steps: int = STEPS, threads: int = 0) -> dict[str, Any]:
     """Train ``steps`` steps of ``cfg`` and validate once, in this process, writing nothing; the numbers of the
-    module docstring. Raises what the trial would raise."""
+    module docstring. A length curriculum (``optim.short_steps``) is timed apart: the shape's steps at its full length
+    with the curriculum off (``step_s``), then its short steps (``short_step_s``, for its ``short_steps``), so the
+    projection prices both phases. Raises what the trial would raise."""
     started = time.perf_counter()
     import torch
-
-    from lightning_modules.callbacks import Accelerate, RunMetrics, TrainingFlops, compile_failures
-    from training.train import build_datamodule, build_module_or_refuse, compiles, trainer_arguments
 
     imported = time.perf_counter() - started
     if threads > 0:
         torch.set_num_threads(threads)
     rss_before = _rss_mb()
+    short_steps = int(cfg.optim.get("short_steps", 0) or 0)
+    full_length = OmegaConf.merge(cfg, {"optim": {"short_steps": 0}}) if short_steps else cfg
+    timer, checkpoint_s = _timed_fit(full_length, steps)
+    measured = {"import_s": imported, **timer.result(), "checkpoint_s": checkpoint_s, "load": os.getloadavg()[0]}
+    measured = {**measured, **_memory(timer.device, rss_before)}
+    if short_steps:
+        short, _ = _timed_fit(cfg, steps)
+        measured = {**measured, "short_step_s": short.result()["step_s"], "short_steps": short_steps}
+    return measured
+
+
+def _timed_fit(cfg: DictConfig, steps: int) -> tuple["StepTimer", float]:
+    """A short fit of ``cfg`` timed by a :class:`StepTimer`, one validation, one checkpoint save (its seconds)."""
+    from lightning_modules.callbacks import Accelerate, RunMetrics, TrainingFlops, compile_failures
+    from training.train import build_datamodule, build_module_or_refuse, compiles, trainer_arguments
+
     work = time.perf_counter()
     L.seed_everything(cfg.seed, verbose=False)
     datamodule = build_datamodule(cfg)
@@ -209,8 +226,7 @@ def measure(cfg: DictConfig, steps: int = STEPS, threads: int = 0) -> dict[str, 
         saving = time.perf_counter()
         trainer.save_checkpoint(Path(scratch) / "last.ckpt", weights_only=False)
         checkpoint_s = time.perf_counter() - saving
-    measured = {"import_s": imported, **timer.result(), "checkpoint_s": checkpoint_s, "load": os.getloadavg()[0]}
-    return {**measured, **_memory(timer.device, rss_before)}
+    return timer, checkpoint_s
 
 
 def _rss_mb() -> float:

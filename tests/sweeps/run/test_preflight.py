@@ -69,6 +69,19 @@ def test_the_plan_states_each_arms_tokens_per_second_against_full_attention_at_i
                for line in plan.lines(projected))  # fmt: skip
 
 
+def test_a_length_curriculum_is_timed_at_both_lengths_and_projected_phase_by_phase(tiny):
+    cfg = run_config.load(
+        tiny.config, tiny.args + ["model.attention.kind=full", "optim.short_steps=3", "optim.short_lengths=[8]"]
+    )
+    measured = preflight.measure(cfg, steps=6, threads=1)
+    assert measured["short_steps"] == 3 and measured["short_step_s"] > 0 and measured["step_s"] > 0
+    times = {"setup_s": 1.0, "first_step_s": 2.0, "validation_s": 0.5, "checkpoint_s": 0.0}
+    one_phase = plan.trial_seconds({**times, "step_s": 1.0}, steps=10, n_validations=2)
+    two_phases = plan.trial_seconds({**times, "step_s": 1.0, "short_step_s": 0.25, "short_steps": 4}, 10, 2)
+    assert one_phase == 1 + 2 + 9 * 1.0 + 2 * 0.5
+    assert two_phases == 1 + 2 + 3 * 0.25 + 6 * 1.0 + 2 * 0.5  # the first (compiling) step is a short one
+
+
 def test_the_plan_projects_the_trials_left_and_names_the_largest_arm(tmp_path, tiny_overrides):
     study = load_study(tiny_study(tmp_path, tiny_overrides))
     shapes = measured_shapes(study)
