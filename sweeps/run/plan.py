@@ -176,7 +176,7 @@ def lines(plan: dict[str, Any]) -> list[str]:
         *(
             [
                 "plan: tokens/s against full attention at the same n: "
-                + "; ".join(f"{a['setting']} {a['ratio']:.2f}×" for a in plan["against_full"])
+                + "; ".join(f"{a['arm']} at n = {a['n']}: {a['ratio']:.2f}×" for a in plan["against_full"])
             ]
             if plan.get("against_full")
             else []
