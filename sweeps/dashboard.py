@@ -334,6 +334,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--budget", type=float, metavar="F", help="show the study re-asked at F times its steps (sweep --budget F)"
     )
+    parser.add_argument(
+        "--budgets",
+        metavar="F1,F2,...",
+        help="show the study's budget curves (sweep --budgets): a trial per seed and arm, its trunk's curve",
+    )
     parser.add_argument("--host", default=HOST, help=f"address to listen on (default {HOST}: this machine only)")
     parser.add_argument("--port", type=int, default=PORT, help=f"port to listen on (default {PORT})")
 
@@ -341,7 +346,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     check_number("--port", args.port, 1, 65535, integer=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = load_study(args.study, args.preset, replicate=args.replicate, factor=args.budget)
+    study = load_study(args.study, args.preset, replicate=args.replicate, factor=args.budget, curve=args.budgets)
     view, lines = served(study, args.storage)
     import optuna_dashboard
 

@@ -152,6 +152,20 @@ def test_the_dashboard_opens_a_study_at_a_larger_budget_as_the_sweep_prints_it(t
     assert [s.study_name for s in view.get_all_studies()] == [larger.control.name]
 
 
+def test_the_dashboard_opens_a_studys_budget_curves_as_the_sweep_names_them(tmp_path, tiny_overrides, capsys):
+    study = study_file(tmp_path, tiny_overrides)
+    assert cli.main(["dashboard", str(study.path), "--budgets", "1,2"]) == 2  # not run yet: one line, naming its flags
+    err = capsys.readouterr().err
+    assert "--budgets 1,2" in err and err.count("\n") == 1, err
+    assert cli.main(["dashboard", str(study.path), "--budgets", "2,1"]) == 2  # checked as the sweep checks it
+    assert "--budgets" in capsys.readouterr().err
+    curves = load_study(study.path, curve="1,2")
+    open_study(RunStorage(curves.control, None))
+    view, _ = served(curves, None)
+    assert [s.study_name for s in view.get_all_studies()] == [curves.control.name]
+    assert curves.control.name != load_study(study.path).control.name  # the curve study's own, not the design's
+
+
 def test_a_port_another_program_listens_on_is_only_the_error_line(tmp_path, tiny_overrides, capsys):
     study = study_file(tmp_path, tiny_overrides)
     open_study(RunStorage(study.control, None))
