@@ -61,6 +61,9 @@ if TYPE_CHECKING:
 
 ENERGY = 0.9  # τ of the effective rank across sizes
 SAMPLES = 16  # validation sequences the spectrum is measured on
+# The longest n whose spectrum the report measures: one n × n svdvals per head, layer and sequence costs ~8× more
+# for each doubling of n (at n = 4,096 about 40 minutes on one CPU core for 16 sequences of a 2-layer, 4-head model).
+SPECTRUM_MAX_LEN = 1024
 # metrics.json key (or n_over_k: the rung's n over the compared arm's k) -> axis name
 AXES = {"parameters": "parameters", "train_flops": "training FLOPs", "n_over_k": "n/k"}
 
@@ -360,8 +363,8 @@ def _analysis(run_dir: Path, cache: Path) -> dict[str, Any]:
 
 
 def spectrum_across_sizes(ladder: Ladder, cache: Path) -> list[RungSpectrum]:
-    """The effective rank per layer of the reference arm's P at every rung (its lowest seed's run that has
-    a checkpoint here); each run's spectrum kept in ``cache/<run folder>.json``."""
+    """The effective rank per layer of the reference arm's P at every rung up to n = SPECTRUM_MAX_LEN (its lowest
+    seed's run that has a checkpoint here); each run's spectrum kept in ``cache/<run folder>.json``."""
     from foundation.rundir import CHECKPOINT
 
     out = []
@@ -372,7 +375,7 @@ def spectrum_across_sizes(ladder: Ladder, cache: Path) -> list[RungSpectrum]:
             (Path(d) for r in runs if (d := r.trial.user_attrs.get("run_dir")) and (Path(d) / CHECKPOINT).is_file()),
             None,
         )
-        if run_dir is None:
+        if run_dir is None or _max_len(run_dir) > SPECTRUM_MAX_LEN:
             continue
         summary = _analysis(run_dir, cache / f"{run_dir.name}.json")
         out.append(
@@ -499,7 +502,8 @@ def _spectrum_lines(ladder: Ladder, spectra: list[RungSpectrum]) -> list[str]:
         f"### Spectrum across sizes ({ladder.reference} attention, one seed per rung)",
         "",
         f"Effective rank of P (the smallest r keeping {ENERGY:g} of the cumulative singular value, "
-        f"`linformer-lab analyze`) per layer, first to last, on {SAMPLES} validation sequences.",
+        f"`linformer-lab analyze`) per layer, first to last, on {SAMPLES} validation sequences; rungs at n above "
+        f"{SPECTRUM_MAX_LEN:,} are not measured (an n × n SVD per head and sequence).",
         "",
         *markdown.table(["rung", "parameters", "n", "effective rank per layer", "mean", "run"], rows),
         "",

@@ -166,3 +166,34 @@ def test_a_rung_whose_target_the_trained_model_without_context_reaches_is_not_ti
     refused = scale.time_to_target(ladder, blind(18.0))
     assert refused.refused == {rung: 18.0 for rung in RUNGS} and refused.seconds == {}
     assert scale.time_to_target(ladder).refused == {}  # the unigram alone (30) does not reach 20
+
+
+def test_the_spectrum_across_sizes_measures_no_rung_longer_than_its_cap(tmp_path, monkeypatch):
+    """A rung at n above SPECTRUM_MAX_LEN is left out without being measured (an n × n SVD per head and sequence);
+    one at the cap is measured."""
+    from foundation.rundir import CHECKPOINT
+    from sweeps.report import scale
+
+    SimpleNamespace = types.SimpleNamespace
+
+    def run(n: int) -> SimpleNamespace:
+        run_dir = tmp_path / f"n{n}"
+        (run_dir / CHECKPOINT).parent.mkdir(parents=True)
+        (run_dir / CHECKPOINT).write_bytes(b"")
+        (run_dir / "config.yaml").write_text(f"model: {{max_len: {n}}}\n")
+        return SimpleNamespace(replicate=0, trial=SimpleNamespace(user_attrs={"run_dir": str(run_dir)}))
+
+    runs = {"short": run(scale.SPECTRUM_MAX_LEN), "long": run(2 * scale.SPECTRUM_MAX_LEN)}
+    ladder = SimpleNamespace(
+        rungs=["short", "long"],
+        reference="full",
+        cell=lambda rung, line: SimpleNamespace(complete=[runs[rung]]),
+        size=lambda rung: 1000,
+    )
+    measured = []
+    monkeypatch.setattr(
+        scale, "_analysis", lambda d, c: measured.append(d.name) or {"spectrum": {"effective_rank": [3]}}
+    )
+    spectra = scale.spectrum_across_sizes(ladder, tmp_path / "spectra")
+    assert measured == [f"n{scale.SPECTRUM_MAX_LEN}"]
+    assert [(s.rung, s.length) for s in spectra] == [("short", scale.SPECTRUM_MAX_LEN)]
