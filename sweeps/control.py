@@ -9,15 +9,16 @@ both read."""
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeps import stored
-from sweeps.spec import stats
+from sweeps.spec import budgets, stats
 from sweeps.spec.schema import CONTROL_PARAM
 from sweeps.spec.study import Study
 
@@ -223,6 +224,39 @@ def context_of(study: Study, control_rows: list[Row]) -> Optional[ContextGain]:
     return _gain(
         study, control_values(study, control_rows)[0]["reference"], _no_context(study, reference, control_rows)
     )
+
+
+def certifies(study: Study, control_rows: list[Row]) -> bool:
+    """The control's rule, the gate's and the report's: the reference is informative (its context gain reaches the
+    study's bar, CI above 0) and the control has power (the reference beats its degraded arm beyond the seed
+    spread). False while either cannot be judged yet."""
+    gain, power = context_of(study, control_rows), power_of(study, control_rows)
+    return gain is not None and gain.informative and power is not None and power.has_power
+
+
+# --------------------------------------------------------------------------------------- budget curves
+def at_budget(study: Study, rows: Sequence[Row], factor: float) -> list[Row]:
+    """The rows of a budget-curve study as they read at one budget: each trial's values and metrics its cooldown's
+    at ``factor`` (:data:`sweeps.spec.budgets.POINTS`; a trial without that point is left out)."""
+    name, out = budgets.name(factor), []
+    for r in rows:
+        point = (r.trial.user_attrs.get(budgets.POINTS) or {}).get(name)
+        if point is None or any(m not in point for m in study.metrics):
+            continue
+        trial: FrozenTrial = copy.copy(r.trial)
+        trial.values = [float(point[m]) for m in study.metrics]
+        where = r.trial.user_attrs.get(budgets.CURVE_DIR)
+        cooldown = {"run_dir": str(Path(where) / f"cooldown_{name}")} if where else {}
+        trial.user_attrs = {**r.trial.user_attrs, "metrics": dict(point), **cooldown}
+        out.append(Row(trial, r.arm, r.replicate, r.role, r.reused))
+    return out
+
+
+def certified_budgets(study: Study, control_rows: Sequence[Row]) -> tuple[float, ...]:
+    """The budgets of a curve study at which its control :func:`certifies` (judged on the control's cooldown points
+    there): a verdict at any other budget is uninformative. A degraded arm that learns with budget (a k too small
+    at ×1 that catches up by ×8) certifies the small budgets only."""
+    return tuple(f for f in study.budgets if certifies(study, at_budget(study.control, control_rows, f)))
 
 
 # --------------------------------------------------------------------------------------- importance over the arms

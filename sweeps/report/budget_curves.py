@@ -23,43 +23,23 @@ each pair against budget on a log axis, with its 95 % CI and ±δ drawn: :func:`
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from optuna.trial import FrozenTrial
-
 from foundation.atomic import write_figure
-from sweeps.control import Row
+from sweeps.control import Row, at_budget, certified_budgets
 from sweeps.report import claims
 from sweeps.report.findings import Compared, Findings, findings
 from sweeps.report.markdown import fmt, p_is, signed, signed_interval, table
 from sweeps.report.replication import said
-from sweeps.spec import budgets, stats
+from sweeps.spec import stats
 from sweeps.spec.study import Study
 
 FIGURE = "budget_curves.png"
 
 
 # --------------------------------------------------------------------------------------- numbers
-def at_budget(study: Study, rows: Sequence[Row], factor: float) -> list[Row]:
-    """The rows as they read at one budget: each trial's values and metrics its cooldown's at ``factor`` (a trial
-    without that point is left out)."""
-    name, out = budgets.name(factor), []
-    for r in rows:
-        point = (r.trial.user_attrs.get(budgets.POINTS) or {}).get(name)
-        if point is None or any(m not in point for m in study.metrics):
-            continue
-        trial: FrozenTrial = copy.copy(r.trial)
-        trial.values = [float(point[m]) for m in study.metrics]
-        where = r.trial.user_attrs.get(budgets.CURVE_DIR)
-        cooldown = {"run_dir": str(Path(where) / f"cooldown_{name}")} if where else {}
-        trial.user_attrs = {**r.trial.user_attrs, "metrics": dict(point), **cooldown}
-        out.append(Row(trial, r.arm, r.replicate, r.role, r.reused))
-    return out
-
-
 @dataclass(frozen=True)
 class PairCurve:
     """One pair over the budgets: its comparison at each budget (A − B), where it settled, and what it is about."""
@@ -70,8 +50,18 @@ class PairCurve:
     delta: float
     factors: tuple[float, ...]
     compared: tuple[Compared, ...]
-    settled: Optional[float]  # the budget it settled at (None: not settled by the largest)
+    settled: Optional[float]  # the budget it settled at (None: not settled by the largest certified one)
     about: str
+    certified: tuple[bool, ...] = ()  # per budget: the control certifies it (() : every budget, no control)
+
+    def certifies(self, i: int) -> bool:
+        return not self.certified or self.certified[i]
+
+    @property
+    def span(self) -> tuple[int, int]:
+        """[i, j): the budgets the verdict is read over, the last run of consecutive budgets the control certifies
+        (all of them without a control)."""
+        return certified_span(self.certified or (True,) * len(self.factors))
 
 
 @dataclass(frozen=True)
@@ -114,10 +104,23 @@ def settled_at(factors: Sequence[float], verdicts: Sequence[str], moves: Sequenc
     return settled
 
 
+def certified_span(certified: Sequence[bool]) -> tuple[int, int]:
+    """[i, j): the last run of consecutive True in ``certified`` ((0, 0) when there is none). A verdict is read only
+    where the control certifies it, and a doubling is judged only between two such budgets."""
+    j = max((k + 1 for k, c in enumerate(certified) if c), default=0)
+    i = j
+    while i > 0 and certified[i - 1]:
+        i -= 1
+    return i, j
+
+
 def about(
     compared: Sequence[Compared], effects: Sequence[dict], factors: Sequence[float], settled: Optional[float]
 ) -> str:
-    """Whether a pair's verdict is about the quality reached or about learning speed (the module's docstring)."""
+    """Whether a pair's verdict is about the quality reached or about learning speed (the module's docstring), over
+    the certified budgets it is given."""
+    if not factors:
+        return "no budget the control certifies"
     if settled is None:
         return f"not settled by ×{factors[-1]:g}: still changing (learning speed)"
     i = list(factors).index(settled)
@@ -131,7 +134,9 @@ def about(
     )
 
 
-def _pair_curve(found: list[Findings], factors: tuple[float, ...], c0: Compared) -> Optional[PairCurve]:
+def _pair_curve(
+    found: list[Findings], factors: tuple[float, ...], c0: Compared, certified: tuple[bool, ...]
+) -> Optional[PairCurve]:
     key = (c0.pair.a, c0.pair.b, c0.pair.metric)
     compared = [next((c for c in f.compared if (c.pair.a, c.pair.b, c.pair.metric) == key), None) for f in found]
     if any(c is None for c in compared):
@@ -140,11 +145,11 @@ def _pair_curve(found: list[Findings], factors: tuple[float, ...], c0: Compared)
     means = [[stats.summarize(list(f.values[(arm, metric)].values())).mean for f in found] for arm in (a, b)]
     moves = [moved_little([(m[j], m[j + 1]) for m in means], c0.pair.delta) for j in range(len(factors) - 1)]
     verdicts = [said(c) for c in compared]
-    settled = settled_at(factors, verdicts, moves)
     effects = [claims.effects(f.values[(a, metric)], f.values[(b, metric)]) for f in found]
-    return PairCurve(
-        a, b, metric, c0.pair.delta, factors, tuple(compared), settled, about(compared, effects, factors, settled)
-    )
+    i, j = certified_span(certified)
+    settled = settled_at(factors[i:j], verdicts[i:j], moves[i : j - 1]) if j - i >= 2 else None
+    said_about = about(compared[i:j], effects[i:j], factors[i:j], settled)
+    return PairCurve(a, b, metric, c0.pair.delta, factors, tuple(compared), settled, said_about, certified)
 
 
 def curves(
@@ -158,7 +163,9 @@ def curves(
         findings(study, at_budget(study, rows, f), at_budget(study.control, control_rows, f) if study.control else [])
         for f in factors
     ]
-    pairs = [p for c in found[-1].compared if (p := _pair_curve(found, factors, c)) is not None]
+    certified = certified_budgets(study, control_rows) if study.control else factors
+    marks = tuple(f in certified for f in factors)
+    pairs = [p for c in found[-1].compared if (p := _pair_curve(found, factors, c, marks)) is not None]
     metric, direction = study.metrics[0], study.directions[0]
     arms = []
     for arm in found[-1].own:
@@ -169,9 +176,11 @@ def curves(
 
 
 # --------------------------------------------------------------------------------------- words
-def _cell(c: Compared) -> str:
+def _cell(p: PairCurve, i: int) -> str:
+    c = p.compared[i]
     lo, hi = c.pair.comparison.ci()
-    return f"{signed(c.pair.comparison.diff)} {signed_interval(lo, hi)} {said(c)}"
+    words = said(c) if p.certifies(i) else "uninformative: the control does not certify this budget"
+    return f"{signed(c.pair.comparison.diff)} {signed_interval(lo, hi)} {words}"
 
 
 def _arm_cell(a: ArmCurve) -> str:
@@ -197,13 +206,21 @@ def section(study: Study, pairs: list[PairCurve], arms: list[ArmCurve], drawn: b
         "A verdict settled at the budget from whose doubling on both arms' mean points moved less than δ/2 at "
         "every doubling and the verdict read the same; it is about the quality reached when it reads the same at "
         "the smallest budget with an effect not shown to differ there (a paired t test over seeds), else about "
-        "learning speed. Holm's families: the pairs at each budget, one family per budget (docs/verdicts.md).",
+        "learning speed. Holm's families: the pairs at each budget, one family per budget (docs/verdicts.md). A "
+        "verdict is read only at a budget where the control certifies the study (the reference gains its context "
+        "and beats its degraded arm on their cooldown points there), and a doubling is judged only between two "
+        "such budgets.",
         "",
     ]
     if not pairs:
         return out + ["No pair has a point at two budgets yet.", ""]
     body = [
-        [f"{p.a} − {p.b} on {p.metric} (δ {fmt(p.delta)})", *map(_cell, p.compared), _settled_cell(p), p.about]
+        [
+            f"{p.a} − {p.b} on {p.metric} (δ {fmt(p.delta)})",
+            *(_cell(p, i) for i in range(len(p.factors))),
+            _settled_cell(p),
+            p.about,
+        ]
         for p in pairs
     ]
     out += [*table(["pair: A − B, 95 % CI, verdict", *x, "settled", "about"], body), ""]
@@ -215,10 +232,15 @@ def section(study: Study, pairs: list[PairCurve], arms: list[ArmCurve], drawn: b
 
 
 def _settled_cell(p: PairCurve) -> str:
+    i, j = p.span
+    if j - i < 2:
+        return "not judged: the control certifies no two consecutive budgets"
+    limited = (
+        "" if (i, j) == (0, len(p.factors)) else f" (the control certifies ×{p.factors[i]:g}–×{p.factors[j - 1]:g})"
+    )
     if p.settled is None:
-        return f"not settled by ×{p.factors[-1]:g}"
-    i = p.factors.index(p.settled)
-    return f"×{p.settled:g}: {said(p.compared[i])}"
+        return f"not settled by ×{p.factors[j - 1]:g}{limited}"
+    return f"×{p.settled:g}: {said(p.compared[p.factors.index(p.settled)])}{limited}"
 
 
 def figure(pairs: list[PairCurve], path: Path) -> bool:
@@ -238,7 +260,11 @@ def figure(pairs: list[PairCurve], path: Path) -> bool:
             ys = [c.pair.comparison.diff for c in p.compared]
             cis = [c.pair.comparison.ci() for c in p.compared]
             err = [[y - lo for y, (lo, _) in zip(ys, cis)], [hi - y for y, (_, hi) in zip(ys, cis)]]
-            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{p.a} − {p.b}")
+            line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{p.a} − {p.b}")
+            hollow = [(x, y) for i, (x, y) in enumerate(zip(xs, ys)) if not p.certifies(i)]
+            if hollow:  # the control does not certify these budgets: drawn, not read
+                hx, hy = zip(*hollow)
+                ax.plot(hx, hy, "o", markerfacecolor="white", color=line[0].get_color())
         delta = pairs[0].delta
         for d in (delta, -delta):
             ax.axhline(d, color="gray", linestyle="--", linewidth=1)
@@ -248,7 +274,12 @@ def figure(pairs: list[PairCurve], path: Path) -> bool:
         ax.set(
             xlabel="training budget (times the study's steps, log)",
             ylabel=f"A − B on {pairs[0].metric} (95 % CI; ±δ dashed)",
-            title="each verdict's effect as training goes on",
+            title="each verdict's effect as training goes on"
+            + (
+                "\n(hollow: a budget the control does not certify)"
+                if any(not c for p in pairs for c in p.certified)
+                else ""
+            ),
         )
         ax.legend(fontsize="small")
         fig.tight_layout()

@@ -8,7 +8,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from studies import ARMS, write_study
 
-from sweeps.control import rows_of
+from sweeps.control import certified_budgets, rows_of
 from sweeps.report import budget_curves
 from sweeps.spec import stats
 from sweeps.spec.study import load_study
@@ -81,3 +81,72 @@ def test_the_report_reads_each_pair_at_every_budget_and_names_where_it_settled_a
     assert "| full | 3.01 | 2.51 | 2.5 | improving by less than δ/2 = 0.025: -0.01 over the last doubling" in text
     assert "×4: on par within ±0.05" in text and (tmp_path / "f.png").stat().st_size > 0
     assert not any(math.isnan(m) for a in arms for m in a.means)
+
+
+# the control's reference and degraded arm per budget: separated at ×1 and ×2, the degraded arm caught up by ×4;
+# a model without context (the runs' trivial baseline) at 4.0 throughout
+CONTROL_MEANS = {"reference": [2.0, 1.9, 1.85], "degraded": [3.0, 2.9, 1.86]}
+NOISE = {"reference": [0.0, 0.01, 0.02], "degraded": [0.0, 0.04, -0.03]}  # per seed: no constant paired difference
+
+
+def _control_trial(role: str, seed: int, metric: str, noise: float):
+    points = {f"x{f}": {metric: CONTROL_MEANS[role][i] + noise, "trivial_loss": 4.0} for i, f in enumerate((1, 2, 4))}
+    return optuna.trial.create_trial(
+        params={"control": role, "seed": seed},
+        distributions={
+            "control": CategoricalDistribution(list(CONTROL_MEANS)),
+            "seed": CategoricalDistribution(SEEDS),
+        },
+        values=[points["x4"][metric]],
+        user_attrs={"budget_points": points, "metrics": points["x4"]},
+    )
+
+
+def test_a_verdict_is_read_only_at_the_budgets_its_control_certifies(tmp_path, tiny_overrides):
+    """The control separates at ×1 and ×2 and not at ×4 (its degraded arm learns with budget): the pair's ×4 cell
+    is uninformative whatever its numbers, the doubling into ×4 is not judged, and the pair settles, or not, within
+    ×1–×2, the settled cell saying so. Where the control certifies ×4 too, the same arms settle there."""
+    space = {"seed": {"type": "categorical", "choices": [0, 1, 2]}, "arm": {"type": "categorical", "choices": ARMS}}
+    control = {
+        "reference": {"optim.lr": 0.001},
+        "degraded": {"optim.lr": 0.005},
+        "no_context": "baseline",
+        "seeds": [0, 1, 2],
+    }
+    metric = load_study(write_study(tmp_path, tiny_overrides, "certified", space)).metrics[0]
+    path = write_study(tmp_path, tiny_overrides, "certified", space, verdict={"delta": {metric: 0.05}}, control=control)
+    study = load_study(path, curve="1,2,4")
+    trials = [
+        _trial(arm, seed, i, metric, 0.01 * j * (1.2 if arm == "linformer" else 1))
+        for i, (arm, (j, seed)) in enumerate((a, s) for a in ARMS for s in enumerate(SEEDS))
+    ]
+    control_trials = [_control_trial(r, s, metric, NOISE[r][j]) for r in CONTROL_MEANS for j, s in enumerate(SEEDS)]
+    control_rows = rows_of(study.control, control_trials)
+    assert certified_budgets(study, control_rows) == (1.0, 2.0)
+
+    pairs, arms = budget_curves.curves(study, rows_of(study, trials), control_rows)
+    (pair,) = pairs
+    assert pair.certified == (True, True, False) and pair.span == (0, 2)
+    # ×1 → ×2 moved the arms by 0.5 and turned the verdict, and ×2 → ×4 is not judged: nothing settles by ×2
+    assert pair.settled is None
+    text = "\n".join(budget_curves.section(study, pairs, arms, drawn=False))
+    assert "uninformative: the control does not certify this budget" in text
+    assert "| not settled by ×2 (the control certifies ×1–×2) |" in text
+    assert "A verdict is read only at a budget where the control certifies the study" in text
+    # the same arms where the control certifies every budget: the doubling into ×4 counts, and the pair settles there
+    CONTROL_MEANS["degraded"][2] = 2.9
+    try:
+        control_rows = rows_of(
+            study.control, [_control_trial(r, s, metric, 0.01 * j) for r in CONTROL_MEANS for j, s in enumerate(SEEDS)]
+        )
+        (everywhere,), _ = budget_curves.curves(study, rows_of(study, trials), control_rows)
+    finally:
+        CONTROL_MEANS["degraded"][2] = 1.86
+    assert everywhere.certified == (True, True, True) and everywhere.settled == 4.0
+
+
+def test_the_span_a_verdict_is_read_over_is_the_last_run_of_certified_budgets():
+    assert budget_curves.certified_span([True, True, False, False]) == (0, 2)
+    assert budget_curves.certified_span([False, True, True, True]) == (1, 4)
+    assert budget_curves.certified_span([True, False, True, True]) == (2, 4)
+    assert budget_curves.certified_span([False, False]) == (0, 0)
