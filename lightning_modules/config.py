@@ -68,6 +68,9 @@ class OptimConfig:
     cooldown_fraction: float = 0.2
     cooldown_shape: Literal["linear", "cosine", "1-sqrt"] = "linear"
     gradient_clip_val: float = 1.0
+    # The learning rate of Linformer's E/F (each attention kind's no_decay_parameters) as a multiple of lr. At n = 512
+    # dense E/F started as window means keep and refine them at 0.1 and lose them at 1.0 (docs/results.md).
+    projection_lr_scale: float = 1.0
     # A length curriculum, the same for every kind (BERT trained 90 % of its steps at 128 tokens, then 512): the first
     # short_steps training steps are split evenly over short_lengths, in order, and a step at length m cuts each block
     # of model.max_len tokens into max_len / m blocks of m tokens (the same tokens a step, each short block attended on

@@ -57,11 +57,20 @@ def parameter_groups(model: nn.Module) -> tuple[list[str], list[str]]:
 
 
 def build_optimizer(model: nn.Module, optim: dict, max_steps: int) -> dict[str, Any]:
-    """AdamW (multi-tensor); no weight decay on biases, LayerNorm weights and E/F (:func:`parameter_groups`)."""
+    """AdamW (multi-tensor); no weight decay on biases, LayerNorm weights and E/F (:func:`parameter_groups`); E/F
+    at ``projection_lr_scale`` times the learning rate (the schedule's factor applies to every group alike)."""
     params = dict(model.named_parameters())
     decay, no_decay = ([params[name] for name in group] for group in parameter_groups(model))
+    groups = [{"params": decay, "weight_decay": optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    scale = optim.get("projection_lr_scale", 1.0)
+    if scale != 1.0:  # E/F in a group of their own at lr × scale (at 1.0 the optimiser is the two groups, unchanged)
+        exempt = {id(p) for m in model.modules() if isinstance(m, SelfAttention) for p in m.no_decay_parameters()}
+        groups[1]["params"] = [p for p in no_decay if id(p) not in exempt]
+        groups.append(
+            {"params": [p for p in no_decay if id(p) in exempt], "weight_decay": 0.0, "lr": optim["lr"] * scale}
+        )
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        groups,
         lr=optim["lr"],
         betas=tuple(optim["betas"]),
         eps=optim["eps"],

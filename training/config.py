@@ -231,6 +231,7 @@ def check_optim(optim: DictConfig) -> None:
     check_number("optim.gradient_clip_val", optim.gradient_clip_val, 0, 1e6)
     check_number("optim.short_steps", optim.short_steps, 0, MAX_STEPS, integer=True)
     check_number("optim.cooldown_fraction", optim.cooldown_fraction, 0, 1, low_open=True)
+    check_number("optim.projection_lr_scale", optim.projection_lr_scale, 0, 100)
 
 
 def check_curriculum(cfg: DictConfig) -> None:

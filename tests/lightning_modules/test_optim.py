@@ -53,6 +53,31 @@ def test_adamw_decays_the_matrices_but_not_biases_norms_or_what_the_kind_exempts
     assert "shared.weight_0" in parameter_groups(tiny.layer(tiny.attention(k=4)))[1]
 
 
+def test_e_and_f_learn_at_their_own_rate_and_every_other_weight_as_before():
+    """``projection_lr_scale`` puts E/F in a group of their own at lr × scale, under the same schedule: at 0 they
+    stay where they started while every other weight trains exactly as with E/F frozen; at 1 the optimiser is the
+    two groups, unchanged."""
+    model = tiny.encoder(tiny.attention(k=4))
+    assert len(build_optimizer(model, {**OPTIM, "projection_lr_scale": 1.0}, 8)["optimizer"].param_groups) == 2
+    built = build_optimizer(model, {**OPTIM, "projection_lr_scale": 0.1}, 8)
+    groups = built["optimizer"].param_groups
+    assert [g["initial_lr"] for g in groups] == pytest.approx([3e-3, 3e-3, 3e-4])
+    assert {id(p) for p in groups[2]["params"]} == {id(model.shared.weight_0), id(model.shared.weight_1)}
+    assert groups[2]["lr"] == pytest.approx(3e-4 / 3)  # the warm-up's first factor, as the other groups'
+
+    still, frozen = tiny.encoder(tiny.attention(k=4)), tiny.encoder(tiny.attention(k=4))
+    start = still.shared.weight_0.detach().clone()
+    built = build_optimizer(still, {**OPTIM, "projection_lr_scale": 0.0}, 8)
+    _train(still, built["optimizer"], built["lr_scheduler"]["scheduler"])
+    frozen.shared.requires_grad_(False)
+    built = build_optimizer(frozen, OPTIM, 8)
+    _train(frozen, built["optimizer"], built["lr_scheduler"]["scheduler"])
+    assert torch.equal(still.shared.weight_0, start)
+    for (name, a), b in zip(still.named_parameters(), frozen.parameters()):
+        if not name.startswith("shared."):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize(
     "shape, q, expected",
     [

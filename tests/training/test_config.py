@@ -43,6 +43,7 @@ def test_merge_order_defaults_then_yaml_then_overrides(tmp_path):
         ("optim.schedule=wsd2", "optim.schedule"),
         ("optim.cooldown_shape=sqrt", "optim.cooldown_shape"),
         ("optim.cooldown_fraction=0", "optim.cooldown_fraction: must be a finite number in (0, 1], got 0"),
+        ("optim.projection_lr_scale=-0.1", "optim.projection_lr_scale: must be a finite number in [0, 100], got -0.1"),
         (
             "optim.schedule=wsd optim.cooldown_fraction=0.95",
             "optim.cooldown_fraction: 0.95 of trainer.max_steps=600 starts the cooldown at step 30, inside the warm-up",

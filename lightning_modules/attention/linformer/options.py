@@ -41,7 +41,8 @@ class LinformerOptions:
     #   xavier: U(±sqrt(3/(n + k))), that reset (multihead_linear_attention.py: xavier_uniform_(gain=1/sqrt(2)))
     #   jl: N(0, 1/k) (the paper's JL scale)   uniform: U(-1/sqrt(n), 1/sqrt(n))
     #   theorem2: E = delta R, F = exp(-delta) R with R ~ N(0, 1/k) (Theorem 2's proof)
-    init: Literal["auto", "normal", "xavier", "jl", "uniform", "theorem2"] = "auto"
+    #   window: each slot the mean of its n/k positions (the pool projection as a start; a locality prior)
+    init: Literal["auto", "normal", "xavier", "jl", "uniform", "theorem2", "window"] = "auto"
     delta: float = 1.0
     # Which side passes through the k-slot bottleneck: both (Eq. 7), keys only, values only.
     compress: Literal["both", "keys", "values"] = "both"

@@ -67,7 +67,10 @@ positions a slot sums (n dense, w windowed):
   Theorem 1 (a slot's squared weight norm ≈ n/k: at k ≪ n every slot is a large sum of all positions);
 * ``uniform``: U(−1/√fan_in, 1/√fan_in), the default of ``nn.Linear(fan_in, k)``;
 * ``theorem2``: R ~ N(0, 1/k), E = δR and F = e^{−δ}R, the scaling in the proof of Theorem 2
-  (needs two stored sides).
+  (needs two stored sides);
+* ``window``: E_jt = 1/w for the w = ⌈n/k⌉ positions t of slot j's window, 0 elsewhere: a dense E that starts as the
+  ``pool`` projection at full length, and learns from there (windowed storage: every weight 1/w). A locality prior
+  no other kind gets: an ablation of the start, not a default (docs/results.md, "Linformer on it").
 
 Lifting back (``compress: keys | values``, :meth:`ProjectionBank.lift`): P x with P = E_m⁺E_m the orthogonal
 projector onto the row space of E restricted to the real positions (E_m = E diag(m)).
@@ -85,6 +88,13 @@ XAVIER_GAIN = 1.0 / math.sqrt(2.0)  # fairseq's Linformer: nn.init.xavier_unifor
 
 
 def _draw(shape: tuple[int, ...], init: str, fan_in: int, k: int, std: float) -> Tensor:
+    if init == "window":  # each slot the mean of its w = ⌈n/k⌉ positions: the pool projection, free to learn from there
+        if shape[-2:] != (k, fan_in):  # windowed storage (causal blocks, conv kernels): every weight 1/w
+            return torch.full(shape, 1.0 / fan_in)
+        w, e = math.ceil(fan_in / k), torch.zeros(shape)
+        for j in range(k):
+            e[..., j, j * w : (j + 1) * w] = 1.0 / w  # E_jt = 1/w for t in slot j's window (rows past n/w stay 0)
+        return e
     if init == "normal":  # N(0, std²): every other weight's draw (model.init_std)
         return torch.randn(shape) * std
     if init == "xavier":  # U(±gain·√(6/(fan_in + k))): on the dense (k, n) E exactly fairseq's draw
@@ -191,7 +201,7 @@ class ProjectionBank(nn.Module):
         n_heads: h.
         share: none | headwise | kv | layerwise.
         projection: a registered projection kind (learned, random, conv, pool, ...).
-        init: normal | xavier | jl | uniform | theorem2; delta is δ of theorem2, std the σ of normal
+        init: normal | xavier | jl | uniform | theorem2 | window; delta is δ of theorem2, std the σ of normal
             (``model.init_std``).
         compress: both (Eq. 7) | keys | values (one side only: a single stored side).
         causal: blockwise, block-diagonal storage (see ``attention/linformer/causal.py``).

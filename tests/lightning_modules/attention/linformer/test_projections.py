@@ -68,6 +68,29 @@ def test_xavier_is_fairseqs_draw_of_the_k_by_n_matrix_to_the_bit(share):
     assert torch.equal(ours, theirs)
 
 
+def test_a_window_start_is_the_pool_projection_at_full_length_and_learns_from_there():
+    """``init: window``: every slot of a dense E starts as the mean of its w = ⌈n/k⌉ positions, so a learned
+    Linformer started there computes what ``pool`` does at n (the same other weights); its E/F are parameters."""
+    n, k = 16, 4
+    torch.manual_seed(0)
+    pool = tiny.encoder(tiny.attention(k=k, projection="pool"), n=n)
+    window = tiny.encoder(tiny.attention(k=k, init="window"), n=n)
+    e = window.shared.weight_0[0, 0]  # (k, n)
+    assert torch.equal(e, torch.kron(torch.eye(k), torch.full((1, n // k), 1 / (n // k))))
+    assert window.shared.weight_0.requires_grad
+    window.load_state_dict({**pool.state_dict(), **{k_: v for k_, v in window.state_dict().items() if "shared" in k_}})
+    pool.eval(), window.eval()
+    ids = torch.randint(0, V, (2, n))
+    torch.testing.assert_close(window(ids), pool(ids), atol=1e-5, rtol=1e-5)
+    # k not dividing n: windows of w = ⌈16/7⌉ = 3, the last one partly past n with pool's fixed divisor, and the row
+    # past the last window (pool's ⌈n/w⌉ = 6 slots) left 0
+    e = ProjectionBank([7], 16, 2, "none", "learned", "window").weight_0[0, 0]
+    assert e.sum(-1).tolist() == pytest.approx([1, 1, 1, 1, 1, 1 / 3, 0])
+    # windowed storage (a conv kernel bank): every weight 1/w
+    conv = ProjectionBank([4], 16, 2, "none", "conv", "window", d_head=3).weight_0
+    assert torch.equal(conv, torch.full_like(conv, 1 / 4))
+
+
 # ----------------------------------------------------------------------------- conv and pool
 def test_conv_is_a_depthwise_conv1d_with_kernel_and_stride_w():
     n, k, d_h = 10, 4, 3  # w = 3; 10 = 3·3 + 1: zero-padded tail
