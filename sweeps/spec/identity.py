@@ -52,6 +52,10 @@ NOT_IDENTITY = (
 # stored identity lacks them), rather than refused as a study that changed. (trainer.compile: a key since 2026-12-04;
 # its default, auto, is off on the CPU, where every study stored before it ran.)
 HELD_SINCE_LATER = ("trainer.max_steps", "trainer.compile")
+# Keys added later whose value then reproduces what every study stored before them ran: a stored identity without one
+# reads as holding that value, so an unchanged study resumes and a study that sets another value is refused.
+# (optim.projection_lr_scale: a key since 2026-12-06; before it E/F trained at the model's learning rate.)
+NEUTRAL_SINCE_LATER = {"optim.projection_lr_scale": 1.0}
 
 
 def identity_of(study: Study) -> dict[str, Any]:
@@ -98,7 +102,7 @@ def changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     if "config" not in stored:
         out.append("config: not recorded there (a study started without its config in its identity)")
     else:
-        there = settled(stored["config"])
+        there = {**NEUTRAL_SINCE_LATER, **settled(stored["config"])}
         here = {k: v for k, v in current.get("config", {}).items() if k in there or k not in HELD_SINCE_LATER}
         out += _differ("config.", there, here)
     for key in ("preset", "data", "replicate", "budget"):

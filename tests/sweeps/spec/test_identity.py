@@ -67,6 +67,21 @@ def test_a_study_stored_before_its_identity_held_its_steps_is_still_compared_on_
         check_stored(load_study(path), None)
 
 
+def test_a_study_stored_before_a_neutral_key_existed_resumes_and_refuses_a_new_value_of_it(tmp_path, tiny_overrides):
+    """``optim.projection_lr_scale`` came after studies were stored: their identity lacks it, and it reads there as
+    1.0, what they ran. The unchanged study resumes; one that sets E/F's rate to 0.1 is another question."""
+    path = write_study(tmp_path, tiny_overrides, "neutral", SEEDS)
+    ostudy = open_study(RunStorage(load_study(path), None))
+    recorded = ostudy.user_attrs[identity.IDENTITY]
+    assert recorded["config"]["optim.projection_lr_scale"] == 1.0
+    earlier = {**recorded, "config": {k: v for k, v in recorded["config"].items() if k != "optim.projection_lr_scale"}}
+    ostudy.set_user_attr(identity.IDENTITY, earlier)
+    check_stored(load_study(path), None)
+    write_study(tmp_path, tiny_overrides, "neutral", SEEDS, overrides={"optim.projection_lr_scale": 0.1})
+    with pytest.raises(ConfigError, match=r"config\.optim\.projection_lr_scale: 1\.0 there, 0\.1 here"):
+        check_stored(load_study(path), None)
+
+
 def measured(key: str) -> bool:
     """A metric the machine measures about a run rather than one it computes: seconds, memory, speed, its folder, and
     its identity (drawn once per run, never from the seed)."""
