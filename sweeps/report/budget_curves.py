@@ -260,11 +260,11 @@ def figure(pairs: list[PairCurve], path: Path) -> bool:
             ys = [c.pair.comparison.diff for c in p.compared]
             cis = [c.pair.comparison.ci() for c in p.compared]
             err = [[y - lo for y, (lo, _) in zip(ys, cis)], [hi - y for y, (_, hi) in zip(ys, cis)]]
-            line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{p.a} − {p.b}")
-            hollow = [(x, y) for i, (x, y) in enumerate(zip(xs, ys)) if not p.certifies(i)]
-            if hollow:  # the control does not certify these budgets: drawn, not read
-                hx, hy = zip(*hollow)
-                ax.plot(hx, hy, "o", markerfacecolor="white", color=line[0].get_color())
+            line = ax.errorbar(xs, ys, yerr=err, capsize=3, label=f"{p.a} − {p.b}")
+            colour = line[0].get_color()
+            for i, (x, y) in enumerate(zip(xs, ys)):  # hollow: a budget the control does not certify (drawn, not read)
+                face = colour if p.certifies(i) else "white"
+                ax.plot([x], [y], "o", markerfacecolor=face, markeredgecolor=colour, zorder=3)
         delta = pairs[0].delta
         for d in (delta, -delta):
             ax.axhline(d, color="gray", linestyle="--", linewidth=1)
