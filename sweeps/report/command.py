@@ -373,7 +373,7 @@ def summary_md(
         f"# Study {study.name}",
         "",
         *replicated,
-        *(["## The fresh seeds' own report", ""] if replicated else []),
+        *(own_report_heading(study) if replicated else []),
         *header_section(study, answered, found, advice, progress),
         *study_lines(study, report.ostudy, report.rows, report.control_rows, report.url),
         *(power_section(study, found, advice, progress) if study.control is not None else []),
@@ -386,6 +386,21 @@ def summary_md(
         *failed_section(report.rows + [r for r in report.control_rows if not r.reused]),
     ]
     return "\n".join(lines + figures_section(study, plots, skipped, "\n".join(lines)))
+
+
+def own_report_heading(study: Study) -> list[str]:
+    """The heading under a replication's or a curve's section, above the study's own report: a curve study's reads
+    its trials at the largest budget, the control judged there, where the section above reads each budget."""
+    if not study.budgets:
+        return ["## The fresh seeds' own report", ""]
+    largest = f"×{study.budgets[-1]:g}"
+    return [
+        f"## At the largest budget, {largest}: the fresh seeds' own report",
+        "",
+        f"Below, every trial reads as its cooldown at {largest}, and the control is judged there alone; the section "
+        "above reads each budget, and its verdicts are the study's answer.",
+        "",
+    ]
 
 
 def figures_section(study: Study, plots: list[str], skipped: list[str], above: str) -> list[str]:

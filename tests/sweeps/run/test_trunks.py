@@ -62,6 +62,8 @@ def test_a_curve_study_trains_one_trunk_per_point_and_a_cooldown_per_budget_then
     assert cli.main(["report", str(path), "--budgets", "1,2,4"]) == 0
     summary = (tmp_path / "runs" / "curves_curve" / "report" / "summary.md").read_text()
     assert "## curves as training goes on: budgets ×1, ×2, ×4" in summary
+    # the study's own report below it says at which budget it reads the trials
+    assert summary.index("## At the largest budget, ×4: the fresh seeds' own report") > summary.index("budgets ×1")
 
 
 def test_a_budget_the_trunk_passed_without_a_checkpoint_is_refused_before_anything_trains(tmp_path, monkeypatch):
