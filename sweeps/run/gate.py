@@ -26,9 +26,8 @@ from foundation.errors import EXIT_GATED as EXIT_GATED  # the sweep returns it
 from sweeps import control
 from sweeps.spec.study import Study
 
-GATE = (
-    "control_gate"  # user attr of the study: {"passed": bool, "on": [control trial numbers], "why": str, "rule": int}
-)
+# user attr of the study: {"passed": bool, "on": [control trial numbers], "why": str, "rule": int}
+GATE = "control_gate"
 # The rule a decision was taken by: 2 judges a curve study's control at each budget (1 read its trunks' ends only).
 # A decision taken by another rule is taken again.
 RULE = 2
