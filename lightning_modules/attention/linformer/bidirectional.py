@@ -235,6 +235,12 @@ class Linformer(SelfAttention):
             f"model.attention.options.init: 'theorem2' needs distinct E and F (share none or headwise, compress both), "
             f"got share={att.share}, compress={att.compress}",
         )
+        require(
+            init_draw(model.attention) != "window" or att.share != "layerwise" or len(set(ks)) == 1,
+            f"model.attention.options.init: 'window' draws one window per slot of the shared {max(ks)} × n matrix, "
+            f"so under share=layerwise a layer with k < {max(ks)} would see only the start of the sequence (per-layer "
+            f"k {ks}); use share none, headwise or kv",
+        )
 
     # ------------------------------------------------------------------------------ Eq. 7
     def attend(self, x: Tensor, q: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:

@@ -68,6 +68,16 @@ V = 40
             "got share=none, compress=keys",
         ),
         (
+            [
+                "model.attention.options.init=window",
+                "model.attention.options.share=layerwise",
+                "model.attention.options.k=[32,16]",
+            ],
+            "model.attention.options.init: 'window' draws one window per slot of the shared 32 × n matrix, so under "
+            "share=layerwise a layer with k < 32 would see only the start of the sequence (per-layer k [32, 16]); use share "
+            "none, headwise or kv",
+        ),
+        (
             ["model.attention.kind=nope"],
             "model.attention.kind: unknown kind 'nope' (allowed: full, linformer, local, lsh, no_context, nystrom, performer, sparse)",
         ),
