@@ -72,7 +72,7 @@ def test_a_report_advises_the_gpu_preset_only_where_the_study_file_has_one():
     from sweeps.spec.study import load_study
 
     # the file's presets as the loaded study keeps them (the report does not read the file again)
-    assert load_study(SWEEPS_DIR / "k_sweep.yaml").presets == ("cpu", "cpu_mqar", "gpu", "cpu_long")
+    assert load_study(SWEEPS_DIR / "k_sweep.yaml").presets == ("cpu", "cpu_mqar", "gpu", "cpu_long", "cpu_long_window")
     assert advice_of(SimpleNamespace(presets=("cpu", "gpu"), preset="cpu")) == "run the GPU preset (--preset gpu)"
     assert advice_of(SimpleNamespace(presets=("cpu", "gpu"), preset="gpu")) == "add seeds or training steps"
     assert advice_of(SimpleNamespace(presets=(), preset=None)) == "add seeds or training steps"
