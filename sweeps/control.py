@@ -230,7 +230,11 @@ def certifies(study: Study, control_rows: list[Row]) -> bool:
     """The control's rule, the gate's and the report's: the reference is informative (its context gain reaches the
     study's bar, CI above 0) and the control has power (the reference beats its degraded arm beyond the seed
     spread). False while either cannot be judged yet."""
-    gain, power = context_of(study, control_rows), power_of(study, control_rows)
+    return certified(context_of(study, control_rows), power_of(study, control_rows))
+
+
+def certified(gain: Optional[ContextGain], power: Optional[stats.PowerCheck]) -> bool:
+    """The rule of :func:`certifies`, on a context gain and a power check already taken."""
     return gain is not None and gain.informative and power is not None and power.has_power
 
 

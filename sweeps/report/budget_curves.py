@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from foundation.atomic import write_figure
-from sweeps.control import Row, at_budget, certified_budgets
+from sweeps.control import ContextGain, Row, at_budget, certified
 from sweeps.report import claims
 from sweeps.report.findings import Compared, Findings, findings
-from sweeps.report.markdown import fmt, p_is, signed, signed_interval, table
+from sweeps.report.markdown import fmt, interval, p_is, signed, signed_interval, table
 from sweeps.report.replication import said
 from sweeps.spec import stats
 from sweeps.spec.study import Study
@@ -77,6 +77,31 @@ class ArmCurve:
     @property
     def improving(self) -> Optional[bool]:
         return improving(self.last, self.direction, self.delta)
+
+
+@dataclass(frozen=True)
+class ControlCurve:
+    """The control at each budget, judged on its cooldown points there: the reference's context gain and the power
+    check (None: not judged at that budget yet)."""
+
+    gains: tuple[Optional[ContextGain], ...]
+    powers: tuple[Optional[stats.PowerCheck], ...]
+
+    @property
+    def certified(self) -> tuple[bool, ...]:
+        """Per budget: the control certifies the study there (:func:`sweeps.control.certified`)."""
+        return tuple(certified(g, p) for g, p in zip(self.gains, self.powers))
+
+
+@dataclass(frozen=True)
+class Curves:
+    """A curve study's numbers: the budgets every trial has run, the control over them (None: the study has none),
+    every pair and every arm."""
+
+    factors: tuple[float, ...]
+    control: Optional[ControlCurve]
+    pairs: list[PairCurve]
+    arms: list[ArmCurve]
 
 
 def improving(last: Optional[stats.Comparison], direction: str, delta: float) -> Optional[bool]:
@@ -152,19 +177,18 @@ def _pair_curve(
     return PairCurve(a, b, metric, c0.pair.delta, factors, tuple(compared), settled, said_about, certified)
 
 
-def curves(
-    study: Study, rows: Sequence[Row], control_rows: Sequence[Row] = ()
-) -> tuple[list[PairCurve], list[ArmCurve]]:
-    """Every pair and every arm of a curve study over its budgets (the budgets every trial has run)."""
+def curves(study: Study, rows: Sequence[Row], control_rows: Sequence[Row] = ()) -> Curves:
+    """Every pair and every arm of a curve study over its budgets (the budgets every trial has run), and its control
+    judged at each of them."""
     factors = tuple(f for f in study.budgets if at_budget(study, rows, f))
     if len(factors) < 2:
-        return [], []
+        return Curves(factors, None, [], [])
     found = [
         findings(study, at_budget(study, rows, f), at_budget(study.control, control_rows, f) if study.control else [])
         for f in factors
     ]
-    certified = certified_budgets(study, control_rows) if study.control else factors
-    marks = tuple(f in certified for f in factors)
+    control = ControlCurve(tuple(f.context for f in found), tuple(f.power for f in found)) if study.control else None
+    marks = control.certified if control else (True,) * len(factors)
     pairs = [p for c in found[-1].compared if (p := _pair_curve(found, factors, c, marks)) is not None]
     metric, direction = study.metrics[0], study.directions[0]
     arms = []
@@ -172,7 +196,7 @@ def curves(
         values = [f.values.get((arm, metric), {}) for f in found]
         means = tuple(stats.summarize(list(v.values())).mean for v in values)
         arms.append(ArmCurve(arm, means, stats.compare(values[-1], values[-2]), direction, study.delta(metric)[0]))
-    return pairs, arms
+    return Curves(factors, control, pairs, arms)
 
 
 # --------------------------------------------------------------------------------------- words
@@ -195,9 +219,11 @@ def _arm_cell(a: ArmCurve) -> str:
     return f"{words}: {signed(a.last.diff)} over the last doubling ({p_is(a.last.p_value)}, {a.last.test})"
 
 
-def section(study: Study, pairs: list[PairCurve], arms: list[ArmCurve], drawn: bool) -> list[str]:
-    """The report's section: the settled rule, the pairs' table and figure, the arms' table."""
-    x = [f"×{f:g}" for f in (pairs[0].factors if pairs else study.budgets)]
+def section(study: Study, found: Curves, drawn: bool) -> list[str]:
+    """The report's section: the settled rule, the control at each budget, the pairs' table and figure, the arms'
+    table."""
+    pairs, arms = found.pairs, found.arms
+    x = [f"×{f:g}" for f in (found.factors if pairs else study.budgets)]
     out = [
         f"## {study.original_name} as training goes on: budgets {', '.join(x)}",
         "",
@@ -214,6 +240,8 @@ def section(study: Study, pairs: list[PairCurve], arms: list[ArmCurve], drawn: b
     ]
     if not pairs:
         return out + ["No pair has a point at two budgets yet.", ""]
+    if found.control is not None:
+        out += control_table(found.control, x)
     body = [
         [
             f"{p.a} − {p.b} on {p.metric} (δ {fmt(p.delta)})",
@@ -229,6 +257,37 @@ def section(study: Study, pairs: list[PairCurve], arms: list[ArmCurve], drawn: b
     rows = [[a.arm, *map(fmt, a.means), _arm_cell(a)] for a in arms]
     out += [*table([f"arm: mean {study.metrics[0]}", *x, "at the end"], rows), ""]
     return out
+
+
+def control_table(control: ControlCurve, x: list[str]) -> list[str]:
+    """The control at each budget, above the verdicts it opens: the reference's context gain, the contrast with its
+    degraded arm, and whether it certifies that budget."""
+
+    def gain(g: Optional[ContextGain]) -> str:
+        if g is None:
+            return "not judged yet"
+        return f"{fmt(g.gain)} {interval(*g.comparison.ci())} (needs ≥ {fmt(g.threshold)})"
+
+    def power(p: Optional[stats.PowerCheck]) -> str:
+        if p is None:
+            return "not judged yet"
+        c = p.contrast
+        gap = f"{fmt(abs(c.diff))} ± {fmt(c.half_width)}"
+        words = (
+            f"reference better by {gap}"
+            if p.separates
+            else f"REVERSED: degraded better by {gap}"
+            if p.reversed
+            else f"does not separate ({signed(c.diff)} ± {fmt(c.half_width)})"
+        )
+        return words + ("" if p.leaves_trivial else "; the reference does not leave the trivial baseline")
+
+    rows = [
+        ["the reference's context gain [95 % CI]", *map(gain, control.gains)],
+        ["the reference against its degraded arm", *map(power, control.powers)],
+        ["certifies the verdicts", *("yes" if c else "no" for c in control.certified)],
+    ]
+    return [*table(["the control, on its cooldown points", *x], rows), ""]
 
 
 def _settled_cell(p: PairCurve) -> str:
@@ -290,5 +349,5 @@ def figure(pairs: list[PairCurve], path: Path) -> bool:
 
 def report_lines(study: Study, rows: Sequence[Row], control_rows: Sequence[Row], out: Path) -> list[str]:
     """The section of a curve study's report, its figure written to ``out``."""
-    pairs, arms = curves(study, rows, control_rows)
-    return section(study, pairs, arms, figure(pairs, out / FIGURE))
+    found = curves(study, rows, control_rows)
+    return section(study, found, figure(found.pairs, out / FIGURE))

@@ -68,14 +68,15 @@ def test_the_report_reads_each_pair_at_every_budget_and_names_where_it_settled_a
         _trial(arm, seed, i, metric, 0.01 * j * (1.2 if arm == "linformer" else 1))
         for i, (arm, (j, seed)) in enumerate((a, s) for a in ARMS for s in enumerate(SEEDS))
     ]
-    pairs, arms = budget_curves.curves(study, rows_of(study, trials))
-    (pair,) = pairs
+    found = budget_curves.curves(study, rows_of(study, trials))
+    (pair,), arms = found.pairs, found.arms
     assert pair.factors == (1.0, 2.0, 4.0)
     assert [c.pair.comparison.diff for c in pair.compared] == pytest.approx([-0.3, -0.01, -0.01], abs=0.005)
     assert [budget_curves.said(c) for c in pair.compared] == ["full better", *["on par within ±0.05"] * 2]
     assert pair.settled == 4.0 and pair.about.startswith("learning speed at ×1 (full better")
     assert len(arms) == 2 and all(a.improving is False for a in arms)  # 0.01 over the last doubling
-    lines = budget_curves.section(study, pairs, arms, budget_curves.figure(pairs, tmp_path / "f.png"))
+    assert found.control is None  # the study has no control: every budget is read
+    lines = budget_curves.section(study, found, budget_curves.figure(found.pairs, tmp_path / "f.png"))
     text = "\n".join(lines)
     assert "| pair: A − B, 95 % CI, verdict | ×1 | ×2 | ×4 | settled | about |" in text
     assert "| full | 3.01 | 2.51 | 2.5 | improving by less than δ/2 = 0.025: -0.01 over the last doubling" in text
@@ -124,13 +125,19 @@ def test_a_verdict_is_read_only_at_the_budgets_its_control_certifies(tmp_path, t
     control_rows = rows_of(study.control, control_trials)
     assert certified_budgets(study, control_rows) == (1.0, 2.0)
 
-    pairs, arms = budget_curves.curves(study, rows_of(study, trials), control_rows)
-    (pair,) = pairs
-    assert pair.certified == (True, True, False) and pair.span == (0, 2)
+    found = budget_curves.curves(study, rows_of(study, trials), control_rows)
+    (pair,) = found.pairs
+    assert found.control.certified == pair.certified == (True, True, False) and pair.span == (0, 2)
     # ×1 → ×2 moved the arms by 0.5 and turned the verdict, and ×2 → ×4 is not judged: nothing settles by ×2
     assert pair.settled is None
-    text = "\n".join(budget_curves.section(study, pairs, arms, drawn=False))
+    text = "\n".join(budget_curves.section(study, found, drawn=False))
     assert "uninformative: the control does not certify this budget" in text
+    # the section opens with the control at each budget: its gain over the runs' no-context level (4.0), the
+    # contrast with the degraded arm (1.0 at ×1, 0.01 at ×4), and which budgets it certifies
+    assert text.index("| the control, on its cooldown points | ×1 | ×2 | ×4 |") < text.index("| pair: A − B")
+    assert "| the reference's context gain [95 % CI] | 1.99 [1.97, 2.01] (needs ≥ 0.5) | 2.09 [" in text
+    assert "| the reference against its degraded arm | reference better by 0.993 ± 0.1 | reference better by" in text
+    assert "| does not separate (-0.00333 ± 0.1) |\n| certifies the verdicts | yes | yes | no |" in text
     assert "| not settled by ×2 (the control certifies ×1–×2) |" in text
     assert "A verdict is read only at a budget where the control certifies the study" in text
     # the same arms where the control certifies every budget: the doubling into ×4 counts, and the pair settles there
@@ -139,7 +146,7 @@ def test_a_verdict_is_read_only_at_the_budgets_its_control_certifies(tmp_path, t
         control_rows = rows_of(
             study.control, [_control_trial(r, s, metric, 0.01 * j) for r in CONTROL_MEANS for j, s in enumerate(SEEDS)]
         )
-        (everywhere,), _ = budget_curves.curves(study, rows_of(study, trials), control_rows)
+        (everywhere,) = budget_curves.curves(study, rows_of(study, trials), control_rows).pairs
     finally:
         CONTROL_MEANS["degraded"][2] = 1.86
     assert everywhere.certified == (True, True, True) and everywhere.settled == 4.0

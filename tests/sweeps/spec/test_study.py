@@ -41,7 +41,9 @@ def test_every_shipped_study_validates_at_every_preset(path):
 
 def test_a_missing_preset_names_the_ones_there_are(capsys):
     assert cli.main(["sweep", str(REPO / "sweeps" / "sharing.yaml"), "--preset", "tpu"]) == 2
-    assert "--preset tpu: no such preset (has: cpu, cpu_mqar, gpu, cpu_long, cpu_long_window)" in capsys.readouterr().err
+    assert (
+        "--preset tpu: no such preset (has: cpu, cpu_mqar, gpu, cpu_long, cpu_long_window)" in capsys.readouterr().err
+    )
 
 
 def test_a_trials_config_is_the_one_the_load_checked_never_merged_or_checked_again(
