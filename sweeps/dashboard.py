@@ -34,6 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from foundation.errors import ConfigError, check_number
 from sweeps import stored
+from sweeps.spec import budgets
 from sweeps.spec.study import Study, load_study
 
 HOST = "127.0.0.1"
@@ -85,14 +86,23 @@ class ReadOnlyStudies(BaseStorage):
         return shown
 
     def _trial(self, trial: FrozenTrial, storage: BaseStorage) -> FrozenTrial:
-        """A trial as the page shows it: numbered apart, its attributes as text (:func:`as_text`), and its learning
-        curve (the objective's sample curve from its TensorBoard events, :func:`training.sample_curve.run_curve`)
-        as its intermediate values where it reported none."""
+        """A trial as the page shows it: numbered apart, its attributes as text (:func:`as_text`), and as its
+        intermediate values where it reported none: a budget-curve trial's cooldown points (its objective at each
+        budget, at that budget's step), any other trial's learning curve (the objective's sample curve from its
+        TensorBoard events, :func:`training.sample_curve.run_curve`)."""
         shown = copy.copy(trial)
         shown._trial_id = self._join(trial._trial_id, storage)
         shown.user_attrs = {k: as_text(v) for k, v in trial.user_attrs.items()}
         run_dir, metric = trial.user_attrs.get("run_dir"), self._metric()
-        if not trial.intermediate_values and isinstance(run_dir, str) and metric and Path(run_dir).is_dir():
+        points = trial.user_attrs.get(budgets.POINTS)
+        if not trial.intermediate_values and isinstance(points, dict) and metric:
+            # a budget-curve trial: its cooldown point at each budget, at that budget's step (its curve over budget)
+            shown.intermediate_values = {
+                int(p["global_step"]): float(p[metric])
+                for p in points.values()
+                if isinstance(p, dict) and metric in p and "global_step" in p
+            }
+        elif not trial.intermediate_values and isinstance(run_dir, str) and metric and Path(run_dir).is_dir():
             from training.sample_curve import run_curve
 
             curve = run_curve(run_dir, metric)
@@ -191,7 +201,7 @@ BANNER = (
     'padding:6px 12px;font:14px sans-serif;border-top:1px solid #e0c36a">Read only: this page shows a linformer-lab '
     "study and its control as their workers write them; it creates, deletes, renames and edits nothing "
     "(<code>linformer-lab sweep</code> changes a study). A trial's intermediate values are its objective's sample "
-    "curve.</div>"
+    "curve; a budget-curve trial's are its cooldown points, one at each budget's step.</div>"
 )
 # The page's write buttons, hidden by their labels as the page draws them (refused anyway). A script file of this
 # server's own: the page's Content-Security-Policy runs no inline script.

@@ -269,3 +269,26 @@ def test_a_trial_shows_its_sample_curve_as_intermediate_values_and_its_attribute
     assert [(v["step"], v["value"]) for v in trial["intermediate_values"]] == [(5, 3.0), (10, 2.5), (15, 2.25)]
     attrs = {a["key"]: a["value"] for a in trial["user_attrs"]}
     assert attrs["metrics"] == "val/loss 2.251\ngate ≥ 0.1"
+
+
+def test_a_budget_curve_trial_shows_its_cooldown_points_as_intermediate_values(tmp_path, tiny_overrides):
+    """A curve trial's run_dir is its largest budget's cooldown: its sample curve would show that cooldown alone.
+    The page shows its point at every budget instead, at that budget's step: the trial's curve over budget."""
+    study = study_file(tmp_path, tiny_overrides)
+    metric = study.metrics[0]
+    points = {"x1": {metric: 3.0, "global_step": 40}, "x2": {metric: 2.5, "global_step": 80}}
+    points["x4"] = {metric: 2.4, "global_step": 160}
+    ostudy = open_study(RunStorage(study, None))
+    ostudy.add_trial(
+        optuna.trial.create_trial(
+            params={"seed": 0, "arm": "full"},
+            distributions={"seed": CategoricalDistribution([0]), "arm": CategoricalDistribution(["full"])},
+            value=2.4,
+            user_attrs={"run_dir": str(tmp_path / "nowhere"), "budget_points": points, "metrics": points["x4"]},
+        )
+    )
+    app, view = served_read_only(study)
+    ids = {s.study_name: s._study_id for s in view.get_all_studies()}
+    _, detail = ask(app, f"/api/studies/{ids[study.name]}")
+    (trial,) = detail["trials"]
+    assert [(v["step"], v["value"]) for v in trial["intermediate_values"]] == [(40, 3.0), (80, 2.5), (160, 2.4)]
