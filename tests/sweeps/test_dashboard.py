@@ -245,6 +245,24 @@ def test_the_dashboard_ranks_the_arms_never_the_seed_and_shows_no_best_trial_of_
     assert detail["best_trials"] == [] and len(detail["trials"]) == 4
 
 
+def one_trial_shown(study, value: float, user_attrs: dict) -> dict:
+    """The page's JSON of the study's one trial (arm full, seed 0), stored with ``user_attrs``."""
+    ostudy = open_study(RunStorage(study, None))
+    ostudy.add_trial(
+        optuna.trial.create_trial(
+            params={"seed": 0, "arm": "full"},
+            distributions={"seed": CategoricalDistribution([0]), "arm": CategoricalDistribution(["full"])},
+            value=value,
+            user_attrs=user_attrs,
+        )
+    )
+    app, view = served_read_only(study)
+    ids = {s.study_name: s._study_id for s in view.get_all_studies()}
+    _, detail = ask(app, f"/api/studies/{ids[study.name]}")
+    (trial,) = detail["trials"]
+    return trial
+
+
 def test_a_trial_shows_its_sample_curve_as_intermediate_values_and_its_attributes_as_text(tmp_path, tiny_overrides):
     from torch.utils.tensorboard import SummaryWriter
 
@@ -253,19 +271,7 @@ def test_a_trial_shows_its_sample_curve_as_intermediate_values_and_its_attribute
     with SummaryWriter(str(run_dir)) as writer:
         for step, value in ((5, 3.0), (10, 2.5), (15, 2.25)):
             writer.add_scalar("val_sample/loss", value, step)
-    ostudy = open_study(RunStorage(study, None))
-    ostudy.add_trial(
-        optuna.trial.create_trial(
-            params={"seed": 0, "arm": "full"},
-            distributions={"seed": CategoricalDistribution([0]), "arm": CategoricalDistribution(["full"])},
-            value=2.25,
-            user_attrs={"run_dir": str(run_dir), "metrics": {"val/loss": 2.2512345, "gate": "≥ 0.1"}},
-        )
-    )
-    app, view = served_read_only(study)
-    ids = {s.study_name: s._study_id for s in view.get_all_studies()}
-    _, detail = ask(app, f"/api/studies/{ids[study.name]}")
-    (trial,) = detail["trials"]
+    trial = one_trial_shown(study, 2.25, {"run_dir": str(run_dir), "metrics": {"val/loss": 2.2512345, "gate": "≥ 0.1"}})
     assert [(v["step"], v["value"]) for v in trial["intermediate_values"]] == [(5, 3.0), (10, 2.5), (15, 2.25)]
     attrs = {a["key"]: a["value"] for a in trial["user_attrs"]}
     assert attrs["metrics"] == "val/loss 2.251\ngate ≥ 0.1"
@@ -278,17 +284,6 @@ def test_a_budget_curve_trial_shows_its_cooldown_points_as_intermediate_values(t
     metric = study.metrics[0]
     points = {"x1": {metric: 3.0, "global_step": 40}, "x2": {metric: 2.5, "global_step": 80}}
     points["x4"] = {metric: 2.4, "global_step": 160}
-    ostudy = open_study(RunStorage(study, None))
-    ostudy.add_trial(
-        optuna.trial.create_trial(
-            params={"seed": 0, "arm": "full"},
-            distributions={"seed": CategoricalDistribution([0]), "arm": CategoricalDistribution(["full"])},
-            value=2.4,
-            user_attrs={"run_dir": str(tmp_path / "nowhere"), "budget_points": points, "metrics": points["x4"]},
-        )
-    )
-    app, view = served_read_only(study)
-    ids = {s.study_name: s._study_id for s in view.get_all_studies()}
-    _, detail = ask(app, f"/api/studies/{ids[study.name]}")
-    (trial,) = detail["trials"]
+    attrs = {"run_dir": str(tmp_path / "nowhere"), "budget_points": points, "metrics": points["x4"]}
+    trial = one_trial_shown(study, 2.4, attrs)
     assert [(v["step"], v["value"]) for v in trial["intermediate_values"]] == [(40, 3.0), (80, 2.5), (160, 2.4)]
