@@ -92,15 +92,18 @@ def grid_points_only(opened: BaseStorage) -> None:
     retried copies), each made from a template trial; ``Study.ask`` makes one without a template only when it finds no
     waiting trial to claim, which in a grid study means another worker claimed the point between this worker's look
     (:func:`sweeps.run.command._work_on`) and its ``ask``. Optuna would then draw a fresh trial from the sampler: a
-    trial outside the grid. Set on the instance, so that Optuna's RDB cache and heartbeat see the storage they know."""
-    make = opened.create_new_trial
+    trial outside the grid. Set on the instance, so that Optuna's RDB cache and heartbeat see the storage they know;
+    an RDB storage is guarded at ``_create_new_trial``, the method Optuna's cache in front of it calls (its public
+    ``create_new_trial`` calls it too), a journal at ``create_new_trial``."""
+    name = "_create_new_trial" if hasattr(opened, "_create_new_trial") else "create_new_trial"
+    make = getattr(opened, name)
 
-    def create_new_trial(study_id: int, template_trial: Optional[FrozenTrial] = None) -> int:
+    def create_new_trial(study_id: int, template_trial: Optional[FrozenTrial] = None):
         if template_trial is None:
             raise GridPointTaken
         return make(study_id, template_trial)
 
-    opened.create_new_trial = create_new_trial  # type: ignore[method-assign]
+    setattr(opened, name, create_new_trial)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -10,6 +10,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from typing import Optional
 
 import optuna
 import pytest
@@ -450,15 +451,21 @@ def test_a_sweep_progress_line_counts_trials_and_projects_the_time_left_at_this_
 
 
 # --------------------------------------------------------------------------------------- two workers, one point
+def storage_url(kind: str, tmp_path) -> Optional[str]:
+    """The study's storage: its journal (None), or an RDB URL, which Optuna opens behind its trial cache."""
+    return None if kind == "journal" else f"sqlite:///{tmp_path / 'optuna.db'}"
+
+
+@pytest.mark.parametrize("kind", ["journal", "rdb"])
 def test_a_grid_worker_that_loses_the_waiting_point_to_another_makes_no_trial_outside_the_grid(
-    tmp_path, tiny, monkeypatch
+    tmp_path, tiny, monkeypatch, kind
 ):
     """The race of two grid workers, made deterministic: this worker sees a waiting point, another claims it before
     this one's ask. Optuna's ask would then draw a fresh trial from the sampler; the worker must make none."""
     path = write_study(tmp_path, tiny, "race", {"seed": {"type": "categorical", "choices": [0]}})
-    study = load_study(path)
-    command.prepare(study, storage.RunStorage(study, None))
-    other = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None))
+    study, url = load_study(path), storage_url(kind, tmp_path)
+    command.prepare(study, storage.RunStorage(study, url))
+    other = optuna.load_study(study_name=study.name, storage=stored.open_storage(study, url))
     looked = storage.budget_state
 
     def look_then_lose_the_point(trials, s):
@@ -467,14 +474,16 @@ def test_a_grid_worker_that_loses_the_waiting_point_to_another_makes_no_trial_ou
         return looked(trials, s)
 
     monkeypatch.setattr(storage, "budget_state", look_then_lose_the_point)
-    command._work_on(study, None, workers=2, index=0, deadline=None, wait_for_running=False)
+    # (SQLite takes one worker; the worker count changes nothing else here)
+    command._work_on(study, url, workers=2 if url is None else 1, index=0, deadline=None, wait_for_running=False)
     assert [(t.number, t.state) for t in other.get_trials()] == [(0, TrialState.RUNNING)]
 
 
-def test_a_grid_studys_storage_makes_trials_from_points_only(tmp_path, tiny):
+@pytest.mark.parametrize("kind", ["journal", "rdb"])
+def test_a_grid_studys_storage_makes_trials_from_points_only(tmp_path, tiny, kind):
     path = write_study(tmp_path, tiny, "points", {"seed": {"type": "categorical", "choices": [0, 1]}})
     study = load_study(path)
-    ostudy = command.prepare(study, storage.RunStorage(study, None))
+    ostudy = command.prepare(study, storage.RunStorage(study, storage_url(kind, tmp_path)))
     assert [ostudy.ask().number for _ in range(2)] == [0, 1]  # the two enqueued points
     with pytest.raises(storage.GridPointTaken):
         ostudy.ask()
