@@ -76,6 +76,13 @@ def owned_keys(keys: list[str], schema: list[str]) -> dict[str, str]:
     return out
 
 
+def key_value(key: str, value: object) -> str:
+    """``key=value``, or the value alone where it already says its key (a study's arm labelled ``n=512`` for its
+    ``n``: ``n=512``, not ``n=n=512``)."""
+    text = str(value)
+    return text if text.startswith(f"{key}=") else f"{key}={text}"
+
+
 def values_name(values: dict[str, object], schema: Optional[list[str]] = None) -> str:
     """A folder name that says ``values``: ``kind=full,k=16`` (short keys), characters outside ``[A-Za-z0-9._=,+-]``
     as ``_``, at most :data:`NAME_LIMIT` characters (a longer one cut and ended by a hash of the whole).
@@ -84,12 +91,13 @@ def values_name(values: dict[str, object], schema: Optional[list[str]] = None) -
     different ``values`` never share a name: each key by the name it owns in the schema (:func:`owned_keys`), and
     where a character was replaced or a value holds the separator ``,`` (what the name said is lost) the name ends in
     a hash of the exact keys and values: ``source=my corpus.txt`` is ``source=my_corpus.txt-<8 hex digits>``, beside
-    ``source=my_corpus.txt``."""
+    ``source=my_corpus.txt``. Without a schema (a study's arm, whose trials' folders end in their numbers) a value
+    that already says its key is not prefixed again (:func:`key_value`)."""
     keys = short_keys(list(values)) if schema is None else owned_keys(list(values), schema)
-    said = ",".join(f"{keys[k]}={v}" for k, v in values.items())
-    name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", said)
+    named = [key_value(keys[k], v) if schema is None else f"{keys[k]}={v}" for k, v in values.items()]
+    name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", ",".join(named))
     exact = ",".join(f"{k}={v}" for k, v in values.items())
-    lost = schema is not None and (name != said or any("," in str(v) for v in values.values()))
+    lost = schema is not None and (name != ",".join(named) or any("," in str(v) for v in values.values()))
     if lost or len(name) > NAME_LIMIT:
         name = f"{name[: NAME_LIMIT - 9]}-{hashlib.sha1((exact if lost else name).encode()).hexdigest()[:8]}"
     return name

@@ -79,6 +79,7 @@ from optuna.trial import FrozenTrial, TrialState
 from foundation.confined import open_inside
 from foundation.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Terminated, check_number
 from foundation.lock import check_free
+from foundation.rundir import key_value
 from sweeps import stored
 from sweeps.run import gate, plan, preflight, storage, trunks
 from sweeps.run.storage import GridPointTaken, RunStorage
@@ -352,7 +353,7 @@ def _work_entry(**kwargs) -> None:
 
 # --------------------------------------------------------------------------------------- command
 def _describe(t: FrozenTrial, study: Study) -> str:
-    params = " ".join(f"{k}={v}" for k, v in t.params.items())
+    params = " ".join(key_value(k, v) for k, v in t.params.items())
     if t.state == TrialState.COMPLETE:
         outcome = " ".join(f"{m}={v:.4g}" for m, v in zip(study.metrics, t.values))
     elif t.state == TrialState.PRUNED:

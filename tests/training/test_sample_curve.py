@@ -62,6 +62,9 @@ def test_trials_are_named_by_arm_seed_and_number_with_short_unambiguous_keys():
     assert trial_folder(params, 7).as_posix() == "kind=full/seed=2_trial_7"
     assert trial_folder({"seed": 0}, 1).as_posix() == "seed=0_trial_1" and trial_folder({}, 3).as_posix() == "trial_3"
     assert values_name({"data.path": "a/b c"}) == "path=a_b_c"
+    # an arm whose label already says its key (fixed_k_vary_n's n=512) is not prefixed twice; with a schema it is
+    assert values_name({"arm": "full", "n": "n=512"}) == "arm=full,n=512"
+    assert values_name({"n": "n=512"}, ["n"]) == "n=n=512"
     long = values_name({f"key{i}": "x" * 20 for i in range(10)})
     assert len(long) == NAME_LIMIT and long != values_name({f"key{i}": "x" * 20 for i in range(11)})
 
