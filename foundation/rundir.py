@@ -94,10 +94,10 @@ def values_name(values: dict[str, object], schema: Optional[list[str]] = None) -
     ``source=my_corpus.txt``. Without a schema (a study's arm, whose trials' folders end in their numbers) a value
     that already says its key is not prefixed again (:func:`key_value`)."""
     keys = short_keys(list(values)) if schema is None else owned_keys(list(values), schema)
-    named = [key_value(keys[k], v) if schema is None else f"{keys[k]}={v}" for k, v in values.items()]
-    name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", ",".join(named))
+    said = ",".join(key_value(keys[k], v) if schema is None else f"{keys[k]}={v}" for k, v in values.items())
+    name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", said)
     exact = ",".join(f"{k}={v}" for k, v in values.items())
-    lost = schema is not None and (name != ",".join(named) or any("," in str(v) for v in values.values()))
+    lost = schema is not None and (name != said or any("," in str(v) for v in values.values()))
     if lost or len(name) > NAME_LIMIT:
         name = f"{name[: NAME_LIMIT - 9]}-{hashlib.sha1((exact if lost else name).encode()).hexdigest()[:8]}"
     return name

@@ -52,7 +52,7 @@ import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
@@ -98,7 +98,7 @@ def grid_points_only(opened: BaseStorage) -> None:
     name = "_create_new_trial" if hasattr(opened, "_create_new_trial") else "create_new_trial"
     make = getattr(opened, name)
 
-    def create_new_trial(study_id: int, template_trial: Optional[FrozenTrial] = None):
+    def create_new_trial(study_id: int, template_trial: Optional[FrozenTrial] = None) -> Any:
         if template_trial is None:
             raise GridPointTaken
         return make(study_id, template_trial)
