@@ -244,7 +244,7 @@ def at_budget(study: Study, rows: Sequence[Row], factor: float) -> list[Row]:
     at ``factor`` (:data:`sweeps.spec.budgets.POINTS`; a trial without that point is left out)."""
     name, out = budgets.name(factor), []
     for r in rows:
-        point = (r.trial.user_attrs.get(budgets.POINTS) or {}).get(name)
+        point = stored.points_of(r.trial).get(name)
         if point is None or any(m not in point for m in study.metrics):
             continue
         trial: FrozenTrial = copy.copy(r.trial)

@@ -26,7 +26,7 @@ from foundation.configfile import read_yaml
 from foundation.confined import check_inside, open_inside
 from foundation.errors import ConfigError
 from foundation.redact import redact
-from sweeps.spec import identity, replication
+from sweeps.spec import budgets, identity, replication
 from sweeps.spec.schema import ADDED_SEEDS, SEED_PARAM
 from sweeps.spec.study import Study, load_study
 
@@ -299,6 +299,12 @@ def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
 def excluded_numbers(trials: list[FrozenTrial]) -> set[int]:
     """Trials that do not count toward the budget: retried or discarded ones."""
     return retried_numbers(trials) | _discarded(trials)
+
+
+def points_of(trial: FrozenTrial) -> dict[str, dict[str, float]]:
+    """A finished curve trial's points (:data:`sweeps.spec.budgets.POINTS`): budget name -> its cooldown's scalar
+    metrics ({} for other trials)."""
+    return trial.user_attrs.get(budgets.POINTS) or {}
 
 
 # --------------------------------------------------------------------------------------- the study file's?

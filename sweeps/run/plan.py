@@ -64,20 +64,25 @@ def project(
     workers: int,
     threads: int,
     gpus: int,
-    left: Optional[set[tuple[str, str]]] = None,
+    left: Optional[dict[tuple[str, str], tuple[float, ...]]] = None,
     gated: bool = False,
 ) -> dict[str, Any]:
-    """The plan: the projection of the trials ``left`` (``(study name, repr of params)``; None: every trial) at
+    """The plan: the projection of the trials ``left`` (``(study name, repr of params)`` -> the budgets of a curve it
+    has already run, whose steps are not counted again; None: every trial, from the start) at
     ``workers`` workers of ``threads`` threads and ``gpus`` visible GPUs (0: trials on the CPU). ``gated``: the
     control's trials run first, to the last, then workers start again for the arms (:mod:`sweeps.run.gate`)."""
     order = {s.name: i for i, s in enumerate(study.studies)}
+    factors = {s.name: s.budgets for s in study.studies}
     sharing = max(1.0, workers / gpus) if gpus else 1.0
     runs: list[tuple[int, float]] = []
     for shape in shapes:
         m = shape.measured
         for name, params, steps, n_val in shape.trials:
-            if left is not None and (name, repr(sorted(params.items()))) not in left:
+            key = (name, repr(sorted(params.items())))
+            if left is not None and key not in left:
                 continue
+            if left is not None and left[key]:  # a curve trial extended: the trunk's new steps and new cooldowns
+                steps, n_val = budgets.work(shape.cfg, factors[name], left[key])
             device = trial_seconds(m, steps, n_val) - m["setup_s"]  # what the GPU's sharers slow down
             runs.append((order.get(name, 0), m["setup_s"] + device * sharing))
     runs = _open_at_mean(study, runs)
@@ -231,18 +236,27 @@ def why_off(plan: dict[str, Any], elapsed_s: float, took: list[tuple[str, float,
     ]
 
 
-def left_of(study: Study, trials: dict[str, list]) -> Optional[set[tuple[str, str]]]:
+def left_of(study: Study, trials: dict[str, list]) -> Optional[dict[tuple[str, str], tuple[float, ...]]]:
     """The grid points of the study and its control that no counted trial has finished (``trials``: each study's
-    stored trials, by name), as ``(study name, repr of sorted params)``; None for an open study (all projected)."""
+    stored trials, by name), as ``(study name, repr of sorted params)``, each with the budgets of a curve that it
+    has already run (a curve extended by a longer ``--budgets``: its finished trial was put back, and only the new
+    trunk steps and cooldowns are left); None for an open study (all projected)."""
     from sweeps import stored
 
     if not all(s.is_grid for s in study.studies):
         return None
-    left = set()
+    left: dict[tuple[str, str], tuple[float, ...]] = {}
     for s in study.studies:
         excluded = stored.excluded_numbers(trials[s.name])
         done = {
             repr(sorted(t.params.items())) for t in trials[s.name] if t.state.is_finished() and t.number not in excluded
         }
-        left |= {(s.name, key) for p in (s.points or [])[: s.n_trials] if (key := repr(sorted(p.items()))) not in done}
+        ran: dict[str, set[float]] = {}
+        for t in trials[s.name]:
+            if t.state.is_finished() and t.number in excluded:
+                key = repr(sorted(t.params.items()))
+                ran.setdefault(key, set()).update(map(budgets.factor_of, stored.points_of(t)))
+        for p in (s.points or [])[: s.n_trials]:
+            if (key := repr(sorted(p.items()))) not in done:
+                left[(s.name, key)] = tuple(sorted(ran.get(key, set())))
     return left

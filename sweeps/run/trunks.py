@@ -139,11 +139,6 @@ def train_curve(
     return out
 
 
-def points_of(trial: optuna.trial.FrozenTrial) -> dict[str, dict[str, float]]:
-    """A finished curve trial's points: budget name -> its cooldown's scalar metrics ({} for other trials)."""
-    return trial.user_attrs.get(POINTS) or {}
-
-
 def extend(study: Study, ostudy: optuna.Study) -> list[int]:
     """Re-enqueue each counted finished trial of a curve study that lacks one of its listed budgets (a longer list
     than it ran with): its copy continues the same folders, training only what is new. Returns their numbers."""
@@ -154,7 +149,8 @@ def extend(study: Study, ostudy: optuna.Study) -> list[int]:
     wanted = {budgets.name(f) for f in study.budgets}
     out = []
     for t in trials:
-        if t.state == optuna.trial.TrialState.COMPLETE and t.number not in excluded and wanted - set(points_of(t)):
+        counted = t.state == optuna.trial.TrialState.COMPLETE and t.number not in excluded
+        if counted and wanted - set(stored.points_of(t)):
             storage.requeue(ostudy, t)
             out.append(t.number)
     return out

@@ -92,6 +92,11 @@ def name(factor: float) -> str:
     return f"x{factor:g}"
 
 
+def factor_of(label: str) -> float:
+    """The factor a budget's label names: ``x2.5`` -> 2.5 (the inverse of :func:`name`)."""
+    return float(label[1:])
+
+
 @dataclass(frozen=True)
 class Point:
     """One budget of a curve: its factor, its steps (round(F·S)), and the trunk step its cooldown branches at."""
@@ -133,11 +138,15 @@ def cost(curve: Sequence[Point], steps: int) -> dict[str, float]:
     }
 
 
-def work(cfg: DictConfig, factors: Sequence[float]) -> tuple[int, int]:
+def work(cfg: DictConfig, factors: Sequence[float], done: Sequence[float] = ()) -> tuple[int, int]:
     """The steps a curve trial of config ``cfg`` (at ×1) trains, trunk and cooldowns, and its validations (every
-    ``val_check_interval`` steps of each run, and one at each run's end that is not one of them)."""
+    ``val_check_interval`` steps of each run, and one at each run's end that is not one of them). ``done``: the
+    budgets it has already run (a curve extended by a longer list): its trunk goes on from their largest branch step
+    and their cooldowns are not run again, so only what is new is counted."""
     curve, every = curve_of(cfg, factors), cfg.trainer.val_check_interval
-    runs = [(0, trunk_steps(curve))] + [(p.branch, p.steps) for p in curve]
+    start = trunk_steps(curve_of(cfg, done)) if done else 0
+    runs = [(start, max(start, trunk_steps(curve)))] + [(p.branch, p.steps) for p in curve if p.factor not in done]
+    runs = [(start, end) for start, end in runs if end > start]
     steps = sum(end - start for start, end in runs)
     validations = sum(end // every - start // every + (1 if end % every else 0) for start, end in runs)
     return steps, validations

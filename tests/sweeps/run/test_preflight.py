@@ -108,7 +108,7 @@ def test_seeds_added_after_the_preflight_are_projected_in_the_shapes_it_measured
     grown = study.with_seeds([2, 3])
     # every trial of the file's seeds finished: what is left is the two new seeds of every arm and control point
     left = {(n, repr(sorted(p.items()))) for s in preflight.shapes_of(grown) for n, p, _, _ in s.trials}
-    left = {key for key in left if "('seed', 2)" in key[1] or "('seed', 3)" in key[1]}
+    left = {key: () for key in left if "('seed', 2)" in key[1] or "('seed', 3)" in key[1]}
     assert plan.project(grown, shapes, workers=1, threads=1, gpus=0, left=left)["trials"] == 0  # the file's shapes
     regrouped = preflight.with_trials_of(shapes, grown)
     assert [s.key for s in regrouped] == [s.key for s in shapes]  # the measurements kept, no shape added

@@ -48,7 +48,7 @@ def test_a_curve_study_trains_one_trunk_per_point_and_a_cooldown_per_budget_then
     assert (_steps(point / "cooldown_x1"), _steps(point / "cooldown_x2")) == (6, 12)
     assert json.loads((point / "cooldown_x1" / BRANCH).read_text())["step"] == 5
     first = next(t for t in trials if t.params["seed"] == 100000)
-    points = trunks.points_of(first)
+    points = stored.points_of(first)
     assert set(points) == {"x1", "x2"} and first.value == points["x2"][load_study(path, curve="1,2").metrics[0]]
     assert first.user_attrs["curve_dir"] == str(point)  # the report reads each budget's run from there
     assert first.user_attrs["run_dir"] == str(point / "cooldown_x2")  # the run the trial answers with
@@ -56,7 +56,7 @@ def test_a_curve_study_trains_one_trunk_per_point_and_a_cooldown_per_budget_then
 
     assert cli.main(["sweep", str(path), "--budgets", "1,2,4"]) == 0
     trials = counted(_trials(path, "1,2,4"))
-    assert len(trials) == 2 and all(set(trunks.points_of(t)) == {"x1", "x2", "x4"} for t in trials)
+    assert len(trials) == 2 and all(set(stored.points_of(t)) == {"x1", "x2", "x4"} for t in trials)
     assert _steps(point / "trunk") == 19 and _steps(point / "cooldown_x4") == 24
     assert {name: (point / name / "metrics.json").stat().st_mtime_ns for name in ended} == ended
     assert cli.main(["report", str(path), "--budgets", "1,2,4"]) == 0

@@ -40,6 +40,19 @@ def test_a_curve_trial_counts_the_validations_of_its_trunk_and_of_each_cooldown(
     assert budgets.work(cfg, (1, 2)) == (160 + 20 + 40, 7 + 1 + 2)
 
 
+def test_an_extended_curve_counts_only_the_trunks_new_steps_and_the_new_cooldowns():
+    """100 steps validated every 25, at 20 %: ×1 and ×2 ran (the trunk to 160). Listing ×4 (400 steps, branch 320)
+    trains the trunk on 160 → 320 (validated at 175 … 300 and its end: 7) and one cooldown 320 → 400 (4): the sum of
+    the whole curve's work less what ran. A list that adds nothing is no work."""
+    from training import config as run_config
+
+    cfg = run_config.load(None, ["trainer.max_steps=100", "trainer.val_check_interval=25", "optim.warmup_steps=10"])
+    assert budgets.work(cfg, (1, 2, 4), done=(1, 2)) == (160 + 80, 7 + 4)
+    assert budgets.work(cfg, (1, 2, 4))[0] - budgets.work(cfg, (1, 2))[0] == 160 + 80
+    assert budgets.work(cfg, (1, 2), done=(1, 2)) == (0, 0)
+    assert budgets.factor_of(budgets.name(2.5)) == 2.5
+
+
 @pytest.mark.parametrize(
     "factors, message",
     [
@@ -120,4 +133,13 @@ def test_the_plan_projects_a_curve_trial_as_its_trunk_and_cooldowns_and_states_t
     assert projected["wall_s"] == pytest.approx(4 * (1 + 1 + 12))
     assert "plan: budgets ×1, ×2: a trunk of 10 steps and cooldowns of 3 per seed and arm" in "\n".join(
         plan.lines(projected)
+    )
+
+    # the same curve extended to ×4 after ×1 and ×2 ran at every point: the trunk 10 → 19 and the ×4 cooldown 19 → 24
+    # (validated at 12, 15, 18, 19 and 21, 24: 6), not the whole curve again
+    left = {(n, repr(sorted(p.items()))): (1.0, 2.0) for s in shapes for n, p, _, _ in s.trials}
+    extended = load_study(write_study(tmp_path, tiny_overrides, "curves", space), curve="1,2,4")
+    shapes = preflight.with_trials_of(shapes, extended)
+    assert plan.project(extended, shapes, workers=1, threads=1, gpus=0, left=left)["wall_s"] == pytest.approx(
+        4 * (1 + 1 + (9 + 5 - 1))
     )
