@@ -34,7 +34,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from foundation.errors import ConfigError, check_number
 from sweeps import stored
-from sweeps.spec import budgets
 from sweeps.spec.study import Study, load_study
 
 HOST = "127.0.0.1"
@@ -94,8 +93,8 @@ class ReadOnlyStudies(BaseStorage):
         shown._trial_id = self._join(trial._trial_id, storage)
         shown.user_attrs = {k: as_text(v) for k, v in trial.user_attrs.items()}
         run_dir, metric = trial.user_attrs.get("run_dir"), self._metric()
-        points = trial.user_attrs.get(budgets.POINTS)
-        if not trial.intermediate_values and isinstance(points, dict) and metric:
+        points = stored.points_of(trial)
+        if not trial.intermediate_values and points and isinstance(points, dict) and metric:
             # a budget-curve trial: its cooldown point at each budget, at that budget's step (its curve over budget)
             shown.intermediate_values = {
                 int(p["global_step"]): float(p[metric])

@@ -78,11 +78,12 @@ def project(
     for shape in shapes:
         m = shape.measured
         for name, params, steps, n_val in shape.trials:
-            key = (name, repr(sorted(params.items())))
-            if left is not None and key not in left:
-                continue
-            if left is not None and left[key]:  # a curve trial extended: the trunk's new steps and new cooldowns
-                steps, n_val = budgets.work(shape.cfg, factors[name], left[key])
+            if left is not None:
+                key = (name, _point_key(params))
+                if key not in left:
+                    continue
+                if left[key]:  # a curve trial extended: the trunk's new steps and new cooldowns
+                    steps, n_val = budgets.work(shape.cfg, factors[name], left[key])
             device = trial_seconds(m, steps, n_val) - m["setup_s"]  # what the GPU's sharers slow down
             runs.append((order.get(name, 0), m["setup_s"] + device * sharing))
     runs = _open_at_mean(study, runs)
@@ -236,6 +237,11 @@ def why_off(plan: dict[str, Any], elapsed_s: float, took: list[tuple[str, float,
     ]
 
 
+def _point_key(params: dict[str, Any]) -> str:
+    """A grid point as the plan keys it: its parameters, sorted by name, as text."""
+    return repr(sorted(params.items()))
+
+
 def left_of(study: Study, trials: dict[str, list]) -> Optional[dict[tuple[str, str], tuple[float, ...]]]:
     """The grid points of the study and its control that no counted trial has finished (``trials``: each study's
     stored trials, by name), as ``(study name, repr of sorted params)``, each with the budgets of a curve that it
@@ -248,15 +254,12 @@ def left_of(study: Study, trials: dict[str, list]) -> Optional[dict[tuple[str, s
     left: dict[tuple[str, str], tuple[float, ...]] = {}
     for s in study.studies:
         excluded = stored.excluded_numbers(trials[s.name])
-        done = {
-            repr(sorted(t.params.items())) for t in trials[s.name] if t.state.is_finished() and t.number not in excluded
-        }
+        done = {_point_key(t.params) for t in trials[s.name] if t.state.is_finished() and t.number not in excluded}
         ran: dict[str, set[float]] = {}
         for t in trials[s.name]:
             if t.state.is_finished() and t.number in excluded:
-                key = repr(sorted(t.params.items()))
-                ran.setdefault(key, set()).update(map(budgets.factor_of, stored.points_of(t)))
+                ran.setdefault(_point_key(t.params), set()).update(map(budgets.factor_of, stored.points_of(t)))
         for p in (s.points or [])[: s.n_trials]:
-            if (key := repr(sorted(p.items()))) not in done:
+            if (key := _point_key(p)) not in done:
                 left[(s.name, key)] = tuple(sorted(ran.get(key, set())))
     return left
