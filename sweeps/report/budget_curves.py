@@ -30,6 +30,7 @@ from typing import Optional, Sequence
 from foundation.atomic import write_figure
 from sweeps.control import ContextGain, Row, at_budget, certified
 from sweeps.report import claims
+from sweeps.report.efficiency import THROUGHPUT
 from sweeps.report.findings import Compared, Findings, findings
 from sweeps.report.markdown import fmt, interval, p_is, signed, signed_interval, table
 from sweeps.report.replication import said
@@ -140,12 +141,19 @@ def certified_span(certified: Sequence[bool]) -> tuple[int, int]:
 
 
 def about(
-    compared: Sequence[Compared], effects: Sequence[dict], factors: Sequence[float], settled: Optional[float]
+    compared: Sequence[Compared],
+    effects: Sequence[dict],
+    factors: Sequence[float],
+    settled: Optional[float],
+    metric: str = "",
 ) -> str:
-    """Whether a pair's verdict is about the quality reached or about learning speed (the module's docstring), over
-    the certified budgets it is given."""
+    """Whether a pair's verdict on ``metric`` is about the quality reached or about learning speed (the module's
+    docstring), over the certified budgets it is given. Training throughput is neither: the same model steps at the
+    same speed at every budget, so its verdicts are read per budget and not sorted into the two."""
     if not factors:
         return "no budget the control certifies"
+    if metric == THROUGHPUT:
+        return "a training step's speed: not learned, read at each budget"
     if settled is None:
         return f"not settled by ×{factors[-1]:g}: still changing (learning speed)"
     i = list(factors).index(settled)
@@ -173,7 +181,7 @@ def _pair_curve(
     effects = [claims.effects(f.values[(a, metric)], f.values[(b, metric)]) for f in found]
     i, j = certified_span(certified)
     settled = settled_at(factors[i:j], verdicts[i:j], moves[i : j - 1]) if j - i >= 2 else None
-    said_about = about(compared[i:j], effects[i:j], factors[i:j], settled)
+    said_about = about(compared[i:j], effects[i:j], factors[i:j], settled, metric)
     return PairCurve(a, b, metric, c0.pair.delta, factors, tuple(compared), settled, said_about, certified)
 
 

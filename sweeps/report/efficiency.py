@@ -32,6 +32,8 @@ from training.answer import Objective
 from training.curves import reach
 from training.sample_curve import run_curve
 
+THROUGHPUT = "tokens_per_sec"  # a run's training speed (metrics.json): tokens over training-step seconds
+
 KIND_COSTS = Path(__file__).parents[1] / "kind_costs.json"  # sweeps/kind_costs.json
 
 
@@ -108,11 +110,11 @@ def arm_speeds(rows: Sequence, metric: str) -> list[ArmSpeed]:
     arms: dict[str, ArmSpeed] = {}
     for r in rows:
         m = r.metrics
-        if metric not in m or "tokens_per_sec" not in m or not math.isfinite(m[metric]):
+        if metric not in m or THROUGHPUT not in m or not math.isfinite(m[metric]):
             continue
         entry = arms.setdefault(r.arm, ArmSpeed(r.arm, [], [], []))
         entry.quality.append(float(m[metric]))
-        entry.tokens_per_sec.append(float(m["tokens_per_sec"]))
+        entry.tokens_per_sec.append(float(m[THROUGHPUT]))
         run = _metrics_json(r.trial.user_attrs.get("run_dir"))
         if (curve := error_curve(metric, run) if in_error(metric) else _curve(run)) is not None:
             entry.curves.append(curve)

@@ -157,3 +157,13 @@ def test_the_span_a_verdict_is_read_over_is_the_last_run_of_certified_budgets():
     assert budget_curves.certified_span([False, True, True, True]) == (1, 4)
     assert budget_curves.certified_span([True, False, True, True]) == (2, 4)
     assert budget_curves.certified_span([False, False]) == (0, 0)
+
+
+def test_a_throughput_verdict_is_not_sorted_into_learning_speed_or_quality_reached():
+    """The same model steps at the same speed at every budget: a tokens/s pair that has not settled is not "learning
+    speed", and one that settled is not "quality reached"; a loss pair under the same budgets still is."""
+    unsettled = budget_curves.about([], [], (1.0, 2.0, 4.0), None, "tokens_per_sec")
+    assert "learning speed" not in unsettled and "quality" not in unsettled and "×4" not in unsettled
+    assert budget_curves.about([], [], (1.0, 2.0, 4.0), None, "val/loss") == (
+        "not settled by ×4: still changing (learning speed)"
+    )
