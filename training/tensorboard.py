@@ -53,6 +53,9 @@ NOT_AXES = ("sweep/", "experiment")
 NOT_APPLICABLE = "–"  # the value a run shows in a column of its log directory that does not apply to it
 # A study's trial: its control role (the study's own trials: STUDY), seed and number, as sweeps/ passes them
 CONTROL, STUDY, SEED, TRIAL = "control", "study", "seed", "sweep/trial"
+# A budget curve's run (sweeps/run/trunks.py): its trunk ("trunk") or a budget's cooldown ("x1", "x4", ...). Each is
+# an HPARAMS session of its own, so that the tab can show one budget's points side by side.
+BUDGET = "budget"
 
 
 @dataclass(frozen=True)
@@ -101,13 +104,17 @@ def log_roots(run_dir: Path, output_dir: Path, log: LogPlace, params: dict[str, 
 
 def trial_id(params: dict[str, Any], axes: Sequence[str]) -> str:
     """A study's trial as the HPARAMS tab's Trial ID, short enough for its column: a control trial by its role, any
-    other by its arms' values, then its seed and number (``degraded s0 #2``, ``random s3 #11``)."""
+    other by its arms' values, then its seed and number (``degraded s0 #2``, ``random s3 #11``), and a budget curve's
+    run its place on the curve (``random s3 #11 x4``, ``random s3 #11 trunk``)."""
     role = params.get(CONTROL)
     shown = (
-        [role] if role not in (None, STUDY) else [params[a] for a in axes if a in params and a not in (CONTROL, SEED)]
+        [role]
+        if role not in (None, STUDY)
+        else [params[a] for a in axes if a in params and a not in (CONTROL, SEED, BUDGET)]
     )
     seed = [f"s{params[SEED]}"] if SEED in params else []
-    return " ".join([*(str(v) for v in shown if v != NOT_APPLICABLE), *seed, f"#{params[TRIAL]}"])
+    budget = [str(params[BUDGET])] if BUDGET in params else []
+    return " ".join([*(str(v) for v in shown if v != NOT_APPLICABLE), *seed, f"#{params[TRIAL]}", *budget])
 
 
 class RunLogger(TensorBoardLogger):
@@ -151,10 +158,18 @@ def record_run(
     ``roots`` (:func:`write_experiment`)."""
     logger.log_hyperparams(params)  # hparams.yaml; with no metrics and no default one, nothing in the events
     writer = logger.experiment
-    writer._get_file_writer().add_summary(hp.hparams_pb(params, trial_id=name, start_time_secs=time.time()))
+    shown = as_shown(params)
+    writer._get_file_writer().add_summary(hp.hparams_pb(shown, trial_id=name, start_time_secs=time.time()))
     writer.add_custom_scalars(layout)
     for root in roots:
-        write_experiment(root, params, metrics, axes)
+        write_experiment(root, shown, metrics, axes)
+
+
+def as_shown(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` as the HPARAMS tab shows them: the seed as text. The tab prints a number in five significant
+    digits, so seeds 100000 and 100001 would both read 1.0000e+5; as text each reads as itself, and the tab lists
+    the seeds seen as a filter."""
+    return {k: (str(v) if k == SEED and not isinstance(v, bool) else v) for k, v in params.items()}
 
 
 @contextlib.contextmanager

@@ -69,7 +69,7 @@ def log_place(study: Study) -> Any:
     control role ("study"), full attention no ``k`` ("–")."""
     from sweeps.run.preflight import trial_points
     from sweeps.spec.schema import CONTROL_PARAM
-    from training.tensorboard import NOT_APPLICABLE, STUDY, LogPlace
+    from training.tensorboard import BUDGET, NOT_APPLICABLE, STUDY, LogPlace
     from training.train import hparams_of
 
     top = study.parent or study
@@ -77,7 +77,8 @@ def log_place(study: Study) -> Any:
         rows = [{**hparams_of(s.config(p)), **p} for s in top.studies for p in trial_points(s)]
         names = [n for n in dict.fromkeys(k for row in rows for k in row) if any(n not in row for row in rows)]
         fill = tuple((n, STUDY if n == CONTROL_PARAM else NOT_APPLICABLE) for n in names)
-        axes = tuple(dict.fromkeys([*top.arms, *([CONTROL_PARAM] if top.control else []), *top.spec.space]))
+        curve = [BUDGET] if top.budgets else []  # a curve's trunk and cooldowns: one session each
+        axes = tuple(dict.fromkeys([*top.arms, *([CONTROL_PARAM] if top.control else []), *top.spec.space, *curve]))
         _PLACES[top.name] = LogPlace(root=top.root, axes=axes, fill=fill, trial_ids=True)
     return _PLACES[top.name]
 

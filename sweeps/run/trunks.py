@@ -123,7 +123,7 @@ def train_curve(
     """The trunk of config ``cfg`` (at ×1) in ``folder/trunk``, then each budget's cooldown in
     ``folder/cooldown_x<F>``, each resuming its folder where it exists; each budget's ``metrics.json`` by budget name.
     ``log``: the TensorBoard log directory the runs belong to (a :class:`training.tensorboard.LogPlace`)."""
-    from training.tensorboard import LogPlace
+    from training.tensorboard import BUDGET, LogPlace
     from training.train import train  # heavy import, only where runs train
 
     trunk, cooldowns = curve_configs(cfg, folder, factors)
@@ -131,11 +131,11 @@ def train_curve(
     log = log or LogPlace(root=folder)
     keep = KeepCheckpoints(folder / TRUNK, [point.branch for point, _ in cooldowns])
     hparams = hparams or {}
-    train(trunk, callbacks=[*callbacks, keep], hparams={**hparams, "sweep/budget": TRUNK}, log=log)
+    train(trunk, callbacks=[*callbacks, keep], hparams={**hparams, BUDGET: TRUNK}, log=log)
     out = {}
     for point, cooldown in cooldowns:
         name = budgets.name(point.factor)
-        out[name] = train(cooldown, callbacks=list(callbacks), hparams={**hparams, "sweep/budget": name}, log=log)
+        out[name] = train(cooldown, callbacks=list(callbacks), hparams={**hparams, BUDGET: name}, log=log)
     return out
 
 

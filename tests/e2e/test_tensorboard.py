@@ -160,3 +160,35 @@ def test_hparams_draws_every_trial_of_a_study_and_its_control_in_its_default_vie
     axes = ["arm", "control", "model.attention.kind", "model.attention.options.k", "seed"]
     assert shown["differs"] == axes, shown["differs"]
     assert "experiment" not in shown["differs"] and "sweep/trial" not in shown["differs"]
+
+
+@pytest.mark.processes
+def test_hparams_shows_a_curves_trunk_and_each_cooldown_as_a_session_of_its_own_with_its_seed_as_written(
+    tiny, tmp_path
+):
+    """A budget-curve study (``--budgets 1,2``): each trial's trunk and its two cooldowns are three sessions, named by
+    arm, seed, number and budget, each with its own budget and objective, so that filtering the tab by budget shows one
+    budget's points side by side (one session per trial would show one of the three runs' values, whichever came
+    first). The seed reads as written: as a number the tab would print 100000 and 100001 both as 1.0000e+5."""
+    arms = {"model.attention.kind": {"type": "categorical", "choices": ["linformer", "full"]}}
+    study = write_study(tmp_path, tiny, "arms", {**arms, "seed": {"type": "categorical", "choices": [0]}})
+    assert cli.main(["sweep", str(study), "--workers", "1", "--budgets", "1,2"]) == 0
+    with tensorboard(tmp_path / "runs" / "arms_curve") as url:
+        shown = _shown(url)
+        groups = _sessions(url, shown["columns"])
+    by_name = {g["name"]: g for g in groups}
+    assert sorted(by_name) == sorted(
+        f"{kind} s100000 #{n} {budget}"
+        for kind, n in (("linformer", 0), ("full", 1))
+        for budget in ("trunk", "x1", "x2")
+    ), sorted(by_name)
+    for name, group in by_name.items():
+        assert group["hparams"]["budget"] == name.rsplit(" ", 1)[1] and group["hparams"]["seed"] == "100000"
+        (session,) = group["sessions"]
+        assert any(m["name"]["tag"] == "hp/val_masked_loss" for m in session["metricValues"]), name
+    values = {
+        n: next(m["value"] for m in g["sessions"][0]["metricValues"] if m["name"]["tag"] == "hp/val_masked_loss")
+        for n, g in by_name.items()
+    }
+    assert values["linformer s100000 #0 x1"] != values["linformer s100000 #0 x2"]  # each budget its own point
+    assert "budget" in shown["differs"] and shown["domains"]["seed"] == ["100000"]

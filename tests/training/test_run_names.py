@@ -114,7 +114,7 @@ def test_an_hparams_record_of_another_form_is_made_anew_and_the_run_completes(ti
     assert cli.main(["train", str(config)]) == 0
     assert (experiment / "version_0" / "metrics.json").is_file()
     made = json.loads((experiment / ".hparams.json").read_text())
-    assert made["values"]["seed"] == [0] and "hp/val_masked_loss" in made["metrics"] and made["axes"] == []
+    assert made["values"]["seed"] == ["0"] and "hp/val_masked_loss" in made["metrics"] and made["axes"] == []
 
 
 def test_overrides_that_differ_only_in_a_keys_prefix_get_two_folders_and_each_resume_finds_its_own(tiny, tmp_path):
