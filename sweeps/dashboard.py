@@ -177,11 +177,12 @@ LONG = 600  # an attribute's text beyond this (the study's identity) is named by
 
 
 def as_text(value: Any) -> Any:
-    """An attribute as the page shows it: text and numbers as they are, a mapping as ``key value`` pairs one a line
-    (numbers to 4 significant figures; a long one by its keys), a list joined by commas; nothing of JSON's escapes
-    (``\\u2265``)."""
+    """An attribute as the page shows it: text and numbers as they are, a mapping as ``key: value`` pairs on one line
+    joined by semicolons (the page's table folds line breaks into spaces, which ran one pair's value into the next
+    key; numbers to 4 significant figures; a long one by its keys), a list joined by commas; nothing of JSON's
+    escapes (``\\u2265``)."""
     if isinstance(value, dict):
-        text = "\n".join(f"{k} {as_text(v)}" for k, v in value.items())
+        text = "; ".join(f"{k}: {as_text(v)}" for k, v in value.items())
         return text if len(text) <= LONG else f"{', '.join(map(str, value))} (a record of {len(text):,} characters)"
     if isinstance(value, (list, tuple)):
         return ", ".join(str(as_text(v)) for v in value)

@@ -274,7 +274,7 @@ def test_a_trial_shows_its_sample_curve_as_intermediate_values_and_its_attribute
     trial = one_trial_shown(study, 2.25, {"run_dir": str(run_dir), "metrics": {"val/loss": 2.2512345, "gate": "≥ 0.1"}})
     assert [(v["step"], v["value"]) for v in trial["intermediate_values"]] == [(5, 3.0), (10, 2.5), (15, 2.25)]
     attrs = {a["key"]: a["value"] for a in trial["user_attrs"]}
-    assert attrs["metrics"] == "val/loss 2.251\ngate ≥ 0.1"
+    assert attrs["metrics"] == "val/loss: 2.251; gate: ≥ 0.1"
 
 
 def test_a_budget_curve_trial_shows_its_cooldown_points_as_intermediate_values(tmp_path, tiny_overrides):
