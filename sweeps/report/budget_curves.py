@@ -50,7 +50,9 @@ class PairCurve:
     metric: str
     delta: float
     factors: tuple[float, ...]
-    compared: tuple[Compared, ...]
+    # per budget: A − B and its verdict; None where the report gives the pair no verdict (neither arm leaves the
+    # no-context level there: two models that ignore their input, :func:`sweeps.report.findings.findings`)
+    compared: tuple[Optional[Compared], ...]
     settled: Optional[float]  # the budget it settled at (None: not settled by the largest certified one)
     about: str
     certified: tuple[bool, ...] = ()  # per budget: the control certifies it (() : every budget, no control)
@@ -58,11 +60,15 @@ class PairCurve:
     def certifies(self, i: int) -> bool:
         return not self.certified or self.certified[i]
 
+    def read(self, i: int) -> bool:
+        """The pair has a verdict at budget ``i`` that counts: the control certifies it and the pair was judged."""
+        return self.certifies(i) and self.compared[i] is not None
+
     @property
     def span(self) -> tuple[int, int]:
         """[i, j): the budgets the verdict is read over, the last run of consecutive budgets the control certifies
-        (all of them without a control)."""
-        return certified_span(self.certified or (True,) * len(self.factors))
+        (all of them without a control) and the pair has a verdict at."""
+        return certified_span(tuple(self.read(i) for i in range(len(self.factors))))
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,8 @@ def about(
     same speed at every budget, so its verdicts are read per budget and not sorted into the two."""
     if not factors:
         return "no budget the control certifies"
+    if len(factors) == 1:
+        return f"read at ×{factors[0]:g} alone: not judged over budget"
     if metric == THROUGHPUT:
         return "a training step's speed: not learned, read at each budget"
     if settled is None:
@@ -167,22 +175,26 @@ def about(
     )
 
 
+NO_VERDICT = "no verdict: neither arm shown to leave the no-context level"
+
+
 def _pair_curve(
-    found: list[Findings], factors: tuple[float, ...], c0: Compared, certified: tuple[bool, ...]
-) -> Optional[PairCurve]:
-    key = (c0.pair.a, c0.pair.b, c0.pair.metric)
-    compared = [next((c for c in f.compared if (c.pair.a, c.pair.b, c.pair.metric) == key), None) for f in found]
-    if any(c is None for c in compared):
-        return None
+    found: list[Findings], factors: tuple[float, ...], key: tuple[str, str, str], certified: tuple[bool, ...]
+) -> PairCurve:
+    """The pair ``key`` (A, B, metric) at every budget; a budget where the report left it out (both arms blind
+    there, as a short budget's arms can be) has no comparison, and the verdict is read over the budgets after it."""
+    compared = tuple(next((c for c in f.compared if (c.pair.a, c.pair.b, c.pair.metric) == key), None) for f in found)
     a, b, metric = key
+    delta = next(c for c in compared if c is not None).pair.delta
     means = [[stats.summarize(list(f.values[(arm, metric)].values())).mean for f in found] for arm in (a, b)]
-    moves = [moved_little([(m[j], m[j + 1]) for m in means], c0.pair.delta) for j in range(len(factors) - 1)]
-    verdicts = [said(c) for c in compared]
+    moves = [moved_little([(m[j], m[j + 1]) for m in means], delta) for j in range(len(factors) - 1)]
+    verdicts = [said(c) if c is not None else NO_VERDICT for c in compared]
     effects = [claims.effects(f.values[(a, metric)], f.values[(b, metric)]) for f in found]
-    i, j = certified_span(certified)
+    curve = PairCurve(a, b, metric, delta, factors, compared, None, "", certified)
+    i, j = curve.span
     settled = settled_at(factors[i:j], verdicts[i:j], moves[i : j - 1]) if j - i >= 2 else None
     said_about = about(compared[i:j], effects[i:j], factors[i:j], settled, metric)
-    return PairCurve(a, b, metric, c0.pair.delta, factors, tuple(compared), settled, said_about, certified)
+    return PairCurve(a, b, metric, delta, factors, compared, settled, said_about, certified)
 
 
 def curves(study: Study, rows: Sequence[Row], control_rows: Sequence[Row] = ()) -> Curves:
@@ -197,7 +209,10 @@ def curves(study: Study, rows: Sequence[Row], control_rows: Sequence[Row] = ()) 
     ]
     control = ControlCurve(tuple(f.context for f in found), tuple(f.power for f in found)) if study.control else None
     marks = control.certified if control else (True,) * len(factors)
-    pairs = [p for c in found[-1].compared if (p := _pair_curve(found, factors, c, marks)) is not None]
+    # every pair judged at some budget, in the largest budget's order: a pair whose arms are both blind at a short
+    # budget is judged from where one leaves the level, not dropped
+    keys = dict.fromkeys((c.pair.a, c.pair.b, c.pair.metric) for f in reversed(found) for c in f.compared)
+    pairs = [_pair_curve(found, factors, key, marks) for key in keys]
     metric, direction = study.metrics[0], study.directions[0]
     arms = []
     for arm in found[-1].own:
@@ -210,6 +225,8 @@ def curves(study: Study, rows: Sequence[Row], control_rows: Sequence[Row] = ()) 
 # --------------------------------------------------------------------------------------- words
 def _cell(p: PairCurve, i: int) -> str:
     c = p.compared[i]
+    if c is None:
+        return NO_VERDICT
     lo, hi = c.pair.comparison.ci()
     words = said(c) if p.certifies(i) else "uninformative: the control does not certify this budget"
     return f"{signed(c.pair.comparison.diff)} {signed_interval(lo, hi)} {words}"
@@ -300,11 +317,17 @@ def control_table(control: ControlCurve, x: list[str]) -> list[str]:
 
 def _settled_cell(p: PairCurve) -> str:
     i, j = p.span
+    blind = [f"×{f:g}" for k, f in enumerate(p.factors) if p.certifies(k) and p.compared[k] is None]
     if j - i < 2:
+        if blind:
+            return f"not judged: no two consecutive budgets with a verdict (none at {', '.join(blind)})"
         return "not judged: the control certifies no two consecutive budgets"
-    limited = (
-        "" if (i, j) == (0, len(p.factors)) else f" (the control certifies ×{p.factors[i]:g}–×{p.factors[j - 1]:g})"
-    )
+    if (i, j) == (0, len(p.factors)):
+        limited = ""
+    elif all(p.certifies(k) for k in range(len(p.factors))):
+        limited = f" (read over ×{p.factors[i]:g}–×{p.factors[j - 1]:g}: no verdict at {', '.join(blind)})"
+    else:
+        limited = f" (the control certifies ×{p.factors[i]:g}–×{p.factors[j - 1]:g})"
     if p.settled is None:
         return f"not settled by ×{p.factors[j - 1]:g}{limited}"
     return f"×{p.settled:g}: {said(p.compared[p.factors.index(p.settled)])}{limited}"
@@ -323,14 +346,15 @@ def figure(pairs: list[PairCurve], path: Path) -> bool:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for k, p in enumerate(pairs):
             shift = 1 + 0.03 * (k - (len(pairs) - 1) / 2)  # side by side at each budget
-            xs = [f * shift for f in p.factors]
-            ys = [c.pair.comparison.diff for c in p.compared]
-            cis = [c.pair.comparison.ci() for c in p.compared]
+            shown = [k for k, c in enumerate(p.compared) if c is not None]  # no point where the pair has no verdict
+            xs = [p.factors[k] * shift for k in shown]
+            ys = [p.compared[k].pair.comparison.diff for k in shown]
+            cis = [p.compared[k].pair.comparison.ci() for k in shown]
             err = [[y - lo for y, (lo, _) in zip(ys, cis)], [hi - y for y, (_, hi) in zip(ys, cis)]]
             line = ax.errorbar(xs, ys, yerr=err, capsize=3, label=f"{p.a} − {p.b}")
             colour = line[0].get_color()
-            for i, (x, y) in enumerate(zip(xs, ys)):  # hollow: a budget the control does not certify (drawn, not read)
-                face = colour if p.certifies(i) else "white"
+            for k, x, y in zip(shown, xs, ys):  # hollow: a budget the control does not certify (drawn, not read)
+                face = colour if p.certifies(k) else "white"
                 ax.plot([x], [y], "o", markerfacecolor=face, markeredgecolor=colour, zorder=3)
         delta = pairs[0].delta
         for d in (delta, -delta):

@@ -103,10 +103,9 @@ def _control_trial(role: str, seed: int, metric: str, noise: float):
     )
 
 
-def test_a_verdict_is_read_only_at_the_budgets_its_control_certifies(tmp_path, tiny_overrides):
-    """The control separates at ×1 and ×2 and not at ×4 (its degraded arm learns with budget): the pair's ×4 cell
-    is uninformative whatever its numbers, the doubling into ×4 is not judged, and the pair settles, or not, within
-    ×1–×2, the settled cell saying so. Where the control certifies ×4 too, the same arms settle there."""
+def _controlled_curve(tmp_path, tiny_overrides, name):
+    """A study of two arms on three seeds with a control (its reference and degraded arm at two learning rates, the
+    runs' trivial baseline as the no-context level), δ = 0.05, as budget curves ×1, ×2, ×4; and its metric."""
     space = {"seed": {"type": "categorical", "choices": [0, 1, 2]}, "arm": {"type": "categorical", "choices": ARMS}}
     control = {
         "reference": {"optim.lr": 0.001},
@@ -114,9 +113,16 @@ def test_a_verdict_is_read_only_at_the_budgets_its_control_certifies(tmp_path, t
         "no_context": "baseline",
         "seeds": [0, 1, 2],
     }
-    metric = load_study(write_study(tmp_path, tiny_overrides, "certified", space)).metrics[0]
-    path = write_study(tmp_path, tiny_overrides, "certified", space, verdict={"delta": {metric: 0.05}}, control=control)
-    study = load_study(path, curve="1,2,4")
+    metric = load_study(write_study(tmp_path, tiny_overrides, name, space)).metrics[0]
+    path = write_study(tmp_path, tiny_overrides, name, space, verdict={"delta": {metric: 0.05}}, control=control)
+    return load_study(path, curve="1,2,4"), metric
+
+
+def test_a_verdict_is_read_only_at_the_budgets_its_control_certifies(tmp_path, tiny_overrides):
+    """The control separates at ×1 and ×2 and not at ×4 (its degraded arm learns with budget): the pair's ×4 cell
+    is uninformative whatever its numbers, the doubling into ×4 is not judged, and the pair settles, or not, within
+    ×1–×2, the settled cell saying so. Where the control certifies ×4 too, the same arms settle there."""
+    study, metric = _controlled_curve(tmp_path, tiny_overrides, "certified")
     trials = [
         _trial(arm, seed, i, metric, 0.01 * j * (1.2 if arm == "linformer" else 1))
         for i, (arm, (j, seed)) in enumerate((a, s) for a in ARMS for s in enumerate(SEEDS))
@@ -167,3 +173,43 @@ def test_a_throughput_verdict_is_not_sorted_into_learning_speed_or_quality_reach
     assert budget_curves.about([], [], (1.0, 2.0, 4.0), None, "val/loss") == (
         "not settled by ×4: still changing (learning speed)"
     )
+
+
+def test_a_pair_whose_arms_are_both_blind_at_a_short_budget_is_kept_and_read_from_where_they_learn(
+    tmp_path, tiny_overrides
+):
+    """Both arms on the no-context level (4.0) at ×1, so the report gives the pair no verdict there; at ×2 and ×4 full
+    attention leads by 0.3 and neither arm moves by δ/2. The pair stays in the table (it was dropped, with every
+    pair of a rung that learns late: Fig. 3d's n = 32 and 64), its ×1 cell says why it has no verdict, and it settles
+    at ×4 on its ×2 verdict, read over ×2–×4."""
+    study, metric = _controlled_curve(tmp_path, tiny_overrides, "late")
+    means = {"full": [4.0, 2.0, 1.99], "linformer": [4.0, 2.3, 2.29]}
+    roles = {"reference": [2.0, 1.9, 1.85], "degraded": [3.0, 2.9, 2.9]}
+
+    def made(params, choices, series, noise):
+        points = {f"x{f}": {metric: series[i] + noise[i], "trivial_loss": 4.0} for i, f in enumerate((1, 2, 4))}
+        return optuna.trial.create_trial(
+            params=params,
+            distributions={k: CategoricalDistribution(choices[k]) for k in params},
+            values=[points["x4"][metric]],
+            user_attrs={"budget_points": points, "metrics": points["x4"]},
+        )
+
+    jitter = [[0.004, 0.01, 0.012], [-0.003, -0.01, -0.009], [0.001, 0.002, 0.001]]  # per seed, per budget
+    trials = [
+        made({"seed": s, "arm": a}, {"seed": SEEDS, "arm": list(ARMS)}, means[a], jitter[j])
+        for a in ARMS
+        for j, s in enumerate(SEEDS)
+    ]
+    control_trials = [
+        made({"control": r, "seed": s}, {"control": list(roles), "seed": SEEDS}, roles[r], [0.01 * j] * 3)
+        for r in roles
+        for j, s in enumerate(SEEDS)
+    ]
+    found = budget_curves.curves(study, rows_of(study, trials), rows_of(study.control, control_trials))
+    (pair,) = found.pairs
+    assert pair.compared[0] is None and pair.span == (1, 3) and pair.settled == 4.0
+    assert budget_curves.said(pair.compared[1]) == "full better"
+    text = "\n".join(budget_curves.section(study, found, budget_curves.figure(found.pairs, tmp_path / "f.png")))
+    assert "| no verdict: neither arm shown to leave the no-context level | -0.3" in text
+    assert "×4: full better (read over ×2–×4: no verdict at ×1)" in text
