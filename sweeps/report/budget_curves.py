@@ -38,6 +38,8 @@ from sweeps.spec import stats
 from sweeps.spec.study import Study
 
 FIGURE = "budget_curves.png"
+# a pair's cell at a budget where the report gives it no verdict (both arms blind there)
+NO_VERDICT = "no verdict: neither arm shown to leave the no-context level"
 
 
 # --------------------------------------------------------------------------------------- numbers
@@ -173,9 +175,6 @@ def about(
         f"learning speed at ×{factors[0]:g} ({said(compared[0])}, A − B {signed(compared[0].pair.comparison.diff)}); "
         f"the quality reached: {said(compared[i])} by ×{settled:g} (change {signed(moved.diff)}, {p_is(moved.p_value)})"
     )
-
-
-NO_VERDICT = "no verdict: neither arm shown to leave the no-context level"
 
 
 def _pair_curve(
