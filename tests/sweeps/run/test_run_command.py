@@ -97,7 +97,7 @@ def test_two_workers_run_the_exact_budget_with_one_run_dir_and_hparams_per_trial
         run_dir = Path(t.user_attrs["run_dir"])
         assert (run_dir / "metrics.json").is_file()
         hp = hparams_of(run_dir)
-        assert hp["arm"] == t.params["arm"] and hp["seed"] == t.params["seed"]
+        assert hp["arm"] == t.params["arm"] and hp["seed"] == str(t.params["seed"])  # the seed as text: as_shown
         assert hp["sweep/objective"] == "val/loss" and hp["sweep/trial"] == t.number
         assert hp["model.attention.kind"] == ARMS[t.params["arm"]]["model.attention.kind"]
     assert {p.name for p in (tmp_path / "runs" / "two_workers" / "logs").iterdir()} == {"worker_0.log", "worker_1.log"}
