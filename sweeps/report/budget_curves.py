@@ -62,15 +62,10 @@ class PairCurve:
     def certifies(self, i: int) -> bool:
         return not self.certified or self.certified[i]
 
-    def read(self, i: int) -> bool:
-        """The pair has a verdict at budget ``i`` that counts: the control certifies it and the pair was judged."""
-        return self.certifies(i) and self.compared[i] is not None
-
     @property
     def span(self) -> tuple[int, int]:
-        """[i, j): the budgets the verdict is read over, the last run of consecutive budgets the control certifies
-        (all of them without a control) and the pair has a verdict at."""
-        return certified_span(tuple(self.read(i) for i in range(len(self.factors))))
+        """[i, j): the budgets the verdict is read over (:func:`read_span`)."""
+        return read_span(self.certified, self.compared)
 
 
 @dataclass(frozen=True)
@@ -148,6 +143,12 @@ def certified_span(certified: Sequence[bool]) -> tuple[int, int]:
     return i, j
 
 
+def read_span(certified: Sequence[bool], compared: Sequence[Optional[Compared]]) -> tuple[int, int]:
+    """[i, j): the budgets a pair's verdict is read over, the last run of consecutive budgets that the control
+    certifies (``certified``; () without a control: all of them) and where the pair has a verdict."""
+    return certified_span([(not certified or certified[k]) and c is not None for k, c in enumerate(compared)])
+
+
 def about(
     compared: Sequence[Compared],
     effects: Sequence[dict],
@@ -189,8 +190,7 @@ def _pair_curve(
     moves = [moved_little([(m[j], m[j + 1]) for m in means], delta) for j in range(len(factors) - 1)]
     verdicts = [said(c) if c is not None else NO_VERDICT for c in compared]
     effects = [claims.effects(f.values[(a, metric)], f.values[(b, metric)]) for f in found]
-    curve = PairCurve(a, b, metric, delta, factors, compared, None, "", certified)
-    i, j = curve.span
+    i, j = read_span(certified, compared)
     settled = settled_at(factors[i:j], verdicts[i:j], moves[i : j - 1]) if j - i >= 2 else None
     said_about = about(compared[i:j], effects[i:j], factors[i:j], settled, metric)
     return PairCurve(a, b, metric, delta, factors, compared, settled, said_about, certified)
