@@ -15,7 +15,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
@@ -305,6 +305,13 @@ def points_of(trial: FrozenTrial) -> dict[str, dict[str, float]]:
     """A finished curve trial's points (:data:`sweeps.spec.budgets.POINTS`): budget name -> its cooldown's scalar
     metrics ({} for other trials)."""
     return trial.user_attrs.get(budgets.POINTS) or {}
+
+
+def short_of(trial: FrozenTrial, factors: Sequence[float]) -> bool:
+    """A complete trial of a curve that lacks a point of one of ``factors`` (a longer ``--budgets`` than it ran
+    with): the sweep puts it back, and its copy trains only the new trunk steps and cooldowns."""
+    wanted = {budgets.name(f) for f in factors}
+    return trial.state == optuna.trial.TrialState.COMPLETE and bool(wanted - set(points_of(trial)))
 
 
 # --------------------------------------------------------------------------------------- the study file's?

@@ -730,6 +730,12 @@ def with_added_seeds(study: Study, stores: dict[str, RunStorage], add: int = 0) 
     return study.with_seeds(added) if added else study
 
 
+def _stored_trials(study: Study, stores: dict[str, RunStorage]) -> dict[str, list[FrozenTrial]]:
+    """Each study's trials as its storage holds them, read only (none for one it does not hold yet)."""
+    opened = {s.name: stores[s.name].stored_study() for s in study.studies}
+    return {name: (o.get_trials(deepcopy=False) if o is not None else []) for name, o in opened.items()}
+
+
 def planned(study: Study, stores: dict[str, RunStorage], add: int) -> Study:
     """The study as ``sweep`` would run it, read only, for ``--preflight``'s plan: grown by the seeds an earlier
     ``--add-seeds`` stored on it and by ``add`` more (the numbers the sweep would take, unless a stored trial holds a
@@ -859,7 +865,9 @@ def main(args: argparse.Namespace) -> int:
             study = planned(study, stores, args.add_seeds or 0)
             shapes = preflight.with_trials_of(shapes, study)
             gated = study.control is not None and not (args.no_gate or gate.turned_off())
-            print("\n".join(plan.lines(plan.project(study, shapes, *_layout(study, args.workers), gated=gated))))
+            left = plan.left_of(study, _stored_trials(study, stores))  # what a sweep would train: resumed, extended
+            projected = plan.project(study, shapes, *_layout(study, args.workers), left, gated=gated)
+            print("\n".join(plan.lines(projected)))
             print("preflight OK: nothing written")
             return 0
     if args.new_study:

@@ -245,8 +245,8 @@ def _point_key(params: dict[str, Any]) -> str:
 def left_of(study: Study, trials: dict[str, list]) -> Optional[dict[tuple[str, str], tuple[float, ...]]]:
     """The grid points of the study and its control that no counted trial has finished (``trials``: each study's
     stored trials, by name), as ``(study name, repr of sorted params)``, each with the budgets of a curve that it
-    has already run (a curve extended by a longer ``--budgets``: its finished trial was put back, and only the new
-    trunk steps and cooldowns are left); None for an open study (all projected)."""
+    has already run (a curve extended by a longer ``--budgets``: its finished trial lacks a listed budget, or was put
+    back for it, and only the new trunk steps and cooldowns are left); None for an open study (all projected)."""
     from sweeps import stored
 
     if not all(s.is_grid for s in study.studies):
@@ -254,11 +254,15 @@ def left_of(study: Study, trials: dict[str, list]) -> Optional[dict[tuple[str, s
     left: dict[tuple[str, str], tuple[float, ...]] = {}
     for s in study.studies:
         excluded = stored.excluded_numbers(trials[s.name])
-        done = {_point_key(t.params) for t in trials[s.name] if t.state.is_finished() and t.number not in excluded}
+        done: set[str] = set()
         ran: dict[str, set[float]] = {}
         for t in trials[s.name]:
-            if t.state.is_finished() and t.number in excluded:
+            if not t.state.is_finished():
+                continue
+            if t.number in excluded or stored.short_of(t, s.budgets or ()):  # put back, or to be, for a longer curve
                 ran.setdefault(_point_key(t.params), set()).update(map(budgets.factor_of, stored.points_of(t)))
+            else:
+                done.add(_point_key(t.params))
         for p in (s.points or [])[: s.n_trials]:
             if (key := _point_key(p)) not in done:
                 left[(s.name, key)] = tuple(sorted(ran.get(key, set())))

@@ -146,11 +146,9 @@ def extend(study: Study, ostudy: optuna.Study) -> list[int]:
         return []
     trials = ostudy.get_trials(deepcopy=False)
     excluded = stored.excluded_numbers(trials)
-    wanted = {budgets.name(f) for f in study.budgets}
     out = []
     for t in trials:
-        counted = t.state == optuna.trial.TrialState.COMPLETE and t.number not in excluded
-        if counted and wanted - set(stored.points_of(t)):
+        if t.number not in excluded and stored.short_of(t, study.budgets):
             storage.requeue(ostudy, t)
             out.append(t.number)
     return out

@@ -20,15 +20,36 @@ def _trials(path, curve):
     return optuna.load_study(study_name=study.name, storage=stored.open_storage(study, None)).get_trials()
 
 
+def _preflight_left(path, monkeypatch, capsys):
+    """``sweep --budgets 1,2,4 --preflight`` with each shape's measurement stubbed: what its plan priced as left."""
+    from sweeps.run import plan, preflight
+
+    def runner(shape, steps, threads, gpus):
+        shape.measured = {"setup_s": 1.0, "first_step_s": 1.0, "step_s": 1.0, "validation_s": 0.5, "start_s": 1.0,
+                          "memory": "rss", "peak_mb": 1.0, "total_mb": 10.0}  # fmt: skip
+
+    seen = []
+    with monkeypatch.context() as patched:
+        patched.setattr(preflight, "run_shape", runner)
+        patched.setattr(preflight, "measured_line", lambda shape: "measured")
+        patched.setattr(plan, "left_of", lambda *args, real=plan.left_of: seen.append(real(*args)) or seen[-1])
+        capsys.readouterr()
+        assert cli.main(["sweep", str(path), "--budgets", "1,2,4", "--preflight"]) == 0
+    return seen[0]
+
+
 def _steps(run_dir):
     return json.loads((run_dir / "metrics.json").read_text())["global_step"]
 
 
 @pytest.mark.processes  # the sweep command's worker
-def test_a_curve_study_trains_one_trunk_per_point_and_a_cooldown_per_budget_then_extends_it(tmp_path, tiny):
+def test_a_curve_study_trains_one_trunk_per_point_and_a_cooldown_per_budget_then_extends_it(
+    tmp_path, tiny, monkeypatch, capsys
+):
     """6 steps at ×1, cooldown 20 %: ×1 branches at step 5, ×2 (12 steps) at 10, ×4 (24 steps) at 19. The trunk
     trains to 10 and keeps steps 5 and 10; each cooldown records its branch; the trial answers at ×2 and keeps each
-    point. Listing ×4 later trains the trunk on to 19 and adds one cooldown: the others are not run again."""
+    point. Listing ×4 later trains the trunk on to 19 and adds one cooldown: the others are not run again. The
+    preflight of the longer list prices that extension (each point's ×1 and ×2 already run), not the whole curve."""
     path = write_study(
         tmp_path,
         tiny,
@@ -54,11 +75,15 @@ def test_a_curve_study_trains_one_trunk_per_point_and_a_cooldown_per_budget_then
     assert first.user_attrs["run_dir"] == str(point / "cooldown_x2")  # the run the trial answers with
     ended = {name: (point / name / "metrics.json").stat().st_mtime_ns for name in ("cooldown_x1", "cooldown_x2")}
 
+    priced = _preflight_left(path, monkeypatch, capsys)
+    assert sorted(priced.values()) == [(1.0, 2.0), (1.0, 2.0)] and "plan: 2 trial(s)" in capsys.readouterr().out
+
     assert cli.main(["sweep", str(path), "--budgets", "1,2,4"]) == 0
     trials = counted(_trials(path, "1,2,4"))
     assert len(trials) == 2 and all(set(stored.points_of(t)) == {"x1", "x2", "x4"} for t in trials)
     assert _steps(point / "trunk") == 19 and _steps(point / "cooldown_x4") == 24
     assert {name: (point / name / "metrics.json").stat().st_mtime_ns for name in ended} == ended
+    assert _preflight_left(path, monkeypatch, capsys) == {} and "plan: 0 trial(s)" in capsys.readouterr().out
     assert cli.main(["report", str(path), "--budgets", "1,2,4"]) == 0
     summary = (tmp_path / "runs" / "curves_curve" / "report" / "summary.md").read_text()
     assert "## curves as training goes on: budgets ×1, ×2, ×4" in summary
