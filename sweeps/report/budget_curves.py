@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from foundation.atomic import write_figure
 from sweeps.control import ContextGain, Row, at_budget, certified
@@ -333,7 +333,8 @@ def _settled_cell(p: PairCurve) -> str:
 
 
 def figure(pairs: list[PairCurve], path: Path) -> bool:
-    """budget_curves.png: each pair's A − B against budget (log axis), its 95 % CI as bars, ±δ dashed."""
+    """budget_curves.png: each pair's A − B against budget (log axis), its 95 % CI as bars, ±δ dashed; one panel per
+    metric (a study with two objectives, quality and tokens a second, has effects of other units and sizes)."""
     if not pairs:
         return False
     import matplotlib
@@ -341,41 +342,45 @@ def figure(pairs: list[PairCurve], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    metrics = list(dict.fromkeys(p.metric for p in pairs))
+    hollow = any(not c for p in pairs for c in p.certified)
     with plt.style.context("default"):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for k, p in enumerate(pairs):
-            shift = 1 + 0.03 * (k - (len(pairs) - 1) / 2)  # side by side at each budget
-            shown = [k for k, c in enumerate(p.compared) if c is not None]  # no point where the pair has no verdict
-            xs = [p.factors[k] * shift for k in shown]
-            ys = [p.compared[k].pair.comparison.diff for k in shown]
-            cis = [p.compared[k].pair.comparison.ci() for k in shown]
-            err = [[y - lo for y, (lo, _) in zip(ys, cis)], [hi - y for y, (_, hi) in zip(ys, cis)]]
-            line = ax.errorbar(xs, ys, yerr=err, capsize=3, label=f"{p.a} − {p.b}")
-            colour = line[0].get_color()
-            for k, x, y in zip(shown, xs, ys):  # hollow: a budget the control does not certify (drawn, not read)
-                face = colour if p.certifies(k) else "white"
-                ax.plot([x], [y], "o", markerfacecolor=face, markeredgecolor=colour, zorder=3)
-        delta = pairs[0].delta
-        for d in (delta, -delta):
-            ax.axhline(d, color="gray", linestyle="--", linewidth=1)
-        ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(list(pairs[0].factors), [f"×{f:g}" for f in pairs[0].factors])
-        ax.set(
-            xlabel="training budget (times the study's steps, log)",
-            ylabel=f"A − B on {pairs[0].metric} (95 % CI; ±δ dashed)",
-            title="each verdict's effect as training goes on"
-            + (
-                "\n(hollow: a budget the control does not certify)"
-                if any(not c for p in pairs for c in p.certified)
-                else ""
-            ),
+        fig, axes = plt.subplots(len(metrics), 1, figsize=(7, 4.5 * len(metrics)), sharex=True, squeeze=False)
+        for ax, metric in zip(axes[:, 0], metrics):
+            _panel(ax, [p for p in pairs if p.metric == metric])
+        axes[0, 0].set_title(
+            "each verdict's effect as training goes on"
+            + ("\n(hollow: a budget the control does not certify)" if hollow else "")
         )
-        ax.legend(fontsize="small")
+        axes[-1, 0].set_xlabel("training budget (times the study's steps, log)")
         fig.tight_layout()
         write_figure(path, fig, dpi=110)
         plt.close(fig)
     return True
+
+
+def _panel(ax: Any, pairs: list[PairCurve]) -> None:
+    """One metric's pairs on one axis: A − B at each budget, side by side, with ±δ and 0 drawn."""
+    for k, p in enumerate(pairs):
+        shift = 1 + 0.03 * (k - (len(pairs) - 1) / 2)  # side by side at each budget
+        shown = [k for k, c in enumerate(p.compared) if c is not None]  # no point where the pair has no verdict
+        xs = [p.factors[k] * shift for k in shown]
+        ys = [p.compared[k].pair.comparison.diff for k in shown]
+        cis = [p.compared[k].pair.comparison.ci() for k in shown]
+        err = [[y - lo for y, (lo, _) in zip(ys, cis)], [hi - y for y, (_, hi) in zip(ys, cis)]]
+        line = ax.errorbar(xs, ys, yerr=err, capsize=3, label=f"{p.a} − {p.b}")
+        colour = line[0].get_color()
+        for k, x, y in zip(shown, xs, ys):  # hollow: a budget the control does not certify (drawn, not read)
+            face = colour if p.certifies(k) else "white"
+            ax.plot([x], [y], "o", markerfacecolor=face, markeredgecolor=colour, zorder=3)
+    delta = pairs[0].delta
+    for d in (delta, -delta):
+        ax.axhline(d, color="gray", linestyle="--", linewidth=1)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(pairs[0].factors), [f"×{f:g}" for f in pairs[0].factors])
+    ax.set_ylabel(f"A − B on {pairs[0].metric} (95 % CI; ±δ dashed)")
+    ax.legend(fontsize="small")
 
 
 def report_lines(study: Study, rows: Sequence[Row], control_rows: Sequence[Row], out: Path) -> list[str]:

@@ -1,6 +1,7 @@
 """A budget-curve study's report (sweeps/report/budget_curves.py): the settled rule, learning speed against the
 quality reached, the end-of-training rule that a decaying learning rate cannot fool, the table and the figure."""
 
+import dataclasses
 import math
 
 import optuna
@@ -56,7 +57,7 @@ def _trial(arm: str, seed: int, number: int, metric: str, noise: float):
 
 
 def test_the_report_reads_each_pair_at_every_budget_and_names_where_it_settled_and_what_it_is_about(
-    tmp_path, tiny_overrides
+    tmp_path, tiny_overrides, monkeypatch
 ):
     """Two arms on three seeds: linformer trails by 0.3 at ×1 (a verdict), by 0.01 from ×2 on (within δ): the pair
     settles at ×4 on its ×2 verdict, which differs from ×1's: learning speed at ×1."""
@@ -82,6 +83,17 @@ def test_the_report_reads_each_pair_at_every_budget_and_names_where_it_settled_a
     assert "| full | 3.01 | 2.51 | 2.5 | improving by less than δ/2 = 0.025: -0.01 over the last doubling" in text
     assert "×4: on par within ±0.05" in text and (tmp_path / "f.png").stat().st_size > 0
     assert not any(math.isnan(m) for a in arms for m in a.means)
+
+    # a second objective (tokens a second: another unit, effects 10⁵ times larger) is drawn on a panel of its own,
+    # with its own δ, so that it does not flatten the quality pairs to a line at zero
+    drawn = []
+    monkeypatch.setattr(budget_curves, "write_figure", lambda path, fig, dpi: drawn.append(fig))
+    speed = dataclasses.replace(pair, metric="tokens_per_sec", delta=3000.0)
+    assert budget_curves.figure([pair, speed], tmp_path / "g.png")
+    quality, throughput = drawn[0].axes
+    assert metric in quality.get_ylabel() and "tokens_per_sec" in throughput.get_ylabel()
+    dashed = [{line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"} for ax in drawn[0].axes]
+    assert dashed == [{0.05, -0.05}, {3000.0, -3000.0}]
 
 
 # the control's reference and degraded arm per budget: separated at ×1 and ×2, the degraded arm caught up by ×4;
