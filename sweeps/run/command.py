@@ -730,17 +730,11 @@ def with_added_seeds(study: Study, stores: dict[str, RunStorage], add: int = 0) 
     return study.with_seeds(added) if added else study
 
 
-def _stored_trials(study: Study, stores: dict[str, RunStorage]) -> dict[str, list[FrozenTrial]]:
-    """Each study's trials as its storage holds them, read only (none for one it does not hold yet)."""
-    opened = {s.name: stores[s.name].stored_study() for s in study.studies}
-    return {name: (o.get_trials(deepcopy=False) if o is not None else []) for name, o in opened.items()}
-
-
-def planned(study: Study, stores: dict[str, RunStorage], add: int) -> Study:
+def planned(study: Study, stores: dict[str, RunStorage], ostudy: Optional[optuna.Study], add: int) -> Study:
     """The study as ``sweep`` would run it, read only, for ``--preflight``'s plan: grown by the seeds an earlier
-    ``--add-seeds`` stored on it and by ``add`` more (the numbers the sweep would take, unless a stored trial holds a
-    higher seed: the count is what the plan needs)."""
-    ostudy = stores[study.name].stored_study()
+    ``--add-seeds`` stored on it (``ostudy``: the study as its storage holds it, None before its first sweep) and by
+    ``add`` more (the numbers the sweep would take, unless a stored trial holds a higher seed: the count is what the
+    plan needs)."""
     added = [int(s) for s in ostudy.user_attrs.get(ADDED_SEEDS, [])] if ostudy is not None else []
     if add:
         used = {*added, *study.seeds, *(study.control.seeds if study.control is not None else ())}
@@ -862,10 +856,12 @@ def main(args: argparse.Namespace) -> int:
         if shapes is None:
             return 2
         if args.preflight:
-            study = planned(study, stores, args.add_seeds or 0)
+            opened = {s.name: stores[s.name].stored_study() for s in study.studies}  # read only, once
+            study = planned(study, stores, opened[study.name], args.add_seeds or 0)
             shapes = preflight.with_trials_of(shapes, study)
             gated = study.control is not None and not (args.no_gate or gate.turned_off())
-            left = plan.left_of(study, _stored_trials(study, stores))  # what a sweep would train: resumed, extended
+            trials = {name: (o.get_trials(deepcopy=False) if o is not None else []) for name, o in opened.items()}
+            left = plan.left_of(study, trials)  # what a sweep would train: resumed, extended
             projected = plan.project(study, shapes, *_layout(study, args.workers), left, gated=gated)
             print("\n".join(plan.lines(projected)))
             print("preflight OK: nothing written")
