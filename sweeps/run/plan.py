@@ -112,6 +112,7 @@ def project(
         "shapes": [{"arm": s.label, "setting": s.setting, "trials": len(s.trials), **s.measured} for s in shapes],
         "projected_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **({"curve": budgets.cost_line(study.budgets, *_steps_and_fraction(study))} if study.budgets else {}),
+        **({"curve_left": _extensions(study, left)} if study.budgets and left else {}),
         "against_full": against_full(shapes),
     }
 
@@ -142,6 +143,12 @@ def against_full(shapes: list[Shape]) -> list[dict[str, Any]]:
         out.append({"arm": shape.label, "setting": shape.setting, "n": n,
                     "ratio": tokens_per_s(shape) / tokens_per_s(full[n])})  # fmt: skip
     return out
+
+
+def _extensions(study: Study, left: dict[tuple[str, str], tuple[float, ...]]) -> list[str]:
+    """What is left of each curve the trials ``left`` extend, one line per set of budgets they have already run."""
+    done = sorted({ran for ran in left.values() if ran})
+    return [budgets.extension_line(study.budgets, ran, *_steps_and_fraction(study)) for ran in done]
 
 
 def _steps_and_fraction(study: Study) -> tuple[int, float]:
@@ -179,6 +186,7 @@ def lines(plan: dict[str, Any]) -> list[str]:
         f"plan: largest peak memory {plan['largest_peak_mb']:.0f} MB of {plan['total_mb']:.0f} MB ({where}), "
         f"{plan['largest_peak_arm']}",
         *([f"plan: {plan['curve']}"] if plan.get("curve") else []),
+        *(f"plan: {line}" for line in plan.get("curve_left", [])),
         *(
             [
                 "plan: tokens/s against full attention at the same n: "

@@ -162,6 +162,23 @@ def cost_line(factors: Sequence[float], steps: int, fraction: float) -> str:
     )
 
 
+def extension_line(factors: Sequence[float], done: Sequence[float], steps: int, fraction: float) -> str:
+    """What is left of a curve already run to the budgets ``done`` when it is listed to ``factors``, as the plan
+    states it beside :func:`cost_line` (which prices the whole curve): the trunk's new steps and the new cooldowns."""
+    curve = points(factors, steps, fraction)
+    start, end = trunk_steps(points(done, steps, fraction)), trunk_steps(curve)
+    new = [p for p in curve if p.factor not in done]
+    cooldowns = sum(p.cooldown_steps for p in new)
+    left = max(0, end - start) + cooldowns
+    ran = ", ".join(f"×{f:g}" for f in done)
+    trunk = f"the trunk from step {start} to {end}" if end > start else "no trunk steps"
+    shown = ", ".join(f"×{p.factor:g}" for p in new) or "none"
+    return (
+        f"left of the curve run to {ran}: {trunk} and the cooldowns of {shown} ({cooldowns} steps), "
+        f"{left} steps per seed and arm ({left / steps:.3g} × the study's {steps} steps)"
+    )
+
+
 def trunk_config(cfg: DictConfig, curve: Sequence[Point], run_dir: Optional[str]) -> DictConfig:
     """The trunk's run config: ``cfg`` (a trial's, at ×1) at a constant learning rate to :func:`trunk_steps`."""
     out = cfg.copy()

@@ -76,7 +76,11 @@ def test_a_curve_study_trains_one_trunk_per_point_and_a_cooldown_per_budget_then
     ended = {name: (point / name / "metrics.json").stat().st_mtime_ns for name in ("cooldown_x1", "cooldown_x2")}
 
     priced = _preflight_left(path, monkeypatch, capsys)
-    assert sorted(priced.values()) == [(1.0, 2.0), (1.0, 2.0)] and "plan: 2 trial(s)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert sorted(priced.values()) == [(1.0, 2.0), (1.0, 2.0)] and "plan: 2 trial(s)" in out
+    assert (
+        "plan: left of the curve run to ×1, ×2: the trunk from step 10 to 19 and the cooldowns of ×4 (5 steps)" in out
+    )
 
     assert cli.main(["sweep", str(path), "--budgets", "1,2,4"]) == 0
     trials = counted(_trials(path, "1,2,4"))

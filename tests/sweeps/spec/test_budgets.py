@@ -31,6 +31,22 @@ def test_each_budget_branches_off_the_trunk_at_its_cooldowns_start_and_costs_the
     )
 
 
+def test_an_extension_is_priced_as_the_trunks_new_steps_and_the_new_cooldowns_the_trial_would_train():
+    """A curve run to ×1, ×2 at 600 steps and 20 %, listed to ×4: the trunk goes on from 960 to 1,920 and ×4 cools
+    down 480 steps, 1,440 steps (2.4 ×), which is what the trial itself is counted to train."""
+    from training import config as run_config
+
+    line = budgets.extension_line((1, 2, 4), (1, 2), 600, 0.2)
+    assert "run to ×1, ×2: the trunk from step 960 to 1920 and the cooldowns of ×4 (480 steps)" in line
+    assert "1440 steps per seed and arm (2.4 × the study's 600 steps)" in line
+    cfg = run_config.load(None, ["trainer.max_steps=600", "optim.cooldown_fraction=0.2"])
+    assert budgets.work(cfg, (1, 2, 4), (1, 2))[0] == 1440
+    # a listed budget below the largest one run: no new trunk steps, its cooldown only
+    assert "no trunk steps and the cooldowns of ×1.5 (180 steps), 180 steps" in budgets.extension_line(
+        (1, 1.5, 2), (1, 2), 600, 0.2
+    )
+
+
 def test_a_curve_trial_counts_the_validations_of_its_trunk_and_of_each_cooldown():
     """100 steps validated every 25, ×1 and ×2 at 20 %: the trunk to 160 validates at 25 … 150 and at its end
     (7), the ×1 cooldown 80 → 100 at 100 (1), the ×2 one 160 → 200 at 175 and 200 (2)."""
