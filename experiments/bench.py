@@ -158,6 +158,12 @@ def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--min-time", type=float, default=0.05, help="seconds per timing sample (more calls if faster)")
     group.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     group.add_argument(
+        "--profile",
+        action="store_true",
+        help="after timing each group, profile each of its cases (torch.profiler, one sample's calls) and write its "
+        "operators by self time to profiles/<level>_<mode>_n<n>_<case>.txt",
+    )
+    group.add_argument(
         "--memory-limit-mb",
         type=float,
         default=0.0,
@@ -400,6 +406,7 @@ class Bench:
         self.limit = memory_limit_bytes(shape.device, args.memory_limit_mb)
         self.rows: list[dict] = []
         self.last_peak: dict[tuple, tuple[int, int]] = {}  # case key → (n, peak bytes) at the largest n run
+        self.profiles: Optional[Path] = None  # where --profile writes each case's operator table
 
     def _skip(self, ident: dict, note: str) -> None:
         self.rows.append({**ident, "note": note})
@@ -495,8 +502,33 @@ class Bench:
         baselines = {(p.case.variant, p.case.causal): p for p in ready if p.case.variant in cases.BASELINES}
         for p in ready:
             self.rows.append(self._row(p, samples, gemm_rate, baselines))
+        if self.profiles is not None:
+            for p in ready:
+                self._profile(p)
         del ready, samples, baselines
         self._free()
+
+    def _profile(self, p: Probed) -> None:
+        """``--profile``: one timing sample's calls of the case under torch.profiler, its operators by self time
+        (CPU, and the device's on CUDA) written to ``profiles/``, headed by what the case is."""
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.shape.device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for _ in range(p.calls):
+                p.case.run()
+            if self.shape.device.type == "cuda":
+                torch.cuda.synchronize()
+        c = p.case
+        name = "_".join(str(v) for v in (c.level, c.mode, f"n{c.n}", c.variant, f"k{c.k}", c.order_used, c.engine))
+        by = "self_cuda_time_total" if self.shape.device.type == "cuda" else "self_cpu_time_total"
+        head = (
+            f"{c.level} · {c.mode} · {c.variant} k={c.k} order={c.order_used} engine={c.engine} n={c.n} "
+            f"batch={self.shape.batch}: {p.calls} call(s), operators by {by.removesuffix('_total').replace('_', ' ')}"
+        )
+        table = prof.key_averages().table(sort_by=by, row_limit=15, max_name_column_width=48)
+        self.profiles.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.profiles / f"{name.replace('/', '-')}.txt", f"{head}\n\n{table}\n")
 
     def _probe_all(self, level: str, mode: str, n: int) -> list[Probed]:
         """The baselines (once per causality the variants need) and every variant × k × order × engine (those of its
@@ -798,6 +830,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"shape: {args.shape_note}", flush=True)
     print(f"GEMM peak {peak / 1e9:.1f} GFLOP/s at {'×'.join(map(str, peak_shape))}; writing {out}", flush=True)
     bench = Bench(args, shape, peak, peak_shape)
+    bench.profiles = out / "profiles" if args.profile else None
     started = time.time()
     for level in [lv for lv in ("layer", "model") if lv in args.levels]:
         for mode in args.mode:

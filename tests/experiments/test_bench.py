@@ -4,6 +4,7 @@ against the libraries as a level of its own."""
 
 import argparse
 import csv
+import re
 
 import pytest
 import torch
@@ -232,7 +233,7 @@ def test_a_gpu_run_names_its_default_shape_in_its_table_and_console(monkeypatch,
 
 
 def test_engines_are_timed_beside_each_other_in_the_same_rounds(tmp_path):
-    """Linformer's fused engine (auto on CUDA) and its reference in one run: rows, table sections and curves of
+    """Linformer's fused engine (what auto runs, but for the causal form on a CPU) and its reference in one run: rows, table sections and curves of
     their own; the kind costs the study reports read keep the default engine's."""
     argv = [*TINY, "--variants", "learned,causal", "--engines", "reference,fused", "--levels", "layer", "--mode", "fwd"]
     assert cli.main(["bench", *argv, "--out", str(tmp_path)]) == 0
@@ -246,6 +247,32 @@ def test_engines_are_timed_beside_each_other_in_the_same_rounds(tmp_path):
     table = (out / "table.md").read_text()
     assert "### layer · forward (inference mode) · causal engine=fused" in table
     assert "### layer · forward (inference mode) · learned engine=reference" in table
+
+
+def test_profile_writes_each_cases_operators_where_the_two_engines_differ(tmp_path):
+    """``--profile``: one operator table per timed case and n, named by the case; Linformer's reference engine
+    multiplies a copy of E per sequence (batched products) where the fused engine makes one product per side."""
+    argv = [*TINY, "--n", "32", "--variants", "learned", "--orders", "project_first", "--engines", "reference,fused"]
+    assert cli.main(["bench", *argv, "--levels", "layer", "--mode", "fwdbwd", "--profile", "--out", str(tmp_path)]) == 0
+    (out,) = tmp_path.iterdir()
+    profiles = {p.name: p.read_text() for p in (out / "profiles").iterdir()}
+    assert set(profiles) == {
+        "layer_fwdbwd_n32_sdpa_kNone_-_auto.txt",
+        "layer_fwdbwd_n32_naive_kNone_-_auto.txt",
+        "layer_fwdbwd_n32_learned_k8_project_first_reference.txt",
+        "layer_fwdbwd_n32_learned_k8_project_first_fused.txt",
+    }
+    for text in profiles.values():
+        assert "operators by self cpu time" in text and "Self CPU" in text and "aten::" in text
+
+    def per_call(text: str, op: str) -> float:
+        """The operator's calls per timed call of the case (the header says how many were profiled)."""
+        row = next(line for line in text.splitlines() if line.strip().startswith(op + " "))
+        timed = int(re.search(r": (\d+) call\(s\)", text.splitlines()[0]).group(1))
+        return int(row.split()[-1]) / timed
+
+    reference, fused = (profiles[f"layer_fwdbwd_n32_learned_k8_project_first_{e}.txt"] for e in ("reference", "fused"))
+    assert per_call(reference, "aten::bmm") > per_call(fused, "aten::bmm")
 
 
 def test_an_engine_no_chosen_variant_offers_is_a_one_line_error(capsys):

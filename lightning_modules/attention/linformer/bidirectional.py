@@ -27,11 +27,14 @@ commute with W_k, so conv uses ``project_first``):
 ``auto`` picks the cheaper one from these counts.
 
 Two engines (``engine``) compute the same E K and F V. ``reference`` runs each side's products as written above
-(:meth:`Linformer.compressed_keys_values`: the numbers of every earlier run). ``fused``
-(:meth:`Linformer.fused_keys_values`; ``auto`` on CUDA) runs the same sums in fewer, larger kernels:
+(:meth:`Linformer.compressed_keys_values`: the numbers of every run on a CPU before the fused engine was its
+default). ``fused`` (:meth:`Linformer.fused_keys_values`; what ``auto`` runs on every device) runs the same sums in
+fewer, larger kernels:
 ``project_first`` takes [V | K] from one input product and compresses both sides in one batched product over (side,
 group) with the batch in the columns (no copy of E per sequence); ``compress_first`` applies [E; F] to X in one
-product and, when F is E, both W_k and W_v in one more.
+product and, when F is E, both W_k and W_v in one more. On a CPU the reference's per-sequence copy of E, and
+the sum of E's gradient over those copies, cost more than Eq. 7's products at k = n/2, where it trains slower than
+full attention and the fused engine does not (docs/benchmarks.md has the profile).
 """
 
 from __future__ import annotations
@@ -256,9 +259,14 @@ class Linformer(SelfAttention):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)  # (B, h, T, d_h)
 
     def fused(self, x: Tensor) -> bool:
-        """Whether this call asks for the fused engine: ``engine: fused``, or ``auto`` on CUDA (it runs once
-        :meth:`fused_agrees`)."""
-        return self.engine == "fused" or (self.engine == "auto" and x.device.type == "cuda")
+        """Whether this call asks for the fused engine: ``engine: fused``, or ``auto`` where :meth:`auto_fuses` (it
+        runs once :meth:`fused_agrees`)."""
+        return self.engine == "fused" or (self.engine == "auto" and self.auto_fuses(x.device))
+
+    def auto_fuses(self, device: torch.device) -> bool:
+        """Whether ``engine: auto`` runs the fused engine on ``device``: for Eq. 7, on every device (its products
+        are plain batched products, faster than the reference's on a CPU too)."""
+        return True
 
     def fused_agrees(self, x: Tensor, fused: Callable, reference: Callable) -> bool:
         """Whether the fused engine agreed with the reference at this layer's shape (:mod:`.engines`), checked on

@@ -9,7 +9,7 @@ j < b (every token of which is ≤ bw − 1 < i) and exactly, causally, to the k
 
 Every key of the prefix enters exactly once (compressed or exact); nothing at a position > i does.
 Two engines compute it (``engine``): ``reference`` (:meth:`CausalLinformer.blockwise`) runs rows of queries through
-chunked SDPA calls with an additive mask, the numbers of every earlier run; ``fused`` (``auto`` on CUDA,
+chunked SDPA calls with an additive mask (what ``auto`` runs on a CPU); ``fused`` (``auto`` on CUDA,
 :meth:`CausalLinformer.flex_blockwise`) is one FlexAttention call over the keys [K ; E-slots] with a block mask that
 lists only the tiles holding visible pairs: compiled on a GPU, one Triton kernel forward and one backward.
 Incremental decoding (:meth:`CausalLinformer.step`) keeps a fixed-size state per layer and head: the completed
@@ -239,6 +239,10 @@ class CausalLinformer(Linformer):
         if self.runs_flex(q, dropout_p) and self.attend_checked(q, k, v, mask):
             return self.flex_blockwise(q, k, v, mask)  # (B, h, T, d_h): one FlexAttention call
         return self.blockwise(q, k, v, mask, dropout_p)  # (B, h, T, d_h): rows through chunked SDPA calls
+
+    def auto_fuses(self, device: torch.device) -> bool:
+        """``engine: auto`` runs FlexAttention on CUDA only, where it is compiled; on a CPU it would run eagerly."""
+        return device.type == "cuda"
 
     def runs_flex(self, q: Tensor, dropout_p: float) -> bool:
         """The fused engine's call (:meth:`fused`), unless FlexAttention cannot run it

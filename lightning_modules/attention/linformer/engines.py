@@ -1,11 +1,11 @@
-"""The fused engine checked against the reference engine before it is trusted (``engine: fused``, or ``auto`` on
-CUDA, where it runs by default).
+"""The fused engine checked against the reference engine before it is trusted (``engine: fused``, or ``auto``, which
+runs it on every device except the causal form on a CPU).
 
 On its first use per shape in a process (the form, its order and slots, the device, the input's shape without its
 batch, padding or none), the fused engine and the reference engine compute the same thing on a small input (the
 call's first sequence), without autograd and without autocast (float32 products): when they differ beyond
 :data:`RTOL` and :data:`ATOL`, one line says so on stderr and every layer of that shape runs the reference engine
-for the rest of the process (the numbers of every earlier run); when they agree the fused engine runs. Each layer
+for the rest of the process; when they agree the fused engine runs. Each layer
 keeps its answer as an attribute, so a compiled model guards on it instead of calling the check again.
 """
 

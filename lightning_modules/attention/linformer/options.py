@@ -50,11 +50,11 @@ class LinformerOptions:
     # project_first computes K = X W_k first (Eq. 7 as written); auto picks the cheaper by FLOP count.
     order: Literal["auto", "compress_first", "project_first"] = "auto"
     # How the layer computes it (the same function, different kernels; docs/gpu.md):
-    #   reference: each side's products as written, the causal rows through chunked SDPA calls: bit for bit the
-    #     numbers of every earlier run;
+    #   reference: each side's products as written, the causal rows through chunked SDPA calls (bit for bit what
+    #     every CPU run of the bidirectional form computed before auto ran fused there);
     #   fused: E K and F V from one input product and one batched product, then one SDPA call; the causal form as
     #     one FlexAttention call over [keys ; slots] (compiled on CUDA; where Flex cannot run, reference);
-    #   auto (default): fused on CUDA, reference elsewhere.
+    #   auto (default): fused, except the causal form on a CPU (FlexAttention is compiled on CUDA only): reference.
     engine: Literal["auto", "reference", "fused"] = "auto"
 
 

@@ -1,7 +1,7 @@
 """Linformer's two engines compute the same function: ``fused`` (one input product and one batched product for E K
 and F V; the causal form as one FlexAttention call over [keys ; slots]) equals ``reference`` (every earlier run's
 path) in float64, forward and gradients, with padding, for every sharing mode, projection kind, order and form; and
-``auto`` leaves every CPU result bit for bit the reference's."""
+``auto`` runs the fused engine, except the causal form on a CPU (the reference's, bit for bit)."""
 
 import random
 import types
@@ -87,19 +87,22 @@ def test_fused_engine_equals_the_reference_in_float64_outputs_and_gradients(name
         torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-12)
 
 
-def test_auto_runs_the_reference_on_a_cpu_bit_for_bit_and_the_fused_engine_on_cuda():
-    for options, causal_form in ((BIDIRECTIONAL["learned_project_first"], False), (CAUSAL["causal"], True)):
+def test_auto_runs_the_fused_engine_except_the_causal_form_on_a_cpu_which_runs_the_reference_bit_for_bit():
+    for options, causal_form, on_cpu in (
+        (BIDIRECTIONAL["learned_project_first"], False, "fused"),
+        (BIDIRECTIONAL["learned"], False, "fused"),
+        (CAUSAL["causal"], True, "reference"),
+    ):
         auto = tiny.encoder(tiny.attention(causal=causal_form, **options), vocab=V, n=N, d=D, h=H)
-        reference = tiny.encoder(
-            tiny.attention(causal=causal_form, engine="reference", **options), vocab=V, n=N, d=D, h=H
-        )
-        reference.load_state_dict(auto.state_dict())
+        same = tiny.encoder(tiny.attention(causal=causal_form, engine=on_cpu, **options), vocab=V, n=N, d=D, h=H)
+        same.load_state_dict(auto.state_dict())
         ids, mask = torch.randint(0, V, (3, 13)), padding(3, 13)
-        assert torch.equal(auto(ids, mask), reference(ids, mask))
+        assert torch.equal(auto(ids, mask), same(ids, mask))
         with torch.no_grad():
-            assert torch.equal(auto(ids), reference(ids))
+            assert torch.equal(auto(ids), same(ids))
         layer = auto.blocks[0].attn
-        assert not layer.fused(torch.zeros(1)) and layer.fused(types.SimpleNamespace(device=torch.device("cuda")))
+        assert layer.fused(torch.zeros(1)) == (on_cpu == "fused")
+        assert layer.fused(types.SimpleNamespace(device=torch.device("cuda")))
 
 
 # ----------------------------------------------------------------------------- the causal form on FlexAttention
