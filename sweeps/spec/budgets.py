@@ -144,8 +144,8 @@ def work(cfg: DictConfig, factors: Sequence[float], done: Sequence[float] = ()) 
     budgets it has already run (a curve extended by a longer list): its trunk goes on from their largest branch step
     and their cooldowns are not run again, so only what is new is counted."""
     curve, every = curve_of(cfg, factors), cfg.trainer.val_check_interval
-    start = trunk_steps(curve_of(cfg, done)) if done else 0
-    runs = [(start, max(start, trunk_steps(curve)))] + [(p.branch, p.steps) for p in curve if p.factor not in done]
+    start, end, new = left_of_curve(curve, curve_of(cfg, done))
+    runs = [(start, max(start, end))] + [(p.branch, p.steps) for p in new]
     runs = [(start, end) for start, end in runs if end > start]
     steps = sum(end - start for start, end in runs)
     validations = sum(end // every - start // every + (1 if end % every else 0) for start, end in runs)
@@ -162,12 +162,17 @@ def cost_line(factors: Sequence[float], steps: int, fraction: float) -> str:
     )
 
 
+def left_of_curve(curve: Sequence[Point], done: Sequence[Point]) -> tuple[int, int, list[Point]]:
+    """What ``curve`` has left once the budgets ``done`` have run: the step its trunk goes on from (0 for none), the
+    step it trains to, and the budgets whose cooldowns are new."""
+    ran = {p.factor for p in done}
+    return (trunk_steps(done) if done else 0), trunk_steps(curve), [p for p in curve if p.factor not in ran]
+
+
 def extension_line(factors: Sequence[float], done: Sequence[float], steps: int, fraction: float) -> str:
     """What is left of a curve already run to the budgets ``done`` when it is listed to ``factors``, as the plan
     states it beside :func:`cost_line` (which prices the whole curve): the trunk's new steps and the new cooldowns."""
-    curve = points(factors, steps, fraction)
-    start, end = trunk_steps(points(done, steps, fraction)), trunk_steps(curve)
-    new = [p for p in curve if p.factor not in done]
+    start, end, new = left_of_curve(points(factors, steps, fraction), points(done, steps, fraction))
     cooldowns = sum(p.cooldown_steps for p in new)
     left = max(0, end - start) + cooldowns
     ran = ", ".join(f"×{f:g}" for f in done)
