@@ -399,14 +399,19 @@ class Bench:
     """One bench run: its shape, limits, measured GEMM peak, and the rows gathered so far."""
 
     def __init__(
-        self, args: argparse.Namespace, shape: cases.Shape, peak_flops: float, peak_shape: tuple[int, int, int]
+        self,
+        args: argparse.Namespace,
+        shape: cases.Shape,
+        peak_flops: float,
+        peak_shape: tuple[int, int, int],
+        profiles: Optional[Path] = None,
     ) -> None:
         self.args, self.shape, self.peak, self.peak_shape = args, shape, peak_flops, peak_shape
         self.threads = torch.get_num_threads()
         self.limit = memory_limit_bytes(shape.device, args.memory_limit_mb)
         self.rows: list[dict] = []
         self.last_peak: dict[tuple, tuple[int, int]] = {}  # case key → (n, peak bytes) at the largest n run
-        self.profiles: Optional[Path] = None  # where --profile writes each case's operator table
+        self.profiles = profiles  # where --profile writes each case's operator table (None: no profiling)
 
     def _skip(self, ident: dict, note: str) -> None:
         self.rows.append({**ident, "note": note})
@@ -829,8 +834,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.shape_note:
         print(f"shape: {args.shape_note}", flush=True)
     print(f"GEMM peak {peak / 1e9:.1f} GFLOP/s at {'×'.join(map(str, peak_shape))}; writing {out}", flush=True)
-    bench = Bench(args, shape, peak, peak_shape)
-    bench.profiles = out / "profiles" if args.profile else None
+    bench = Bench(args, shape, peak, peak_shape, profiles=out / "profiles" if args.profile else None)
     started = time.time()
     for level in [lv for lv in ("layer", "model") if lv in args.levels]:
         for mode in args.mode:
