@@ -259,6 +259,9 @@ class SelfAttention(nn.Module):
     # Every query weighs every key by softmax(q·k/√d_h) (full attention): a reference for other kinds' maps (and the
     # bench's baseline).
     exact: ClassVar[bool] = False
+    # Every query still scores all n keys (full attention, and ablations built on it such as one-sided Linformer):
+    # never faster per token than full attention, which the study plan says beside its speed ratio.
+    quadratic: ClassVar[bool] = False
 
     def context_matrix(self, calls: list[Tensor], length: int) -> Tensor:
         """The layer's context-mapping matrix (B, h, T, S) from the probabilities of the

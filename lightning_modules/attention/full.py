@@ -20,6 +20,7 @@ from lightning_modules.attention.base import SelfAttention, register_attention
 @register_attention("full")
 class FullAttention(SelfAttention):
     exact = True
+    quadratic = True
 
     def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         if mask is None:  # no padding: the fast kernels

@@ -33,6 +33,10 @@ from training.console import clock
 
 PLAN = "plan.json"
 OFF = 0.25  # a measured wall time this far from the projection (either way) is explained at the end
+# A tokens/s ratio this close to 1 (either way) is not read as faster or slower: over six preflights at n = 512 on
+# one machine, the same pair of shapes (no context against full attention) read 2.92× to 3.25×, a spread of 11 %
+# (docs/benchmarks.md, "How far a preflight's ratio moves"); the band is wider than that.
+SAME_SPEED = 0.15
 
 
 def trial_seconds(measured: dict, steps: int, n_validations: int) -> float:
@@ -133,16 +137,35 @@ def against_full(shapes: list[Shape]) -> list[dict[str, Any]]:
     """Each measured shape whose attention is not full attention, against full attention's measured shape at the
     same sequence length n: ``ratio`` = its tokens per second ÷ full attention's (above 1: faster per token). A shape
     with no full attention at its n is left out. From the preflight's one process per shape, so the ratio carries
-    both measurements' noise (each line says it)."""
+    both measurements' noise: ``reading`` says ``faster`` or ``slower`` only beyond :data:`SAME_SPEED`, else
+    ``within noise``; ``quadratic`` where the kind scores all n keys, slower than full attention by construction."""
     full = {s.cfg.model.max_len: s for s in shapes if s.measured and _exact(s)}
     out = []
     for shape in shapes:
         n = shape.cfg.model.max_len
         if not shape.measured or _exact(shape) or n not in full:
             continue
-        out.append({"arm": shape.label, "setting": shape.setting, "n": n,
-                    "ratio": tokens_per_s(shape) / tokens_per_s(full[n])})  # fmt: skip
+        ratio = tokens_per_s(shape) / tokens_per_s(full[n])
+        out.append({"arm": shape.label, "setting": shape.setting, "n": n, "ratio": ratio,
+                    "reading": _reading(ratio), "quadratic": attention_class(shape.cfg.model).quadratic})  # fmt: skip
     return out
+
+
+def _reading(ratio: float) -> str:
+    """``faster``, ``slower`` or ``within noise``: a ratio of tokens/s read against :data:`SAME_SPEED`."""
+    if abs(ratio - 1) <= SAME_SPEED:
+        return "within noise"
+    return "faster" if ratio > 1 else "slower"
+
+
+def _ratio_text(a: dict[str, Any]) -> str:
+    """``k=256 at n = 512: 0.88× (within ±15% of 1, …: not shown to differ)``: the plan's words for one ratio."""
+    note = ""
+    if a.get("quadratic"):
+        note = " (scores all n keys: slower by construction)"
+    elif a.get("reading") == "within noise":
+        note = f" (within ±{SAME_SPEED:.0%} of 1, the noise between preflights: not shown to differ)"
+    return f"{a['arm']} at n = {a['n']}: {a['ratio']:.2f}×{note}"
 
 
 def _extensions(study: Study, left: dict[tuple[str, str], tuple[float, ...]]) -> list[str]:
@@ -190,7 +213,7 @@ def lines(plan: dict[str, Any]) -> list[str]:
         *(
             [
                 "plan: tokens/s against full attention at the same n: "
-                + "; ".join(f"{a['arm']} at n = {a['n']}: {a['ratio']:.2f}×" for a in plan["against_full"])
+                + "; ".join(_ratio_text(a) for a in plan["against_full"])
             ]
             if plan.get("against_full")
             else []

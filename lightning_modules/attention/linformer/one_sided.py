@@ -22,6 +22,7 @@ from lightning_modules.attention.linformer.bidirectional import Linformer
 
 class OneSidedLinformer(Linformer):
     context_label = "P = softmax(QKᵀ/√d)"
+    quadratic = True
 
     def attend_qkv(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float) -> Tensor:
         if self.bank.compressed_side == "keys":

@@ -69,6 +69,29 @@ def test_the_plan_states_each_arms_tokens_per_second_against_full_attention_at_i
     assert "linformer at n = 32: 4.00×" in line and "full at n" not in line
 
 
+def test_the_plan_reads_a_ratio_near_one_as_noise_and_names_a_kind_that_scores_every_key(tmp_path, tiny_overrides):
+    arms = {"arm": {"type": "categorical", "choices": {
+        "full": {"model.attention.kind": "full"},
+        "close": {"model.attention.kind": "linformer"},
+        "keys": {"model.attention.kind": "linformer", "model.attention.options.compress": "keys"}}}}  # fmt: skip
+    space = {"seed": {"type": "categorical", "choices": [0]}, **arms}
+    study = load_study(write_study(tmp_path, tiny_overrides, "near", space))
+    shapes = measured_shapes(study)
+    for shape in shapes:
+        options = shape.cfg.model.attention.get("options") or {}
+        one_sided = options.get("compress", "both") != "both"
+        kind = str(shape.cfg.model.attention.kind)
+        shape.measured["step_s"] = 1.0 if kind == "full" else (2.0 if one_sided else 1.1)
+    projected = plan.project(study, shapes, workers=1, threads=1, gpus=0)
+    by_arm = {a["arm"].split(": ")[-1]: a for a in projected["against_full"]}
+    assert by_arm["close"]["reading"] == "within noise" and not by_arm["close"]["quadratic"]
+    assert by_arm["keys"]["reading"] == "slower" and by_arm["keys"]["quadratic"]
+    (line,) = [line for line in plan.lines(projected) if line.startswith("plan: tokens/s against full attention")]
+    assert "close at n = 32: 0.91× (within ±15% of 1" in line and "keys at n = 32: 0.50× (scores all n keys" in line
+    # beyond the band a ratio is read as it is, with no note
+    assert plan._reading(1.0 + plan.SAME_SPEED + 0.01) == "faster" and plan._reading(0.8) == "slower"
+
+
 def test_a_length_curriculum_is_timed_at_both_lengths_and_projected_phase_by_phase(tiny):
     cfg = run_config.load(
         tiny.config, tiny.args + ["model.attention.kind=full", "optim.short_steps=3", "optim.short_lengths=[8]"]
